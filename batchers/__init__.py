@@ -1,0 +1,1 @@
+"""batchers stage of clipstream (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""bench stage of clipstream (see DESIGN.md)."""

@@ -1,0 +1,65 @@
+"""The ``clipstream`` command.
+
+Sub-commands live beside the stage they run and are imported only when called, so that
+``clipstream infra status`` does not pay for importing onnxruntime or faust.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# command name -> "module:attribute" of a click command or group
+COMMANDS: dict[str, str] = {
+    "infra": "clipstream.infra.cli:infra",
+    "topics": "topics.cli:topics",
+    "worker": "workers.cli:worker",
+    "batcher": "batchers.cli:batcher",
+    "selector": "selector.cli:selector",
+    "gateway": "frontend.cli:gateway",
+    "apply": "frontend.cli:apply",
+    "register-app": "frontend.cli:register_app",
+    "deploy-model": "frontend.cli:deploy_model",
+    "link": "frontend.cli:link",
+    "set-replicas": "frontend.cli:set_replicas",
+    "rollback": "frontend.cli:rollback",
+    "inspect": "frontend.cli:inspect_registry",
+    "up": "clipstream.up:up",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use; missing ones are hidden."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = []
+        for name, target in COMMANDS.items():
+            module = target.split(":")[0]
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                continue
+            names.append(name)
+        return sorted(names)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                return None
+            raise
+        return getattr(module, attr, None)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(package_name="clipstream")
+def main() -> None:
+    """clipstream: Clipper-style prediction serving on Apache Kafka."""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Connection settings shared by every stage, read from ``CLIPSTREAM_*`` variables.
+
+Each stage keeps its own tuning knobs in its own small settings class (for example
+``batchers.settings.BatcherSettings``) so that no module has to know every option.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "clipstream"
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "clipstream"
+
+
+class Settings(BaseSettings):
+    """Where Kafka and Redis are, and how to talk to them."""
+
+    model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_", extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    topic_prefix: str = "clipstream."
+    # partitions of the queries/predictions/feedback topics: the selector's parallelism
+    selector_partitions: int = 4
+    replication_factor: int = 1
+
+    # passed through to every Kafka client (librdkafka names) when set
+    kafka_security_protocol: str | None = None
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    kafka_ssl_ca_location: str | None = None
+    kafka_ssl_certificate_location: str | None = None
+    kafka_ssl_key_location: str | None = None
+
+    # local infrastructure (clipstream infra up)
+    cache_dir: Path = _default_cache_dir()
+    state_dir: Path = _default_state_dir()
+    kafka_version: str = "3.9.1"
+    kafka_port: int = 9092
+    redis_port: int = 6379
+
+    # prediction cache and stored predictions (Redis TTLs, seconds)
+    cache_ttl_s: int = 3600
+    stored_predictions_ttl_s: int = 3600
+
+
+def get_settings(**overrides: object) -> Settings:
+    """Fresh settings from the environment, with explicit overrides on top."""
+    return Settings(**overrides)  # type: ignore[arg-type]

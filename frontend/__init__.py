@@ -1,0 +1,1 @@
+"""frontend stage of clipstream (see DESIGN.md)."""

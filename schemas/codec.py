@@ -1,0 +1,137 @@
+"""Avro codec for every record, with Avro single-object encoding.
+
+Each encoded record starts with the two marker bytes ``C3 01`` and the 8-byte little-endian
+CRC-64-AVRO fingerprint of its schema's parsing canonical form, so any reader can tell which
+schema wrote it. Schemas are parsed once, at import; decoding uses the parsed schema.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastavro import schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
+
+from clipstream.errors import DecodeError
+
+SCHEMA_DIR = Path(__file__).parent
+MAGIC = b"\xc3\x01"
+HEADER_LEN = len(MAGIC) + 8
+
+# short name -> file; every record type of clipstream
+RECORD_NAMES: tuple[str, ...] = (
+    "Tensor",
+    "QueryEvent",
+    "ModelRequest",
+    "BatchItem",
+    "Batch",
+    "Prediction",
+    "Predictions",
+    "Response",
+    "Feedback",
+    "BatchStats",
+    "App",
+    "Model",
+    "Link",
+    "DeadLetter",
+)
+
+
+@dataclass(frozen=True)
+class RecordSchema:
+    name: str
+    parsed: Any
+    fingerprint: int
+    header: bytes
+
+
+class Codec:
+    """Encodes and decodes clipstream records by short name (``"QueryEvent"``, ...)."""
+
+    def __init__(self, schema_dir: Path = SCHEMA_DIR, names: tuple[str, ...] = RECORD_NAMES):
+        self._by_name: dict[str, RecordSchema] = {}
+        self._by_fingerprint: dict[int, RecordSchema] = {}
+        for name in names:
+            parsed = load_schema(str(schema_dir / f"clipstream.{name}.avsc"))
+            fp = int(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"), 16)
+            schema = RecordSchema(name, parsed, fp, MAGIC + struct.pack("<Q", fp))
+            self._by_name[name] = schema
+            self._by_fingerprint[fp] = schema
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def schema(self, name: str) -> RecordSchema:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no record type {name!r}; known: {sorted(self._by_name)}") from None
+
+    def encode(self, name: str, record: dict[str, Any]) -> bytes:
+        schema = self.schema(name)
+        buf = io.BytesIO()
+        buf.write(schema.header)
+        schemaless_writer(buf, schema.parsed, record)
+        return buf.getvalue()
+
+    def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """The record type's short name and the record; anything else is a DecodeError."""
+        schema = self._schema_of(data)
+        return schema.name, self._read(schema, data)
+
+    def decode_as(self, name: str, data: bytes) -> dict[str, Any]:
+        """Decode a record that must be of type ``name``."""
+        schema = self._schema_of(data)
+        if schema.name != name:
+            raise DecodeError(f"expected a {name} record, got a {schema.name}")
+        return self._read(schema, data)
+
+    def _schema_of(self, data: bytes) -> RecordSchema:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        if len(data) < HEADER_LEN or bytes(data[:2]) != MAGIC:
+            raise DecodeError("not an Avro single-object record (missing C3 01 marker)")
+        fp = struct.unpack_from("<Q", data, 2)[0]
+        schema = self._by_fingerprint.get(fp)
+        if schema is None:
+            raise DecodeError(f"unknown schema fingerprint {fp:016x}")
+        return schema
+
+    @staticmethod
+    def _read(schema: RecordSchema, data: bytes) -> dict[str, Any]:
+        buf = io.BytesIO(data)
+        buf.seek(HEADER_LEN)
+        try:
+            record = schemaless_reader(buf, schema.parsed, None)
+        except Exception as exc:  # fastavro raises EOFError, ValueError, UnicodeDecodeError, ...
+            raise DecodeError(f"{schema.name} record does not decode: {type(exc).__name__}: {exc}") from exc
+        if buf.tell() != len(data):
+            raise DecodeError(f"{schema.name} record has {len(data) - buf.tell()} trailing bytes")
+        return record  # type: ignore[return-value]
+
+
+_default: Codec | None = None
+
+
+def default_codec() -> Codec:
+    global _default
+    if _default is None:
+        _default = Codec()
+    return _default
+
+
+def encode(name: str, record: dict[str, Any]) -> bytes:
+    return default_codec().encode(name, record)
+
+
+def decode(data: bytes) -> tuple[str, dict[str, Any]]:
+    return default_codec().decode(data)
+
+
+def decode_as(name: str, data: bytes) -> dict[str, Any]:
+    return default_codec().decode_as(name, data)

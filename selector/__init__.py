@@ -1,0 +1,1 @@
+"""selector stage of clipstream (see DESIGN.md)."""

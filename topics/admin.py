@@ -1,0 +1,88 @@
+"""Idempotent topic creation with the AdminClient."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from clipstream.errors import InfraError
+from clipstream.settings import Settings
+from topics.catalogue import Catalogue, TopicSpec
+from topics.client import admin_config
+
+
+def ensure_topics(
+    settings: Settings, specs: Iterable[TopicSpec], timeout_s: float = 30.0
+) -> list[str]:
+    """Create the topics that do not exist and grow ones with too few partitions.
+
+    Returns the names created or grown. Waits until the broker's metadata shows every topic
+    with its partitions, so a producer that starts right after finds them.
+    """
+    specs = list(specs)
+    admin = AdminClient(admin_config(settings))
+    try:
+        existing = admin.list_topics(timeout=timeout_s).topics
+    except KafkaException as exc:
+        raise InfraError(
+            f"Kafka at {settings.kafka_bootstrap} does not answer ({exc}); "
+            "start it with `clipstream infra up` or set CLIPSTREAM_KAFKA_BOOTSTRAP"
+        ) from exc
+    changed: list[str] = []
+    new = [
+        NewTopic(s.name, s.partitions, settings.replication_factor, config=dict(s.config))
+        for s in specs
+        if s.name not in existing
+    ]
+    if new:
+        for name, fut in admin.create_topics(new, operation_timeout=timeout_s).items():
+            try:
+                fut.result()
+                changed.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise InfraError(f"cannot create topic {name}: {exc}") from exc
+    grow = [
+        NewPartitions(s.name, s.partitions)
+        for s in specs
+        if s.name in existing and len(existing[s.name].partitions) < s.partitions
+    ]
+    if grow:
+        for name, fut in admin.create_partitions(grow, operation_timeout=timeout_s).items():
+            try:
+                fut.result()
+                changed.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.INVALID_PARTITIONS:
+                    raise InfraError(f"cannot grow topic {name}: {exc}") from exc
+    _wait_for(admin, specs, timeout_s)
+    return changed
+
+
+def _wait_for(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = admin.list_topics(timeout=timeout_s).topics
+        missing = [
+            s.name
+            for s in specs
+            if s.name not in topics
+            or topics[s.name].error is not None
+            or len(topics[s.name].partitions) < s.partitions
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise InfraError(f"topics not ready after {timeout_s:.0f}s: {missing}")
+        time.sleep(0.05)
+
+
+def ensure_core_topics(settings: Settings) -> list[str]:
+    return ensure_topics(settings, Catalogue.from_settings(settings).core())
+
+
+def ensure_model_topics(settings: Settings, model: str, replicas: int = 1) -> list[str]:
+    return ensure_topics(settings, Catalogue.from_settings(settings).for_model(model, replicas))

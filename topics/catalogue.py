@@ -1,0 +1,119 @@
+"""The topic catalogue: every topic's name, partitions and configuration, in one place.
+
+Per-model topics carry the model name; partitions of ``batches.<model>`` are the model's
+replicas (one worker consumes one partition), so replica ``r`` is simply partition ``r``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from clipstream.errors import ConfigError
+from clipstream.settings import Settings
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+def check_name(kind: str, name: str) -> str:
+    """App and model names end up in topic names and Redis keys: keep them plain."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(
+            f"{kind} name {name!r} is not allowed: use letters, digits, '-' and '_' (max 128)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def compacted(self) -> bool:
+        return self.config.get("cleanup.policy") == "compact"
+
+
+class Catalogue:
+    """Names and shapes of clipstream's topics under one prefix."""
+
+    def __init__(
+        self,
+        prefix: str = "clipstream.",
+        selector_partitions: int = 4,
+        retention_ms: int = DAY_MS,
+    ) -> None:
+        self.prefix = prefix
+        self.selector_partitions = selector_partitions
+        self.retention_ms = retention_ms
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "Catalogue":
+        return cls(settings.topic_prefix, settings.selector_partitions)
+
+    def _spec(self, name: str, partitions: int, **config: str) -> TopicSpec:
+        base = {"retention.ms": str(self.retention_ms)}
+        base.update(config)
+        return TopicSpec(self.prefix + name, partitions, base)
+
+    # -- shared topics -------------------------------------------------------------
+    @property
+    def queries(self) -> TopicSpec:
+        return self._spec("queries", self.selector_partitions)
+
+    @property
+    def predictions(self) -> TopicSpec:
+        # same partition count as queries: partition i of both belongs to one selector member
+        return self._spec("predictions", self.selector_partitions)
+
+    @property
+    def responses(self) -> TopicSpec:
+        return self._spec("responses", self.selector_partitions)
+
+    @property
+    def feedback(self) -> TopicSpec:
+        return self._spec("feedback", self.selector_partitions)
+
+    @property
+    def registry(self) -> TopicSpec:
+        return TopicSpec(
+            self.prefix + "registry",
+            1,
+            {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": str(HOUR_MS)},
+        )
+
+    @property
+    def deadletter(self) -> TopicSpec:
+        return self._spec("deadletter", 1, **{"retention.ms": str(7 * DAY_MS)})
+
+    def replies(self, instance: str, partitions: int = 1) -> TopicSpec:
+        """A gateway instance's own reply topic: it reads only its own answers."""
+        check_name("gateway instance", instance)
+        return self._spec(f"replies.{instance}", partitions, **{"retention.ms": str(HOUR_MS)})
+
+    # -- per-model topics ----------------------------------------------------------
+    def requests(self, model: str, partitions: int = 1) -> TopicSpec:
+        return self._spec(f"requests.{check_name('model', model)}", partitions)
+
+    def batches(self, model: str, replicas: int = 1) -> TopicSpec:
+        return self._spec(f"batches.{check_name('model', model)}", max(1, replicas))
+
+    def batch_stats(self, model: str) -> TopicSpec:
+        return self._spec(f"batch-stats.{check_name('model', model)}", 1)
+
+    def core(self) -> list[TopicSpec]:
+        return [
+            self.queries,
+            self.predictions,
+            self.responses,
+            self.feedback,
+            self.registry,
+            self.deadletter,
+        ]
+
+    def for_model(self, model: str, replicas: int = 1) -> list[TopicSpec]:
+        return [self.requests(model), self.batches(model, replicas), self.batch_stats(model)]

@@ -1,0 +1,83 @@
+"""Kafka client settings for every stage: low-latency defaults plus security pass-through.
+
+librdkafka batches for throughput by default; a serving pipeline wants each record on the
+wire at once (linger 0, Nagle off) and fetches that return as soon as anything arrives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clipstream.settings import Settings
+
+_SECURITY = {
+    "kafka_security_protocol": "security.protocol",
+    "kafka_sasl_mechanism": "sasl.mechanism",
+    "kafka_sasl_username": "sasl.username",
+    "kafka_sasl_password": "sasl.password",
+    "kafka_ssl_ca_location": "ssl.ca.location",
+    "kafka_ssl_certificate_location": "ssl.certificate.location",
+    "kafka_ssl_key_location": "ssl.key.location",
+}
+
+
+def common_config(settings: Settings) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "socket.nagle.disable": True,
+        "broker.address.family": "v4",
+    }
+    for attr, key in _SECURITY.items():
+        value = getattr(settings, attr)
+        if value:
+            conf[key] = value
+    return conf
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    conf = common_config(settings)
+    conf.update(
+        {
+            "linger.ms": 0,
+            "acks": 1,
+            "enable.idempotence": False,
+            "compression.type": "none",
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+    conf.update(overrides)
+    return conf
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    conf = common_config(settings)
+    conf.update(
+        {
+            "group.id": group_id,
+            "fetch.wait.max.ms": 5,
+            "fetch.min.bytes": 1,
+            "enable.auto.commit": True,
+            "auto.offset.reset": "latest",
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 1_000,
+            "partition.assignment.strategy": "range",
+        }
+    )
+    conf.update(overrides)
+    return conf
+
+
+def admin_config(settings: Settings) -> dict[str, Any]:
+    return common_config(settings)
+
+
+def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
+    """The same connection for aiokafka (and so faust-streaming)."""
+    kwargs: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap}
+    if settings.kafka_security_protocol:
+        kwargs["security_protocol"] = settings.kafka_security_protocol
+    if settings.kafka_sasl_mechanism:
+        kwargs["sasl_mechanism"] = settings.kafka_sasl_mechanism
+        kwargs["sasl_plain_username"] = settings.kafka_sasl_username
+        kwargs["sasl_plain_password"] = settings.kafka_sasl_password
+    return kwargs

@@ -1,0 +1,1 @@
+"""workers stage of clipstream (see DESIGN.md)."""

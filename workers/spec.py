@@ -1,0 +1,100 @@
+"""``model.yaml``: what a model folder declares (backend, input, output).
+
+This is the contract between a model's author and every stage: the worker checks inputs
+against ``input``, the selector reads ``output`` to combine answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+
+from clipstream.errors import ConfigError, InputError
+from schemas.tensor import DTYPES
+
+BACKENDS = ("onnx", "torch", "python", "profile")
+OutputKind = Literal["class_scores", "label", "regression"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: str
+    shape: tuple[int, ...]
+
+    def check(self, array: np.ndarray) -> None:
+        """Raise InputError unless ``array`` is one example of this spec."""
+        if array.dtype.name != self.dtype:
+            raise InputError(f"input dtype {array.dtype.name} does not match the model's {self.dtype}")
+        if tuple(array.shape) != self.shape:
+            raise InputError(
+                f"input shape {list(array.shape)} does not match the model's {list(self.shape)}"
+            )
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    kind: OutputKind
+    labels: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: Path
+    backend: str
+    input: TensorSpec
+    output: OutputSpec
+    file: str | None = None
+    cls: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def load_spec(folder: str | Path) -> ModelSpec:
+    """Read and validate ``<folder>/model.yaml``; every problem is a ConfigError naming the field."""
+    folder = Path(folder).resolve()
+    path = folder / "model.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist: a model folder needs a model.yaml") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top")
+    backend = raw.get("backend")
+    if backend not in BACKENDS:
+        raise ConfigError(f"{path}: backend must be one of {BACKENDS}, got {backend!r}")
+    inp = raw.get("input") or {}
+    dtype = inp.get("dtype")
+    if dtype not in DTYPES:
+        raise ConfigError(f"{path}: input.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    shape = inp.get("shape", [])
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ConfigError(f"{path}: input.shape must be a list of non-negative integers")
+    out = raw.get("output") or {}
+    kind = out.get("kind")
+    if kind not in ("class_scores", "label", "regression"):
+        raise ConfigError(f"{path}: output.kind must be class_scores, label or regression")
+    labels = out.get("labels")
+    if kind == "class_scores" and not labels:
+        raise ConfigError(f"{path}: output.labels is required for class_scores")
+    if labels is not None and not isinstance(labels, list):
+        raise ConfigError(f"{path}: output.labels must be a list")
+    file = raw.get("file")
+    if backend in ("onnx", "torch") and not file:
+        raise ConfigError(f"{path}: backend {backend} needs `file`")
+    cls = raw.get("class")
+    if backend == "python" and not cls:
+        raise ConfigError(f"{path}: backend python needs `class: package.module:Class`")
+    return ModelSpec(
+        path=folder,
+        backend=backend,
+        input=TensorSpec(dtype, tuple(shape)),
+        output=OutputSpec(kind, tuple(labels) if labels is not None else None),
+        file=file,
+        cls=cls,
+        config=raw,
+    )

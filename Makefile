@@ -1,0 +1,46 @@
+# clipstream: `make test` and `make demo` install everything they need on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+EXTRAS ?= test,torch,models,bench
+
+.PHONY: test unit integration demo bench deps venv jars up down clean
+
+deps:
+	@bash scripts/system-deps.sh
+
+$(STAMP): pyproject.toml
+	@echo ">> creating $(VENV) and installing clipstream[$(EXTRAS)] (first time: a few minutes; torch is large)"
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --disable-pip-version-check -q --upgrade pip
+	$(VENV)/bin/pip install --disable-pip-version-check --progress-bar on -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+venv: deps $(STAMP)
+
+jars: venv
+	@$(VENV)/bin/clipstream infra fetch
+
+test: jars
+	$(PY) -m pytest -q -p no:cacheprovider
+
+unit: venv
+	$(PY) -m pytest -q tests/unit
+
+integration: jars
+	$(PY) -m pytest -q tests/integration
+
+demo: jars
+	$(PY) -m bench.demo
+
+bench: jars
+	$(PY) -m bench.all
+
+up: jars
+	$(VENV)/bin/clipstream infra up
+
+down:
+	$(VENV)/bin/clipstream infra down
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

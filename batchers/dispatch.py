@@ -1,0 +1,199 @@
+"""Per-replica dispatch: credit, choice of replica, delayed batching (Clipper 4.3.1-4.3.2).
+
+* Credit. Each replica may have at most ``max_in_flight`` batches outstanding (default 2:
+  one running, one waiting at the worker so the GPU never idles between batches). A batch's
+  credit comes back with the worker's ``BatchStats``. This keeps the queue in the batcher,
+  ordered by deadline, and never a backlog in the Kafka topic in front of the worker.
+* Lost credit. If a worker dies, its stats never come: a batch outstanding longer than
+  ``credit_timeout_us`` is reclaimed, and the replica is marked suspect so that healthy
+  replicas are preferred until it reports again.
+* Choice. The next batch goes to a replica with credit, least loaded first (fewest items
+  in flight), ties to the one that was sent a batch longest ago (round robin when idle).
+* Delayed batching. With fewer requests queued than the replica's current maximum, wait up
+  to ``batch_delay_us`` measured from the oldest queued request's arrival for more to come;
+  worth it when a batch has a high fixed cost (Nagle's argument).
+
+Each replica has its own AIMD state. Time is always passed in, so tests inject the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from batchers.aimd import AIMD
+
+
+@dataclass
+class InFlight:
+    """A batch sent and not yet reported."""
+
+    batch_id: str
+    replica: int
+    size: int
+    limit: int
+    sent_us: int
+    keys: tuple[str, ...] = ()
+
+
+@dataclass
+class Replica:
+    index: int
+    aimd: AIMD
+    max_in_flight: int
+    in_flight: dict[str, InFlight] = field(default_factory=dict)
+    last_sent_us: int = -1
+    suspect: bool = False
+    batches: int = 0
+    items: int = 0
+
+    @property
+    def credit(self) -> int:
+        return self.max_in_flight - len(self.in_flight)
+
+    @property
+    def items_in_flight(self) -> int:
+        return sum(b.size for b in self.in_flight.values())
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now: send ``size`` items to ``replica``, or wait until ``wake_us``."""
+
+    replica: int | None = None
+    size: int = 0
+    wake_us: int | None = None
+
+    @property
+    def send(self) -> bool:
+        return self.replica is not None and self.size > 0
+
+
+IDLE = Decision()
+
+
+class Dispatcher:
+    """Credit, AIMD and delayed-batching state of all replicas of one model."""
+
+    def __init__(
+        self,
+        replicas: int,
+        aimd_factory: Callable[[], AIMD],
+        max_in_flight: int = 2,
+        batch_delay_us: int = 2000,
+        credit_timeout_us: int = 5_000_000,
+    ) -> None:
+        if replicas < 1 or max_in_flight < 1:
+            raise ValueError("need at least one replica and one batch in flight")
+        self._factory = aimd_factory
+        self.max_in_flight = max_in_flight
+        self.batch_delay_us = max(0, int(batch_delay_us))
+        self.credit_timeout_us = int(credit_timeout_us)
+        self.replicas: list[Replica] = []
+        self._by_batch: dict[str, InFlight] = {}
+        self._reclaimed: dict[str, InFlight] = {}
+        self.resize(replicas)
+
+    def resize(self, replicas: int) -> None:
+        """Grow or shrink the replica set (a shrunk replica's in-flight batches are forgotten)."""
+        while len(self.replicas) < replicas:
+            self.replicas.append(Replica(len(self.replicas), self._factory(), self.max_in_flight))
+        for gone in self.replicas[replicas:]:
+            for batch_id in gone.in_flight:
+                self._by_batch.pop(batch_id, None)
+        del self.replicas[replicas:]
+
+    def pick(self) -> Replica | None:
+        """The replica to receive the next batch: has credit, not suspect, least loaded."""
+        ready = [r for r in self.replicas if r.credit > 0]
+        if not ready:
+            return None
+        return min(ready, key=lambda r: (r.suspect, r.items_in_flight, r.last_sent_us, r.index))
+
+    def decide(self, queued: int, oldest_arrival_us: int | None, now_us: int) -> Decision:
+        """Send now, wait (delayed batching), or stay idle.
+
+        A full batch (``queued >= max``) goes at once. A short queue waits until the oldest
+        request has been queued ``batch_delay_us``; then whatever is there goes.
+        """
+        if queued <= 0:
+            return IDLE
+        replica = self.pick()
+        if replica is None:
+            return IDLE  # no credit anywhere: the next BatchStats or reclaim wakes us
+        limit = replica.aimd.max_batch_size
+        if queued >= limit:
+            return Decision(replica.index, limit)
+        start = now_us if oldest_arrival_us is None else oldest_arrival_us
+        send_at = start + self.batch_delay_us
+        if now_us >= send_at:
+            return Decision(replica.index, queued)
+        return Decision(None, 0, send_at)
+
+    def sent(
+        self, replica: int, batch_id: str, size: int, now_us: int, keys: tuple[str, ...] = ()
+    ) -> InFlight:
+        """Record a batch sent to ``replica``: it takes one credit."""
+        r = self.replicas[replica]
+        flight = InFlight(batch_id, replica, size, r.aimd.max_batch_size, now_us, keys)
+        r.in_flight[batch_id] = flight
+        r.last_sent_us = now_us
+        r.batches += 1
+        r.items += size
+        self._by_batch[batch_id] = flight
+        return flight
+
+    def completed(self, batch_id: str, batch_size: int, service_us: int) -> InFlight | None:
+        """A worker reported a batch: return its credit and feed its replica's AIMD.
+
+        Stats for a batch reclaimed earlier still feed AIMD (a slow batch is exactly the
+        evidence AIMD needs) but return no credit twice. Unknown batches (another batcher
+        instance's, or from before a restart) are ignored.
+        """
+        flight = self._by_batch.pop(batch_id, None)
+        if flight is not None:
+            replica = self.replicas[flight.replica]
+            replica.in_flight.pop(batch_id, None)
+        else:
+            flight = self._reclaimed.pop(batch_id, None)
+            if flight is None or flight.replica >= len(self.replicas):
+                return None
+            replica = self.replicas[flight.replica]
+        replica.suspect = False
+        replica.aimd.observe(batch_size, service_us, flight.limit)
+        return flight
+
+    def reclaim(self, now_us: int) -> list[InFlight]:
+        """Take back the credit of batches outstanding longer than the credit timeout."""
+        lost = [
+            f for f in self._by_batch.values() if now_us - f.sent_us >= self.credit_timeout_us
+        ]
+        for flight in lost:
+            del self._by_batch[flight.batch_id]
+            replica = self.replicas[flight.replica]
+            replica.in_flight.pop(flight.batch_id, None)
+            replica.suspect = True
+            self._reclaimed[flight.batch_id] = flight
+        while len(self._reclaimed) > 1024:  # bounded memory of late stats
+            del self._reclaimed[next(iter(self._reclaimed))]
+        return lost
+
+    def next_reclaim_us(self) -> int | None:
+        """When the oldest outstanding batch would be reclaimed, or None."""
+        if not self._by_batch:
+            return None
+        return min(f.sent_us for f in self._by_batch.values()) + self.credit_timeout_us
+
+    def stats(self) -> list[dict[str, int | bool]]:
+        """A small per-replica summary for log lines and tests."""
+        return [
+            {
+                "replica": r.index,
+                "max_batch_size": r.aimd.max_batch_size,
+                "in_flight": len(r.in_flight),
+                "batches": r.batches,
+                "items": r.items,
+                "suspect": r.suspect,
+            }
+            for r in self.replicas
+        ]

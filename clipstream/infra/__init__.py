@@ -1,0 +1,156 @@
+"""Local Kafka and Redis for development and tests (``clipstream infra up|down|status|fetch``).
+
+The public API is :func:`up`, :func:`down`, :func:`status` and :class:`InfraStatus` from
+``clipstream.infra.launcher``, re-exported here lazily so that importing a helper below does not
+pull in the launcher (and the launcher can import ``kafka`` and ``redis``, which import this).
+
+The small process helpers live here because both ``kafka.py`` and ``redis.py`` need them and
+neither should import the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from clipstream.errors import InfraError
+
+__all__ = [
+    "InfraStatus",
+    "down",
+    "file_lock",
+    "pid_alive",
+    "require_binary",
+    "spawn_detached",
+    "status",
+    "up",
+    "wait_ready",
+]
+
+# Popen objects of the processes this Python process started. Keeping them alive stops
+# Popen.__del__ from warning "subprocess is still running", and lets pid_alive reap our own
+# zombies (a child killed by down() stays a zombie, and "alive" to kill(0), until reaped).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def require_binary(name: str, install_hint: str) -> str:
+    """Path of ``name`` on PATH, or an InfraError that tells the user how to install it."""
+    path = shutil.which(name)
+    if path is None:
+        raise InfraError(f"`{name}` was not found on PATH; install it with: {install_hint}")
+    return path
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path``.
+
+    Two test sessions fetching jars into one cache, or two ``up`` calls on one state dir, must
+    not interleave: the second waits and then finds the work done.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def spawn_detached(
+    argv: Sequence[str], out_file: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session, stdout/stderr appended to ``out_file``.
+
+    Its own session (and so its own process group, whose id is its pid) means a Ctrl-C in the
+    terminal that ran ``clipstream infra up`` does not reach it, the process outlives the
+    launcher, and ``down`` can signal the whole group.
+    """
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_file, "ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    return proc
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` is a live process (zombies count as dead; ours are reaped here)."""
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is not None:
+            _CHILDREN.pop(pid, None)
+            return False
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    stat = _read_proc_stat(pid)
+    return stat is None or stat[0] != "Z"
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux), to tell a reused pid apart."""
+    stat = _read_proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
+def _read_proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start ticks) from /proc/<pid>/stat; None where /proc is unavailable."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name is in parentheses and may itself contain spaces or ')'
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def wait_ready(
+    name: str,
+    probe: Callable[[], bool],
+    alive: Callable[[], bool],
+    timeout_s: float,
+    logs: Sequence[Path] = (),
+) -> float:
+    """Poll ``probe`` until it is true; return the seconds it took.
+
+    Fails fast (InfraError) when the process dies instead of waiting out the deadline, and
+    names the log files so the user knows where to look.
+    """
+    start = time.monotonic()
+    deadline = start + timeout_s
+    where = " and ".join(str(p) for p in logs)
+    see = f"; see {where}" if where else ""
+    while True:
+        if not alive():
+            raise InfraError(f"{name} exited during startup{see}")
+        if probe():
+            return time.monotonic() - start
+        if time.monotonic() > deadline:
+            raise InfraError(f"{name} did not become ready within {timeout_s:.0f} s{see}")
+        time.sleep(0.1)
+
+
+def __getattr__(name: str) -> object:
+    if name in ("InfraStatus", "up", "down", "status"):
+        from clipstream.infra import launcher
+
+        return getattr(launcher, name)
+    raise AttributeError(name)

@@ -1,0 +1,112 @@
+"""``clipstream infra``: start, stop and inspect the local Kafka broker and Redis.
+
+Progress goes to stderr and the addresses to stdout, so scripts can read the addresses. Every
+expected failure (missing binary, busy port, broker that will not start) is one line on stderr
+that says what to do, and exit code 1: a traceback would bury the advice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from clipstream.errors import ClipstreamError
+from clipstream.settings import Settings, get_settings
+
+STATE_DIR_OPTION = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where pids, logs and data live (default: CLIPSTREAM_STATE_DIR or ~/.local/state).",
+)
+
+
+def _settings(state_dir: Path | None, **overrides: Any) -> Settings:
+    values = {key: value for key, value in overrides.items() if value is not None}
+    if state_dir is not None:
+        values["state_dir"] = state_dir
+    return get_settings(**values)
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    try:
+        yield
+    except ClipstreamError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.group()
+def infra() -> None:
+    """Local Kafka (single-node KRaft) and Redis for development and tests."""
+
+
+@infra.command()
+@click.option("--kafka-port", type=int, default=None, help="Broker port (controller: port+1).")
+@click.option("--redis-port", type=int, default=None, help="Redis port.")
+@click.option("--free-ports", is_flag=True, help="Pick unused ports instead of fixed ones.")
+@STATE_DIR_OPTION
+def up(
+    kafka_port: int | None, redis_port: int | None, free_ports: bool, state_dir: Path | None
+) -> None:
+    """Start Kafka and Redis (or report the running ones) and print their addresses."""
+    from clipstream.infra import launcher
+
+    settings = _settings(state_dir, kafka_port=kafka_port, redis_port=redis_port)
+    with _one_line_errors():
+        result = launcher.up(settings, free_ports=free_ports, progress=_progress)
+    click.echo(f"kafka: {result.kafka_bootstrap}")
+    click.echo(f"redis: {result.redis_url}")
+    for key, value in result.env().items():
+        click.echo(f"export {key}={value}")
+    if state_dir is not None:
+        click.echo(f"export CLIPSTREAM_STATE_DIR={result.state_dir}")
+
+
+@infra.command()
+@STATE_DIR_OPTION
+def down(state_dir: Path | None) -> None:
+    """Stop the Kafka broker and Redis that `up` started in this state dir."""
+    from clipstream.infra import launcher
+
+    with _one_line_errors():
+        stopped = launcher.down(_settings(state_dir))
+    click.echo("stopped " + ", ".join(stopped) if stopped else "nothing was running")
+
+
+@infra.command()
+@STATE_DIR_OPTION
+def status(state_dir: Path | None) -> None:
+    """Show the addresses and pids recorded by `up`; exit code 1 unless both are running."""
+    from clipstream.infra import launcher
+
+    with _one_line_errors():
+        result = launcher.status(_settings(state_dir))
+    for name, address, pid, running in (
+        ("kafka", result.kafka_bootstrap, result.kafka_pid, result.kafka_running),
+        ("redis", result.redis_url, result.redis_pid, result.redis_running),
+    ):
+        state = f"running (pid {pid})" if running else "not running"
+        click.echo(f"{name}: {address} {state}")
+    if not result.running:
+        sys.exit(1)
+
+
+@infra.command()
+def fetch() -> None:
+    """Download the Kafka broker jars into the cache (a no-op once they are there)."""
+    from clipstream.infra import kafka
+
+    with _one_line_errors():
+        libs = kafka.fetch_jars(get_settings(), progress=_progress)
+    click.echo(f"kafka jars: {libs}")

@@ -1,0 +1,63 @@
+"""The local Redis: the system ``redis-server``, started for development and tests.
+
+One Redis holds both the prediction cache and durable state (policy weights). Eviction must
+only ever hit the cache, so the server runs with ``maxmemory-policy volatile-lru`` (only keys
+with a TTL are evicted; every cache entry has one, policy state has none) and a memory cap so
+that the policy actually applies. It keeps nothing on disk: a dev Redis that reloads old state
+after a restart hides bugs rather than finding them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from clipstream.infra import require_binary, spawn_detached
+
+REDIS_HINT = "apt-get install -y redis-server (macOS: brew install redis)"
+MAXMEMORY = "256mb"
+MAXMEMORY_POLICY = "volatile-lru"
+
+
+def redis_url(port: int, db: int = 0) -> str:
+    return f"redis://127.0.0.1:{port}/{db}"
+
+
+def redis_command(
+    redis_server: str, port: int, state_dir: Path, maxmemory: str = MAXMEMORY
+) -> list[str]:
+    """The redis-server command line: loopback only, no persistence, evict only TTL keys."""
+    return [
+        redis_server,
+        "--bind", "127.0.0.1",
+        "--port", str(port),
+        "--save", "",
+        "--appendonly", "no",
+        "--maxmemory", maxmemory,
+        "--maxmemory-policy", MAXMEMORY_POLICY,
+        "--dir", str(state_dir / "redis"),
+        "--logfile", str(state_dir / "redis.log"),
+        "--daemonize", "no",
+    ]  # fmt: skip
+
+
+def start_redis(port: int, state_dir: Path) -> subprocess.Popen[bytes]:
+    """Start redis-server detached (own session); does not wait for it."""
+    binary = require_binary("redis-server", REDIS_HINT)
+    (state_dir / "redis").mkdir(parents=True, exist_ok=True)
+    return spawn_detached(
+        redis_command(binary, port, state_dir), state_dir / "redis.out", cwd=state_dir / "redis"
+    )
+
+
+def redis_answers(url: str) -> bool:
+    """True when the Redis at ``url`` answers PING."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=1.0)
+    try:
+        return bool(client.ping())
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+        return False
+    finally:
+        client.close()

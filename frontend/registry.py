@@ -1,0 +1,329 @@
+"""The registry of apps, models and links: records of a compacted topic that every stage follows.
+
+The topic is the source of truth (Clipper's management layer, kept as a changelog): a stage
+builds its view by reading it from the beginning, then keeps reading, so a model linked to a
+running app reaches every stage without a restart. Keys: ``app:<name>``, ``model:<name>``,
+``link:<app>:<model>``; a tombstone (no value) deletes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from clipstream.clock import now_us
+from clipstream.errors import ConfigError, DecodeError, InfraError
+from clipstream.settings import Settings
+from schemas import decode, encode
+from topics.admin import ensure_core_topics
+from topics.catalogue import Catalogue, check_name
+from topics.client import consumer_config, producer_config
+from workers.spec import ModelSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    name: str
+    policy: str
+    slo_ms: float
+    default_output: Any
+    policy_config: dict[str, float] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    version: str
+    path: Path
+    replicas: int = 1
+    latency_objective_ms: float | None = None
+    max_batch_size: int | None = None
+    batch_delay_ms: float | None = None
+    spec: ModelSpec | None = None
+    spec_error: str | None = None
+    previous_versions: tuple[str, ...] = ()
+    previous_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RegistryView:
+    apps: dict[str, AppConfig] = field(default_factory=dict)
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+
+    def app(self, name: str) -> AppConfig | None:
+        return self.apps.get(name)
+
+    def model(self, name: str) -> ModelConfig | None:
+        return self.models.get(name)
+
+
+class RegistryState:
+    """Folds registry records into a view; pure, so it is tested without a broker."""
+
+    def __init__(self) -> None:
+        self._apps: dict[str, dict[str, Any]] = {}
+        self._models: dict[str, dict[str, Any]] = {}
+        self._links: dict[tuple[str, str], dict[str, Any]] = {}
+        self._specs: dict[str, tuple[ModelSpec | None, str | None]] = {}
+
+    def apply(self, key: str, value: bytes | None) -> None:
+        kind, _, rest = key.partition(":")
+        record: dict[str, Any] | None = None
+        if value is not None:
+            _, record = decode(value)
+        if kind == "app":
+            self._put(self._apps, rest, record)
+        elif kind == "model":
+            self._put(self._models, rest, record)
+        elif kind == "link":
+            app, _, model = rest.partition(":")
+            self._put(self._links, (app, model), record)  # type: ignore[arg-type]
+        else:
+            raise DecodeError(f"unknown registry key {key!r}")
+
+    @staticmethod
+    def _put(table: dict[Any, Any], key: Any, record: dict[str, Any] | None) -> None:
+        if record is None:
+            table.pop(key, None)
+        else:
+            table[key] = record
+
+    def _spec(self, path: str) -> tuple[ModelSpec | None, str | None]:
+        if path not in self._specs:
+            try:
+                self._specs[path] = (load_spec(path), None)
+            except ConfigError as exc:
+                self._specs[path] = (None, str(exc))
+        return self._specs[path]
+
+    def view(self) -> RegistryView:
+        models = {}
+        for name, m in self._models.items():
+            spec, err = self._spec(m["path"])
+            models[name] = ModelConfig(
+                name=name,
+                version=m["version"],
+                path=Path(m["path"]),
+                replicas=m["replicas"],
+                latency_objective_ms=m.get("latency_objective_ms"),
+                max_batch_size=m.get("max_batch_size"),
+                batch_delay_ms=m.get("batch_delay_ms"),
+                spec=spec,
+                spec_error=err,
+                previous_versions=tuple(m.get("previous_versions", ())),
+                previous_paths=tuple(m.get("previous_paths", ())),
+            )
+        apps = {}
+        for name, a in self._apps.items():
+            links = sorted(
+                (r["updated_us"], model)
+                for (app, model), r in self._links.items()
+                if app == name and r["linked"]
+            )
+            apps[name] = AppConfig(
+                name=name,
+                policy=a["policy"],
+                slo_ms=a["slo_ms"],
+                default_output=a.get("default_output"),
+                policy_config=dict(a.get("policy_config") or {}),
+                models=tuple(model for _, model in links),
+            )
+        return RegistryView(apps=apps, models=models)
+
+
+class RegistryFollower:
+    """Reads the registry topic from the beginning in a thread and keeps a current view."""
+
+    def __init__(self, settings: Settings, on_change: Callable[[RegistryView], None] | None = None):
+        self._settings = settings
+        self._topic = Catalogue.from_settings(settings).registry.name
+        self._state = RegistryState()
+        self._view = RegistryView()
+        self._listeners = [on_change] if on_change else []
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add_listener(self, callback: Callable[[RegistryView], None]) -> None:
+        self._listeners.append(callback)
+
+    def start(self) -> "RegistryFollower":
+        ensure_core_topics(self._settings)
+        self._thread = threading.Thread(target=self._run, name="registry", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout_s: float = 30.0) -> RegistryView:
+        if not self._ready.wait(timeout_s):
+            raise InfraError(f"registry topic {self._topic} not read within {timeout_s:.0f}s")
+        return self._view
+
+    def view(self) -> RegistryView:
+        return self._view
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        conf = consumer_config(
+            self._settings, f"registry-{uuid.uuid4().hex}", **{"enable.auto.commit": False}
+        )
+        consumer = Consumer(conf)
+        try:
+            tp = TopicPartition(self._topic, 0, OFFSET_BEGINNING)
+            consumer.assign([tp])
+            _, high = consumer.get_watermark_offsets(tp, timeout=10)
+            if high <= 0:
+                self._ready.set()
+            while not self._stop.is_set():
+                msgs = consumer.consume(500, timeout=0.1)
+                if not msgs and not self._ready.is_set():
+                    # compaction leaves gaps in offsets: compare the position, not the last offset
+                    pos = consumer.position([tp])[0].offset
+                    if pos >= high:
+                        self._ready.set()
+                changed = False
+                for msg in msgs:
+                    if msg.error():
+                        continue
+                    try:
+                        self._state.apply(msg.key().decode(), msg.value())
+                        changed = True
+                    except (DecodeError, UnicodeDecodeError, KeyError) as exc:
+                        log.warning("skipping registry record at offset %s: %s", msg.offset(), exc)
+                    if msg.offset() + 1 >= high:
+                        self._ready.set()
+                if changed:
+                    self._view = self._state.view()
+                    for cb in self._listeners:
+                        cb(self._view)
+        except KafkaException as exc:
+            log.error("registry follower stopped: %s", exc)
+        finally:
+            consumer.close()
+
+
+def read_view(settings: Settings, timeout_s: float = 30.0) -> RegistryView:
+    """A one-off snapshot of the registry (CLI verbs, tests)."""
+    follower = RegistryFollower(settings).start()
+    try:
+        return follower.wait_ready(timeout_s)
+    finally:
+        follower.stop()
+
+
+class RegistryWriter:
+    """Publishes registry records; one producer for a group of changes."""
+
+    def __init__(self, settings: Settings):
+        ensure_core_topics(settings)
+        self._topic = Catalogue.from_settings(settings).registry.name
+        self._producer = Producer(producer_config(settings, acks="all"))
+        self._last_us = 0
+
+    def _now(self) -> int:
+        # strictly increasing, so links written in one go keep the order they were written in
+        self._last_us = max(now_us(), self._last_us + 1)
+        return self._last_us
+
+    def _put(self, key: str, name: str | None, record: dict[str, Any] | None) -> None:
+        value = encode(name, record) if name and record is not None else None
+        self._producer.produce(self._topic, key=key.encode(), value=value)
+        self._producer.poll(0)
+
+    def app(
+        self,
+        name: str,
+        policy: str = "exp4",
+        slo_ms: float = 50.0,
+        default_output: Any = None,
+        policy_config: dict[str, float] | None = None,
+    ) -> None:
+        check_name("app", name)
+        if slo_ms <= 0:
+            raise ConfigError(f"app {name}: slo_ms must be positive")
+        self._put(
+            f"app:{name}",
+            "App",
+            {
+                "name": name,
+                "policy": policy,
+                "slo_ms": float(slo_ms),
+                "default_output": default_output,
+                "policy_config": {k: float(v) for k, v in (policy_config or {}).items()},
+                "updated_us": self._now(),
+            },
+        )
+
+    def model(self, name: str, version: str, path: str | Path, replicas: int = 1, **knobs: Any) -> None:
+        check_name("model", name)
+        if replicas < 1:
+            raise ConfigError(f"model {name}: replicas must be at least 1")
+        record = {
+            "name": name,
+            "version": str(version),
+            "path": str(Path(path).resolve()),
+            "replicas": int(replicas),
+            "previous_versions": list(knobs.pop("previous_versions", [])),
+            "previous_paths": list(knobs.pop("previous_paths", [])),
+            "latency_objective_ms": knobs.pop("latency_objective_ms", None),
+            "max_batch_size": knobs.pop("max_batch_size", None),
+            "batch_delay_ms": knobs.pop("batch_delay_ms", None),
+            "updated_us": self._now(),
+        }
+        if knobs:
+            raise ConfigError(f"model {name}: unknown settings {sorted(knobs)}")
+        self._put(f"model:{name}", "Model", record)
+
+    def link(self, app: str, model: str, linked: bool = True) -> None:
+        check_name("app", app)
+        check_name("model", model)
+        self._put(
+            f"link:{app}:{model}",
+            "Link",
+            {"app": app, "model": model, "linked": linked, "updated_us": self._now()},
+        )
+
+    def delete(self, key: str) -> None:
+        self._put(key, None, None)
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        left = self._producer.flush(timeout_s)
+        if left:
+            raise InfraError(f"{left} registry records not delivered within {timeout_s:.0f}s")
+
+    def __enter__(self) -> "RegistryWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+
+def wait_for(
+    settings: Settings, predicate: Callable[[RegistryView], bool], timeout_s: float = 10.0
+) -> RegistryView:
+    """Follow the registry until ``predicate(view)`` holds (tests, CLI)."""
+    follower = RegistryFollower(settings).start()
+    try:
+        follower.wait_ready(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not predicate(follower.view()):
+            if time.monotonic() > deadline:
+                raise InfraError("registry did not reach the expected state in time")
+            time.sleep(0.02)
+        return follower.view()
+    finally:
+        follower.stop()

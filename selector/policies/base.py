@@ -1,0 +1,92 @@
+"""The selection policy interface (Clipper Listing 2) and what the bandit policies share.
+
+A policy object holds only its configuration; everything it learns lives in ``State`` (a
+JSON-able dict), so one policy object serves every context of an app and the state can be
+kept in Redis and updated atomically by many learners (5.3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from selector.types import Feedback, Output, Query, State
+
+
+@runtime_checkable
+class SelectionPolicy(Protocol):
+    """Listing 2: init, select, combine, observe."""
+
+    def init(self, models: list[str]) -> State: ...
+
+    def select(self, state: State, query: Query) -> list[str]: ...
+
+    def combine(self, state: State, query: Query, predictions: dict[str, Output]) -> tuple[Output, float]: ...
+
+    def observe(
+        self, state: State, query: Query, feedback: Feedback, predictions: dict[str, Output]
+    ) -> State: ...
+
+
+def cfg_float(config: Mapping[str, Any], key: str, default: float, lo: float | None = None, hi: float | None = None) -> float:
+    """A float knob from the app's policy_config, checked, so a typo fails at load and not mid-stream."""
+    from clipstream.errors import ConfigError
+
+    try:
+        value = float(config.get(key, default))
+    except (TypeError, ValueError):
+        raise ConfigError(f"policy_config.{key} must be a number, got {config.get(key)!r}") from None
+    if (lo is not None and value < lo) or (hi is not None and value > hi) or math.isnan(value):
+        raise ConfigError(f"policy_config.{key}={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def uniform_draw(query_id: str, seed: int = 0) -> float:
+    """A uniform number in [0, 1) from the query id: select is reproducible and needs no RNG state
+    (select never writes the state back, so a counter-based RNG in the state would not advance)."""
+    digest = hashlib.blake2b(f"{seed}:{query_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def weights_state(name: str, models: Sequence[str]) -> State:
+    """Every model starts with weight 1 (log weight 0), as in Exp3/Exp4."""
+    return {"policy": name, "models": list(models), "log_w": [0.0] * len(models), "n_observed": 0}
+
+
+def normalise(log_w: list[float], max_log_ratio: float) -> list[float]:
+    """Shift log weights so the best is 0 and floor them at -max_log_ratio.
+
+    The shift keeps them bounded forever (no overflow/underflow after millions of updates); the
+    floor keeps a failed model within reach so it can win back once it recovers (Figure 8).
+    """
+    if not log_w:
+        return log_w
+    top = max(log_w)
+    return [max(w - top, -max_log_ratio) for w in log_w]
+
+
+def softmax(log_w: Sequence[float]) -> list[float]:
+    if not log_w:
+        return []
+    top = max(log_w)
+    ex = [math.exp(w - top) for w in log_w]
+    total = sum(ex)
+    return [e / total for e in ex]
+
+
+def align_state(policy: SelectionPolicy, state: State | None, models: Sequence[str]) -> State:
+    """The state for the app's current models: a model linked since starts at the best weight
+    (so it is tried), an unlinked one is dropped; a user policy's own state is left alone."""
+    models = list(models)
+    if state is None:
+        return policy.init(models)
+    if "models" not in state or "log_w" not in state or state["models"] == models:
+        return state
+    old = dict(zip(state["models"], state["log_w"]))
+    top = max(old.values(), default=0.0)
+    out = dict(state)
+    out["models"] = models
+    out["log_w"] = [float(old.get(m, top)) for m in models]
+    return out

@@ -1,0 +1,71 @@
+"""The policy-facing types of Clipper's Listing 2: the query X, a model's answer Y, and feedback.
+
+They are plain dataclasses with no Kafka or Redis in them, so a policy (built in or a user's)
+is written and tested against these alone. ``State`` is a JSON-able dict because it lives in
+Redis and is shared by every selector and learner process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# A policy's learned state: JSON-able (lists, floats, str), stored in Redis per (app, context).
+State = dict[str, Any]
+OutputKind = Literal["class_scores", "label", "regression"]
+
+
+def plain(value: Any) -> Any:
+    """A numpy scalar (or 0-d array) as the Python value it holds, so answers compare and encode."""
+    item = getattr(value, "item", None)
+    if item is not None and getattr(value, "ndim", 0) == 0:
+        return item()
+    return value
+
+
+def same_label(a: Any, b: Any) -> bool:
+    """Labels agree if equal as values or as text (feedback may say "3" for the label 3)."""
+    a, b = plain(a), plain(b)
+    if a is None or b is None:
+        return False
+    return a == b or str(a) == str(b)
+
+
+@dataclass(frozen=True)
+class Query:
+    """What select/combine see of a query: its id (seeds Exp3's draw), app, context and input."""
+
+    query_id: str
+    app: str
+    context: str | None = None
+    input: Any = None
+    deadline_us: int = 0
+
+
+@dataclass(frozen=True)
+class Output:
+    """One model's own answer: ``value`` (a label or a float) and, for class scores, the
+    ``scores`` vector aligned with the app's label list."""
+
+    value: Any
+    scores: tuple[float, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": plain(self.value), "scores": list(self.scores) if self.scores is not None else None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Output":
+        scores = data.get("scores")
+        return cls(data.get("value"), tuple(scores) if scores is not None else None)
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The truth about an earlier query: the true ``label`` (or value), or a ``reward`` in [0, 1]
+    for the answer that was given. ``answer`` is the combined answer the caller received, which a
+    reward is about (filled in by the learner from the stored predictions)."""
+
+    query_id: str
+    label: Any = None
+    reward: float | None = None
+    answer: Output | None = None

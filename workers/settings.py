@@ -1,0 +1,31 @@
+"""The worker's own knobs (env prefix ``CLIPSTREAM_WORKER_``).
+
+Connection settings (Kafka, Redis, topic prefix) live in ``clipstream.settings.Settings``;
+these are the ones only a model container cares about: which device, how many threads,
+and how the poll loop trades latency against CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    """Operator overrides for one worker process."""
+
+    model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_WORKER_", extra="ignore")
+
+    # auto: CUDA when it is really usable, else CPU; cpu/cuda force one (cuda fails if absent)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # intra-op threads of the framework; None: model.yaml `threads:` or the framework default
+    threads: int | None = None
+    # how long one consume() waits for a batch: short, so SIGTERM is honoured promptly
+    poll_timeout_s: float = 0.1
+    # batches taken per consume(); their outputs share one flush before the offset commit
+    max_batches_per_poll: int = 8
+    # how long to wait for the broker to acknowledge a batch's outputs before retrying it
+    flush_timeout_s: float = 30.0
+    # how long start-up may wait for the broker and the partition
+    start_timeout_s: float = 60.0

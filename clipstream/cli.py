@@ -17,7 +17,7 @@ COMMANDS: dict[str, str] = {
     "worker": "workers.cli:worker",
     "batcher": "batchers.cli:batcher",
     "selector": "selector.cli:selector",
-    "gateway": "frontend.cli:gateway",
+    "gateway": "frontend.gateway_cli:gateway",
     "apply": "frontend.cli:apply",
     "register-app": "frontend.cli:register_app",
     "deploy-model": "frontend.cli:deploy_model",

@@ -107,7 +107,7 @@ def jars_ready(settings: Settings) -> bool:
     return marker.get("pom_sha256") == expected and any((home / "libs").glob("kafka_*.jar"))
 
 
-_DOWNLOADED = re.compile(r"Downloaded from \S+: (\S+) \(([^,]+)")
+_DOWNLOADED = re.compile(r"Downloaded from \S+: (\S+) \(([\d.]+ \w*B)")
 
 
 def fetch_jars(settings: Settings, progress: Callable[[str], None] = print) -> Path:

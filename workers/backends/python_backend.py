@@ -47,8 +47,8 @@ def _forget_foreign(top: str, folder: Path) -> None:
     origin = getattr(loaded, "__file__", None)
     if origin is not None and Path(origin).resolve().is_relative_to(folder):
         return
-    if origin is None and top in sys.builtin_module_names:
-        return
+    if top in sys.stdlib_module_names:
+        raise ConfigError(f"model module {top!r} shadows a standard-library module: rename it")
     for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
         del sys.modules[name]
     importlib.invalidate_caches()

@@ -1,0 +1,202 @@
+"""One model's batching state machine: deadline queue + coalescing + per-replica dispatch.
+
+This is everything the batcher decides, with no Kafka or Redis: the adapter (``app.py``)
+feeds it decoded records and the clock, and does what it returns (produce batches, report
+expired requests, look cached values up). Keeping it here lets the unit tests drive a whole
+batcher with an injected clock and no broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchers.cache import Coalescer
+from batchers.dispatch import Dispatcher, InFlight
+from batchers.queue import DeadlineQueue
+
+
+@dataclass
+class Pending:
+    """A request the batcher holds: the decoded ModelRequest and its cache key."""
+
+    request: dict[str, Any]
+    key: str | None
+    arrival_us: int
+
+    @property
+    def deadline_us(self) -> int:
+        return int(self.request["deadline_us"])
+
+    @property
+    def partition(self) -> int:
+        return int(self.request["selector_partition"])
+
+
+@dataclass
+class SentBatch:
+    replica: int
+    record: dict[str, Any]
+    flight: InFlight
+
+
+@dataclass
+class Step:
+    """The result of one ``poll``: batches to produce, requests to report expired, next wake."""
+
+    batches: list[SentBatch] = field(default_factory=list)
+    expired: list[Pending] = field(default_factory=list)
+    wake_us: int | None = None
+
+
+class BatcherCore:
+    """Queue, coalescer and dispatcher of one model, driven by ``admit``/``poll``/``on_stats``."""
+
+    def __init__(
+        self,
+        model: str,
+        version: str | None,
+        dispatcher: Dispatcher,
+        coalesce: bool = True,
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.dispatcher = dispatcher
+        self.coalesce = coalesce
+        self.queue: DeadlineQueue[Pending] = DeadlineQueue()
+        self.coalescer: Coalescer[Pending] = Coalescer()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._count = 0
+
+    # -- input ------------------------------------------------------------------------
+    def admit(self, pending: Pending) -> bool:
+        """A cache miss: queue it, or let it wait on an identical pending request.
+
+        Returns True when it was queued, False when it joined another's evaluation.
+        """
+        if self.coalesce and pending.key is not None:
+            if not self.coalescer.join(pending.key, pending):
+                return False
+        self.queue.push(pending, pending.arrival_us)
+        return True
+
+    def _readmit(self, waiters: Iterable[Pending], now_us: int, expired: list[Pending]) -> None:
+        for p in waiters:
+            if p.deadline_us <= now_us:
+                expired.append(p)
+            else:
+                self.admit(p)
+
+    # -- batching ---------------------------------------------------------------------
+    def poll(self, now_us: int) -> Step:
+        """Reclaim lost credit, drop expired requests, and form every batch that is due."""
+        step = Step()
+        for flight in self.dispatcher.reclaim(now_us):
+            for key in flight.keys:
+                self._readmit(self.coalescer.abandon(key), now_us, step.expired)
+        for p in self.queue.expire(now_us):
+            step.expired.append(p)
+            if self.coalesce and p.key is not None:
+                self._readmit(self.coalescer.abandon(p.key), now_us, step.expired)
+        while True:
+            decision = self.dispatcher.decide(len(self.queue), self.queue.oldest_arrival, now_us)
+            if not decision.send:
+                step.wake_us = decision.wake_us
+                break
+            items, late = self.queue.take(decision.size, now_us)
+            step.expired.extend(late)  # empty: expire() ran above with the same clock
+            if not items:
+                break
+            step.batches.append(self._batch(decision.replica, items, now_us))  # type: ignore[arg-type]
+        for t in (self.queue.next_deadline, self.dispatcher.next_reclaim_us()):
+            if t is not None and (step.wake_us is None or t < step.wake_us):
+                step.wake_us = t
+        return step
+
+    def _batch(self, replica: int, items: list[Pending], now_us: int) -> SentBatch:
+        self._count += 1
+        batch_id = f"{self._prefix}-{self._count}"
+        record = {
+            "batch_id": batch_id,
+            "model": self.model,
+            "version": self.version,
+            "replica": replica,
+            "created_us": now_us,
+            "items": [
+                {
+                    "query_id": p.request["query_id"],
+                    "selector_partition": p.partition,
+                    "deadline_us": p.deadline_us,
+                    "cache_key": p.key,
+                    "input": p.request["input"],
+                    "trace": {**p.request.get("trace", {}), "batched": now_us},
+                }
+                for p in items
+            ],
+        }
+        keys = tuple(p.key for p in items if p.key is not None) if self.coalesce else ()
+        flight = self.dispatcher.sent(replica, batch_id, len(items), now_us, keys)
+        return SentBatch(replica, record, flight)
+
+    # -- feedback from workers ----------------------------------------------------------
+    def on_stats(self, stats: dict[str, Any]) -> list[str]:
+        """A worker's BatchStats: credit back, AIMD input. Returns keys whose waiters need values.
+
+        Keys nobody waits on are forgotten at once; the others stay pending until
+        ``deliver`` so that identical requests arriving meanwhile still coalesce.
+        """
+        flight = self.dispatcher.completed(
+            str(stats["batch_id"]), int(stats["batch_size"]), int(stats["service_us"])
+        )
+        if flight is None:
+            return []
+        wanted = []
+        for key in flight.keys:
+            if self.coalescer.waiting(key):
+                wanted.append(key)
+            else:
+                self.coalescer.resolve(key)
+        return wanted
+
+    def deliver(self, key: str, value: Any | None, now_us: int) -> tuple[list[Pending], list[Pending]]:
+        """The cached value of ``key`` (None: not in the cache after all).
+
+        Returns (served, expired): waiters to answer with ``value``, and waiters that could
+        not be re-queued because their deadline passed. Without a value the waiters go back
+        to the queue, the first of them leading a new evaluation.
+        """
+        waiters = self.coalescer.resolve(key)
+        if value is not None:
+            return waiters, []
+        expired: list[Pending] = []
+        self._readmit(waiters, now_us, expired)
+        return [], expired
+
+
+def prediction(
+    pending: Pending, model: str, version: str | None, status: str, now_us: int,
+    output: dict[str, Any] | None = None, error: str | None = None,
+) -> dict[str, Any]:
+    """A Prediction record for a request the batcher answers itself (cached or expired)."""
+    trace = dict(pending.request.get("trace", {}))
+    trace["batched"] = now_us
+    return {
+        "query_id": pending.request["query_id"],
+        "model": model,
+        "version": version,
+        "status": status,
+        "output": output,
+        "error": error,
+        "trace": trace,
+    }
+
+
+def by_partition(items: Iterable[tuple[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    """Group predictions into one Predictions record per selector partition."""
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for partition, pred in items:
+        groups[partition].append(pred)
+    return {p: {"selector_partition": p, "items": preds} for p, preds in groups.items()}

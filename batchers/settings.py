@@ -1,0 +1,25 @@
+"""The batcher's own knobs, read from ``CLIPSTREAM_BATCHER_*`` variables.
+
+Command-line options and the model's registry entry override these; they are the defaults
+for a model that says nothing (Clipper's 20 ms objective, a 2 ms batch delay).
+"""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class BatcherSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_BATCHER_", extra="ignore")
+
+    latency_objective_ms: float = 20.0
+    max_batch_size: int = 256  # AIMD's cap
+    batch_delay_ms: float = 2.0  # delayed batching; 0 disables it
+    aimd_step: int = 1
+    aimd_start: int = 1
+    aimd_fill: float = 1.0
+    max_in_flight: int = 2  # batches outstanding per replica (credit)
+    credit_timeout_ms: float = 5000.0  # reclaim credit of a batch never reported
+    cache: bool = True
+    registry_timeout_s: float = 30.0
+    stats_log_interval_s: float = 5.0  # 0 disables the periodic per-replica stats line

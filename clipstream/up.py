@@ -1,0 +1,150 @@
+"""`clipstream up -f app.yaml`: the whole pipeline on one machine, supervised.
+
+Starts Kafka and Redis if they are not running, applies the app file, then runs the gateway,
+the selector, and per model a batcher and one worker per replica. It keeps following the
+registry, so a model deployed or linked later (or given more replicas) gets its processes
+without a restart. Ctrl-C or SIGTERM stops everything it started, the infrastructure too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from clipstream.errors import ClipstreamError
+from clipstream.infra import launcher
+from clipstream.infra.kafka import kafka_answers
+from clipstream.settings import Settings, get_settings
+from clipstream.supervise import Supervisor
+from frontend.appfile import apply_file
+from frontend.registry import RegistryFollower, RegistryView
+
+READY_TIMEOUT_S = 180.0
+
+
+def _stage_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "clipstream.cli", *args]
+
+
+class Pipeline:
+    """Keeps one batcher per model and one worker per replica in step with the registry."""
+
+    def __init__(self, supervisor: Supervisor, env: dict[str, str]):
+        self.supervisor = supervisor
+        self.env = env
+        self._lock = threading.Lock()
+        self.pending: list[str] = []
+
+    def sync(self, view: RegistryView) -> list[str]:
+        """Start what the registry asks for and is not running; stop surplus replicas."""
+        started: list[str] = []
+        with self._lock:
+            wanted: dict[str, list[str]] = {}
+            for name, model in view.models.items():
+                if model.spec is None:
+                    continue
+                wanted[f"batcher-{name}"] = ["batcher", "--model", name]
+                for r in range(model.replicas):
+                    wanted[f"worker-{name}-{r}"] = [
+                        "worker", "--model", name, "--replica", str(r), "--replicas", str(model.replicas),
+                    ]
+            for stage, args in wanted.items():
+                if stage not in self.supervisor.stages:
+                    self.supervisor.add(stage, _stage_argv(*args), self.env)
+                    started.append(stage)
+            for stage in list(self.supervisor.stages):
+                if stage.startswith("worker-") and stage not in wanted:
+                    self.supervisor.remove(stage)
+        return started
+
+
+@click.command("up")
+@click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--gateway-port", type=int, default=None, help="default: CLIPSTREAM_GATEWAY_PORT or 8080")
+@click.option("--free-ports", is_flag=True, help="start Kafka and Redis on free ports if they are not running")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | None) -> None:
+    """Run the whole pipeline for an app file until Ctrl-C."""
+    overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
+    settings = get_settings(**overrides)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    started_infra = False
+    supervisor: Supervisor | None = None
+    follower: RegistryFollower | None = None
+    try:
+        settings, started_infra = _ensure_infra(settings, free_ports)
+        env = {
+            **os.environ,
+            "CLIPSTREAM_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "CLIPSTREAM_REDIS_URL": settings.redis_url,
+            "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if gateway_port is not None:
+            env["CLIPSTREAM_GATEWAY_PORT"] = str(gateway_port)
+        port = env.get("CLIPSTREAM_GATEWAY_PORT", "8080")
+        host = env.get("CLIPSTREAM_GATEWAY_HOST", "127.0.0.1")
+        click.echo(f"applying {path}")
+        apply_file(settings, path)
+        log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
+        supervisor = Supervisor(log_dir, report=lambda m: click.echo(m, err=True))
+        pipeline = Pipeline(supervisor, env)
+        follower = RegistryFollower(settings).start()
+        view = follower.wait_ready(30)
+        supervisor.add("selector", _stage_argv("selector"), env)
+        supervisor.add("gateway", _stage_argv("gateway"), env)
+        pipeline.sync(view)
+        click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
+        supervisor.wait_ready(READY_TIMEOUT_S)
+        click.echo(f"ready: http://{host}:{port}", nl=True)
+        sys.stdout.flush()
+        follower.add_listener(lambda v: _report_started(pipeline.sync(v)))
+        while not stop.wait(0.5):
+            supervisor.check()
+    except ClipstreamError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from None
+    finally:
+        click.echo("stopping...", err=True)
+        if follower is not None:
+            follower.stop()
+        if supervisor is not None:
+            supervisor.stop_all()
+        if started_infra:
+            launcher.down(settings)
+        click.echo("stopped", err=True)
+
+
+def _report_started(stages: list[str]) -> None:
+    for stage in stages:
+        click.echo(f"started {stage} (registry change)", err=True)
+
+
+def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool]:
+    """Use Kafka/Redis where the settings point if they answer; else start them locally."""
+    if kafka_answers(settings.kafka_bootstrap) and _redis_answers(settings.redis_url):
+        return settings, False
+    status = launcher.status(settings)
+    if status.running:
+        return settings.model_copy(update=status_settings(status)), False
+    click.echo("starting Kafka and Redis ...")
+    status = launcher.up(settings, free_ports=free_ports, progress=lambda m: click.echo(m))
+    return settings.model_copy(update=status_settings(status)), True
+
+
+def status_settings(status: launcher.InfraStatus) -> dict[str, str]:
+    return {"kafka_bootstrap": status.kafka_bootstrap, "redis_url": status.redis_url}
+
+
+def _redis_answers(url: str) -> bool:
+    from clipstream.infra.redis import redis_answers
+
+    return redis_answers(url)

@@ -1,0 +1,186 @@
+"""Registry verbs in the spirit of clipper_admin: apply, register-app, deploy-model, link, ..."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from clipstream.errors import ClipstreamError
+from clipstream.settings import get_settings
+from frontend.appfile import apply_file
+from frontend.registry import RegistryWriter, read_view
+from topics.admin import ensure_model_topics
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """One line on stderr and exit 1 for our own errors; no traceback for a user's mistake."""
+
+    @wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ClipstreamError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+    return run
+
+
+def _parse_value(text: str | None) -> Any:
+    """`-1` -> -1, `cat` -> "cat": the default output is written as YAML."""
+    return None if text is None else yaml.safe_load(text)
+
+
+@click.command("apply")
+@click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
+@_friendly
+def apply(path: str) -> None:
+    """Apply an app file: apps, models and links."""
+    spec = apply_file(get_settings(), path)
+    for m in spec.models:
+        click.echo(f"model {m['name']} version {m['version']} ({m['replicas']} replicas): {m['path']}")
+    for a in spec.apps:
+        click.echo(f"app {a['name']} ({a['policy']}, {a['slo_ms']:g} ms): {', '.join(a['models'])}")
+
+
+@click.command("register-app")
+@click.argument("name")
+@click.option("--policy", default="exp4", show_default=True)
+@click.option("--slo-ms", default=50.0, show_default=True)
+@click.option("--default-output", default=None, help="answer when nothing arrives in time (YAML)")
+@_friendly
+def register_app(name: str, policy: str, slo_ms: float, default_output: str | None) -> None:
+    """Register (or update) an app."""
+    with RegistryWriter(get_settings()) as w:
+        w.app(name, policy, slo_ms, _parse_value(default_output))
+    click.echo(f"app {name} registered")
+
+
+@click.command("deploy-model")
+@click.argument("name")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--version", "version", default="1", show_default=True)
+@click.option("--replicas", default=1, show_default=True)
+@_friendly
+def deploy_model(name: str, path: str, version: str, replicas: int) -> None:
+    """Deploy a model version from a folder holding model.yaml."""
+    from workers.spec import load_spec
+
+    settings = get_settings()
+    load_spec(path)
+    current = read_view(settings).model(name)
+    history: dict[str, list[str]] = {"previous_versions": [], "previous_paths": []}
+    if current is not None:
+        history["previous_versions"] = list(current.previous_versions)
+        history["previous_paths"] = list(current.previous_paths)
+        if current.version != version:
+            history["previous_versions"].append(current.version)
+            history["previous_paths"].append(str(current.path))
+        replicas = replicas if replicas != 1 else current.replicas
+    ensure_model_topics(settings, name, replicas)
+    with RegistryWriter(settings) as w:
+        w.model(name, version, Path(path), replicas, **history)
+    click.echo(f"model {name} version {version} deployed")
+
+
+@click.command("link")
+@click.argument("app")
+@click.argument("model")
+@click.option("--unlink", is_flag=True, help="remove the link instead")
+@_friendly
+def link(app: str, model: str, unlink: bool) -> None:
+    """Link a model to an app: the app's queries start reaching it at once."""
+    with RegistryWriter(get_settings()) as w:
+        w.link(app, model, linked=not unlink)
+    click.echo(f"{'unlinked' if unlink else 'linked'} {model} {'from' if unlink else 'to'} {app}")
+
+
+def _rewrite_model(name: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    settings = get_settings()
+    current = read_view(settings).model(name)
+    if current is None:
+        raise ClipstreamError(f"no model {name!r} in the registry; deploy it first")
+    record = {
+        "name": current.name,
+        "version": current.version,
+        "path": str(current.path),
+        "replicas": current.replicas,
+        "previous_versions": list(current.previous_versions),
+        "previous_paths": list(current.previous_paths),
+        "latency_objective_ms": current.latency_objective_ms,
+        "max_batch_size": current.max_batch_size,
+        "batch_delay_ms": current.batch_delay_ms,
+    }
+    record = change(record)
+    ensure_model_topics(settings, name, record["replicas"])
+    with RegistryWriter(settings) as w:
+        w.model(**record)
+    return record
+
+
+@click.command("set-replicas")
+@click.argument("model")
+@click.argument("replicas", type=int)
+@_friendly
+def set_replicas(model: str, replicas: int) -> None:
+    """Change a model's number of replicas (the batcher spreads batches over them)."""
+    _rewrite_model(model, lambda r: {**r, "replicas": replicas})
+    click.echo(f"model {model}: {replicas} replicas")
+
+
+@click.command("rollback")
+@click.argument("model")
+@_friendly
+def rollback(model: str) -> None:
+    """Go back to the model's previous version."""
+
+    def back(r: dict[str, Any]) -> dict[str, Any]:
+        if not r["previous_versions"]:
+            raise ClipstreamError(f"model {model} has no earlier version to roll back to")
+        return {
+            **r,
+            "version": r["previous_versions"][-1],
+            "path": r["previous_paths"][-1],
+            "previous_versions": r["previous_versions"][:-1],
+            "previous_paths": r["previous_paths"][:-1],
+        }
+
+    r = _rewrite_model(model, back)
+    click.echo(f"model {model} rolled back to version {r['version']}")
+
+
+@click.command("inspect")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def inspect_registry(as_json: bool) -> None:
+    """Show the registry: apps, their linked models, and models."""
+    view = read_view(get_settings())
+    data = {
+        "apps": {n: asdict(a) for n, a in view.apps.items()},
+        "models": {
+            n: {
+                "version": m.version,
+                "path": str(m.path),
+                "replicas": m.replicas,
+                "previous_versions": list(m.previous_versions),
+                "backend": m.spec.backend if m.spec else None,
+                "error": m.spec_error,
+            }
+            for n, m in view.models.items()
+        },
+    }
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    for n, a in data["apps"].items():
+        click.echo(f"app {n}: policy={a['policy']} slo_ms={a['slo_ms']:g} models={list(a['models'])}")
+    for n, m in data["models"].items():
+        click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}")

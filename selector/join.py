@@ -1,0 +1,110 @@
+"""The join state of one selector: pending queries waiting for their models' predictions.
+
+A query is answered when every model it was sent to has reported, or at its deadline with
+whatever arrived (Clipper 5.2.2: a late answer is worse than an inaccurate one). Expired and
+error predictions are reports without an answer: they count as missing. A prediction that
+arrives after the answer is dropped and counted; a bounded memory of answered ids tells a late
+prediction from one we never heard of. Pure Python: the Kafka adapter feeds it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+OK_STATUSES = frozenset({"ok", "cached"})
+
+
+@dataclass
+class Pending:
+    """A query in flight: who it was sent to, when it is due, and what has come back."""
+
+    query_id: str
+    expected: tuple[str, ...]
+    deadline_us: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    arrived: dict[str, Any] = field(default_factory=dict)  # model -> the prediction's output
+    failed: dict[str, str] = field(default_factory=dict)  # model -> why (expired, error text)
+    completed_us: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        return all(m in self.arrived or m in self.failed for m in self.expected)
+
+    @property
+    def missing(self) -> list[str]:
+        """Stragglers (no report by the deadline) and models that failed or expired."""
+        return [m for m in self.expected if m not in self.arrived]
+
+
+class JoinState:
+    """Pending queries keyed by id, plus a deadline heap (lazy deletion) for the timer."""
+
+    def __init__(self, answered_capacity: int = 100_000) -> None:
+        self._pending: dict[str, Pending] = {}
+        self._heap: list[tuple[int, str]] = []
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        self._answered_capacity = answered_capacity
+        self.late = 0  # predictions that came after the answer
+        self.unknown = 0  # predictions for queries this selector never registered
+        self.duplicates = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __contains__(self, query_id: str) -> bool:
+        return query_id in self._pending
+
+    def register(self, query_id: str, expected: list[str] | tuple[str, ...], deadline_us: int, **meta: Any) -> Pending:
+        pending = Pending(query_id, tuple(expected), int(deadline_us), dict(meta))
+        self._pending[query_id] = pending
+        heapq.heappush(self._heap, (pending.deadline_us, query_id))
+        return pending
+
+    def add(self, query_id: str, model: str, status: str, output: Any = None, error: str | None = None) -> Pending | None:
+        """Record one model's report; the pending query (now removed) if that completes it."""
+        pending = self._pending.get(query_id)
+        if pending is None:
+            if query_id in self._answered:
+                self.late += 1
+            else:
+                self.unknown += 1
+            return None
+        if model not in pending.expected or model in pending.arrived or model in pending.failed:
+            self.duplicates += 1
+            return None
+        if status in OK_STATUSES and output is not None:
+            pending.arrived[model] = output
+        else:
+            pending.failed[model] = error or status
+        if pending.complete:
+            return self.finish(query_id)
+        return None
+
+    def expired(self, now_us: int) -> list[Pending]:
+        """The queries whose deadline has come (removed): they are answered with what arrived."""
+        due = []
+        while self._heap and self._heap[0][0] <= now_us:
+            _, query_id = heapq.heappop(self._heap)
+            pending = self._pending.get(query_id)
+            if pending is not None and pending.deadline_us <= now_us:
+                due.append(self.finish(query_id))
+        return due
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of a pending query: the selector's poll timeout runs to it."""
+        while self._heap and self._heap[0][1] not in self._pending:
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def finish(self, query_id: str) -> Pending:
+        pending = self._pending.pop(query_id)
+        self._answered[query_id] = None
+        while len(self._answered) > self._answered_capacity:
+            self._answered.popitem(last=False)
+        return pending
+
+    def answered(self, query_id: str) -> bool:
+        return query_id in self._answered

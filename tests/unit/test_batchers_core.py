@@ -1,0 +1,99 @@
+"""The batcher's state machine without a broker: batching, expiry, coalescing, credit."""
+
+import numpy as np
+
+from batchers.aimd import AIMD
+from batchers.cache import cache_key
+from batchers.core import BatcherCore, Pending, by_partition, prediction
+from batchers.dispatch import Dispatcher
+from schemas import encode, to_tensor
+
+
+def core(replicas=1, start=4, delay=2_000, in_flight=1, coalesce=True):
+    d = Dispatcher(replicas, lambda: AIMD(20_000, start=start, cap=64), in_flight, delay, 1_000_000)
+    return BatcherCore("m", "1", d, coalesce=coalesce)
+
+
+def req(qid, deadline, x=0.0, part=0, arrival=0):
+    t = to_tensor(np.array([x], dtype=np.float32))
+    r = {"query_id": qid, "app": "a", "model": "m", "input": t, "deadline_us": deadline,
+         "selector_partition": part, "trace": {"batcher_in": arrival}}
+    return Pending(r, cache_key("m", "1", t), arrival)
+
+
+def test_batches_edf_up_to_max_and_records_encode():
+    c = core(start=2)
+    for i, d in enumerate([300, 100, 200]):
+        c.admit(req(f"q{i}", d, x=i))
+    step = c.poll(now_us=0)
+    assert len(step.batches) == 1
+    rec = step.batches[0].record
+    assert [it["query_id"] for it in rec["items"]] == ["q1", "q2"]
+    assert rec["items"][0]["trace"] == {"batcher_in": 0, "batched": 0}
+    assert rec["items"][0]["cache_key"].startswith("cs:cache:m:1:")
+    encode("Batch", rec)
+    # one left, no credit: wakes at its deadline to report it expired
+    assert step.wake_us == 300
+    step = c.poll(now_us=300)
+    assert [p.request["query_id"] for p in step.expired] == ["q0"]
+
+
+def test_delayed_batching_then_send_after_stats_return_credit():
+    c = core(start=4, delay=2_000)
+    c.admit(req("a", 10_000, x=1, arrival=100))
+    step = c.poll(now_us=100)
+    assert step.batches == [] and step.wake_us == 2_100
+    c.admit(req("b", 10_000, x=2, arrival=900))
+    step = c.poll(now_us=2_100)
+    assert len(step.batches) == 1 and len(step.batches[0].record["items"]) == 2
+    bid = step.batches[0].record["batch_id"]
+    assert c.on_stats({"batch_id": bid, "batch_size": 2, "service_us": 500}) == []
+    assert c.dispatcher.replicas[0].credit == 1
+
+
+def test_identical_misses_are_evaluated_once_and_waiters_get_the_value():
+    c = core(start=8, delay=0)
+    assert c.admit(req("lead", 10_000, x=7)) is True
+    assert c.admit(req("w1", 10_000, x=7)) is False
+    step = c.poll(0)
+    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["lead"]
+    assert c.admit(req("w2", 10_000, x=7)) is False  # still in flight: waits too
+    bid = step.batches[0].record["batch_id"]
+    key = step.batches[0].record["items"][0]["cache_key"]
+    assert c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10}) == [key]
+    served, expired = c.deliver(key, {"dtype": "float32", "shape": [], "data": b"\0" * 4}, 50)
+    assert [p.request["query_id"] for p in served] == ["w1", "w2"] and expired == []
+    assert c.admit(req("again", 10_000, x=7)) is True
+
+
+def test_missing_value_requeues_waiters_and_expired_leader_hands_over():
+    c = core(start=8, delay=0, in_flight=1)
+    c.admit(req("lead", 1_000, x=3))
+    c.admit(req("w1", 5_000, x=3))
+    step = c.poll(1_000)  # leader expired in the queue
+    assert [p.request["query_id"] for p in step.expired] == ["lead"]
+    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["w1"]
+    c.admit(req("w2", 5_000, x=3))
+    bid = step.batches[0].record["batch_id"]
+    key = step.batches[0].record["items"][0]["cache_key"]
+    assert c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10}) == [key]
+    served, expired = c.deliver(key, None, 2_000)  # the worker did not fill the cache
+    assert served == [] and expired == []
+    step = c.poll(2_000)
+    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["w2"]
+
+
+def test_no_coalescing_without_cache():
+    c = core(start=8, delay=0, coalesce=False)
+    assert c.admit(req("a", 10_000, x=1)) and c.admit(req("b", 10_000, x=1))
+    assert len(c.poll(0).batches[0].record["items"]) == 2
+
+
+def test_expired_predictions_group_by_partition_and_encode():
+    c = core()
+    preds = [(p.partition, prediction(p, "m", "1", "expired", 5, error="deadline passed"))
+             for p in [req("a", 1, part=0), req("b", 1, part=3), req("c", 1, part=3)]]
+    groups = by_partition(preds)
+    assert sorted(groups) == [0, 3] and len(groups[3]["items"]) == 2
+    for rec in groups.values():
+        encode("Predictions", rec)

@@ -1,0 +1,96 @@
+"""Replica credit, choice of replica, lost credit and delayed batching (clock injected)."""
+
+from batchers.aimd import AIMD
+from batchers.dispatch import Dispatcher
+
+OBJ = 20_000
+
+
+def make(replicas=2, start=4, delay=2_000, in_flight=1, timeout=100_000):
+    return Dispatcher(
+        replicas,
+        lambda: AIMD(OBJ, start=start, cap=64),
+        max_in_flight=in_flight,
+        batch_delay_us=delay,
+        credit_timeout_us=timeout,
+    )
+
+
+def test_full_queue_sends_max_at_once():
+    d = make()
+    dec = d.decide(queued=10, oldest_arrival_us=1_000, now_us=1_000)
+    assert dec.send and dec.size == 4 and dec.replica == 0
+
+
+def test_short_queue_waits_from_oldest_arrival_then_sends_what_is_there():
+    d = make()
+    dec = d.decide(queued=2, oldest_arrival_us=1_000, now_us=1_500)
+    assert not dec.send and dec.wake_us == 3_000
+    dec = d.decide(queued=3, oldest_arrival_us=1_000, now_us=2_999)
+    assert not dec.send and dec.wake_us == 3_000
+    dec = d.decide(queued=3, oldest_arrival_us=1_000, now_us=3_000)
+    assert dec.send and dec.size == 3
+
+
+def test_no_delay_sends_immediately():
+    d = make(delay=0)
+    dec = d.decide(queued=1, oldest_arrival_us=500, now_us=500)
+    assert dec.send and dec.size == 1
+
+
+def test_empty_queue_is_idle():
+    d = make()
+    dec = d.decide(0, None, 0)
+    assert not dec.send and dec.wake_us is None
+
+
+def test_credit_bounds_batches_in_flight_and_returns_with_stats():
+    d = make(replicas=1, in_flight=2)
+    d.sent(0, "b1", 4, now_us=0)
+    assert d.decide(10, 0, 0).send
+    d.sent(0, "b2", 4, now_us=0)
+    assert not d.decide(10, 0, 0).send  # both credits used
+    assert d.completed("b1", 4, 5_000) is not None
+    assert d.replicas[0].aimd.max_batch_size == 5  # full batch under objective
+    dec = d.decide(10, 0, 0)
+    assert dec.send and dec.size == 5
+
+
+def test_least_loaded_replica_gets_the_next_batch_round_robin_when_idle():
+    d = make(replicas=2, in_flight=2)
+    order = []
+    for i in range(4):
+        dec = d.decide(10, 0, i)
+        order.append(dec.replica)
+        d.sent(dec.replica, f"b{i}", dec.size, now_us=i)
+    assert order == [0, 1, 0, 1]
+    d.completed("b1", 4, 1_000)  # replica 1 has one fewer in flight
+    assert d.decide(10, 0, 10).replica == 1
+
+
+def test_each_replica_has_its_own_aimd():
+    d = make(replicas=2, in_flight=2)
+    d.sent(0, "fast", 4, 0)
+    d.sent(1, "slow", 4, 0)
+    d.completed("fast", 4, 1_000)
+    d.completed("slow", 4, 50_000)
+    assert [s["max_batch_size"] for s in d.stats()] == [5, 3]
+
+
+def test_lost_credit_is_reclaimed_and_replica_marked_suspect():
+    d = make(replicas=2, in_flight=1, timeout=100_000)
+    d.sent(0, "lost", 4, now_us=0)
+    d.sent(1, "fine", 4, now_us=50_000)
+    assert d.pick() is None
+    assert d.next_reclaim_us() == 100_000
+    assert d.reclaim(99_999) == []
+    lost = d.reclaim(100_000)
+    assert [f.batch_id for f in lost] == ["lost"]
+    d.completed("fine", 4, 1_000)
+    # both have credit now; the healthy one is preferred
+    assert d.pick().index == 1
+    # late stats for the reclaimed batch: AIMD learns, credit not returned twice
+    assert d.completed("lost", 4, 90_000) is not None
+    assert d.replicas[0].aimd.max_batch_size == 3
+    assert d.replicas[0].credit == 1 and not d.replicas[0].suspect
+    assert d.completed("unknown", 4, 1) is None

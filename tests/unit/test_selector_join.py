@@ -1,0 +1,63 @@
+"""The join state: complete on the last report, answer at the deadline, count late arrivals."""
+
+from __future__ import annotations
+
+from selector.join import JoinState
+
+
+def test_completes_when_every_expected_model_has_reported() -> None:
+    j = JoinState()
+    j.register("q1", ["a", "b"], deadline_us=1_000, reply_topic="r")
+    assert j.add("q1", "a", "ok", output=1) is None
+    done = j.add("q1", "b", "cached", output=2)
+    assert done is not None and done.arrived == {"a": 1, "b": 2} and done.missing == []
+    assert done.meta["reply_topic"] == "r" and "q1" not in j and j.answered("q1")
+
+
+def test_expired_and_error_reports_complete_but_count_as_missing() -> None:
+    j = JoinState()
+    j.register("q1", ["a", "b", "c"], deadline_us=1_000)
+    j.add("q1", "a", "ok", output=1)
+    j.add("q1", "b", "expired")
+    done = j.add("q1", "c", "error", error="boom")
+    assert done is not None
+    assert done.missing == ["b", "c"] and done.failed == {"b": "expired", "c": "boom"}
+
+
+def test_deadline_answers_with_what_arrived_and_names_stragglers() -> None:
+    j = JoinState()
+    j.register("q1", ["a", "b"], deadline_us=2_000)
+    j.register("q2", ["a"], deadline_us=1_000)
+    j.register("q3", ["a"], deadline_us=3_000)
+    assert j.next_deadline() == 1_000
+    j.add("q1", "a", "ok", output=5)
+    assert j.expired(999) == []
+    due = j.expired(2_000)
+    assert [p.query_id for p in due] == ["q2", "q1"]
+    assert due[1].arrived == {"a": 5} and due[1].missing == ["b"]
+    assert j.next_deadline() == 3_000 and len(j) == 1
+
+
+def test_next_deadline_skips_answered_queries() -> None:
+    j = JoinState()
+    j.register("q1", ["a"], deadline_us=1_000)
+    j.register("q2", ["a"], deadline_us=5_000)
+    j.add("q1", "a", "ok", output=0)
+    assert j.next_deadline() == 5_000
+    j.add("q2", "a", "ok", output=0)
+    assert j.next_deadline() is None and j.expired(10**12) == []
+
+
+def test_late_unknown_and_duplicate_predictions_are_dropped_and_counted() -> None:
+    j = JoinState(answered_capacity=2)
+    j.register("q1", ["a", "b"], deadline_us=1_000)
+    j.add("q1", "a", "ok", output=1)
+    assert j.add("q1", "a", "ok", output=1) is None and j.duplicates == 1
+    assert j.add("q1", "z", "ok", output=1) is None and j.duplicates == 2
+    j.expired(1_000)
+    assert j.add("q1", "b", "ok", output=2) is None and j.late == 1
+    assert j.add("nobody", "a", "ok", output=1) is None and j.unknown == 1
+    for i in range(3):  # the answered set is bounded: q1 is forgotten
+        j.register(f"x{i}", ["a"], deadline_us=0)
+    j.expired(1)
+    assert not j.answered("q1") and j.answered("x2")

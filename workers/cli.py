@@ -1,0 +1,78 @@
+"""``clipstream worker``: run one replica of one model.
+
+With ``--path`` the model folder is given directly (tests, benchmarks, a container image);
+without it the model is looked up in the registry, as a deployment does.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from clipstream.errors import ClipstreamError, ConfigError
+from clipstream.settings import get_settings
+
+
+def resolve_from_registry(
+    settings: object, name: str, version: str | None, timeout_s: float
+) -> tuple[Path, str | None, int]:
+    """(folder, version, replicas) of ``name`` from the registry; ``--version`` picks a sibling folder."""
+    from frontend.registry import RegistryFollower  # written by the frontend stage; imported late
+
+    follower = RegistryFollower(settings)
+    follower.start()
+    try:
+        if not follower.wait_ready(timeout_s):
+            raise ConfigError(f"the registry was not read within {timeout_s:.0f}s")
+        models = follower.view().models
+        if name not in models:
+            raise ConfigError(f"model {name!r} is not in the registry; known: {sorted(models)}")
+        cfg = models[name]
+    finally:
+        follower.stop()
+    path, current = Path(cfg.path), cfg.version
+    if version is not None and version != current:
+        path = path.parent / version
+        if not (path / "model.yaml").is_file():
+            raise ConfigError(f"model {name} version {version} has no folder at {path}")
+        current = version
+    return path, current, int(cfg.replicas)
+
+
+@click.command()
+@click.option("--model", "name", required=True, help="model name (topics batches.<name>, ...)")
+@click.option("--version", default=None, help="model version (default: the registry's, or the folder name)")
+@click.option("--replica", default=0, show_default=True, type=click.IntRange(min=0), help="which replica = partition")
+@click.option("--replicas", default=None, type=click.IntRange(min=1), help="replicas of this model (default: registry, or 1)")
+@click.option("--path", "folder", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="model folder holding model.yaml (default: look the model up in the registry)")
+@click.option("--device", default=None, type=click.Choice(["auto", "cpu", "cuda"]), help="override CLIPSTREAM_WORKER_DEVICE")
+@click.option("--registry-timeout", default=30.0, show_default=True, help="seconds to wait for the registry")
+def worker(
+    name: str, version: str | None, replica: int, replicas: int | None, folder: Path | None,
+    device: str | None, registry_timeout: float,
+) -> None:
+    """Serve one replica of a model: consume batches.<model>[replica], emit predictions."""
+    from workers.backends import load_model
+    from workers.settings import WorkerSettings
+    from workers.spec import load_spec
+    from workers.worker import Worker
+
+    settings = get_settings()
+    ws = WorkerSettings()
+    if device is not None:
+        ws = ws.model_copy(update={"device": device})
+    try:
+        if folder is None:
+            folder, version, registered = resolve_from_registry(settings, name, version, registry_timeout)
+            replicas = replicas or registered
+        else:
+            version = version or folder.resolve().name
+        replicas = max(replicas or 1, replica + 1)
+        model = load_model(load_spec(folder), device=ws.device, threads=ws.threads)
+        Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws).run()
+    except ClipstreamError as exc:
+        click.echo(f"worker {name} replica {replica}: {exc}", err=True)
+        sys.exit(1)

@@ -42,26 +42,38 @@ class Pipeline:
         self.pending: list[str] = []
 
     def sync(self, view: RegistryView) -> list[str]:
-        """Start what the registry asks for and is not running; stop surplus replicas."""
+        """Start what the registry asks for and is not running; stop what it no longer asks for.
+
+        Stage names carry the model version, so a deploy or a rollback replaces the model's
+        batcher and workers (the cache key carries the version too, so no stale answer leaks).
+        """
         started: list[str] = []
         with self._lock:
-            wanted: dict[str, list[str]] = {}
-            for name, model in view.models.items():
-                if model.spec is None:
-                    continue
-                wanted[f"batcher-{name}"] = ["batcher", "--model", name]
-                for r in range(model.replicas):
-                    wanted[f"worker-{name}-{r}"] = [
-                        "worker", "--model", name, "--replica", str(r), "--replicas", str(model.replicas),
-                    ]
+            wanted = wanted_stages(view)
             for stage, args in wanted.items():
                 if stage not in self.supervisor.stages:
                     self.supervisor.add(stage, _stage_argv(*args), self.env)
                     started.append(stage)
             for stage in list(self.supervisor.stages):
-                if stage.startswith("worker-") and stage not in wanted:
+                if stage.startswith(("worker-", "batcher-")) and stage not in wanted:
                     self.supervisor.remove(stage)
         return started
+
+
+def wanted_stages(view: RegistryView) -> dict[str, list[str]]:
+    """Stage name -> CLI arguments: one batcher per model, one worker per replica."""
+    wanted: dict[str, list[str]] = {}
+    for name, model in view.models.items():
+        if model.spec is None:
+            continue
+        v = model.version
+        wanted[f"batcher-{name}-v{v}"] = ["batcher", "--model", name, "--version", v]
+        for r in range(model.replicas):
+            wanted[f"worker-{name}-v{v}-{r}"] = [
+                "worker", "--model", name, "--version", v,
+                "--replica", str(r), "--replicas", str(model.replicas),
+            ]
+    return wanted
 
 
 @click.command("up")
@@ -92,6 +104,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
             env["CLIPSTREAM_GATEWAY_PORT"] = str(gateway_port)
         port = env.get("CLIPSTREAM_GATEWAY_PORT", "8080")
         host = env.get("CLIPSTREAM_GATEWAY_HOST", "127.0.0.1")
+        click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={settings.redis_url}")
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"

@@ -57,6 +57,9 @@ class JoinState:
     def __contains__(self, query_id: str) -> bool:
         return query_id in self._pending
 
+    def get(self, query_id: str) -> Pending | None:
+        return self._pending.get(query_id)
+
     def register(self, query_id: str, expected: list[str] | tuple[str, ...], deadline_us: int, **meta: Any) -> Pending:
         pending = Pending(query_id, tuple(expected), int(deadline_us), dict(meta))
         self._pending[query_id] = pending

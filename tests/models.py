@@ -95,29 +95,49 @@ def make_onnx_digits_model(
     return write_model_yaml(folder, config)
 
 
-@functools.cache
-def _torch_mlp_bytes() -> bytes:
-    import io
-
+def _torch_mlp() -> Any:
     import torch
 
     torch.manual_seed(0)
-    mlp = torch.nn.Sequential(
+    return torch.nn.Sequential(
         torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10), torch.nn.Softmax(dim=1)
     ).eval()
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(mlp), buf)
+
+
+@functools.cache
+def _torch_mlp_bytes(fmt: str) -> bytes:
+    import io
+    import warnings
+
+    import torch
+
+    mlp, buf = _torch_mlp(), io.BytesIO()
+    if fmt == "export":  # torch.export program with a dynamic batch axis
+        batch = torch.export.Dim("batch", min=1, max=1 << 16)
+        program = torch.export.export(mlp, (torch.zeros(2, 64),), dynamic_shapes=({0: batch},))
+        torch.export.save(program, buf)
+    else:
+        with warnings.catch_warnings():  # TorchScript is deprecated in torch >= 2.10, still loads
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.jit.save(torch.jit.script(mlp), buf)
     return buf.getvalue()
 
 
-def make_torch_model(root: Path, name: str = "mlp", version: str = "1", *, threads: int | None = 1) -> Path:
-    """A seeded 64-32-10 MLP with softmax, saved as TorchScript (class_scores over 0..9)."""
+def make_torch_model(
+    root: Path, name: str = "mlp", version: str = "1", *, fmt: str = "torchscript",
+    threads: int | None = 1,
+) -> Path:
+    """A seeded 64-32-10 MLP with softmax (class_scores over 0..9).
+
+    ``fmt`` torchscript writes ``model.pt`` (torch.jit), export writes ``model.pt2`` (torch.export).
+    """
     folder = Path(root) / name / version
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.pt").write_bytes(_torch_mlp_bytes())
+    file = "model.pt2" if fmt == "export" else "model.pt"
+    (folder / file).write_bytes(_torch_mlp_bytes(fmt))
     config: dict[str, Any] = {
         "backend": "torch",
-        "file": "model.pt",
+        "file": file,
         "input": {"dtype": "float32", "shape": [64]},
         "output": {"kind": "class_scores", "labels": DIGITS_LABELS},
     }

@@ -6,6 +6,7 @@ Inference runs under ``torch.inference_mode()`` on CUDA when it is usable.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,9 @@ class TorchModel:
         if path.suffix == ".pt2":  # torch.export program
             module = torch.export.load(str(path)).module()
             return module.to(self.device)
-        module = torch.jit.load(str(path), map_location=self.device)
+        with warnings.catch_warnings():  # TorchScript is deprecated in new torch, still supported
+            warnings.simplefilter("ignore", FutureWarning)
+            module = torch.jit.load(str(path), map_location=self.device)
         module.eval()
         return module
 

@@ -1,0 +1,351 @@
+"""The batcher process: a thin faust-streaming shell around ``BatcherCore``.
+
+Faust only moves bytes: two agents read ``requests.<model>`` and ``batch-stats.<model>``,
+and three tasks run the service below (cache lookups, the batching loop, readiness). Every
+decision lives in ``core.py`` and the modules under it, so it is tested without a broker.
+
+Latency choices: a group of requests that arrived together is looked up in Redis with one
+MGET (whatever arrives while a lookup is on the wire forms the next group, so nothing waits
+for a timer); hits are produced at once to ``predictions`` at the request's selector
+partition; the batching loop sleeps exactly until the next thing is due (delayed-batching
+deadline, a request's deadline, a credit timeout) or until new work wakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+import redis.asyncio as aioredis
+
+from batchers.aimd import AIMD
+from batchers.cache import cache_key
+from batchers.core import BatcherCore, Pending, by_partition, prediction
+from batchers.dispatch import Dispatcher
+from batchers.settings import BatcherSettings
+from clipstream.clock import now_us
+from clipstream.errors import ClipstreamError, DecodeError
+from clipstream.settings import Settings
+from schemas import decode_as, encode, from_tensor
+from topics.catalogue import Catalogue
+from topics.client import aiokafka_kwargs
+
+log = logging.getLogger("clipstream.batcher")
+
+
+@dataclass
+class ModelSetup:
+    """What the batcher needs to know about its model (from the CLI or the registry)."""
+
+    name: str
+    version: str | None
+    replicas: int
+    latency_objective_ms: float
+    max_batch_size: int
+    batch_delay_ms: float
+    cache: bool = True
+    spec: Any = None  # workers.spec.ModelSpec when the registry knows it
+
+
+class BatcherService:
+    """Decode, look up, queue, batch, produce: the I/O around one model's ``BatcherCore``."""
+
+    def __init__(self, app: faust.App, settings: Settings, bs: BatcherSettings, model: ModelSetup) -> None:
+        self.app = app
+        self.settings = settings
+        self.model = model
+        self.cat = Catalogue.from_settings(settings)
+        self.topic_predictions = self.cat.predictions.name
+        self.topic_batches = self.cat.batches(model.name, model.replicas).name
+        self.topic_deadletter = self.cat.deadletter.name
+        objective_us = int(model.latency_objective_ms * 1000)
+        dispatcher = Dispatcher(
+            model.replicas,
+            lambda: AIMD(objective_us, bs.aimd_step, model.max_batch_size, bs.aimd_start, fill=bs.aimd_fill),
+            max_in_flight=bs.max_in_flight,
+            batch_delay_us=int(model.batch_delay_ms * 1000),
+            credit_timeout_us=int(bs.credit_timeout_ms * 1000),
+        )
+        self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache)
+        self.redis = aioredis.from_url(settings.redis_url) if model.cache else None
+        self.wake = asyncio.Event()
+        self.arrived: list[tuple[dict[str, Any], int]] = []
+        self.arrived_event = asyncio.Event()
+        self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0}
+
+    # -- producing --------------------------------------------------------------------
+    async def _send(self, topic: str, value: bytes, partition: int | None) -> None:
+        await self.app.producer.send(topic, None, value, partition, None, None)
+
+    async def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
+        for partition, record in by_partition(preds).items():
+            await self._send(self.topic_predictions, encode("Predictions", record), partition)
+
+    async def _deadletter(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
+                          query_id: str | None = None) -> None:
+        record = {
+            "stage": "batcher",
+            "reason": reason,
+            "source_topic": where[0] if where else None,
+            "source_partition": where[1] if where else None,
+            "source_offset": where[2] if where else None,
+            "query_id": query_id,
+            "payload": payload,
+            "created_us": now_us(),
+        }
+        await self._send(self.topic_deadletter, encode("DeadLetter", record), None)
+
+    # -- requests -----------------------------------------------------------------------
+    async def on_request(self, value: bytes, where: tuple[str, int, int]) -> None:
+        """One raw record of ``requests.<model>``: validate, then hand to the lookup task."""
+        arrival = now_us()
+        try:
+            request = decode_as("ModelRequest", value)
+        except DecodeError as exc:
+            await self._deadletter(str(exc), value, where)
+            return
+        request["trace"]["batcher_in"] = arrival
+        try:
+            array = from_tensor(request["input"])
+            if self.model.spec is not None:
+                self.model.spec.input.check(array)
+        except ClipstreamError as exc:
+            self.counts["errors"] += 1
+            await self._deadletter(f"bad input: {exc}", value, where, request["query_id"])
+            p = Pending(request, None, arrival)
+            await self._emit([(p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
+                                                       error=f"bad input: {exc}"))])
+            return
+        self.counts["requests"] += 1
+        self.arrived.append((request, arrival))
+        self.arrived_event.set()
+
+    async def lookup_loop(self) -> None:
+        """Group whatever arrived, look it up with one MGET, answer hits, queue misses."""
+        while True:
+            await self.arrived_event.wait()
+            self.arrived_event.clear()
+            group, self.arrived = self.arrived, []
+            if not group:
+                continue
+            version = self.core.version
+            pendings = [
+                Pending(r, cache_key(self.model.name, version, r["input"]) if self.redis else None, t)
+                for r, t in group
+            ]
+            values: list[bytes | None] = [None] * len(pendings)
+            if self.redis is not None:
+                try:
+                    values = await self.redis.mget([p.key for p in pendings])
+                except Exception as exc:  # Redis down: serve from the models, not from nothing
+                    log.warning("cache lookup failed (%s); treating %d requests as misses", exc, len(pendings))
+            hits: list[tuple[int, dict[str, Any]]] = []
+            now = now_us()
+            for p, raw in zip(pendings, values):
+                output = self._decode_cached(raw)
+                if output is not None:
+                    hits.append((p.partition, prediction(p, self.model.name, version, "cached", now, output)))
+                else:
+                    self.core.admit(p)
+            if hits:
+                self.counts["cached"] += len(hits)
+                await self._emit(hits)
+            if len(hits) < len(pendings):
+                self.wake.set()
+
+    @staticmethod
+    def _decode_cached(raw: bytes | None) -> dict[str, Any] | None:
+        if raw is None:
+            return None
+        try:
+            return decode_as("Tensor", raw)
+        except DecodeError:
+            return None  # a foreign or corrupt entry: evaluate again (the worker overwrites it)
+
+    # -- worker reports -------------------------------------------------------------------
+    async def on_stats(self, value: bytes, where: tuple[str, int, int]) -> None:
+        try:
+            stats = decode_as("BatchStats", value)
+        except DecodeError as exc:
+            await self._deadletter(str(exc), value, where)
+            return
+        keys = self.core.on_stats(stats)
+        self.wake.set()  # credit is back
+        if not keys:
+            return
+        values: list[bytes | None] = [None] * len(keys)
+        if self.redis is not None:
+            try:
+                values = await self.redis.mget(keys)
+            except Exception as exc:
+                log.warning("cache fetch for coalesced requests failed: %s", exc)
+        now = now_us()
+        out: list[tuple[int, dict[str, Any]]] = []
+        for key, raw in zip(keys, values):
+            output = self._decode_cached(raw)
+            served, expired = self.core.deliver(key, output, now)
+            out += [(p.partition, prediction(p, self.model.name, self.core.version, "cached", now, output))
+                    for p in served]
+            out += self._expired(expired, now)
+        if out:
+            self.counts["cached"] += sum(1 for _, p in out if p["status"] == "cached")
+            await self._emit(out)
+
+    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[int, dict[str, Any]]]:
+        self.counts["expired"] += len(pendings)
+        return [
+            (p.partition, prediction(p, self.model.name, self.core.version, "expired", now,
+                                     error="deadline passed while queued in the batcher"))
+            for p in pendings
+        ]
+
+    # -- batching ---------------------------------------------------------------------------
+    async def batch_loop(self) -> None:
+        """Form every batch that is due, report expired requests, sleep until the next event."""
+        while True:
+            now = now_us()
+            step = self.core.poll(now)
+            for sent in step.batches:
+                self.counts["batches"] += 1
+                self.counts["batched"] += len(sent.record["items"])
+                await self._send(self.topic_batches, encode("Batch", sent.record), sent.replica)
+            if step.expired:
+                await self._emit(self._expired(step.expired, now))
+            timeout = None if step.wake_us is None else max(0.0, (step.wake_us - now_us()) / 1e6)
+            if timeout == 0.0:
+                continue
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self.wake.clear()
+
+    def stats_line(self) -> str:
+        return json.dumps({"model": self.model.name, **self.counts, "queued": len(self.core.queue),
+                           "replicas": self.core.dispatcher.stats()})
+
+    def resize(self, replicas: int, version: str | None) -> None:
+        """Follow the registry: a new replica count or a new version (new cache keys)."""
+        if replicas != len(self.core.dispatcher.replicas):
+            self.core.dispatcher.resize(replicas)
+            log.warning("batcher %s: now %d replicas", self.model.name, replicas)
+        self.core.version = version
+        self.wake.set()
+
+
+def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: Any = None) -> faust.App:
+    """The faust app of one model's batcher (call ``faust.Worker(app).execute_from_commandline()``)."""
+    cat = Catalogue.from_settings(settings)
+    app = faust.App(
+        f"{settings.topic_prefix}batcher.{model.name}",
+        broker="kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
+        value_serializer="raw",
+        key_serializer="raw",
+        store="memory://",
+        web_enabled=False,
+        topic_disable_leader=True,
+        topic_allow_declare=False,
+        datadir=tempfile.mkdtemp(prefix=f"faust-batcher-{model.name}-"),
+        consumer_auto_offset_reset="latest",
+        producer_linger=0.0,
+        producer_acks=1,
+    )
+    requests_topic = app.topic(cat.requests(model.name).name, value_type=bytes, key_type=bytes)
+    stats_topic = app.topic(cat.batch_stats(model.name).name, value_type=bytes, key_type=bytes)
+    holder: dict[str, BatcherService] = {}
+
+    def service() -> BatcherService:
+        # created inside the running loop (asyncio primitives and the Redis pool bind to it)
+        if "s" not in holder:
+            holder["s"] = BatcherService(app, settings, bs, model)
+        return holder["s"]
+
+    @app.agent(requests_topic)
+    async def requests(stream: Any) -> None:
+        svc = service()
+        async for event in stream.events():
+            msg = event.message
+            await svc.on_request(event.value, (msg.topic, msg.partition, msg.offset))
+
+    @app.agent(stats_topic)
+    async def batch_stats(stream: Any) -> None:
+        svc = service()
+        async for event in stream.events():
+            msg = event.message
+            await svc.on_stats(event.value, (msg.topic, msg.partition, msg.offset))
+
+    @app.task
+    async def run_lookups() -> None:
+        await service().lookup_loop()
+
+    @app.task
+    async def run_batches() -> None:
+        await service().batch_loop()
+
+    @app.task
+    async def announce() -> None:
+        await _wait_assigned(app, [requests_topic.get_topic_name(), stats_topic.get_topic_name()])
+        print(f"ready: batcher {model.name}", flush=True)
+        svc = service()
+        last = None
+        while True:
+            await asyncio.sleep(max(0.2, min(1.0, bs.stats_log_interval_s or 1.0)))
+            if follower is not None:
+                await _follow(svc, follower)
+            if bs.stats_log_interval_s:
+                line = svc.stats_line()
+                if line != last:
+                    print(f"stats: {line}", flush=True)
+                    last = line
+
+    return app
+
+
+async def _wait_assigned(app: faust.App, topics: list[str]) -> None:
+    """Until our partitions are assigned and their start offsets resolved (nothing is missed)."""
+    while True:
+        assigned = app.consumer.assignment()
+        tps = [tp for tp in assigned if tp.topic in topics]
+        if {tp.topic for tp in tps} >= set(topics):
+            for tp in tps:
+                try:
+                    await app.consumer.position(tp)
+                except Exception:  # a rebalance in between: try again
+                    break
+            else:
+                return
+        await asyncio.sleep(0.05)
+
+
+async def _follow(svc: BatcherService, follower: Any) -> None:
+    try:
+        cfg = follower.view().model(svc.model.name)
+    except Exception:  # the registry is only advice here; keep serving
+        return
+    if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
+        replicas = max(1, int(cfg.replicas))
+        if replicas > len(svc.core.dispatcher.replicas):
+            from topics.admin import ensure_model_topics
+
+            # topic creation blocks: keep it off the event loop
+            await asyncio.get_running_loop().run_in_executor(
+                None, ensure_model_topics, svc.settings, svc.model.name, replicas
+            )
+        svc.resize(replicas, cfg.version)
+
+
+def run(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: Any = None) -> None:
+    """Run the batcher until SIGINT/SIGTERM."""
+    from topics.admin import ensure_core_topics, ensure_model_topics
+
+    ensure_core_topics(settings)
+    ensure_model_topics(settings, model.name, model.replicas)
+    app = create_app(settings, bs, model, follower)
+    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr)
+    worker.execute_from_commandline()

@@ -1,0 +1,37 @@
+"""``clipstream selector``: run the model selection layer (dispatch, join, learn)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+import click
+
+from clipstream.errors import ClipstreamError
+from clipstream.settings import get_settings
+
+
+@click.command()
+@click.option("--group", default=None, help="consumer group (default CLIPSTREAM_SELECTOR_GROUP); learners use <group>.learn")
+@click.option("--learn/--no-learn", default=True, show_default=True, help="also consume feedback and update the policy state")
+@click.option("--learn-only", is_flag=True, help="only learn from feedback (no dispatch/join)")
+@click.option("--log-level", default="WARNING", show_default=True)
+def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -> None:
+    """Select models for queries, join their predictions by the deadline, learn from feedback."""
+    from selector.service import serve
+    from selector.settings import SelectorSettings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    ss = SelectorSettings()
+    if group:
+        ss = ss.model_copy(update={"group": group})
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        serve(get_settings(), ss, learn=learn or learn_only, join=not learn_only, stop=stop)
+    except ClipstreamError as exc:
+        click.echo(f"selector: {exc}", err=True)
+        sys.exit(1)

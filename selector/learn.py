@@ -1,0 +1,81 @@
+"""selector.learn: join feedback with the stored predictions and ``observe`` (Clipper 5.1-5.3).
+
+Runs in its own consumer group (``<group>.learn``) so learners scale apart from the join, and
+a ``--learn-only`` process shares the feedback partitions with the full selectors.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+
+from clipstream.errors import ClipstreamError
+from schemas import decode_as
+from selector.kafka import Apps, DeadLetters, log
+from selector.policies import align_state
+from selector.store import StateStore
+from selector.types import Feedback, Output, Query
+
+
+class Learner:
+    def __init__(self, consumer: Consumer, store: StateStore, apps: Apps, dead: DeadLetters, learn_global: bool = True) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.apps = apps
+        self.dead = dead
+        self.learn_global = learn_global
+        self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0}
+
+    def handle(self, msg: Any) -> None:
+        try:
+            fb = decode_as("Feedback", msg.value())
+        except ClipstreamError as exc:
+            self.stats["bad_feedback"] += 1
+            self.dead.send(f"undecodable feedback: {exc}", msg)
+            return
+        qid = fb["query_id"]
+        if fb.get("label") is None and fb.get("reward") is None:
+            self.stats["bad_feedback"] += 1
+            self.dead.send("feedback has neither a label nor a reward", msg, qid)
+            return
+        stored = self.store.load_predictions(qid)
+        if stored is None:
+            self.stats["unknown_query"] += 1
+            self.dead.send("feedback for an unknown or expired query id", msg, qid)
+            return
+        app_name = stored.get("app") or fb["app"]
+        try:
+            app, policy, _ = self.apps.get(app_name)
+        except ClipstreamError as exc:
+            self.stats["bad_feedback"] += 1
+            self.dead.send(f"feedback for {app_name}: {exc}", msg, qid)
+            return
+        context = fb.get("context") or stored.get("context")
+        preds = {m: Output.from_json(o) for m, o in stored["predictions"].items()}
+        answer = Output.from_json(stored["answer"]) if stored.get("answer") else None
+        feedback = Feedback(qid, label=fb.get("label"), reward=fb.get("reward"), answer=answer)
+        query = Query(qid, app_name, context)
+
+        def observe(state: dict | None) -> dict:
+            return policy.observe(align_state(policy, state, app.models), query, feedback, preds)
+
+        self.store.update(app_name, context, observe)
+        if context and self.learn_global:
+            self.store.update(app_name, None, observe)
+        self.stats["observed"] += 1
+
+    def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
+        while not stop.is_set():
+            msg = self.consumer.poll(max_poll_s)
+            if msg is None:
+                continue
+            for m in [msg, *self.consumer.consume(drain_max, 0)]:
+                if m.error():
+                    log.warning("feedback consumer: %s", m.error())
+                    continue
+                try:
+                    self.handle(m)
+                except Exception:  # a learner must outlive one bad record or a Redis hiccup
+                    log.exception("feedback at offset %s failed", m.offset())

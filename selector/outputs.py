@@ -1,0 +1,88 @@
+"""Between the wire and the policies: a Prediction's tensor as an ``Output``, the app's output
+kind and labels from its models' specs, and the Response record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schemas import from_tensor
+from selector.types import Output, plain
+
+WIRE_SCALARS = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class AppOutputs:
+    """What the app's linked models answer: their kind, and the label list scores align with."""
+
+    kind: str = "label"
+    labels: tuple[Any, ...] | None = None
+
+
+def app_outputs(view: Any, models: tuple[str, ...]) -> AppOutputs:
+    """Regression if any model is; else class scores (labels of the first such model); else labels."""
+    specs = [view.models[m].spec for m in models if m in view.models and view.models[m].spec is not None]
+    kinds = [s.output.kind for s in specs]
+    if "regression" in kinds:
+        return AppOutputs("regression", None)
+    for wanted in ("class_scores", "label"):
+        for spec in specs:
+            if spec.output.kind == wanted and spec.output.labels:
+                return AppOutputs(wanted, tuple(spec.output.labels))
+    return AppOutputs(kinds[0] if kinds else "label", None)
+
+
+def to_output(tensor: dict[str, Any], kind: str | None, labels: tuple[Any, ...] | None) -> Output:
+    """A model's row as an Output: class scores -> (argmax label, scores); a 0-d tensor -> its value."""
+    arr = from_tensor(tensor)
+    if arr.ndim == 0 or (arr.size == 1 and kind in ("label", "regression")):
+        value = plain(arr.reshape(()))
+        return Output(float(value) if kind == "regression" else value)
+    scores = tuple(float(s) for s in np.asarray(arr, dtype=np.float64).ravel())
+    best = int(np.argmax(scores))
+    value = labels[best] if labels and len(labels) == len(scores) else best
+    return Output(value, scores)
+
+
+def wire_value(value: Any) -> Any:
+    """A value the Response's union (null, boolean, long, double, string) can carry."""
+    value = plain(value)
+    if value is None or isinstance(value, WIRE_SCALARS):
+        return value
+    return str(value)
+
+
+def response_record(
+    event: dict[str, Any],
+    output: Output | None,
+    confidence: float,
+    answered: list[str],
+    missing: list[str],
+    labels: tuple[Any, ...] | None,
+    now_us: int,
+    default: Any = None,
+    default_reason: str | None = None,
+) -> dict[str, Any]:
+    """The Response for a query event (or the parts of one the join kept)."""
+    trace = dict(event.get("trace") or {})
+    trace["joined"] = now_us
+    scores = list(output.scores) if output is not None and output.scores is not None else None
+    is_default = default_reason is not None
+    return {
+        "query_id": event["query_id"],
+        "app": event["app"],
+        "output": wire_value(default if is_default or output is None else output.value),
+        "scores": scores,
+        "labels": [str(lab) for lab in labels] if scores is not None and labels else None,
+        "confidence": 0.0 if is_default else float(confidence),
+        "is_default": is_default,
+        "default_reason": default_reason,
+        "answered": list(answered),
+        "missing": list(missing),
+        "created_us": now_us,
+        "deadline_us": int(event.get("deadline_us") or 0),
+        "trace": trace,
+    }

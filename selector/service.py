@@ -1,0 +1,222 @@
+"""The selector's Kafka/Redis adapter: dispatch (select), join (combine at all-arrived or at the
+deadline), and learn (observe, in ``selector.learn``).
+
+One consumer reads ``queries`` and ``predictions`` with the range assignor, so partition i of
+both topics belongs to one member: a request carries the queries partition it came from, the
+worker writes its prediction to that partition, and the join state for it is in this process.
+The poll timeout is the time to the next deadline, so a deadline fires as a timer, not when
+the next message happens to arrive.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import redis
+from confluent_kafka import Consumer, Producer
+
+from clipstream.clock import now_us
+from clipstream.errors import ClipstreamError
+from clipstream.settings import Settings
+from schemas import decode_as, encode, from_tensor
+from selector.join import JoinState, Pending
+from selector.kafka import Apps, DeadLetters, log, pin_and_assign
+from selector.learn import Learner
+from selector.outputs import response_record, to_output
+from selector.policies import align_state
+from selector.settings import SelectorSettings
+from selector.store import StateStore
+from selector.types import Query
+from topics.admin import ensure_core_topics, ensure_model_topics
+from topics.catalogue import Catalogue
+from topics.client import consumer_config, producer_config
+
+
+class Selector:
+    """Dispatch and join for the partitions this member owns."""
+
+    def __init__(self, consumer: Consumer, producer: Producer, store: StateStore, apps: Apps,
+                 dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000) -> None:
+        self.consumer, self.producer, self.store, self.apps, self.dead = consumer, producer, store, apps, dead
+        self.catalogue, self.settings = catalogue, settings
+        self.join = JoinState(answered_capacity)
+        self._model_topics: set[str] = set()
+        self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0}
+
+    # -- dispatch: select -----------------------------------------------------------
+    def dispatch(self, msg: Any) -> None:
+        try:
+            ev = decode_as("QueryEvent", msg.value())
+        except ClipstreamError as exc:
+            self.dead.send(f"undecodable query: {exc}", msg)
+            return
+        self.stats["queries"] += 1
+        qid, now = ev["query_id"], now_us()
+        try:
+            app, policy, outputs = self.apps.get(ev["app"])
+            query = Query(qid, app.name, ev.get("context"), from_tensor(ev["input"]), ev["deadline_us"])
+            state = align_state(policy, self.store.load(app.name, query.context), app.models)
+            chosen = [m for m in policy.select(state, query) if m in app.models]
+        except ClipstreamError as exc:
+            self.dead.send(str(exc), msg, qid)
+            self._reply(ev, response_record(ev, None, 0.0, [], [], None, now_us(), None, str(exc)))
+            return
+        trace = dict(ev.get("trace") or {})
+        trace["dispatched"] = now
+        meta = {"event": {k: ev.get(k) for k in ("query_id", "app", "deadline_us", "reply_topic", "reply_partition")},
+                "trace": trace, "context": query.context, "state": state, "query": query}
+        self.join.register(qid, chosen, ev["deadline_us"], **meta)
+        if not chosen or ev["deadline_us"] <= now:
+            return  # answered by the timer with the default
+        for model in chosen:
+            self._ensure_model_topic(model)
+            request = {"query_id": qid, "app": app.name, "model": model, "input": ev["input"],
+                       "deadline_us": ev["deadline_us"], "selector_partition": msg.partition(), "trace": trace}
+            self.producer.produce(self.catalogue.requests(model).name, encode("ModelRequest", request), key=qid.encode())
+        self.producer.poll(0)
+
+    def _ensure_model_topic(self, model: str) -> None:
+        if model not in self._model_topics:
+            ensure_model_topics(self.settings, model)
+            self._model_topics.add(model)
+
+    # -- join: combine ----------------------------------------------------------------
+    def collect(self, msg: Any) -> None:
+        try:
+            batch = decode_as("Predictions", msg.value())
+        except ClipstreamError as exc:
+            self.dead.send(f"undecodable predictions: {exc}", msg)
+            return
+        for item in batch["items"]:
+            pending = self.join.get(item["query_id"])
+            output = None
+            if pending is not None and item["status"] in ("ok", "cached") and item.get("output") is not None:
+                try:
+                    _, _, outs = self.apps.get(pending.meta["event"]["app"])
+                    spec = self.apps.view().models.get(item["model"])
+                    kind = spec.spec.output.kind if spec and spec.spec else outs.kind
+                    output = to_output(item["output"], kind, outs.labels)
+                except ClipstreamError as exc:
+                    item = dict(item, status="error", error=f"undecodable output: {exc}")
+            done = self.join.add(item["query_id"], item["model"], item["status"], output, item.get("error"))
+            if done is not None:
+                self.answer(done)
+
+    def answer(self, pending: Pending) -> None:
+        """combine with what arrived; the stragglers are named and lower the confidence."""
+        ev, now = pending.meta["event"], now_us()
+        ev = dict(ev, trace=pending.meta["trace"])
+        missing = pending.missing
+        self.stats["stragglers"] += sum(1 for m in missing if m not in pending.failed)
+        try:
+            app, policy, outputs = self.apps.get(ev["app"])
+            default = app.default_output
+        except ClipstreamError:
+            app, policy, outputs, default = None, None, None, None
+        if not pending.arrived or policy is None:
+            reason = ("every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
+                      if pending.failed and len(pending.failed) == len(pending.expected)
+                      else "no prediction arrived by the deadline")
+            if not pending.expected:
+                reason = "the policy selected no model"
+            self.stats["defaults"] += 1
+            record = response_record(ev, None, 0.0, [], missing, None, now, default, reason)
+            self._reply(ev, record)
+            return
+        answer, confidence = policy.combine(pending.meta["state"], pending.meta["query"], dict(pending.arrived))
+        record = response_record(ev, answer, confidence, list(pending.arrived), missing, outputs.labels, now)
+        self.store.save_predictions(pending.query_id, {
+            "app": ev["app"], "context": pending.meta["context"], "answer": answer.to_json(),
+            "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
+        self._reply(ev, record)
+
+    def _reply(self, ev: dict[str, Any], record: dict[str, Any]) -> None:
+        topic = ev.get("reply_topic") or self.catalogue.responses.name
+        kwargs: dict[str, Any] = {"key": ev["query_id"].encode()}
+        if ev.get("reply_topic") and ev.get("reply_partition") is not None:
+            kwargs["partition"] = int(ev["reply_partition"])
+        self.producer.produce(topic, encode("Response", record), **kwargs)
+        self.producer.poll(0)
+        self.stats["responses"] += 1
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
+        queries = self.catalogue.queries.name
+        while not stop.is_set():
+            due = self.join.next_deadline()
+            timeout = max_poll_s if due is None else min(max_poll_s, max(0.0, (due - now_us()) / 1e6))
+            msg = self.consumer.poll(timeout)
+            msgs = [msg, *self.consumer.consume(drain_max, 0)] if msg is not None else []
+            for m in msgs:
+                if m.error():
+                    log.warning("consumer: %s", m.error())
+                    continue
+                try:
+                    self.dispatch(m) if m.topic() == queries else self.collect(m)
+                except Exception:  # one bad record must not stop the selector
+                    log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+            for pending in self.join.expired(now_us()):
+                try:
+                    self.answer(pending)
+                except Exception:
+                    log.exception("answering %s failed", pending.query_id)
+
+
+def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
+          stop: threading.Event | None = None) -> None:
+    """Run dispatch+join and/or learn until ``stop``; print ``ready: selector`` once serving."""
+    from frontend.registry import RegistryFollower
+
+    stop = stop or threading.Event()
+    catalogue = Catalogue.from_settings(settings)
+    ensure_core_topics(settings)
+    follower = RegistryFollower(settings).start()
+    follower.wait_ready(ss.registry_timeout_s)
+    producer = Producer(producer_config(settings))
+    store = StateStore(redis.Redis.from_url(settings.redis_url), settings.stored_predictions_ttl_s)
+    store.redis.ping()
+    apps, dead = Apps(follower.view), DeadLetters(producer, catalogue.deadletter.name)
+    waiting = {"join"} if join else set()
+    waiting |= {"learn"} if learn else set()
+    lock = threading.Lock()
+
+    def assigned(part: str) -> None:
+        with lock:
+            if part in waiting:
+                waiting.discard(part)
+                if not waiting:
+                    print("ready: selector", flush=True)
+
+    def on_assign(name: str) -> Any:
+        return lambda c, parts: pin_and_assign(c, parts, lambda: assigned(name))
+
+    consumers: list[Consumer] = []
+    threads: list[threading.Thread] = []
+    try:
+        if learn:
+            lc = Consumer(consumer_config(settings, f"{ss.group}.learn"))
+            consumers.append(lc)
+            lc.subscribe([catalogue.feedback.name], on_assign=on_assign("learn"))
+            learner = Learner(lc, store, apps, dead, ss.learn_global)
+            threads.append(threading.Thread(target=learner.run, args=(stop, ss.max_poll_s, ss.drain_max),
+                                            name="learn", daemon=True))
+            threads[-1].start()
+        if join:
+            jc = Consumer(consumer_config(settings, ss.group))
+            consumers.append(jc)
+            jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=on_assign("join"))
+            sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity)
+            sel.run(stop, ss.max_poll_s, ss.drain_max)
+        else:
+            stop.wait()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        for c in consumers:
+            c.close()
+        producer.flush(5)
+        follower.stop()
+        print("selector stopped", file=sys.stderr, flush=True)

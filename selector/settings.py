@@ -1,0 +1,16 @@
+"""The selector's own knobs (``CLIPSTREAM_SELECTOR_*``)."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SelectorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_SELECTOR_", extra="ignore")
+
+    group: str = "clipstream-selector"  # dispatch+join group; learners use <group>.learn
+    answered_capacity: int = 100_000  # answered ids remembered to count late predictions
+    max_poll_s: float = 0.1  # longest poll when nothing is due (how fast a stop is noticed)
+    drain_max: int = 500  # records taken per poll once one has arrived
+    learn_global: bool = True  # feedback with a context also teaches the app's global state
+    registry_timeout_s: float = 30.0

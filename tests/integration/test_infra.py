@@ -1,0 +1,99 @@
+"""The launcher against real processes: a private broker + Redis for up/down, and the session's.
+
+The up/down test uses its own state dir and free ports, never the session infra, so stopping
+it cannot disturb other tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clipstream.errors import InfraError
+from clipstream.infra import launcher, pid_alive
+from clipstream.infra.kafka import kafka_answers
+from clipstream.infra.redis import redis_answers
+from clipstream.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def test_up_twice_is_one_broker_and_down_stops_it(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path / "state")
+    try:
+        first = launcher.up(settings, free_ports=True, progress=lambda _: None)
+        assert first.running and first.kafka_pid and first.redis_pid
+        assert kafka_answers(first.kafka_bootstrap) and redis_answers(first.redis_url)
+
+        second = launcher.up(settings, free_ports=True, progress=lambda _: None)
+        assert (second.kafka_pid, second.redis_pid) == (first.kafka_pid, first.redis_pid)
+        assert second.env() == first.env()
+        now = launcher.status(settings)
+        assert now.running and now.kafka_pid == first.kafka_pid
+        assert (tmp_path / "state" / "kafka.pid").read_text().strip() == str(first.kafka_pid)
+    finally:
+        stopped = launcher.down(settings)
+    assert stopped == [f"kafka (pid {first.kafka_pid})", f"redis (pid {first.redis_pid})"]
+    wait_for(lambda: not pid_alive(first.kafka_pid), 10, "the broker to exit")
+    wait_for(lambda: not pid_alive(first.redis_pid), 10, "redis to exit")
+    after = launcher.status(settings)
+    assert not after.kafka_running and not after.redis_running and after.kafka_pid is None
+    assert launcher.down(settings) == []
+
+
+def test_busy_port_names_the_port_and_starts_nothing(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        (redis_port,) = launcher.pick_free_ports(1)
+        settings = Settings(kafka_port=port, redis_port=redis_port, state_dir=tmp_path)
+        with pytest.raises(InfraError, match=rf"port {port} \(kafka\).*--free-ports"):
+            launcher.up(settings, progress=lambda _: None)
+    result = launcher.status(settings)
+    assert result.kafka_pid is None and result.redis_pid is None
+
+
+def test_session_broker_answers_metadata(infra: launcher.InfraStatus) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": infra.kafka_bootstrap}).list_topics(timeout=10)
+    assert len(metadata.brokers) == 1
+
+
+def test_session_redis_pings_and_evicts_only_ttl_keys(redis_client) -> None:  # noqa: ANN001
+    assert redis_client.ping() is True
+    reply = redis_client.config_get("maxmemory-policy")  # str or bytes, by redis-py version
+    text = {_text(key): _text(value) for key, value in reply.items()}
+    assert text == {"maxmemory-policy": "volatile-lru"}
+
+
+def test_subprocesses_inherit_the_session_infra(
+    infra: launcher.InfraStatus, settings: Settings
+) -> None:
+    code = "from clipstream.settings import Settings as S; s = S(); print(s.kafka_bootstrap, s.redis_url)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    ).stdout.split()
+    assert out == [infra.kafka_bootstrap, infra.redis_url]
+    assert settings.kafka_bootstrap == infra.kafka_bootstrap
+    assert settings.topic_prefix.startswith("t") and settings.topic_prefix.endswith(".")

@@ -1,0 +1,166 @@
+"""Every backend on a real model folder built by tests/models.py, through ``load_model``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clipstream.errors import ConfigError, ModelError
+from tests.models import (
+    CLOCKWORK,
+    DIGITS_LABELS,
+    digits,
+    digits_logreg,
+    make_onnx_digits_model,
+    make_profile_model,
+    make_python_model,
+    make_torch_model,
+    set_slowdown,
+)
+from workers.backends import BatchModel, load_model, warm_up
+from workers.backends.onnx_backend import pick_output
+from workers.backends.profile_backend import LatencyProfile
+from workers.spec import load_spec
+
+
+class Doubler:
+    """Regression: twice the sum of the input."""
+
+    def __init__(self, path: Path, config: dict) -> None:
+        self.factor = float(config.get("factor", 2.0))
+
+    def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
+        return self.factor * inputs.reshape(len(inputs), -1).sum(axis=1)
+
+
+def test_onnx_round_trip_matches_sklearn(tmp_path: Path) -> None:
+    import onnx
+
+    folder = make_onnx_digits_model(tmp_path)
+    assert onnx.load(str(folder / "model.onnx")).ir_version <= 8
+    model = load_model(load_spec(folder), device="auto")
+    assert isinstance(model, BatchModel)
+    assert model.device == "cpu"  # no GPU here, though onnxruntime lists the CUDA provider
+    x, _ = digits()
+    scores = model.predict_batch(x)
+    assert scores.shape == (len(x), len(DIGITS_LABELS)) and scores.dtype == np.float32
+    np.testing.assert_allclose(scores.sum(axis=1), 1.0, atol=1e-4)
+    np.testing.assert_array_equal(scores.argmax(axis=1), digits_logreg().predict(x))
+
+
+def test_onnx_label_kind_answers_labels(tmp_path: Path) -> None:
+    model = load_model(load_spec(make_onnx_digits_model(tmp_path, kind="label")))
+    x, _ = digits()
+    np.testing.assert_array_equal(model.predict_batch(x[:50]), digits_logreg().predict(x[:50]))
+
+
+def test_pick_output() -> None:
+    assert pick_output("class_scores", ["label", "probabilities"]) == "probabilities"
+    assert pick_output("label", ["label", "probabilities"]) == "label"
+    assert pick_output("class_scores", ["label", "p"]) == "p"
+    assert pick_output("regression", ["y"]) == "y"
+    with pytest.raises(ConfigError):
+        pick_output("label", ["label"], requested="nope")
+
+
+def test_torch_torchscript(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    warnings.simplefilter("ignore", FutureWarning)
+    folder = make_torch_model(tmp_path)
+    model = load_model(load_spec(folder), device="cpu")
+    x, _ = digits()
+    out = model.predict_batch(x[:7])
+    assert out.shape == (7, 10) and model.device == "cpu"
+    with torch.inference_mode():
+        ref = torch.jit.load(str(folder / "model.pt"))(torch.from_numpy(x[:7])).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_torch_export_program_matches_torchscript(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    scripted = load_model(load_spec(make_torch_model(tmp_path, "ts")), device="cpu")
+    exported = load_model(load_spec(make_torch_model(tmp_path, "ex", fmt="export")), device="cpu")
+    x, _ = digits()
+    for n in (1, 5):  # the batch axis is dynamic
+        np.testing.assert_allclose(exported.predict_batch(x[:n]), scripted.predict_batch(x[:n]), rtol=1e-5)
+
+
+def test_python_backend_from_class(tmp_path: Path) -> None:
+    folder = make_python_model(tmp_path, "doubler", Doubler, shape=[3], extra={"factor": 3})
+    model = load_model(load_spec(folder))
+    out = model.predict_batch(np.ones((4, 3), dtype=np.float32))
+    np.testing.assert_allclose(out, [9.0] * 4)
+    assert warm_up(model).shape == (1,)
+
+
+def test_python_backend_same_module_name_in_two_folders(tmp_path: Path) -> None:
+    src = "import numpy as np\nclass Model:\n    def __init__(self, path, config): pass\n" \
+          "    def predict_batch(self, x): return np.full(len(x), {v})\n"
+    a = make_python_model(tmp_path / "a", "same", src.format(v=1.0), shape=[1])
+    b = make_python_model(tmp_path / "b", "same", src.format(v=2.0), shape=[1])
+    ma, mb = load_model(load_spec(a)), load_model(load_spec(b))
+    x = np.zeros((2, 1), dtype=np.float32)
+    assert ma.predict_batch(x).tolist() == [1.0, 1.0]
+    assert mb.predict_batch(x).tolist() == [2.0, 2.0]
+
+
+def test_python_backend_errors(tmp_path: Path) -> None:
+    broken = make_python_model(tmp_path, "broken", "raise RuntimeError('boom')\n")
+    with pytest.raises(ModelError, match="boom"):
+        load_model(load_spec(broken))
+    nomethod = make_python_model(tmp_path, "nomethod", "class Model:\n    def __init__(self, p, c): pass\n")
+    with pytest.raises(ConfigError, match="predict_batch"):
+        load_model(load_spec(nomethod))
+
+
+def test_latency_profile_interpolates_and_extrapolates() -> None:
+    p = LatencyProfile(CLOCKWORK)
+    assert p.latency_ms(1) == pytest.approx(2.61)
+    assert p.latency_ms(16) == pytest.approx(15.67)
+    assert p.latency_ms(3) == pytest.approx((3.78 + 5.61) / 2)
+    assert p.latency_ms(12) == pytest.approx((9.13 + 15.67) / 2)
+    assert p.latency_ms(32) == pytest.approx(15.67 + 16 * (15.67 - 9.13) / 8)
+    svm = LatencyProfile.linear(5.0, 0.05)
+    assert svm.latency_ms(1) == pytest.approx(5.05) and svm.latency_ms(100) == pytest.approx(10.0)
+    assert LatencyProfile({4: 7.0}).latency_ms(9) == 7.0
+    with pytest.raises(ConfigError):
+        LatencyProfile({})
+
+
+def test_profile_model_sleeps_its_table_and_answers_deterministically(tmp_path: Path) -> None:
+    import time
+
+    folder = make_profile_model(tmp_path, speed=2.0)
+    model = load_model(load_spec(folder))
+    x, _ = digits()
+    start = time.perf_counter()
+    out = model.predict_batch(x[:8])
+    elapsed = time.perf_counter() - start
+    assert model.last_sleep_s == pytest.approx(CLOCKWORK[8] / 1000 / 2)
+    assert elapsed >= model.last_sleep_s * 0.9  # it really waited (never asserts an upper bound)
+    assert out.shape == (8, 10)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-5)
+    again = load_model(load_spec(folder)).compute(x[:8])
+    np.testing.assert_array_equal(out, again)
+
+
+def test_profile_slowdown_is_read_at_run_time(tmp_path: Path) -> None:
+    folder = make_profile_model(tmp_path, fixed_ms=5.0, per_item_ms=0.05)
+    model = load_model(load_spec(folder))
+    assert model.service_time_s(10) == pytest.approx(0.0055)
+    set_slowdown(folder, 2)
+    assert model.service_time_s(10) == pytest.approx(0.011)
+    set_slowdown(folder, 1)
+    assert model.service_time_s(10) == pytest.approx(0.0055)
+
+
+def test_profile_label_and_regression_kinds(tmp_path: Path) -> None:
+    lab = load_model(load_spec(make_profile_model(tmp_path, "lab", kind="label", labels=[3, 5, 7], table={1: 0.0})))
+    out = lab.predict_batch(np.ones((4, 64), dtype=np.float32))
+    assert out.shape == (4,) and set(out.tolist()) <= {3, 5, 7}
+    reg = load_model(load_spec(make_profile_model(tmp_path, "reg", kind="regression", table={1: 0.0})))
+    assert reg.predict_batch(np.ones((2, 64), dtype=np.float32)).shape == (2,)

@@ -1,0 +1,62 @@
+"""CUDA selection: decided from availability flags, never from get_available_providers alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from clipstream.errors import ConfigError
+from workers.backends.devices import (
+    CPU_EP,
+    CUDA_EP,
+    THREADS_ENV,
+    cuda_driver_device_count,
+    onnx_providers,
+    resolve_device,
+    thread_count,
+)
+
+ALL = ["TensorrtExecutionProvider", CUDA_EP, CPU_EP]
+
+
+@pytest.mark.parametrize(
+    ("requested", "cuda_ok", "expected"),
+    [("auto", True, "cuda"), ("auto", False, "cpu"), ("cpu", True, "cpu"), ("cuda", True, "cuda")],
+)
+def test_resolve_device(requested: str, cuda_ok: bool, expected: str) -> None:
+    assert resolve_device(requested, cuda_ok) == expected
+
+
+def test_explicit_cuda_without_gpu_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="no usable CUDA"):
+        resolve_device("cuda", False)
+    with pytest.raises(ConfigError):
+        resolve_device("tpu", True)
+
+
+def test_providers_listed_but_no_gpu_means_cpu_only() -> None:
+    # the GPU build lists CUDA even without a GPU: the device decision wins
+    assert onnx_providers("cpu", ALL) == [CPU_EP]
+
+
+def test_providers_on_a_gpu() -> None:
+    assert onnx_providers("cuda", ALL) == [CUDA_EP, CPU_EP]
+    # a CPU-only onnxruntime build on a GPU machine: CPU, no failed-provider noise
+    assert onnx_providers("cuda", [CPU_EP]) == [CPU_EP]
+
+
+def test_driver_probe_answers_a_count() -> None:
+    assert cuda_driver_device_count() >= 0
+
+
+def test_thread_count_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert thread_count({}) is None
+    assert thread_count({"threads": 2}) == 2
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert thread_count({"threads": 2}) == 3
+    assert thread_count({"threads": 2}, override=4) == 4
+    with pytest.raises(ConfigError):
+        thread_count({}, override=0)
+    monkeypatch.delenv(THREADS_ENV)
+    with pytest.raises(ConfigError):
+        thread_count({"threads": "many"})

@@ -31,7 +31,7 @@ integration: jars
 	$(PY) -m pytest -q tests/integration
 
 demo: jars
-	$(PY) -m bench.demo
+	$(PY) -m clipstream.demo
 
 bench: jars
 	$(PY) -m bench.all

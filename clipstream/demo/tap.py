@@ -1,0 +1,85 @@
+"""A read-only tap on the predictions and batch-stats topics: per-model answers and batch sizes.
+
+The gateway tells a caller only the combined answer; the demo's table of per-model accuracy and
+the replayed Exp3 curve need each model's own answer, which the predictions topic carries.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Consumer
+
+from clipstream.errors import DecodeError
+from clipstream.settings import Settings
+from schemas import decode, from_tensor
+from topics import Catalogue, consumer_config
+
+
+class Tap:
+    def __init__(self, settings: Settings, models: list[str], labels: list[Any]):
+        cat = Catalogue.from_settings(settings)
+        self._topics = [cat.predictions.name] + [cat.batch_stats(m).name for m in models]
+        self._consumer = Consumer(
+            consumer_config(settings, f"demo-tap-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "latest"})
+        )
+        self.labels = labels
+        self.answers: dict[str, dict[str, Any]] = defaultdict(dict)  # query -> model -> label
+        self.status_counts: dict[str, int] = defaultdict(int)
+        self.batch_sizes: list[int] = []
+        self._stop = threading.Event()
+        self._assigned = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Tap":
+        self._consumer.subscribe(self._topics)
+        self._thread.start()
+        return self
+
+    def wait_assigned(self, timeout_s: float = 30.0) -> bool:
+        return self._assigned.wait(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msgs = self._consumer.consume(500, 0.1)
+            if self._consumer.assignment():
+                self._assigned.set()
+            for msg in msgs:
+                if msg.error():
+                    continue
+                try:
+                    name, record = decode(msg.value())
+                except DecodeError:
+                    continue
+                with self._lock:
+                    if name == "Predictions":
+                        for p in record["items"]:
+                            self._prediction(p)
+                    elif name == "BatchStats":
+                        self.batch_sizes.append(record["batch_size"])
+        self._consumer.close()
+
+    def _prediction(self, p: dict[str, Any]) -> None:
+        self.status_counts[p["status"]] += 1
+        if p["status"] not in ("ok", "cached") or p["output"] is None:
+            return
+        out = from_tensor(p["output"])
+        label = self.labels[int(np.argmax(out))] if out.ndim == 1 else out.item()
+        self.answers[p["query_id"]][p["model"]] = label
+
+    def snapshot(self) -> tuple[dict[str, dict[str, Any]], dict[str, int], list[int]]:
+        with self._lock:
+            return (
+                {q: dict(m) for q, m in self.answers.items()},
+                dict(self.status_counts),
+                list(self.batch_sizes),
+            )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)

@@ -1,0 +1,146 @@
+"""The gateway's JSON shapes: request bodies, answers, and the Response record -> JSON mapping.
+
+Pure (no I/O): the mapping from the selector's ``Response`` to what a caller sees is the
+REST contract, so it is unit-tested alone. Request bodies are validated with pydantic in strict
+mode (no ``"5"`` -> 5, no ``true`` -> 1), because a silent coercion would feed a model
+something its caller did not send.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import ValidationError
+
+Label = StrictBool | StrictInt | StrictFloat | StrictStr
+
+# the longest SLO a caller may ask for: a slot in max_inflight is held that long
+MAX_SLO_MS = 60_000.0
+
+
+class PredictRequest(BaseModel):
+    """``{"input": [...], "context": "user-42", "slo_ms": 50}``; only ``input`` is required."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: Any = Field(description="One example: a number or nested lists matching the model's input shape.")
+    context: StrictStr | None = Field(None, min_length=1, max_length=256,
+                                      description="User or session key: its own policy state.")
+    slo_ms: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_SLO_MS,
+                                                   description="Latency objective; the app's when absent.")
+
+
+class FeedbackRequest(BaseModel):
+    """``{"query_id": "...", "label": <as output>}`` or ``{"query_id": "...", "reward": 0.7}``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    query_id: StrictStr = Field(min_length=1, max_length=256)
+    label: Label | None = None
+    reward: StrictFloat | StrictInt | None = Field(None, ge=0, le=1)
+    context: StrictStr | None = Field(None, min_length=1, max_length=256)
+
+
+class ModelsAnswered(BaseModel):
+    answered: list[str]
+    missing: list[str]
+
+
+class PredictResponse(BaseModel):
+    """What ``POST /v1/apps/{app}/predict`` answers (documented in the OpenAPI schema)."""
+
+    query_id: str
+    output: Label | None = Field(description="The combined label, or the value for regression, or the app's default.")
+    scores: list[float] | None = Field(description="Combined class scores, aligned with `labels`.")
+    labels: list[str] | None = Field(None, description="The labels of `scores`, as strings.")
+    confidence: float = Field(ge=0, le=1)
+    default: bool
+    default_reason: str | None = None
+    models: ModelsAnswered
+    latency_ms: float
+
+
+class Accepted(BaseModel):
+    accepted: bool = True
+    query_id: str
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+def validation_reason(exc: ValidationError) -> str:
+    """One line from pydantic's errors: ``slo_ms: Input should be greater than 0``."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _unit(x: Any) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return 0.0
+    if not math.isfinite(v):
+        return 0.0
+    return min(1.0, max(0.0, v))
+
+
+def response_json(record: dict[str, Any], latency_ms: float, default_output: Any = None) -> dict[str, Any]:
+    """The caller's JSON for a selector ``Response`` record.
+
+    Confidence is clamped into [0, 1] and non-finite numbers become null, because JSON has no
+    NaN and a caller must always be able to parse the answer. A default answer without an
+    output takes the app's ``default_output``.
+    """
+    is_default = bool(record.get("is_default"))
+    output = record.get("output")
+    if is_default and output is None:
+        output = default_output
+    scores = record.get("scores")
+    return {
+        "query_id": record["query_id"],
+        "output": _finite(output),
+        "scores": [_finite(float(s)) for s in scores] if scores is not None else None,
+        "labels": list(record["labels"]) if record.get("labels") is not None else None,
+        "confidence": _unit(record.get("confidence", 0.0)),
+        "default": is_default,
+        "default_reason": record.get("default_reason"),
+        "models": {
+            "answered": list(record.get("answered") or []),
+            "missing": list(record.get("missing") or []),
+        },
+        "latency_ms": round(latency_ms, 3),
+    }
+
+
+def default_json(
+    query_id: str, default_output: Any, models: tuple[str, ...] | list[str], latency_ms: float,
+    reason: str = "timeout",
+) -> dict[str, Any]:
+    """The answer when no Response came in time: the app's default, every model missing."""
+    return response_json(
+        {
+            "query_id": query_id,
+            "output": None,
+            "scores": None,
+            "labels": None,
+            "confidence": 0.0,
+            "is_default": True,
+            "default_reason": reason,
+            "answered": [],
+            "missing": list(models),
+        },
+        latency_ms,
+        default_output,
+    )

@@ -1,0 +1,240 @@
+"""The batcher process against the real broker and Redis; the test plays the worker's part.
+
+request -> (cache hit) -> predictions, or -> batches.<model> at a replica's partition; the
+test answers batches with BatchStats (and fills the cache where a worker would).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from batchers.cache import cache_key
+from clipstream.clock import now_us
+from clipstream.settings import Settings
+from schemas import decode_as, encode, to_tensor
+from topics import Catalogue, consumer_config, producer_config
+from topics.admin import ensure_core_topics, ensure_model_topics
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+CLI = str(ROOT / ".venv" / "bin" / "clipstream")
+
+
+class Batcher:
+    """A ``clipstream batcher`` subprocess whose stdout goes to a file we can poll."""
+
+    def __init__(self, settings: Settings, tmp: Path, model: str, *args: str) -> None:
+        self.log_path = tmp / f"batcher-{model}.log"
+        self.log = open(self.log_path, "w")
+        env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix,
+               "CLIPSTREAM_BATCHER_STATS_LOG_INTERVAL_S": "0.3"}
+        self.proc = subprocess.Popen([CLI, "batcher", "--model", model, *args], cwd=ROOT, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for(self, text: str, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output():
+            assert self.proc.poll() is None, self.output()[-3000:]
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.output()[-3000:]}"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.log.close()
+
+
+@pytest.fixture
+def run_batcher(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Batcher]]:
+    started: list[Batcher] = []
+
+    def start(model: str, *args: str) -> Batcher:
+        b = Batcher(settings, tmp_path, model, *args)
+        started.append(b)
+        b.wait_for(f"ready: batcher {model}")
+        assert b.output().count("ready: batcher") == 1
+        return b
+
+    yield start
+    for b in started:
+        b.stop()
+
+
+class Wire:
+    """Producer and consumers for one model's topics."""
+
+    def __init__(self, settings: Settings, model: str, replicas: int) -> None:
+        ensure_core_topics(settings)
+        ensure_model_topics(settings, model, replicas)
+        self.cat = Catalogue.from_settings(settings)
+        self.model = model
+        self.producer = Producer(producer_config(settings))
+        self.consumers: dict[str, Consumer] = {}
+        for name in (self.cat.batches(model).name, self.cat.predictions.name, self.cat.deadletter.name):
+            c = Consumer(consumer_config(settings, f"test-{uuid.uuid4().hex}",
+                                         **{"auto.offset.reset": "earliest"}))
+            c.subscribe([name])
+            self.consumers[name] = c
+
+    def request(self, qid: str, x: np.ndarray, deadline_us: int | None = None, part: int = 1) -> dict[str, Any]:
+        r = {"query_id": qid, "app": "a", "model": self.model, "input": to_tensor(x),
+             "deadline_us": deadline_us or now_us() + 10_000_000, "selector_partition": part,
+             "trace": {"dispatched": now_us()}}
+        self.producer.produce(self.cat.requests(self.model).name, encode("ModelRequest", r))
+        self.producer.poll(0)
+        return r
+
+    def raw(self, topic: str, value: bytes) -> None:
+        self.producer.produce(topic, value)
+        self.producer.flush(10)
+
+    def stats(self, batch: dict[str, Any], service_us: int) -> None:
+        s = {"batch_id": batch["batch_id"], "model": self.model, "replica": batch["replica"],
+             "batch_size": len(batch["items"]), "service_us": service_us, "queue_wait_us": 0,
+             "errors": 0, "worker_id": "test", "created_us": now_us()}
+        self.producer.produce(self.cat.batch_stats(self.model).name, encode("BatchStats", s))
+        self.producer.poll(0)
+
+    def take(self, topic: str, kind: str, until: Callable[[list[Any]], bool], timeout_s: float = 30,
+             on: Callable[[Any, Any], None] | None = None) -> list[Any]:
+        """Consume ``kind`` records (with their messages) until ``until(records)`` holds."""
+        self.producer.flush(10)
+        got: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while not until(got):
+            assert time.monotonic() < deadline, f"timed out on {topic}; got {got}"
+            msg = self.consumers[topic].poll(0.1)
+            if msg is None or msg.error():
+                continue
+            rec = decode_as(kind, msg.value())
+            got.append((rec, msg))
+            if on is not None:
+                on(rec, msg)
+        return got
+
+    def close(self) -> None:
+        for c in self.consumers.values():
+            c.close()
+
+
+@pytest.fixture
+def wire(settings: Settings) -> Iterator[Callable[[str, int], Wire]]:
+    made: list[Wire] = []
+
+    def make(model: str, replicas: int = 1) -> Wire:
+        w = Wire(settings, model, replicas)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def preds_of(got: list[Any]) -> dict[str, tuple[dict[str, Any], int]]:
+    return {p["query_id"]: (p, msg.partition()) for rec, msg in got for p in rec["items"]}
+
+
+def test_hit_skips_the_worker_miss_is_batched_bad_input_is_dead_lettered(
+    run_batcher: Any, wire: Any, redis_client: Any
+) -> None:
+    w = wire("m1")
+    run_batcher("m1", "--version", "7", "--replicas", "1")
+    hot, cold = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
+    value = encode("Tensor", to_tensor(np.array([0.25, 0.75], np.float32)))
+    redis_client.set(cache_key("m1", "7", to_tensor(hot)), value, ex=60)
+
+    w.request("hit", hot, part=2)
+    w.request("miss", cold, part=3)
+    w.raw(w.cat.requests("m1").name, b"not avro at all")
+
+    got = w.take(w.cat.predictions.name, "Predictions", lambda g: "hit" in preds_of(g))
+    pred, partition = preds_of(got)["hit"]
+    assert partition == 2 and pred["status"] == "cached" and pred["version"] == "7"
+    assert pred["output"] == decode_as("Tensor", value)
+    assert {"dispatched", "batcher_in", "batched"} <= set(pred["trace"])
+
+    batches = w.take(w.cat.batches("m1").name, "Batch", lambda g: len(g) >= 1)
+    batch, msg = batches[0]
+    assert msg.partition() == 0 and batch["replica"] == 0 and batch["version"] == "7"
+    assert [it["query_id"] for it in batch["items"]] == ["miss"]  # the hit never reaches a worker
+    item = batch["items"][0]
+    assert item["cache_key"] == cache_key("m1", "7", to_tensor(cold)) and item["selector_partition"] == 3
+    assert item["trace"]["batcher_in"] <= item["trace"]["batched"]
+
+    dead = w.take(w.cat.deadletter.name, "DeadLetter", lambda g: len(g) >= 1)
+    assert dead[0][0]["stage"] == "batcher" and dead[0][0]["payload"] == b"not avro at all"
+    assert "C3 01" in dead[0][0]["reason"]
+
+
+def test_expired_requests_are_reported_not_lost(run_batcher: Any, wire: Any) -> None:
+    w = wire("m2")
+    run_batcher("m2", "--version", "1", "--replicas", "1", "--batch-delay-ms", "0", "--no-cache")
+    x = np.zeros(2, np.float32)
+    w.request("first", x)  # takes the only replica's credits (never reported)
+    w.request("second", x)
+    batches = w.take(w.cat.batches("m2").name, "Batch", lambda g: sum(len(b["items"]) for b, _ in g) >= 2)
+    assert sum(len(b["items"]) for b, _ in batches) == 2
+    w.request("late", x, deadline_us=now_us() + 300_000, part=0)  # no credit: waits, then expires
+    w.request("dead-on-arrival", x, deadline_us=now_us() - 1, part=1)
+    got = w.take(w.cat.predictions.name, "Predictions", lambda g: len(preds_of(g)) >= 2)
+    preds = preds_of(got)
+    assert {q: (p["status"], part) for q, (p, part) in preds.items()} == {
+        "late": ("expired", 0), "dead-on-arrival": ("expired", 1)}
+
+
+def test_identical_misses_are_evaluated_once(run_batcher: Any, wire: Any, redis_client: Any) -> None:
+    w = wire("m3")
+    run_batcher("m3", "--version", "1", "--replicas", "1", "--batch-delay-ms", "0")
+    x = np.array([9.0], np.float32)
+    w.request("a", x)
+    batches = w.take(w.cat.batches("m3").name, "Batch", lambda g: len(g) >= 1)
+    for q in ("b", "c"):
+        w.request(q, x)  # identical, while "a" is being evaluated
+    time.sleep(0.5)  # give b and c time to reach the batcher (they must not be batched)
+    batch = batches[0][0]
+    redis_client.set(batch["items"][0]["cache_key"], encode("Tensor", to_tensor(np.float64(1.5))), ex=60)
+    w.stats(batch, 1_000)
+    got = w.take(w.cat.predictions.name, "Predictions", lambda g: len(preds_of(g)) >= 2)
+    assert {q: p["status"] for q, (p, _) in preds_of(got).items()} == {"b": "cached", "c": "cached"}
+    more = w.take(w.cat.batches("m3").name, "Batch", lambda g: True)
+    assert more == []  # nothing else was batched
+
+
+def test_two_replicas_both_work_each_with_its_own_aimd(run_batcher: Any, wire: Any) -> None:
+    w = wire("m4", 2)
+    b = run_batcher("m4", "--version", "1", "--replicas", "2", "--no-cache", "--batch-delay-ms", "1",
+                    "--latency-objective-ms", "20")
+    n = 150
+    for i in range(n):
+        w.request(f"q{i}", np.array([float(i)], np.float32))
+    sizes: dict[int, list[int]] = {0: [], 1: []}
+
+    def worker(batch: dict[str, Any], msg: Any) -> None:
+        # replica 0 is fast (1 ms), replica 1 always misses the 20 ms objective
+        sizes[msg.partition()].append(len(batch["items"]))
+        w.stats(batch, 1_000 if msg.partition() == 0 else 50_000)
+
+    w.take(w.cat.batches("m4").name, "Batch",
+           lambda g: sum(len(bb["items"]) for bb, _ in g) >= n, timeout_s=60, on=worker)
+    assert sizes[0] and sizes[1], sizes
+    assert max(sizes[0]) >= 4, sizes
+    assert set(sizes[1]) == {1}, sizes
+    b.wait_for('"max_batch_size": 1, "in_flight"')  # the stats line shows both AIMD states

@@ -1,0 +1,262 @@
+"""The selector process on the real broker and Redis, with the test playing batcher and worker.
+
+Checks the straggler cutoff (answer by the deadline, straggler named, lower confidence), the
+feedback join (weights in Redis change), and two learners on one context losing no update.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from clipstream.clock import now_us
+from clipstream.settings import Settings
+from schemas import decode_as, encode, to_tensor
+from tests.models import make_python_model
+from topics.admin import ensure_core_topics, ensure_topics
+from topics.catalogue import Catalogue
+from topics.client import consumer_config, producer_config
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+MODEL_SRC = """
+import time
+import numpy as np
+
+class Model:
+    def __init__(self, path, config):
+        self.flip = bool(config.get("flip", False))
+        self.slow_s = float(config.get("slow_s", 0.0))
+
+    def predict_batch(self, x):
+        if self.slow_s and (x[:, 0] > 0.5).any():
+            time.sleep(self.slow_s)  # a straggler on queries whose first feature is large
+        p = np.clip(x[:, 1:2], 0.0, 1.0).astype(np.float32)
+        out = np.concatenate([1.0 - p, p], axis=1)
+        return out[:, ::-1].copy() if self.flip else out
+"""
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def process(args: list[str], settings: Settings, timeout_s: float = 60.0) -> Iterator[subprocess.Popen]:
+    """Run ``clipstream <args>`` until it prints ``ready: ...``; terminate it on exit."""
+    env = dict(os.environ, CLIPSTREAM_TOPIC_PREFIX=settings.topic_prefix,
+               CLIPSTREAM_KAFKA_BOOTSTRAP=settings.kafka_bootstrap, CLIPSTREAM_REDIS_URL=settings.redis_url)
+    proc = subprocess.Popen([sys.executable, "-m", "clipstream.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    try:
+        wait_until(lambda: any(l.startswith("ready:") for l in lines) or proc.poll() is not None, timeout_s,
+                   f"{args} to be ready")
+        assert proc.poll() is None, f"{args} exited early:\n{''.join(lines)}"
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def python_models(tmp: Path) -> dict[str, Path]:
+    """m1 and m2 agree; m3 is a straggler on queries with x[0] > 0.5 and disagrees otherwise."""
+    return {
+        "m1": make_python_model(tmp, "m1", MODEL_SRC, labels=[0, 1], shape=(2,)),
+        "m2": make_python_model(tmp, "m2", MODEL_SRC, labels=[0, 1], shape=(2,)),
+        "m3": make_python_model(tmp, "m3", MODEL_SRC, labels=[0, 1], shape=(2,), extra={"slow_s": 1.0, "flip": True}),
+    }
+
+
+def publish_app(settings: Settings, models: dict[str, Path], app: str = "app", policy: str = "exp4",
+                slo_ms: float = 400.0, config: dict[str, float] | None = None) -> None:
+    from frontend.registry import RegistryWriter, wait_for
+
+    with RegistryWriter(settings) as w:
+        for name, path in models.items():
+            w.model(name, "1", path)
+        w.app(app, policy=policy, slo_ms=slo_ms, default_output=-1, policy_config=config or {"eta": 0.5})
+        for name in models:
+            w.link(app, name)
+    wait_for(settings, lambda v: app in v.apps and len(v.apps[app].models) == len(models))
+
+
+class Client:
+    """Sends queries and feedback; reads answers from its own reply topic."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.cat = Catalogue.from_settings(settings)
+        self.reply = self.cat.replies(uuid.uuid4().hex[:8])
+        ensure_topics(settings, [self.reply])
+        self.producer = Producer(producer_config(settings))
+        self.consumer = Consumer(consumer_config(settings, uuid.uuid4().hex, **{"auto.offset.reset": "earliest"}))
+        self.consumer.subscribe([self.reply.name])
+        self.answers: dict[str, tuple[dict, int]] = {}
+
+    def query(self, x: list[float], app: str = "app", slo_ms: float = 400.0, context: str | None = None) -> dict:
+        now = now_us()
+        ev = {"query_id": uuid.uuid4().hex, "app": app, "context": context,
+              "input": to_tensor(np.array(x, dtype=np.float32)), "created_us": now,
+              "deadline_us": now + int(slo_ms * 1000), "reply_topic": self.reply.name, "reply_partition": 0,
+              "trace": {"produced": now}}
+        self.producer.produce(self.cat.queries.name, encode("QueryEvent", ev), key=ev["query_id"].encode())
+        self.producer.flush(5)
+        return ev
+
+    def answer(self, query_id: str, timeout_s: float = 10.0) -> tuple[dict, int]:
+        def poll() -> Any:
+            msg = self.consumer.poll(0.05)
+            if msg is not None and not msg.error():
+                rec = decode_as("Response", msg.value())
+                self.answers[rec["query_id"]] = (rec, now_us())
+            return self.answers.get(query_id)
+
+        return wait_until(poll, timeout_s, f"the answer to {query_id}")
+
+    def feedback(self, query_id: str, label: Any, app: str = "app", context: str | None = None,
+                 partition: int | None = None) -> None:
+        rec = {"query_id": query_id, "app": app, "context": context, "label": label, "reward": None,
+               "created_us": now_us()}
+        kw = {"partition": partition} if partition is not None else {}
+        self.producer.produce(self.cat.feedback.name, encode("Feedback", rec), **kw)
+        self.producer.poll(0)
+
+    def close(self) -> None:
+        self.producer.flush(5)
+        self.consumer.close()
+
+
+def fake_models(settings: Settings, models: list[str], stop: threading.Event, stragglers: set[str]) -> None:
+    """Play batcher and worker: answer each request at once, except a straggler never answers."""
+    cat = Catalogue.from_settings(settings)
+    consumer = Consumer(consumer_config(settings, uuid.uuid4().hex, **{"auto.offset.reset": "earliest"}))
+    consumer.subscribe([cat.requests(m).name for m in models])
+    producer = Producer(producer_config(settings))
+    while not stop.is_set():
+        msg = consumer.poll(0.05)
+        if msg is None or msg.error():
+            continue
+        req = decode_as("ModelRequest", msg.value())
+        if req["model"] in stragglers:
+            continue
+        x = np.frombuffer(req["input"]["data"], dtype=np.float32)
+        p = float(np.clip(x[1], 0, 1))
+        scores = np.array([1 - p, p] if req["model"] != "m3" else [p, 1 - p], dtype=np.float32)
+        item = {"query_id": req["query_id"], "model": req["model"], "version": "1", "status": "ok",
+                "output": to_tensor(scores), "error": None, "trace": {"worker_out": now_us()}}
+        producer.produce(cat.predictions.name, encode("Predictions", {"selector_partition": req["selector_partition"],
+                         "items": [item]}), partition=req["selector_partition"])
+        producer.poll(0)
+    producer.flush(5)
+    consumer.close()
+
+
+def state(redis_client: Any, key: str) -> dict | None:
+    raw = redis_client.get(key)
+    return json.loads(raw) if raw else None
+
+
+def test_straggler_cutoff_and_feedback_change_the_weights(settings: Settings, redis_client: Any, tmp_path: Path) -> None:
+    ensure_core_topics(settings)
+    models = python_models(tmp_path)
+    for m in models:
+        ensure_topics(settings, Catalogue.from_settings(settings).for_model(m))
+    publish_app(settings, models)
+    client, stop = Client(settings), threading.Event()
+    stragglers: set[str] = {"m3"}
+    fake = threading.Thread(target=fake_models, args=(settings, list(models), stop, stragglers), daemon=True)
+    fake.start()
+    try:
+        with process(["selector"], settings):
+            ev = client.query([0.9, 0.8])
+            resp, at = client.answer(ev["query_id"])
+            assert resp["missing"] == ["m3"] and sorted(resp["answered"]) == ["m1", "m2"]
+            assert resp["output"] == 1 and resp["labels"] == ["0", "1"] and not resp["is_default"]
+            assert resp["confidence"] == pytest.approx(2 / 3)
+            assert ev["deadline_us"] <= at <= ev["deadline_us"] + 150_000, "answered at the deadline"
+            assert "joined" in resp["trace"] and "dispatched" in resp["trace"]
+
+            stragglers.clear()  # everyone answers: no wait for the deadline; m3 disagrees
+            ev2 = client.query([0.1, 0.9])
+            resp2, at2 = client.answer(ev2["query_id"])
+            assert resp2["missing"] == [] and at2 < ev2["deadline_us"]
+            assert resp2["output"] == 1 and resp2["confidence"] == pytest.approx(2 / 3)
+
+            before = state(redis_client, f"cs:state:app:__global__")
+            client.feedback(ev2["query_id"], 1)
+            after = wait_until(lambda: (s := state(redis_client, "cs:state:app:__global__")) and
+                               s["n_observed"] >= 1 and s, 10, "the feedback to be observed")
+            assert before is None and after["models"] == ["m1", "m2", "m3"]
+            assert after["log_w"][2] == pytest.approx(-0.5) and after["log_w"][:2] == [0.0, 0.0]
+
+            client.feedback("no-such-query", 1)  # unknown query id: dead-lettered, the stage goes on
+            stragglers.update(models)  # nobody answers: the default, by the deadline
+            ev3 = client.query([0.9, 0.9], slo_ms=200)
+            resp3, at3 = client.answer(ev3["query_id"])
+            assert resp3["is_default"] and resp3["output"] == -1 and resp3["confidence"] == 0.0
+            assert resp3["default_reason"] == "no prediction arrived by the deadline"
+            assert sorted(resp3["missing"]) == ["m1", "m2", "m3"]
+
+            ev4 = client.query([0.1, 0.9], app="nope")  # unknown app: default answer at once
+            resp4, _ = client.answer(ev4["query_id"])
+            assert resp4["is_default"] and "unknown app" in resp4["default_reason"]
+    finally:
+        stop.set()
+        fake.join(10)
+        client.close()
+
+
+def test_two_learners_on_one_context_lose_no_update(settings: Settings, redis_client: Any, tmp_path: Path) -> None:
+    ensure_core_topics(settings)
+    models = python_models(tmp_path)
+    publish_app(settings, models, config={"eta": 0.01})
+    context, n = f"user-{uuid.uuid4().hex[:8]}", 80
+    ids = [f"{context}-{i}" for i in range(n)]
+    for qid in ids:  # stored predictions, as the join leaves them
+        redis_client.set(f"cs:pred:{qid}", json.dumps({
+            "app": "app", "context": context, "answer": {"value": 1, "scores": None},
+            "predictions": {m: {"value": int(m == "m1"), "scores": None} for m in models}}), ex=600)
+    client = Client(settings)
+    try:
+        with process(["selector", "--learn-only"], settings), process(["selector", "--learn-only"], settings):
+            parts = settings.selector_partitions
+            for i, qid in enumerate(ids):  # spread over every partition: both learners work at once
+                client.feedback(qid, 1, context=context, partition=i % parts)
+            client.producer.flush(5)
+            key = f"cs:state:app:{context}"
+            wait_until(lambda: (s := state(redis_client, key)) and s["n_observed"] >= n, 30, "all feedback")
+            final = state(redis_client, key)
+            assert final["n_observed"] == n
+            # every feedback said m1 was right and m2, m3 wrong: each lost eta per feedback
+            assert final["log_w"] == pytest.approx([0.0, -0.01 * n, -0.01 * n])
+            glob = wait_until(lambda: (s := state(redis_client, "cs:state:app:__global__")) and
+                              s["n_observed"] >= n and s, 10, "the global state")
+            assert glob["n_observed"] == n
+    finally:
+        client.close()

@@ -20,16 +20,15 @@ from workers.spec import TensorSpec
 _BOOL: frozenset[type] = frozenset({bool})
 _INT: frozenset[type] = frozenset({int})
 _FLOAT: frozenset[type] = frozenset({int, float})
-_NUMBER: frozenset[type] = frozenset({int, float})
 
 
 def _allowed(dtype: str) -> tuple[frozenset[type], str]:
     kind = np.dtype(dtype).kind
     if kind == "b":
-        return _BOOL, "booleans"
+        return _BOOL, "a boolean"
     if kind in "iu":
-        return _INT, "integers"
-    return _FLOAT, "numbers"
+        return _INT, "an integer"
+    return _FLOAT, "a number"
 
 
 def _describe(value: Any) -> str:
@@ -50,14 +49,15 @@ def parse_input(value: Any, spec: TensorSpec) -> np.ndarray:
     model expects.
     """
     allowed, what = _allowed(spec.dtype)
-    expect = f"expected {list(spec.shape)} {spec.dtype}"
+    expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
     _walk(value, spec.shape, 0, "input", allowed, what, expect)
     try:
-        arr = np.array(value, dtype=spec.dtype)
+        with np.errstate(over="ignore"):  # overflow to inf is caught just below, with a reason
+            arr = np.array(value, dtype=spec.dtype)
     except (OverflowError, ValueError, TypeError) as exc:
-        raise InputError(f"input values do not fit {spec.dtype} ({exc}); {expect}") from None
+        raise InputError(f"input values do not fit {spec.dtype}: {exc} ({expect})") from None
     if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
-        raise InputError(f"input has values out of range for {spec.dtype}; {expect}")
+        raise InputError(f"input has values out of range for {spec.dtype} ({expect})")
     return arr
 
 
@@ -72,20 +72,20 @@ def _walk(
 ) -> None:
     if depth == len(shape):
         if type(value) not in allowed:
-            raise InputError(f"{where} is {_describe(value)}, not one of {what}; {expect}")
+            raise InputError(f"{where} is {_describe(value)}, expected {what} ({expect})")
         if type(value) is float and not math.isfinite(value):
-            raise InputError(f"{where} is not a finite number; {expect}")
+            raise InputError(f"{where} is not a finite number ({expect})")
         return
     n = shape[depth]
     if not isinstance(value, list):
-        raise InputError(f"{where} is {_describe(value)}, expected a list of {n}; {expect}")
+        raise InputError(f"{where} is {_describe(value)}, expected a list of {n} ({expect})")
     if len(value) != n:
-        raise InputError(f"{where} has {len(value)} items, expected {n}; {expect}")
+        raise InputError(f"{where} has {len(value)} items, expected {n} ({expect})")
     if depth == len(shape) - 1:
         types = set(map(type, value))
         if types <= allowed:
             if float in types and not all(map(math.isfinite, value)):
-                raise InputError(f"{where} holds a value that is not a finite number; {expect}")
+                raise InputError(f"{where} holds a value that is not a finite number ({expect})")
             return
         # something is off in this innermost list: find the first bad item for the reason
     for i, item in enumerate(value):

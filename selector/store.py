@@ -45,16 +45,22 @@ class StateStore:
         return json.loads(raw) if raw else None
 
     def update(self, app: str, context: str | None, fn: Callable[[State | None], State]) -> State:
-        """Apply ``fn`` to the current state atomically (optimistic: WATCH, MULTI, retry on conflict)."""
+        """Apply ``fn`` to the current state atomically (optimistic: WATCH, MULTI, retry on conflict).
+
+        A context seeded from the global state starts its own ``n_observed`` count at 0.
+        """
         key = state_key(app, context)
         glob = state_key(app, None)
         result: dict[str, State] = {}
 
         def txn(pipe: Any) -> None:
             raw = pipe.get(key)
-            if raw is None and context:
-                raw = pipe.get(glob)
-            new = fn(json.loads(raw) if raw else None)
+            current = json.loads(raw) if raw else None
+            if current is None and context:
+                seed = pipe.get(glob)  # a new context starts from what the app has learned
+                if seed:
+                    current = dict(json.loads(seed), n_observed=0)
+            new = fn(current)
             pipe.multi()
             pipe.set(key, json.dumps(new))
             result["state"] = new

@@ -46,7 +46,12 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfraStatus]:
         sys.__stderr__.write(f"[infra] {message}\n")
 
     quiet = kafka.jars_ready(settings)
-    status = launcher.up(settings, free_ports=True, progress=(lambda _: None) if quiet else progress)
+    status = launcher.up(
+        settings,
+        free_ports=True,
+        progress=(lambda _: None) if quiet else progress,
+        die_with_parent=True,  # a killed pytest leaves no orphan broker behind
+    )
     patch = pytest.MonkeyPatch()
     for key, value in status.env().items():
         patch.setenv(key, value)

@@ -18,13 +18,17 @@ from clipstream.settings import get_settings
 def resolve_from_registry(
     settings: object, name: str, version: str | None, timeout_s: float
 ) -> tuple[Path, str | None, int]:
-    """(folder, version, replicas) of ``name`` from the registry; ``--version`` picks a sibling folder."""
+    """(folder, version, replicas) of ``name`` from the registry.
+
+    ``--version`` may name the current version, a previous one the registry remembers, or a
+    sibling folder ``<repository>/<name>/<version>`` (the model repository layout).
+    """
     from frontend.registry import RegistryFollower  # written by the frontend stage; imported late
 
     follower = RegistryFollower(settings)
     follower.start()
     try:
-        if not follower.wait_ready(timeout_s):
+        if follower.wait_ready(timeout_s) is False:
             raise ConfigError(f"the registry was not read within {timeout_s:.0f}s")
         models = follower.view().models
         if name not in models:
@@ -32,9 +36,10 @@ def resolve_from_registry(
         cfg = models[name]
     finally:
         follower.stop()
-    path, current = Path(cfg.path), cfg.version
+    path, current = Path(cfg.path), str(cfg.version)
     if version is not None and version != current:
-        path = path.parent / version
+        previous = dict(zip(getattr(cfg, "previous_versions", ()), getattr(cfg, "previous_paths", ())))
+        path = Path(previous[version]) if version in previous else path.parent / version
         if not (path / "model.yaml").is_file():
             raise ConfigError(f"model {name} version {version} has no folder at {path}")
         current = version

@@ -16,7 +16,15 @@ import time
 from typing import Any
 
 import redis
-from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_STORED,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from clipstream.errors import ClipstreamError, InfraError
 from clipstream.settings import Settings
@@ -76,12 +84,27 @@ class Worker:
         )
         self.tp = TopicPartition(self.batches_topic, self.replica, OFFSET_STORED)
         self.consumer.assign([self.tp])
-        try:  # a round trip to the group coordinator proves the broker and partition are there
-            self.consumer.committed([TopicPartition(self.batches_topic, self.replica)], timeout=self.ws.start_timeout_s)
-        except Exception as exc:
-            raise InfraError(f"cannot reach the committed offset of {self.batches_topic}[{self.replica}]: {exc}") from exc
+        self._wait_for_coordinator()
         self.redis = redis.Redis.from_url(self.settings.redis_url)
         print(f"ready: worker {self.name} replica {self.replica} device {self.model.device}", flush=True)
+
+    def _wait_for_coordinator(self) -> None:
+        """Read the committed offset: proves the broker, the group coordinator and the partition.
+
+        On a fresh broker the offsets topic is still being created (NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS): those are retried until ``start_timeout_s``.
+        """
+        deadline = time.monotonic() + self.ws.start_timeout_s
+        while True:
+            try:
+                self.consumer.committed([TopicPartition(self.batches_topic, self.replica)], timeout=5.0)
+                return
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise InfraError(
+                        f"cannot read the committed offset of {self.batches_topic}[{self.replica}]: {exc}"
+                    ) from exc
+                time.sleep(0.2)
 
     def _partitions(self, topic: str) -> int | None:
         """Partitions the broker has for ``topic`` (the selector's parallelism), None if unknown."""

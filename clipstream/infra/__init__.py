@@ -11,10 +11,13 @@ neither should import the other.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -63,14 +66,38 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """A preexec hook asking Linux to SIGTERM the child when this process exits.
+
+    For test sessions: a pytest run that is killed outright skips its teardown, and without
+    this its broker and Redis would run on, orphaned. Nothing equivalent exists elsewhere.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return hook
+
+
 def spawn_detached(
-    argv: Sequence[str], out_file: Path, cwd: Path | None = None
+    argv: Sequence[str], out_file: Path, cwd: Path | None = None, die_with_parent: bool = False
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session, stdout/stderr appended to ``out_file``.
 
     Its own session (and so its own process group, whose id is its pid) means a Ctrl-C in the
     terminal that ran ``clipstream infra up`` does not reach it, the process outlives the
-    launcher, and ``down`` can signal the whole group.
+    launcher, and ``down`` can signal the whole group. ``die_with_parent`` undoes the
+    outliving, for callers (test fixtures) whose processes must not survive them; the
+    calling thread must live as long as the process should (Linux ties it to the thread).
     """
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with open(out_file, "ab") as out:
@@ -82,6 +109,7 @@ def spawn_detached(
             cwd=cwd,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=_die_with_parent_hook() if die_with_parent else None,
         )
     _CHILDREN[proc.pid] = proc
     return proc

@@ -288,9 +288,16 @@ def broker_command(java: str, libs: Path, files: BrokerFiles) -> list[str]:
     ]  # fmt: skip
 
 
-def start_broker(java: str, libs: Path, files: BrokerFiles) -> subprocess.Popen[bytes]:
+def start_broker(
+    java: str, libs: Path, files: BrokerFiles, die_with_parent: bool = False
+) -> subprocess.Popen[bytes]:
     """Start the broker detached (own session), output to ``files.out``; does not wait."""
-    return spawn_detached(broker_command(java, libs, files), files.out, cwd=files.config.parent)
+    return spawn_detached(
+        broker_command(java, libs, files),
+        files.out,
+        cwd=files.config.parent,
+        die_with_parent=die_with_parent,
+    )
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -227,12 +227,14 @@ def up(
     free_ports: bool = False,
     progress: Progress = print,
     timeout_s: float = 60.0,
+    die_with_parent: bool = False,
 ) -> InfraStatus:
     """Start (or find running) a KRaft broker and a Redis; return once both answer.
 
     The jars are fetched on first use (see ``kafka.fetch_jars``). Binaries and ports are checked
     before anything starts; if either component fails to come up, whatever this call started
-    is stopped again, so a failed ``up`` leaves nothing behind.
+    is stopped again, so a failed ``up`` leaves nothing behind. ``die_with_parent`` (Linux)
+    makes what this call starts exit with the calling process: for test sessions.
     """
     t0 = time.monotonic()
     state_dir = state_dir_of(settings)
@@ -252,19 +254,17 @@ def up(
         started: list[str] = []
         try:
             if need_redis:
-                proc = redis_mod.start_redis(ports["redis"], state_dir)
+                proc = redis_mod.start_redis(ports["redis"], state_dir, die_with_parent)
                 url = redis_mod.redis_url(ports["redis"])
                 state["redis"] = _entry(proc.pid, port=ports["redis"], url=url)
                 started.append("redis")
                 _save_state(state_dir, state)
                 progress(f"redis: starting on {url} (pid {proc.pid})")
             if need_kafka:
-                files = kafka_mod.write_broker_files(
-                    state_dir, ports["kafka"], ports["controller"]
-                )
+                files = kafka_mod.write_broker_files(state_dir, ports["kafka"], ports["controller"])
                 if kafka_mod.format_storage(java, libs, files):
                     progress(f"kafka: formatted storage in {files.data_dir}")
-                proc = kafka_mod.start_broker(java, libs, files)
+                proc = kafka_mod.start_broker(java, libs, files, die_with_parent)
                 bootstrap = f"127.0.0.1:{ports['kafka']}"
                 state["kafka"] = _entry(
                     proc.pid,
@@ -330,6 +330,6 @@ def down(settings: Settings) -> list[str]:
             if entry and is_ours_and_alive(entry):
                 _terminate(entry["pid"], STOP_GRACE_S[name])
                 stopped.append(f"{name} (pid {entry['pid']})")
-        _save_state(state_dir, state)
+            (state_dir / f"{name}.pid").unlink(missing_ok=True)
         (state_dir / STATE_FILE).unlink(missing_ok=True)
     return stopped

@@ -41,12 +41,17 @@ def redis_command(
     ]  # fmt: skip
 
 
-def start_redis(port: int, state_dir: Path) -> subprocess.Popen[bytes]:
+def start_redis(
+    port: int, state_dir: Path, die_with_parent: bool = False
+) -> subprocess.Popen[bytes]:
     """Start redis-server detached (own session); does not wait for it."""
     binary = require_binary("redis-server", REDIS_HINT)
     (state_dir / "redis").mkdir(parents=True, exist_ok=True)
     return spawn_detached(
-        redis_command(binary, port, state_dir), state_dir / "redis.out", cwd=state_dir / "redis"
+        redis_command(binary, port, state_dir),
+        state_dir / "redis.out",
+        cwd=state_dir / "redis",
+        die_with_parent=die_with_parent,
     )
 
 

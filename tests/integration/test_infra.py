@@ -73,6 +73,26 @@ def test_busy_port_names_the_port_and_starts_nothing(tmp_path: Path) -> None:
     assert result.kafka_pid is None and result.redis_pid is None
 
 
+def test_die_with_parent_stops_children_of_a_killed_parent(tmp_path: Path) -> None:
+    code = (
+        "import sys, pathlib; from clipstream.infra import spawn_detached; "
+        "p = spawn_detached(['sleep', '60'], pathlib.Path(sys.argv[1]), die_with_parent=True); "
+        "print(p.pid, flush=True); sys.stdin.read()"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "out")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert pid_alive(child)
+    parent.kill()  # no teardown runs, as when a test session is killed
+    parent.wait(timeout=10)
+    wait_for(lambda: not pid_alive(child), 10, "the orphaned child to exit")
+
+
 def test_session_broker_answers_metadata(infra: launcher.InfraStatus) -> None:
     from confluent_kafka.admin import AdminClient
 
@@ -90,7 +110,10 @@ def test_session_redis_pings_and_evicts_only_ttl_keys(redis_client) -> None:  # 
 def test_subprocesses_inherit_the_session_infra(
     infra: launcher.InfraStatus, settings: Settings
 ) -> None:
-    code = "from clipstream.settings import Settings as S; s = S(); print(s.kafka_bootstrap, s.redis_url)"
+    code = (
+        "from clipstream.settings import Settings as S; "
+        "s = S(); print(s.kafka_bootstrap, s.redis_url)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
     ).stdout.split()

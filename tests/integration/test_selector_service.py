@@ -85,16 +85,18 @@ def process(args: list[str], settings: Settings, timeout_s: float = 60.0) -> Ite
             proc.wait(5)
 
 
-def python_models(tmp: Path) -> dict[str, Path]:
-    """m1 and m2 agree; m3 is a straggler on queries with x[0] > 0.5 and disagrees otherwise."""
+def python_models(tmp: Path, suffix: str = "", slow_s: float = 1.0, flip: bool = True) -> dict[str, Path]:
+    """m1 and m2 agree; m3 is a straggler on queries with x[0] > 0.5 (and, with ``flip``, disagrees)."""
+    names = [f"m{i}{suffix}" for i in (1, 2, 3)]
     return {
-        "m1": make_python_model(tmp, "m1", MODEL_SRC, labels=[0, 1], shape=(2,)),
-        "m2": make_python_model(tmp, "m2", MODEL_SRC, labels=[0, 1], shape=(2,)),
-        "m3": make_python_model(tmp, "m3", MODEL_SRC, labels=[0, 1], shape=(2,), extra={"slow_s": 1.0, "flip": True}),
+        names[0]: make_python_model(tmp, names[0], MODEL_SRC, labels=[0, 1], shape=(2,)),
+        names[1]: make_python_model(tmp, names[1], MODEL_SRC, labels=[0, 1], shape=(2,)),
+        names[2]: make_python_model(tmp, names[2], MODEL_SRC, labels=[0, 1], shape=(2,),
+                                    extra={"slow_s": slow_s, "flip": flip}),
     }
 
 
-def publish_app(settings: Settings, models: dict[str, Path], app: str = "app", policy: str = "exp4",
+def publish_app(settings: Settings, models: dict[str, Path], app: str, policy: str = "exp4",
                 slo_ms: float = 400.0, config: dict[str, float] | None = None) -> None:
     from frontend.registry import RegistryWriter, wait_for
 
@@ -119,7 +121,7 @@ class Client:
         self.consumer.subscribe([self.reply.name])
         self.answers: dict[str, tuple[dict, int]] = {}
 
-    def query(self, x: list[float], app: str = "app", slo_ms: float = 400.0, context: str | None = None) -> dict:
+    def query(self, x: list[float], app: str, slo_ms: float = 400.0, context: str | None = None) -> dict:
         now = now_us()
         ev = {"query_id": uuid.uuid4().hex, "app": app, "context": context,
               "input": to_tensor(np.array(x, dtype=np.float32)), "created_us": now,
@@ -139,7 +141,7 @@ class Client:
 
         return wait_until(poll, timeout_s, f"the answer to {query_id}")
 
-    def feedback(self, query_id: str, label: Any, app: str = "app", context: str | None = None,
+    def feedback(self, query_id: str, label: Any, app: str, context: str | None = None,
                  partition: int | None = None) -> None:
         rec = {"query_id": query_id, "app": app, "context": context, "label": label, "reward": None,
                "created_us": now_us()}
@@ -187,14 +189,15 @@ def test_straggler_cutoff_and_feedback_change_the_weights(settings: Settings, re
     models = python_models(tmp_path)
     for m in models:
         ensure_topics(settings, Catalogue.from_settings(settings).for_model(m))
-    publish_app(settings, models)
+    app = f"app{uuid.uuid4().hex[:8]}"  # Redis is shared by the session's tests: unique keys
+    publish_app(settings, models, app)
     client, stop = Client(settings), threading.Event()
     stragglers: set[str] = {"m3"}
     fake = threading.Thread(target=fake_models, args=(settings, list(models), stop, stragglers), daemon=True)
     fake.start()
     try:
         with process(["selector"], settings):
-            ev = client.query([0.9, 0.8])
+            ev = client.query([0.9, 0.8], app)
             resp, at = client.answer(ev["query_id"])
             assert resp["missing"] == ["m3"] and sorted(resp["answered"]) == ["m1", "m2"]
             assert resp["output"] == 1 and resp["labels"] == ["0", "1"] and not resp["is_default"]
@@ -203,21 +206,21 @@ def test_straggler_cutoff_and_feedback_change_the_weights(settings: Settings, re
             assert "joined" in resp["trace"] and "dispatched" in resp["trace"]
 
             stragglers.clear()  # everyone answers: no wait for the deadline; m3 disagrees
-            ev2 = client.query([0.1, 0.9])
+            ev2 = client.query([0.1, 0.9], app)
             resp2, at2 = client.answer(ev2["query_id"])
             assert resp2["missing"] == [] and at2 < ev2["deadline_us"]
             assert resp2["output"] == 1 and resp2["confidence"] == pytest.approx(2 / 3)
 
-            before = state(redis_client, f"cs:state:app:__global__")
-            client.feedback(ev2["query_id"], 1)
-            after = wait_until(lambda: (s := state(redis_client, "cs:state:app:__global__")) and
+            before = state(redis_client, f"cs:state:{app}:__global__")
+            client.feedback(ev2["query_id"], 1, app)
+            after = wait_until(lambda: (s := state(redis_client, f"cs:state:{app}:__global__")) and
                                s["n_observed"] >= 1 and s, 10, "the feedback to be observed")
             assert before is None and after["models"] == ["m1", "m2", "m3"]
             assert after["log_w"][2] == pytest.approx(-0.5) and after["log_w"][:2] == [0.0, 0.0]
 
-            client.feedback("no-such-query", 1)  # unknown query id: dead-lettered, the stage goes on
+            client.feedback("no-such-query", 1, app)  # unknown query id: dead-lettered, the stage goes on
             stragglers.update(models)  # nobody answers: the default, by the deadline
-            ev3 = client.query([0.9, 0.9], slo_ms=200)
+            ev3 = client.query([0.9, 0.9], app, slo_ms=200)
             resp3, at3 = client.answer(ev3["query_id"])
             assert resp3["is_default"] and resp3["output"] == -1 and resp3["confidence"] == 0.0
             assert resp3["default_reason"] == "no prediction arrived by the deadline"
@@ -235,27 +238,28 @@ def test_straggler_cutoff_and_feedback_change_the_weights(settings: Settings, re
 def test_two_learners_on_one_context_lose_no_update(settings: Settings, redis_client: Any, tmp_path: Path) -> None:
     ensure_core_topics(settings)
     models = python_models(tmp_path)
-    publish_app(settings, models, config={"eta": 0.01})
+    app = f"app{uuid.uuid4().hex[:8]}"
+    publish_app(settings, models, app, config={"eta": 0.01})
     context, n = f"user-{uuid.uuid4().hex[:8]}", 80
     ids = [f"{context}-{i}" for i in range(n)]
     for qid in ids:  # stored predictions, as the join leaves them
         redis_client.set(f"cs:pred:{qid}", json.dumps({
-            "app": "app", "context": context, "answer": {"value": 1, "scores": None},
+            "app": app, "context": context, "answer": {"value": 1, "scores": None},
             "predictions": {m: {"value": int(m == "m1"), "scores": None} for m in models}}), ex=600)
     client = Client(settings)
     try:
         with process(["selector", "--learn-only"], settings), process(["selector", "--learn-only"], settings):
             parts = settings.selector_partitions
             for i, qid in enumerate(ids):  # spread over every partition: both learners work at once
-                client.feedback(qid, 1, context=context, partition=i % parts)
+                client.feedback(qid, 1, app, context=context, partition=i % parts)
             client.producer.flush(5)
-            key = f"cs:state:app:{context}"
+            key = f"cs:state:{app}:{context}"
             wait_until(lambda: (s := state(redis_client, key)) and s["n_observed"] >= n, 30, "all feedback")
             final = state(redis_client, key)
             assert final["n_observed"] == n
             # every feedback said m1 was right and m2, m3 wrong: each lost eta per feedback
             assert final["log_w"] == pytest.approx([0.0, -0.01 * n, -0.01 * n])
-            glob = wait_until(lambda: (s := state(redis_client, "cs:state:app:__global__")) and
+            glob = wait_until(lambda: (s := state(redis_client, f"cs:state:{app}:__global__")) and
                               s["n_observed"] >= n and s, 10, "the global state")
             assert glob["n_observed"] == n
     finally:

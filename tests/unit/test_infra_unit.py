@@ -170,9 +170,7 @@ def test_recorded_pid_must_match_its_start_time() -> None:
 
 @pytest.mark.usefixtures("empty_path")
 def test_cli_error_is_one_line_and_exit_code_1(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        main, ["infra", "up", "--free-ports", "--state-dir", str(tmp_path)]
-    )
+    result = CliRunner().invoke(main, ["infra", "up", "--free-ports", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert result.stderr.strip().count("\n") == 0
     assert result.stderr.startswith("error: ") and "redis-server" in result.stderr

@@ -1,0 +1,311 @@
+"""The REST gateway: sync callers in, QueryEvents out, the selector's Response (or the default) back.
+
+A caller's request becomes a ``QueryEvent`` whose reply target is this instance's own reply
+topic; the handler then awaits a future that the reply thread resolves by query id. The wait is
+bounded by the deadline plus ``reply_margin_ms``: the selector answers AT the deadline with what
+has arrived (Clipper's straggler cutoff), so the margin only covers the hop back; if nothing
+comes, the caller gets the app's ``default_output`` with ``default: true`` and the late reply is
+counted and dropped. Nothing on the event loop blocks: produce only enqueues, and every librdkafka
+call that waits runs in a thread (see ``frontend.gateway_kafka``).
+
+``create_app`` takes the registry and the bus as arguments so the HTTP layer (keys, limits,
+validation, mapping) is tested with fakes and no broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
+
+from clipstream.clock import now_us
+from clipstream.errors import InfraError, InputError
+from clipstream.settings import Settings, get_settings
+from frontend.gateway_http import GuardMiddleware, HTTPProblem, parse_json, read_body
+from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
+from frontend.gateway_models import (
+    Accepted, ErrorBody, FeedbackRequest, PredictRequest, PredictResponse, default_json,
+    response_json, validation_reason,
+)
+from frontend.inputs import input_for
+from frontend.metrics import GatewayMetrics
+from frontend.registry import AppConfig, RegistryFollower, RegistryView
+from frontend.settings import GatewaySettings, get_gateway_settings
+from schemas import to_tensor
+from workers.spec import TensorSpec
+
+log = logging.getLogger(__name__)
+
+
+class Registry(Protocol):
+    def view(self) -> RegistryView: ...
+    def wait_ready(self, timeout_s: float = 30.0) -> RegistryView: ...
+
+
+class Bus(Protocol):
+    """What the routes need from Kafka (``KafkaBus``; a fake in unit tests)."""
+
+    on_late: Callable[[int], None]
+    on_delivery_error: Callable[[], None]
+
+    def publish_query(self, event: dict[str, Any], key: bytes) -> asyncio.Future[dict[str, Any]]: ...
+    def forget(self, query_id: str) -> None: ...
+    async def publish_feedback(self, record: dict[str, Any], key: bytes, timeout_s: float) -> None: ...
+    def kafka_ok(self, timeout_s: float = 2.0) -> bool: ...
+
+    @property
+    def reply_topic(self) -> str: ...
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {c: {"model": ErrorBody} for c in codes}
+
+
+def _body_doc(model: type) -> dict[str, Any]:
+    # the body is read by hand (size cap, strict parsing), so declare its schema for OpenAPI
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+class GatewayState:
+    """What the routes share: settings, registry, bus, metrics, the in-flight count."""
+
+    def __init__(self, gw: GatewaySettings, settings: Settings) -> None:
+        self.gw, self.settings = gw, settings
+        self.registry: Registry | None = None
+        self.bus: Bus | None = None
+        self.redis_ping: Callable[[], Awaitable[bool]] | None = None
+        self.inflight = 0
+        self.metrics = GatewayMetrics(lambda: self.inflight)
+
+    def app_config(self, name: str) -> AppConfig:
+        view = self.registry.view() if self.registry is not None else RegistryView()
+        cfg = view.apps.get(name)
+        if cfg is None:
+            raise HTTPProblem(404, f"unknown app {name!r}")
+        return cfg
+
+    def input_spec(self, cfg: AppConfig) -> TensorSpec | None:
+        """The app's first linked model's declared input (None: nothing to check against)."""
+        if not cfg.models or self.registry is None:
+            return None
+        model = self.registry.view().models.get(cfg.models[0])
+        return model.spec.input if model is not None and model.spec is not None else None
+
+    def overloaded(self, why: str) -> HTTPProblem:
+        self.metrics.rejected.inc()
+        return HTTPProblem(503, why, {"Retry-After": str(self.gw.retry_after_s)})
+
+
+def create_app(
+    gw: GatewaySettings | None = None,
+    settings: Settings | None = None,
+    *,
+    registry: Registry | None = None,
+    bus: Bus | None = None,
+    redis_ping: Callable[[], Awaitable[bool]] | None = None,
+) -> FastAPI:
+    """The gateway application. Without ``registry``/``bus`` it connects to Kafka and Redis at
+    startup (blocking work in threads); with them it uses what it was given."""
+    state = GatewayState(gw or get_gateway_settings(), settings or get_settings())
+    state.registry, state.bus, state.redis_ping = registry, bus, redis_ping
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            await _connect(state, stack)
+            yield
+
+    app = FastAPI(
+        title="clipstream gateway",
+        version="1",
+        description="Clipper-style prediction serving: predict within an SLO, send feedback.",
+        lifespan=lifespan,
+    )
+    app.state.gateway = state
+    app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics)
+
+    @app.exception_handler(HTTPProblem)
+    async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+
+    @app.post(
+        "/v1/apps/{app}/predict",
+        response_model=PredictResponse,
+        responses=_errors(401, 404, 413, 422, 503),
+        openapi_extra=_body_doc(PredictRequest),
+        summary="Predict within the SLO (the app's default output when nothing answers in time)",
+    )
+    async def predict(app: str, request: Request) -> JSONResponse:
+        return JSONResponse(await _predict(state, app, request))
+
+    @app.post(
+        "/v1/apps/{app}/feedback",
+        status_code=202,
+        response_model=Accepted,
+        responses=_errors(401, 404, 413, 422, 503),
+        openapi_extra=_body_doc(FeedbackRequest),
+        summary="The true label of, or a reward for, an earlier query",
+    )
+    async def feedback(app: str, request: Request) -> JSONResponse:
+        return JSONResponse(await _feedback(state, app, request), 202)
+
+    @app.get("/healthz", summary="The process is alive")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Connected to Kafka and Redis, registry loaded",
+             responses={503: {"description": "not ready; `checks` says what fails"}})
+    async def readyz() -> JSONResponse:
+        checks = await _readiness(state)
+        ok = all(checks.values())
+        return JSONResponse({"ready": ok, "checks": checks}, 200 if ok else 503)
+
+    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+async def _predict(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    created = now_us()
+    cfg = state.app_config(app_name)
+    if state.bus is None:
+        raise state.overloaded("gateway is not connected to Kafka")
+    if state.inflight >= state.gw.max_inflight:
+        raise state.overloaded(f"gateway at its limit of {state.gw.max_inflight} requests in flight")
+    state.inflight += 1  # the slot is held from parsing to the answer
+    query_id = uuid.uuid4().hex
+    try:
+        body = parse_json(await read_body(request, state.gw.max_body_bytes))
+        try:
+            req = PredictRequest.model_validate(body)
+        except ValidationError as exc:
+            raise HTTPProblem(422, validation_reason(exc)) from None
+        try:
+            array = input_for(req.input, state.input_spec(cfg))
+        except InputError as exc:
+            raise HTTPProblem(422, str(exc)) from None
+        slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
+        deadline = created + int(slo_ms * 1000)
+        event = {
+            "query_id": query_id,
+            "app": cfg.name,
+            "context": req.context,
+            "input": to_tensor(array),
+            "created_us": created,
+            "deadline_us": deadline,
+            "reply_topic": state.bus.reply_topic,
+            "reply_partition": 0,
+            "trace": {"produced": created},
+        }
+        try:
+            fut = state.bus.publish_query(event, (req.context or query_id).encode())
+        except Overloaded as exc:
+            raise state.overloaded(str(exc)) from None
+        except DeliveryFailed as exc:
+            raise state.overloaded(f"Kafka refused the query: {exc}") from None
+        wait_s = max(0.0, (deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
+        try:
+            record = await asyncio.wait_for(fut, wait_s)
+        except TimeoutError:
+            record = None
+        finally:
+            state.bus.forget(query_id)
+    finally:
+        state.inflight -= 1
+    latency_ms = (time.perf_counter() - t0) * 1000.0
+    if record is None:
+        answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
+    else:
+        answer = response_json(record, latency_ms, cfg.default_output)
+    if answer["default"]:
+        state.metrics.defaults.inc(answer.get("default_reason") or "unknown")
+    state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
+    return answer
+
+
+async def _feedback(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
+    cfg = state.app_config(app_name)
+    body = parse_json(await read_body(request, state.gw.max_body_bytes))
+    try:
+        req = FeedbackRequest.model_validate(body)
+    except ValidationError as exc:
+        raise HTTPProblem(422, validation_reason(exc)) from None
+    if req.label is None and req.reward is None:
+        raise HTTPProblem(422, "feedback needs a `label` or a `reward` (in [0, 1])")
+    if state.bus is None:
+        raise state.overloaded("gateway is not connected to Kafka")
+    record = {
+        "query_id": req.query_id,
+        "app": cfg.name,
+        "context": req.context,
+        "label": req.label,
+        "reward": float(req.reward) if req.reward is not None else None,
+        "created_us": now_us(),
+    }
+    key = (req.context or req.query_id).encode()
+    try:
+        await state.bus.publish_feedback(record, key, state.gw.feedback_ack_timeout_s)
+    except Overloaded as exc:
+        raise state.overloaded(str(exc)) from None
+    except DeliveryFailed as exc:
+        raise state.overloaded(f"feedback not stored: {exc}") from None
+    return {"accepted": True, "query_id": req.query_id}
+
+
+async def _readiness(state: GatewayState) -> dict[str, bool]:
+    loop = asyncio.get_running_loop()
+    registry_ok = False
+    if state.registry is not None:
+        try:
+            state.registry.wait_ready(0)
+            registry_ok = True
+        except InfraError:
+            registry_ok = False
+    kafka_ok = False
+    if state.bus is not None:
+        kafka_ok = await loop.run_in_executor(None, state.bus.kafka_ok, 2.0)
+    redis_ok = False
+    if state.redis_ping is not None:
+        try:
+            redis_ok = bool(await asyncio.wait_for(state.redis_ping(), 2.0))
+        except Exception:  # any failure to PING is "not ready", whatever the client raised
+            redis_ok = False
+    return {"registry": registry_ok, "kafka": kafka_ok, "redis": redis_ok}
+
+
+async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> None:
+    """Start whatever was not injected: registry follower, Kafka bus, Redis client."""
+    loop = asyncio.get_running_loop()
+    if state.registry is None:
+        follower = RegistryFollower(state.settings)
+        await loop.run_in_executor(None, follower.start)
+        stack.callback(follower.stop)
+        await loop.run_in_executor(None, follower.wait_ready, 30.0)
+        state.registry = follower
+    if state.bus is None:
+        bus = KafkaBus(state.settings, state.gw.instance)
+        await loop.run_in_executor(None, bus.start, loop)
+        stack.callback(bus.close)
+        state.bus = bus
+    if state.redis_ping is None:
+        import redis.asyncio as aioredis
+
+        client = aioredis.from_url(state.settings.redis_url, socket_timeout=2.0,
+                                   socket_connect_timeout=2.0)
+        stack.push_async_callback(client.aclose)
+        state.redis_ping = client.ping
+    assert state.bus is not None
+    state.bus.on_late = lambda n: state.metrics.late.inc(by=n)
+    state.bus.on_delivery_error = state.metrics.delivery_errors.inc

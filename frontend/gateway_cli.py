@@ -1,0 +1,83 @@
+"""``clipstream gateway``: serve the REST gateway with uvicorn.
+
+Prints exactly one line ``ready: gateway http://HOST:PORT`` on stdout once the socket is
+bound and the lifespan (Kafka, Redis, registry) has started, so scripts and tests wait for a
+line instead of polling a port. ``--port 0`` picks a free port and the line names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import Any
+
+import click
+
+from clipstream.errors import ClipstreamError
+from clipstream.settings import get_settings
+from frontend.settings import get_gateway_settings
+
+
+@click.command()
+@click.option("--host", default=None, help="Listen address (CLIPSTREAM_GATEWAY_HOST, 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (CLIPSTREAM_GATEWAY_PORT, 8080; 0 = any).")
+@click.option("--instance", default=None, help="Instance id: names the reply topic (default random).")
+@click.option("--max-inflight", type=int, default=None, help="Predict requests at once before 503.")
+@click.option("--log-level", default=None, help="uvicorn/python log level (default warning).")
+def gateway(
+    host: str | None, port: int | None, instance: str | None, max_inflight: int | None,
+    log_level: str | None,
+) -> None:
+    """Serve POST /v1/apps/{app}/predict and /feedback, /healthz, /readyz, /metrics."""
+    overrides: dict[str, Any] = {
+        k: v for k, v in {"host": host, "port": port, "instance": instance,
+                          "max_inflight": max_inflight, "log_level": log_level}.items()
+        if v is not None
+    }
+    try:
+        gw = get_gateway_settings(**overrides)
+        settings = get_settings()
+        from topics.catalogue import Catalogue
+
+        Catalogue.from_settings(settings).replies(gw.instance)  # a bad instance id fails here
+    except (ClipstreamError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    logging.basicConfig(level=gw.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sys.exit(asyncio.run(_serve(gw, settings)))
+
+
+async def _serve(gw: Any, settings: Any) -> int:
+    import uvicorn
+
+    from frontend.gateway import create_app
+
+    config = uvicorn.Config(
+        create_app(gw, settings),
+        host=gw.host,
+        port=gw.port,
+        log_level=gw.log_level.lower(),
+        access_log=False,  # one log line per request would cost more than the request
+        lifespan="on",
+        backlog=4096,
+        timeout_keep_alive=30,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        port = gw.port
+        for srv in server.servers:
+            for sock in srv.sockets:
+                port = sock.getsockname()[1]
+                break
+        print(f"ready: gateway http://{gw.host}:{port}", flush=True)
+    await task
+    # uvicorn reports a failed startup by exiting the serve loop without having started
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    gateway()

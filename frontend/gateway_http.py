@@ -1,0 +1,141 @@
+"""HTTP plumbing of the gateway that knows nothing of Kafka: API keys, body limit, metrics.
+
+A pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which costs a task and a stream
+per request) checks the API key before any route runs and counts every answer by route and
+status. The body is read with a cap, so a client cannot make the gateway buffer more than
+``max_body_bytes`` whatever its Content-Length says.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from starlette.requests import Request
+
+from frontend.metrics import GatewayMetrics
+
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+# paths a caller may reach without a key: a liveness probe must not need a secret
+OPEN_PATHS: frozenset[str] = frozenset({"/healthz"})
+
+
+class HTTPProblem(Exception):
+    """An answer other than 200: status, one-line reason, extra headers."""
+
+    def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, dict(headers or {})
+
+
+def key_of(headers: Mapping[str, str]) -> str | None:
+    """The API key a request carries: ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``."""
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    key = headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def key_allowed(key: str | None, keys: Iterable[str]) -> bool:
+    """Constant-time comparison against every configured key."""
+    if key is None:
+        return False
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(key.encode(), k.encode())
+    return ok
+
+
+def route_label(path: str) -> str:
+    """A bounded label for metrics: never the app name, which a caller chooses."""
+    if path.startswith("/v1/apps/"):
+        if path.endswith("/predict"):
+            return "predict"
+        if path.endswith("/feedback"):
+            return "feedback"
+    if path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
+        return path.lstrip("/")
+    return "other"
+
+
+class GuardMiddleware:
+    """API keys (401) and per-route status counts, around every request."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], metrics: GatewayMetrics) -> None:
+        self.app, self.keys, self.metrics = app, keys, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        route = route_label(path)
+        status = {"code": 500}
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            if self.keys and path not in OPEN_PATHS:
+                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+                if not key_allowed(key_of(headers), self.keys):
+                    await _send_json(
+                        counting_send, 401, {"detail": "missing or invalid API key"},
+                        {"www-authenticate": 'Bearer realm="clipstream"'},
+                    )
+                    return
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.requests.inc(route, str(status["code"]))
+
+
+async def _send_json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+    data = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) anything over ``limit`` bytes, declared or actual."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise HTTPProblem(400, "Content-Length is not a number") from None
+        if size > limit:
+            raise HTTPProblem(413, f"body of {size} bytes is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise HTTPProblem(413, f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(body: bytes) -> Any:
+    """JSON without NaN/Infinity (not JSON, and no model wants them): 422 with the reason."""
+    if not body:
+        raise HTTPProblem(422, "empty body: expected a JSON object")
+    try:
+        return json.loads(body, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise HTTPProblem(422, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise HTTPProblem(422, "malformed JSON: nested too deeply") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

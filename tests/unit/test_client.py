@@ -1,0 +1,91 @@
+"""The REST Client against the gateway app in-process (fake bus): answers, errors, feedback forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import clipstream
+from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputError
+from frontend.client import (
+    Client, GatewayInputError, GatewayUnavailable, NotFound, Overloaded, Unauthorized,
+)
+from tests.unit.test_gateway_http import GOOD, FakeBus, answer, make_app
+
+
+@pytest.fixture
+def bus() -> FakeBus:
+    return FakeBus(answer)
+
+
+@pytest.fixture
+def client(bus: FakeBus):
+    with TestClient(make_app(bus)) as http:
+        yield Client(http=http)
+
+
+def test_public_names_are_re_exported():
+    assert clipstream.Client is Client
+    from frontend.client import Producer
+
+    assert clipstream.Producer is Producer
+
+
+def test_predict_returns_the_json_and_accepts_numpy(client, bus):
+    got = client.predict("pets", np.array(GOOD, dtype=np.float64), context="u1", slo_ms=40)
+    assert got["output"] == "dog" and got["default"] is False
+    event, key = bus.queries[0]
+    assert key == b"u1" and event["deadline_us"] - event["created_us"] == 40_000
+
+
+def test_errors_carry_the_server_reason(client):
+    with pytest.raises(NotFound) as info:
+        client.predict("nope", GOOD)
+    assert info.value.status == 404 and "nope" in info.value.reason
+    with pytest.raises(GatewayInputError) as info:
+        client.predict("pets", [[1, 2]])
+    assert isinstance(info.value, InputError) and "shape [2, 3]" in info.value.reason
+    assert isinstance(info.value, ClipstreamError)
+
+
+def test_feedback_forms(client, bus):
+    qid = client.predict("pets", GOOD)["query_id"]
+    client.feedback(qid, "dog")  # the issue's short form: app remembered from predict
+    client.feedback("pets", "q-other", "cat")
+    client.feedback("pets", "q-r", reward=0.5)
+    client.feedback("q-k", label="cat", app="pets")
+    got = [(r["query_id"], r["app"], r["label"], r["reward"]) for r, _ in bus.feedback]
+    assert got == [(qid, "pets", "dog", None), ("q-other", "pets", "cat", None),
+                   ("q-r", "pets", None, 0.5), ("q-k", "pets", "cat", None)]
+    with pytest.raises(ConfigError):
+        client.feedback("never-seen", "cat")  # no app known for it
+    with pytest.raises(InputError):
+        client.feedback("q", app="pets")  # neither label nor reward
+
+
+def test_default_app_of_the_client(bus):
+    with TestClient(make_app(bus)) as http:
+        c = Client(app="pets", http=http)
+        assert c.predict(input=GOOD)["output"] == "dog"
+        c.feedback("q-1", "cat")
+        assert bus.feedback[-1][0]["app"] == "pets"
+
+
+def test_api_key_and_overload_statuses():
+    with TestClient(make_app(api_keys=("s3cret",))) as http:
+        with pytest.raises(Unauthorized):
+            Client(http=http).predict("pets", GOOD)
+    with TestClient(make_app(api_keys=("s3cret",))) as http:
+        assert Client(http=http, api_key="s3cret").predict("pets", GOOD)["output"] == "dog"
+    with TestClient(make_app(max_inflight=1)) as http:
+        http.app.state.gateway.inflight = 1  # one request already waiting
+        with pytest.raises(Overloaded) as info:
+            Client(http=http).predict("pets", GOOD)
+        assert info.value.retry_after == 1.0
+
+
+def test_unreachable_gateway_is_an_infra_error():
+    with pytest.raises(GatewayUnavailable) as info:
+        Client("http://127.0.0.1:1", timeout=2).predict("pets", GOOD)
+    assert isinstance(info.value, InfraError)

@@ -1,0 +1,224 @@
+"""The gateway's HTTP layer with an injected registry and a fake bus: no broker, no Redis.
+
+Covers what does not depend on Kafka: 401/404/413/422/503, the QueryEvent the gateway builds,
+the mapping of a reply to JSON, the default at the deadline, feedback, metrics and OpenAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from clipstream.errors import InfraError
+from clipstream.settings import Settings
+from frontend.gateway import create_app
+from frontend.registry import AppConfig, ModelConfig, RegistryView
+from frontend.settings import GatewaySettings
+from workers.spec import ModelSpec, OutputSpec, TensorSpec
+
+SPEC = ModelSpec(Path("/m"), "python", TensorSpec("float32", (2, 3)),
+                 OutputSpec("class_scores", ("cat", "dog")), cls="x:Y")
+GOOD = [[1, 2, 3], [4, 5, 6]]
+
+
+class FakeRegistry:
+    def __init__(self, ready: bool = True) -> None:
+        self.ready = ready
+        self._view = RegistryView(
+            apps={"pets": AppConfig("pets", "exp4", 30.0, "unknown", {}, ("m1",))},
+            models={"m1": ModelConfig("m1", "1", Path("/m"), spec=SPEC)},
+        )
+
+    def view(self) -> RegistryView:
+        return self._view
+
+    def wait_ready(self, timeout_s: float = 30.0) -> RegistryView:
+        if not self.ready:
+            raise InfraError("not read yet")
+        return self._view
+
+
+class FakeBus:
+    """Records what the gateway publishes; answers with ``reply(event)`` or never."""
+
+    reply_topic = "t.replies.unit"
+
+    def __init__(self, reply: Any = None) -> None:
+        self.reply = reply
+        self.queries: list[tuple[dict[str, Any], bytes]] = []
+        self.feedback: list[tuple[dict[str, Any], bytes]] = []
+        self.on_late = lambda n: None
+        self.on_delivery_error = lambda: None
+
+    def publish_query(self, event: dict[str, Any], key: bytes) -> asyncio.Future:
+        self.queries.append((event, key))
+        fut = asyncio.get_running_loop().create_future()
+        if self.reply is not None:
+            fut.set_result(self.reply(event))
+        return fut
+
+    def forget(self, query_id: str) -> None:
+        pass
+
+    async def publish_feedback(self, record: dict[str, Any], key: bytes, timeout_s: float) -> None:
+        self.feedback.append((record, key))
+
+    def kafka_ok(self, timeout_s: float = 2.0) -> bool:
+        return True
+
+
+def answer(event: dict[str, Any]) -> dict[str, Any]:
+    return {"query_id": event["query_id"], "app": event["app"], "output": "dog",
+            "scores": [0.25, 0.75], "labels": ["cat", "dog"], "confidence": 1.0,
+            "is_default": False, "default_reason": None, "answered": ["m1"], "missing": [],
+            "created_us": event["created_us"], "deadline_us": event["deadline_us"], "trace": {}}
+
+
+async def _pong() -> bool:
+    return True
+
+
+def make_app(bus: FakeBus | None = None, registry: FakeRegistry | None = None, **gw: Any):
+    return create_app(
+        GatewaySettings(instance="unit", **gw), Settings(topic_prefix="t."),
+        registry=registry or FakeRegistry(), bus=bus or FakeBus(answer), redis_ping=_pong,
+    )
+
+
+@pytest.fixture
+def bus() -> FakeBus:
+    return FakeBus(answer)
+
+
+@pytest.fixture
+def client(bus: FakeBus):
+    with TestClient(make_app(bus)) as c:
+        yield c
+
+
+def test_predict_publishes_a_query_event_and_maps_the_reply(client, bus):
+    r = client.post("/v1/apps/pets/predict", json={"input": GOOD, "context": "user-42", "slo_ms": 80})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["output"] == "dog" and body["scores"] == [0.25, 0.75] and body["labels"] == ["cat", "dog"]
+    assert body["confidence"] == 1.0 and body["default"] is False
+    assert body["models"] == {"answered": ["m1"], "missing": []}
+    assert body["latency_ms"] >= 0
+    (event, key), = bus.queries
+    assert key == b"user-42" and event["query_id"] == body["query_id"]
+    assert event["deadline_us"] - event["created_us"] == 80_000
+    assert event["trace"] == {"produced": event["created_us"]}
+    assert event["reply_topic"] == "t.replies.unit" and event["reply_partition"] == 0
+    assert event["input"]["dtype"] == "float32" and event["input"]["shape"] == [2, 3]
+
+
+def test_no_reply_gives_the_default_at_the_app_slo():
+    bus = FakeBus(reply=None)
+    with TestClient(make_app(bus)) as c:
+        t0 = time.perf_counter()
+        r = c.post("/v1/apps/pets/predict", json={"input": GOOD})
+        waited_ms = (time.perf_counter() - t0) * 1000
+    body = r.json()
+    assert r.status_code == 200 and body["default"] is True and body["output"] == "unknown"
+    assert body["confidence"] == 0.0 and body["models"] == {"answered": [], "missing": ["m1"]}
+    assert 30 <= body["latency_ms"] <= 50, body  # app SLO 30 ms + 10 ms margin
+    assert waited_ms < 30 + 20 + 50  # generous for the in-process client on a busy machine
+    key = bus.queries[0][1]
+    assert key == body["query_id"].encode()  # no context: keyed by query id
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"input": [[1, 2, 3], [4, 5]]}, "shape [2, 3]"),
+        ({"input": [[1, 2, 3], [4, 5, True]]}, "boolean"),
+        ({"input": [[1, 2, 3], [4, 5, "x"]]}, "string"),
+        ({}, "input: Field required"),
+        ({"input": GOOD, "slo_ms": 0}, "slo_ms"),
+        ({"input": GOOD, "slo_ms": "50"}, "slo_ms"),
+        ({"input": GOOD, "context": 42}, "context"),
+        ([1, 2], "body"),
+    ],
+)
+def test_bad_predict_bodies_are_422_with_the_reason(client, bus, body, reason):
+    r = client.post("/v1/apps/pets/predict", json=body)
+    assert r.status_code == 422 and reason in r.json()["detail"], r.text
+    assert bus.queries == []
+
+
+def test_malformed_json_and_unknown_app(client):
+    r = client.post("/v1/apps/pets/predict", content=b'{"input": [1,', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "malformed JSON" in r.json()["detail"]
+    r = client.post("/v1/apps/pets/predict", content=b'{"input": NaN}')
+    assert r.status_code == 422
+    assert client.post("/v1/apps/nope/predict", json={"input": GOOD}).status_code == 404
+    assert client.post("/v1/apps/nope/feedback", json={"query_id": "q", "label": 1}).status_code == 404
+
+
+def test_body_over_the_limit_is_413_declared_or_streamed():
+    with TestClient(make_app(max_body_bytes=100)) as c:
+        big = {"input": GOOD, "pad": "x" * 200}
+        assert c.post("/v1/apps/pets/predict", json=big).status_code == 413
+        # no Content-Length (chunked): the actual bytes are counted
+        chunks = (b'{"input": [[1,2,3],[4,5,6]], "pad": "' + b"x" * 50 for _ in range(3))
+        r = c.post("/v1/apps/pets/predict", content=chunks)
+        assert r.status_code == 413 and "limit of 100 bytes" in r.json()["detail"]
+        assert c.post("/v1/apps/pets/predict", json={"input": GOOD}).status_code == 200
+
+
+def test_api_keys_bearer_or_header():
+    with TestClient(make_app(api_keys=("k1", "k2"))) as c:
+        url, body = "/v1/apps/pets/predict", {"input": GOOD}
+        assert c.post(url, json=body).status_code == 401
+        assert c.post(url, json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert c.post(url, json=body, headers={"Authorization": "Bearer k2"}).status_code == 200
+        assert c.post(url, json=body, headers={"X-API-Key": "k1"}).status_code == 200
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/healthz").status_code == 200  # liveness stays open
+
+
+def test_overload_is_503_with_retry_after():
+    app = make_app(FakeBus(reply=None), max_inflight=1, retry_after_s=2)
+
+    async def two_at_once() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            send = lambda: c.post("/v1/apps/pets/predict", json={"input": GOOD, "slo_ms": 200})
+            return list(await asyncio.gather(send(), send()))
+
+    statuses = sorted((r.status_code, r.headers.get("retry-after")) for r in asyncio.run(two_at_once()))
+    assert statuses == [(200, None), (503, "2")]
+
+
+def test_feedback_is_202_and_forwarded(client, bus):
+    r = client.post("/v1/apps/pets/feedback", json={"query_id": "q1", "label": "dog"})
+    assert r.status_code == 202 and r.json()["query_id"] == "q1"
+    r = client.post("/v1/apps/pets/feedback", json={"query_id": "q2", "reward": 1, "context": "u1"})
+    assert r.status_code == 202
+    (first, k1), (second, k2) = bus.feedback
+    assert (first["label"], first["reward"], first["app"], k1) == ("dog", None, "pets", b"q1")
+    assert (second["label"], second["reward"], k2) == (None, 1.0, b"u1")
+    for bad in ({"query_id": "q3"}, {"label": 1}, {"query_id": "q", "reward": 2}, {"query_id": "q", "label": [1]}):
+        assert client.post("/v1/apps/pets/feedback", json=bad).status_code == 422, bad
+    assert len(bus.feedback) == 2
+
+
+def test_readyz_metrics_and_openapi(client):
+    assert client.get("/readyz").json() == {"ready": True, "checks": {"registry": True, "kafka": True, "redis": True}}
+    client.post("/v1/apps/pets/predict", json={"input": GOOD})
+    text = client.get("/metrics").text
+    assert 'clipstream_gateway_requests_total{route="predict",status="200"} 1' in text
+    assert "clipstream_gateway_request_seconds_count" in text and "clipstream_gateway_inflight 0" in text
+    doc = client.get("/openapi.json").json()
+    predict = doc["paths"]["/v1/apps/{app}/predict"]["post"]
+    assert "input" in predict["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert {"200", "404", "413", "422", "503"} <= set(predict["responses"])
+    with TestClient(make_app(registry=FakeRegistry(ready=False))) as c:
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.json()["checks"]["registry"] is False

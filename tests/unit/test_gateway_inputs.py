@@ -1,0 +1,81 @@
+"""JSON input -> tensor against a model's declared input: what passes, and the 422 reasons."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clipstream.errors import InputError
+from frontend.inputs import input_for, parse_input, parse_untyped
+from workers.spec import TensorSpec
+
+GRID = TensorSpec("float32", (2, 3))
+
+
+def test_nested_ints_become_the_float_dtype_and_shape():
+    arr = parse_input([[1, 2, 3], [4, 5.5, 6]], GRID)
+    assert arr.dtype == np.float32 and arr.shape == (2, 3)
+    assert arr.tolist() == [[1.0, 2.0, 3.0], [4.0, 5.5, 6.0]]
+
+
+def test_scalar_input_for_a_scalar_model():
+    spec = TensorSpec("float64", ())
+    assert parse_input(3, spec).shape == ()
+    assert float(parse_input(2.5, spec)) == 2.5
+    with pytest.raises(InputError, match=r"expected a number .*shape \[\]"):
+        parse_input([2.5], spec)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ([[1, 2, 3], [4, 5]], r"input\[1\] has 2 items, expected 3"),
+        ([[1, 2, 3]], r"input has 1 items, expected 2"),
+        ([[1, 2, 3], [4, 5, True]], r"input\[1\]\[2\] is a boolean, expected a number"),
+        ([[1, 2, 3], [4, 5, "6"]], r"input\[1\]\[2\] is a string"),
+        ([[1, 2, 3], [4, 5, None]], r"input\[1\]\[2\] is null"),
+        ([[1, 2, 3], [4, 5, [6]]], r"input\[1\]\[2\] is a list of 1, expected a number"),
+        ([1, 2], r"input\[0\] is an integer, expected a list of 3"),
+        ("abc", r"input is a string, expected a list of 2"),
+        ({"a": 1}, r"input is a dict"),
+        ([[1e300, 2, 3], [4, 5, 6]], r"out of range for float32"),
+    ],
+)
+def test_bad_inputs_are_refused_with_a_reason_naming_the_shape(value, reason):
+    with pytest.raises(InputError, match=reason) as info:
+        parse_input(value, GRID)
+    assert "shape [2, 3], dtype float32" in str(info.value)
+
+
+def test_integer_inputs_refuse_fractions_and_out_of_range_values():
+    spec = TensorSpec("uint8", (3,))
+    assert parse_input([0, 128, 255], spec).dtype == np.uint8
+    with pytest.raises(InputError, match="expected an integer"):
+        parse_input([0, 1.5, 2], spec)
+    with pytest.raises(InputError, match="do not fit uint8"):
+        parse_input([0, 300, 2], spec)
+    with pytest.raises(InputError, match="do not fit uint8"):
+        parse_input([0, -1, 2], spec)
+
+
+def test_bool_inputs_take_only_booleans():
+    spec = TensorSpec("bool", (2,))
+    assert parse_input([True, False], spec).dtype == np.bool_
+    with pytest.raises(InputError, match="expected a boolean"):
+        parse_input([1, 0], spec)
+
+
+def test_empty_dimension_and_nan_literals():
+    assert parse_input([], TensorSpec("float32", (0,))).shape == (0,)
+    with pytest.raises(InputError, match="not a finite number"):
+        parse_input([float("nan"), 1.0], TensorSpec("float32", (2,)))
+
+
+def test_untyped_inputs_without_a_model_spec():
+    assert parse_untyped([[1, 2], [3, 4]]).dtype == np.int64
+    assert parse_untyped([0.5, 1]).dtype == np.float32
+    assert input_for(7, None).shape == ()
+    for bad in ([[1, 2], [3]], ["a", "b"], True, None):
+        with pytest.raises(InputError):
+            parse_untyped(bad)
+    assert input_for([[1, 2, 3], [4, 5, 6]], GRID).dtype == np.float32

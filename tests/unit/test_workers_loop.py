@@ -1,0 +1,142 @@
+"""The worker's Kafka adapter with fake clients: outputs first, offset commit only after acks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clipstream.settings import Settings
+from schemas import decode_as, encode, to_tensor
+from tests.models import make_profile_model
+from workers.backends import load_model
+from workers.spec import load_spec
+from workers.worker import Worker
+
+
+class Msg:
+    def __init__(self, value: bytes, offset: int, topic: str = "p.batches.sim") -> None:
+        self._value, self._offset, self._topic = value, offset, topic
+
+    def error(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return self._value
+
+    def offset(self) -> int:
+        return self._offset
+
+    def partition(self) -> int:
+        return 0
+
+    def topic(self) -> str:
+        return self._topic
+
+
+class FakeProducer:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[str, int | None, bytes]] = []
+        self.pending: list[Any] = []
+        self.fail = fail
+        self.log: list[str] = []
+
+    def produce(self, topic: str, value: bytes, on_delivery: Any, partition: int | None = None) -> None:
+        self.sent.append((topic, partition, value))
+        self.pending.append((on_delivery, topic))
+        self.log.append("produce")
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        for callback, topic in self.pending:
+            callback("broker down" if self.fail else None, Msg(b"", 0, topic))
+        self.pending.clear()
+        self.log.append("flush")
+        return 0
+
+
+class FakeConsumer:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.commits: list[int] = []
+        self.seeks: list[int] = []
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
+        self.commits.append(offsets[0].offset)
+        self.log.append("commit")
+
+    def seek(self, tp: Any) -> None:
+        self.seeks.append(tp.offset)
+
+
+class FakePipe:
+    def __init__(self, store: dict[str, Any]) -> None:
+        self.store, self.ops = store, []
+
+    def set(self, key: str, value: bytes, ex: int) -> None:
+        self.ops.append((key, value, ex))
+
+    def execute(self) -> None:
+        self.store["round_trips"] = self.store.get("round_trips", 0) + 1
+        for key, value, ex in self.ops:
+            self.store[key] = (value, ex)
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.store: dict[str, Any] = {}
+
+    def pipeline(self, transaction: bool) -> FakePipe:
+        return FakePipe(self.store)
+
+
+def batch_bytes(n: int, items: int = 3) -> bytes:
+    its = [{"query_id": f"b{n}q{i}", "selector_partition": i % 2, "deadline_us": 10**18,
+            "cache_key": f"k{n}.{i}", "input": to_tensor(np.full(4, i, dtype=np.float32)), "trace": {}}
+           for i in range(items)]
+    return encode("Batch", {"batch_id": f"b{n}", "model": "sim", "version": "1", "replica": 0,
+                            "created_us": 1, "items": its})
+
+
+def make_worker(tmp_path: Path, fail: bool = False) -> tuple[Worker, FakeProducer, FakeConsumer, FakeRedis]:
+    folder = make_profile_model(tmp_path, "sim", table={1: 0.0}, shape=[4], labels=[0, 1])
+    w = Worker(Settings(topic_prefix="p."), load_model(load_spec(folder)), "sim", version="1")
+    w.producer = producer = FakeProducer(fail)  # type: ignore[assignment]
+    w.consumer = consumer = FakeConsumer(producer.log)  # type: ignore[assignment]
+    w.redis = cache = FakeRedis()  # type: ignore[assignment]
+    w.ws = w.ws.model_copy(update={"flush_timeout_s": 0.1})
+    w.selector_partitions = 4
+    return w, producer, consumer, cache
+
+
+def test_outputs_are_acknowledged_before_the_offset_is_committed(tmp_path: Path) -> None:
+    w, producer, consumer, cache = make_worker(tmp_path)
+    w.serve([Msg(batch_bytes(0), 10), Msg(batch_bytes(1), 11)])
+    assert consumer.commits == [12]
+    assert producer.log[-2:] == ["flush", "commit"]
+    topics = [(t, p) for t, p, _ in producer.sent]
+    assert topics.count(("p.predictions", 0)) == 2 and topics.count(("p.predictions", 1)) == 2
+    assert topics.count(("p.batch-stats.sim", None)) == 2
+    first = decode_as("Predictions", producer.sent[0][2])
+    assert first["selector_partition"] == 0 and [p["query_id"] for p in first["items"]] == ["b0q0", "b0q2"]
+    assert cache.store["round_trips"] == 2 and cache.store["k1.2"][1] == w.settings.cache_ttl_s
+
+
+def test_undelivered_outputs_mean_no_commit_and_a_redo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workers.worker.time.sleep", lambda s: None)
+    w, producer, consumer, _ = make_worker(tmp_path, fail=True)
+    w.serve([Msg(batch_bytes(0), 5), Msg(batch_bytes(1), 6)])
+    assert consumer.commits == [] and consumer.seeks == [5]
+
+
+def test_garbage_batch_is_a_dead_letter_and_is_committed(tmp_path: Path) -> None:
+    w, producer, consumer, _ = make_worker(tmp_path)
+    w.serve([Msg(b"\x00garbage", 3)])
+    ((topic, _, value),) = producer.sent
+    letter = decode_as("DeadLetter", value)
+    assert topic == "p.deadletter" and letter["source_offset"] == 3 and letter["payload"] == b"\x00garbage"
+    assert consumer.commits == [4]

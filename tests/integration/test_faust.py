@@ -35,7 +35,7 @@ def test_faust_agent_answers_through_the_broker(settings, tmp_path):
     }
     log = open(tmp_path / "faust.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.faust_echo", "worker", "-l", "warning"],
+        [sys.executable, "-m", "tests.faust_echo", "worker", "-l", "warn"],
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -72,8 +72,11 @@ def process(args: list[str], settings: Settings, timeout_s: float = 60.0) -> Ite
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
     try:
-        wait_until(lambda: any(l.startswith("ready:") for l in lines) or proc.poll() is not None, timeout_s,
-                   f"{args} to be ready")
+        try:
+            wait_until(lambda: any(l.startswith("ready:") for l in lines) or proc.poll() is not None, timeout_s,
+                       f"{args} to be ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; it printed:\n{''.join(lines)[-3000:]}") from None
         assert proc.poll() is None, f"{args} exited early:\n{''.join(lines)}"
         yield proc
     finally:

@@ -347,5 +347,8 @@ def run(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: An
     ensure_core_topics(settings)
     ensure_model_topics(settings, model.name, model.replicas)
     app = create_app(settings, bs, model, follower)
-    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr)
+    # faust's own output (banner, spinner, logs) goes to stderr and stdout is not redirected
+    # into logging, so stdout carries only our lines ("ready: ...", "stats: ...")
+    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
+    worker.spinner = None
     worker.execute_from_commandline()

@@ -205,7 +205,8 @@ class Producer:
     ``flush``, and failures are kept in ``failed``. Answers to queries sent without a reply topic
     go to the ``responses`` topic: read them with ``ResponseReader``. The registry is read
     (once, lazily) only when needed: for an app's SLO when ``slo_ms`` is not given, and to turn
-    a nested list into the dtype and shape the app's model takes.
+    a nested list into the dtype and shape the app's model takes. A numpy array is sent as it
+    is: give it the model's dtype and shape (the worker refuses anything else).
     """
 
     def __init__(self, bootstrap: str | None = None, settings: Settings | None = None) -> None:
@@ -357,6 +358,7 @@ class ResponseReader:
                  topic: str | None = None, from_beginning: bool = False) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
+        from frontend.gateway_kafka import watermarks
         from topics.catalogue import Catalogue
         from topics.client import consumer_config
 
@@ -372,7 +374,7 @@ class ResponseReader:
             raise InfraError(f"topic {self.topic} does not exist")
         assignment = []
         for p in sorted(meta.partitions):
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+            low, high = watermarks(self._consumer, TopicPartition(self.topic, p))
             assignment.append(TopicPartition(self.topic, p, low if from_beginning else high))
         self._consumer.assign(assignment)
 

@@ -44,6 +44,9 @@ from workers.spec import TensorSpec
 
 log = logging.getLogger(__name__)
 
+# request bodies larger than this are parsed in a worker thread, not on the event loop
+OFFLOAD_BYTES = 64 * 1024
+
 
 class Registry(Protocol):
     def view(self) -> RegistryView: ...
@@ -187,15 +190,13 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
     state.inflight += 1  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:
-        body = parse_json(await read_body(request, state.gw.max_body_bytes))
-        try:
-            req = PredictRequest.model_validate(body)
-        except ValidationError as exc:
-            raise HTTPProblem(422, validation_reason(exc)) from None
-        try:
-            array = input_for(req.input, state.input_spec(cfg))
-        except InputError as exc:
-            raise HTTPProblem(422, str(exc)) from None
+        raw = await read_body(request, state.gw.max_body_bytes)
+        if len(raw) > OFFLOAD_BYTES:
+            # an image-sized input costs milliseconds of parsing: keep the loop answering others
+            req, array = await asyncio.get_running_loop().run_in_executor(
+                None, _parse_predict, raw, state.input_spec(cfg))
+        else:
+            req, array = _parse_predict(raw, state.input_spec(cfg))
         slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
         deadline = created + int(slo_ms * 1000)
         event = {
@@ -230,9 +231,23 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
     if answer["default"]:
-        state.metrics.defaults.inc(answer.get("default_reason") or "unknown")
+        # by who decided, not the free-text reason: metric labels must stay a small set
+        state.metrics.defaults.inc("gateway_timeout" if record is None else "selector")
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
     return answer
+
+
+def _parse_predict(raw: bytes, spec: TensorSpec | None) -> tuple[PredictRequest, Any]:
+    """Body bytes -> validated request and input array; HTTPProblem(422) with the reason."""
+    body = parse_json(raw)
+    try:
+        req = PredictRequest.model_validate(body)
+    except ValidationError as exc:
+        raise HTTPProblem(422, validation_reason(exc)) from None
+    try:
+        return req, input_for(req.input, spec)
+    except InputError as exc:
+        raise HTTPProblem(422, str(exc)) from None
 
 
 async def _feedback(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
@@ -297,7 +312,8 @@ async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> Non
     if state.bus is None:
         bus = KafkaBus(state.settings, state.gw.instance)
         await loop.run_in_executor(None, bus.start, loop)
-        stack.callback(bus.close)
+        # a random instance id is never reused: its reply topic goes when the process does
+        stack.callback(bus.close, "instance" not in state.gw.model_fields_set)
         state.bus = bus
     if state.redis_ping is None:
         import redis.asyncio as aioredis

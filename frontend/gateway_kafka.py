@@ -16,17 +16,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from clipstream.errors import DecodeError, InfraError
 from clipstream.settings import Settings
 from schemas import decode_as, encode
 from topics.admin import ensure_topics
 from topics.catalogue import Catalogue
-from topics.client import consumer_config, producer_config
+from topics.client import admin_config, consumer_config, producer_config
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +65,8 @@ class KafkaBus:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Create the reply topic, connect, and start reading replies from the current end."""
         self._loop = loop
-        ensure_topics(
-            self._settings,
-            [self.reply_spec, Catalogue.from_settings(self._settings).queries,
-             Catalogue.from_settings(self._settings).feedback],
-        )
+        cat = Catalogue.from_settings(self._settings)
+        ensure_topics(self._settings, [self.reply_spec, cat.queries, cat.feedback])
         self._producer = Producer(
             producer_config(self._settings, **{"message.timeout.ms": 10_000})
         )
@@ -79,7 +78,7 @@ class KafkaBus:
         self._consumer = Consumer(conf)
         tp = TopicPartition(self.reply_topic, 0)
         try:
-            _, high = self._consumer.get_watermark_offsets(tp, timeout=10)
+            _, high = watermarks(self._consumer, tp)
         except KafkaException as exc:
             raise InfraError(f"cannot read reply topic {self.reply_topic}: {exc}") from exc
         # an explicit offset, not OFFSET_END: END is resolved lazily at the first fetch, and a
@@ -91,7 +90,9 @@ class KafkaBus:
             t.start()
             self._threads.append(t)
 
-    def close(self) -> None:
+    def close(self, delete_reply_topic: bool = False) -> None:
+        """Stop the threads; ``delete_reply_topic`` for a random instance id, which no later
+        process will reuse (otherwise every restart would leave a topic behind)."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
@@ -99,6 +100,13 @@ class KafkaBus:
             self._producer.flush(5)
         if self._consumer is not None:
             self._consumer.close()
+        if delete_reply_topic:
+            admin = AdminClient(admin_config(self._settings))
+            for fut in admin.delete_topics([self.reply_topic], operation_timeout=5).values():
+                try:
+                    fut.result(timeout=10)
+                except Exception as exc:  # best effort: the topic expires by retention anyway
+                    log.warning("could not delete reply topic %s: %s", self.reply_topic, exc)
 
     # -- queries ------------------------------------------------------------------------
     def publish_query(self, event: dict[str, Any], key: bytes) -> asyncio.Future[dict[str, Any]]:
@@ -205,6 +213,32 @@ class KafkaBus:
                 fut.set_result(record)
         if late:
             self.on_late(late)
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> tuple[int, int]:
+    """Low and high offsets of a partition, retried while a fresh topic has no leader yet.
+
+    Right after a topic is created the broker may answer NOT_LEADER_FOR_PARTITION (or
+    UNKNOWN_TOPIC_OR_PART) for a moment; that is a wait, not an error.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            err = exc.args[0]
+            if time.monotonic() > deadline or not (err.retriable() or err.code() in _NO_LEADER_YET):
+                raise
+            time.sleep(0.05)
+
+
+_NO_LEADER_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._TIMED_OUT,
+)
 
 
 def _settle(fut: asyncio.Future[None], err: KafkaError | None) -> None:

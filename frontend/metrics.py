@@ -108,7 +108,7 @@ class GatewayMetrics:
         )
         self.defaults = Counter(
             "clipstream_gateway_defaults_total",
-            "Predict answers that carried the app's default output, by reason.", ("reason",),
+            "Predict answers that carried the app's default output, by source.", ("source",),
         )
         self.late = Counter(
             "clipstream_gateway_late_responses_total",

@@ -196,6 +196,7 @@ class RegistryFollower:
                     if pos >= high:
                         self._ready.set()
                 changed = False
+                caught_up = False
                 for msg in msgs:
                     if msg.error():
                         continue
@@ -205,11 +206,14 @@ class RegistryFollower:
                     except (DecodeError, UnicodeDecodeError, KeyError) as exc:
                         log.warning("skipping registry record at offset %s: %s", msg.offset(), exc)
                     if msg.offset() + 1 >= high:
-                        self._ready.set()
+                        caught_up = True
                 if changed:
                     self._view = self._state.view()
                     for cb in self._listeners:
                         cb(self._view)
+                if caught_up:
+                    # only after the view holds every record that existed at start
+                    self._ready.set()
         except KafkaException as exc:
             log.error("registry follower stopped: %s", exc)
         finally:

@@ -7,10 +7,10 @@ the gateway lives here, so a worker never parses gateway options.
 from __future__ import annotations
 
 import secrets
+from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 
 def _random_instance() -> str:

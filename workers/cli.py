@@ -7,6 +7,7 @@ without it the model is looked up in the registry, as a deployment does.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -25,12 +26,16 @@ def resolve_from_registry(
     """
     from frontend.registry import RegistryFollower  # written by the frontend stage; imported late
 
+    deadline = time.monotonic() + timeout_s
     follower = RegistryFollower(settings)
     follower.start()
     try:
         if follower.wait_ready(timeout_s) is False:
             raise ConfigError(f"the registry was not read within {timeout_s:.0f}s")
-        models = follower.view().models
+        # the model may be deployed just after the worker starts (or the view may trail the
+        # follower's ready signal): watch the live view until the deadline
+        while name not in (models := follower.view().models) and time.monotonic() < deadline:
+            time.sleep(0.1)
         if name not in models:
             raise ConfigError(f"model {name!r} is not in the registry; known: {sorted(models)}")
         cfg = models[name]

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 from confluent_kafka import (
-    OFFSET_STORED,
+    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -79,17 +79,18 @@ class Worker:
         self.producer = Producer(producer_config(self.settings))
         self.consumer = Consumer(
             consumer_config(
-                self.settings, self.group_id, **{"enable.auto.commit": False, "auto.offset.reset": "earliest"}
+                self.settings, self.group_id,
+                **{"enable.auto.commit": False, "auto.offset.reset": "earliest", "on_commit": self._commit_done},
             )
         )
-        self.tp = TopicPartition(self.batches_topic, self.replica, OFFSET_STORED)
-        self.consumer.assign([self.tp])
-        self._wait_for_coordinator()
+        # resume from the group's committed offset, read by us (with retries) rather than by
+        # librdkafka at assign time: on a fresh broker its one attempt can fail and stall the partition
+        self.consumer.assign([TopicPartition(self.batches_topic, self.replica, self._committed_offset())])
         self.redis = redis.Redis.from_url(self.settings.redis_url)
         print(f"ready: worker {self.name} replica {self.replica} device {self.model.device}", flush=True)
 
-    def _wait_for_coordinator(self) -> None:
-        """Read the committed offset: proves the broker, the group coordinator and the partition.
+    def _committed_offset(self) -> int:
+        """Where this replica resumes: its group's committed offset, else the partition's start.
 
         On a fresh broker the offsets topic is still being created (NOT_COORDINATOR,
         COORDINATOR_LOAD_IN_PROGRESS): those are retried until ``start_timeout_s``.
@@ -97,14 +98,19 @@ class Worker:
         deadline = time.monotonic() + self.ws.start_timeout_s
         while True:
             try:
-                self.consumer.committed([TopicPartition(self.batches_topic, self.replica)], timeout=5.0)
-                return
+                (tp,) = self.consumer.committed([TopicPartition(self.batches_topic, self.replica)], timeout=5.0)
+                if tp.error is None:
+                    return tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                error: Any = tp.error
             except KafkaException as exc:
-                if time.monotonic() > deadline:
-                    raise InfraError(
-                        f"cannot read the committed offset of {self.batches_topic}[{self.replica}]: {exc}"
-                    ) from exc
-                time.sleep(0.2)
+                error = exc
+            if time.monotonic() > deadline:
+                raise InfraError(f"cannot read the committed offset of {self.batches_topic}[{self.replica}]: {error}")
+            time.sleep(0.2)
+
+    def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None:  # the batch will be redone after a restart: a duplicate, not a loss
+            log(f"offset commit failed: {err}")
 
     def _partitions(self, topic: str) -> int | None:
         """Partitions the broker has for ``topic`` (the selector's parallelism), None if unknown."""

@@ -6,6 +6,7 @@ test answers batches with BatchStats (and fills the cache where a worker would).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -159,6 +160,12 @@ def wire(settings: Settings) -> Iterator[Callable[[str, int], Wire]]:
         w.close()
 
 
+def uniq(name: str) -> str:
+    """Model names unique per test run: the session Redis is shared and the cache key carries
+    the model name but not the topic prefix, so entries of an earlier run must not answer."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
 def preds_of(got: list[Any]) -> dict[str, tuple[dict[str, Any], int]]:
     return {p["query_id"]: (p, msg.partition()) for rec, msg in got for p in rec["items"]}
 
@@ -166,15 +173,16 @@ def preds_of(got: list[Any]) -> dict[str, tuple[dict[str, Any], int]]:
 def test_hit_skips_the_worker_miss_is_batched_bad_input_is_dead_lettered(
     run_batcher: Any, wire: Any, redis_client: Any
 ) -> None:
-    w = wire("m1")
-    run_batcher("m1", "--version", "7", "--replicas", "1")
+    model = uniq("m1")
+    w = wire(model)
+    run_batcher(model, "--version", "7", "--replicas", "1")
     hot, cold = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
     value = encode("Tensor", to_tensor(np.array([0.25, 0.75], np.float32)))
-    redis_client.set(cache_key("m1", "7", to_tensor(hot)), value, ex=60)
+    redis_client.set(cache_key(model, "7", to_tensor(hot)), value, ex=60)
 
     w.request("hit", hot, part=2)
     w.request("miss", cold, part=3)
-    w.raw(w.cat.requests("m1").name, b"not avro at all")
+    w.raw(w.cat.requests(model).name, b"not avro at all")
 
     got = w.take(w.cat.predictions.name, "Predictions", lambda g: "hit" in preds_of(g))
     pred, partition = preds_of(got)["hit"]
@@ -182,12 +190,12 @@ def test_hit_skips_the_worker_miss_is_batched_bad_input_is_dead_lettered(
     assert pred["output"] == decode_as("Tensor", value)
     assert {"dispatched", "batcher_in", "batched"} <= set(pred["trace"])
 
-    batches = w.take(w.cat.batches("m1").name, "Batch", lambda g: len(g) >= 1)
+    batches = w.take(w.cat.batches(model).name, "Batch", lambda g: len(g) >= 1)
     batch, msg = batches[0]
     assert msg.partition() == 0 and batch["replica"] == 0 and batch["version"] == "7"
     assert [it["query_id"] for it in batch["items"]] == ["miss"]  # the hit never reaches a worker
     item = batch["items"][0]
-    assert item["cache_key"] == cache_key("m1", "7", to_tensor(cold)) and item["selector_partition"] == 3
+    assert item["cache_key"] == cache_key(model, "7", to_tensor(cold)) and item["selector_partition"] == 3
     assert item["trace"]["batcher_in"] <= item["trace"]["batched"]
 
     dead = w.take(w.cat.deadletter.name, "DeadLetter", lambda g: len(g) >= 1)
@@ -196,12 +204,13 @@ def test_hit_skips_the_worker_miss_is_batched_bad_input_is_dead_lettered(
 
 
 def test_expired_requests_are_reported_not_lost(run_batcher: Any, wire: Any) -> None:
-    w = wire("m2")
-    run_batcher("m2", "--version", "1", "--replicas", "1", "--batch-delay-ms", "0", "--no-cache")
+    model = uniq("m2")
+    w = wire(model)
+    run_batcher(model, "--version", "1", "--replicas", "1", "--batch-delay-ms", "0", "--no-cache")
     x = np.zeros(2, np.float32)
     w.request("first", x)  # takes the only replica's credits (never reported)
     w.request("second", x)
-    batches = w.take(w.cat.batches("m2").name, "Batch", lambda g: sum(len(b["items"]) for b, _ in g) >= 2)
+    batches = w.take(w.cat.batches(model).name, "Batch", lambda g: sum(len(b["items"]) for b, _ in g) >= 2)
     assert sum(len(b["items"]) for b, _ in batches) == 2
     w.request("late", x, deadline_us=now_us() + 300_000, part=0)  # no credit: waits, then expires
     w.request("dead-on-arrival", x, deadline_us=now_us() - 1, part=1)
@@ -212,11 +221,12 @@ def test_expired_requests_are_reported_not_lost(run_batcher: Any, wire: Any) -> 
 
 
 def test_identical_misses_are_evaluated_once(run_batcher: Any, wire: Any, redis_client: Any) -> None:
-    w = wire("m3")
-    b = run_batcher("m3", "--version", "1", "--replicas", "1", "--batch-delay-ms", "0")
+    model = uniq("m3")
+    w = wire(model)
+    b = run_batcher(model, "--version", "1", "--replicas", "1", "--batch-delay-ms", "0")
     x = np.array([9.0], np.float32)
     w.request("a", x)
-    batches = w.take(w.cat.batches("m3").name, "Batch", lambda g: len(g) >= 1)
+    batches = w.take(w.cat.batches(model).name, "Batch", lambda g: len(g) >= 1)
     for q in ("b", "c"):
         w.request(q, x)  # identical, while "a" is being evaluated
     w.producer.flush(10)
@@ -226,12 +236,13 @@ def test_identical_misses_are_evaluated_once(run_batcher: Any, wire: Any, redis_
     w.stats(batch, 1_000)
     got = w.take(w.cat.predictions.name, "Predictions", lambda g: len(preds_of(g)) >= 2)
     assert {q: p["status"] for q, (p, _) in preds_of(got).items()} == {"b": "cached", "c": "cached"}
-    assert w.quiet_for(w.cat.batches("m3").name, 1.0) == []  # nothing else was batched
+    assert w.quiet_for(w.cat.batches(model).name, 1.0) == []  # nothing else was batched
 
 
 def test_two_replicas_both_work_each_with_its_own_aimd(run_batcher: Any, wire: Any) -> None:
-    w = wire("m4", 2)
-    b = run_batcher("m4", "--version", "1", "--replicas", "2", "--no-cache", "--batch-delay-ms", "1",
+    model = uniq("m4")
+    w = wire(model, 2)
+    b = run_batcher(model, "--version", "1", "--replicas", "2", "--no-cache", "--batch-delay-ms", "1",
                     "--latency-objective-ms", "20")
     n = 150
     for i in range(n):
@@ -243,9 +254,17 @@ def test_two_replicas_both_work_each_with_its_own_aimd(run_batcher: Any, wire: A
         sizes[msg.partition()].append(len(batch["items"]))
         w.stats(batch, 1_000 if msg.partition() == 0 else 50_000)
 
-    w.take(w.cat.batches("m4").name, "Batch",
+    w.take(w.cat.batches(model).name, "Batch",
            lambda g: sum(len(bb["items"]) for bb, _ in g) >= n, timeout_s=60, on=worker)
     assert sizes[0] and sizes[1], sizes
     assert max(sizes[0]) >= 4, sizes
     assert set(sizes[1]) == {1}, sizes
-    b.wait_for('"max_batch_size": 1, "in_flight"')  # the stats line shows both AIMD states
+    # the batcher's own stats line shows the two AIMD states apart
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(x[len("stats: "):]) for x in b.output().splitlines() if x.startswith("stats: ")]
+        maxima = [r["max_batch_size"] for r in lines[-1]["replicas"]] if lines else []
+        if maxima and maxima[0] >= 4 and maxima[1] == 1:
+            break
+        assert time.monotonic() < deadline, b.output()[-2000:]
+        time.sleep(0.1)

@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from clipstream.settings import Settings
 from frontend.client import Client, ResponseReader
 from frontend.client import Producer as QueryProducer
+from frontend.gateway_kafka import watermarks
 from frontend.registry import RegistryWriter
 from schemas import decode_as, encode, from_tensor
 from topics import Catalogue, consumer_config, producer_config
@@ -53,7 +54,7 @@ class FakeSelector:
         self._consumer = Consumer(consumer_config(settings, f"fake-sel-{uuid.uuid4().hex}"))
         parts = []
         for p in range(cat.queries.partitions):
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(cat.queries.name, p), timeout=10)
+            _, high = watermarks(self._consumer, TopicPartition(cat.queries.name, p))
             parts.append(TopicPartition(cat.queries.name, p, high))
         self._consumer.assign(parts)
         self._producer = Producer(producer_config(settings))
@@ -246,7 +247,7 @@ def test_feedback_lands_on_the_feedback_topic(gateway: GatewayProcess, gw_settin
     try:
         parts = []
         for p in range(gw_settings.selector_partitions):
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            _, high = watermarks(consumer, TopicPartition(topic, p))
             parts.append(TopicPartition(topic, p, high))
         consumer.assign(parts)
         with Client(gateway.url) as client:

@@ -38,9 +38,9 @@ def test_pipeline_answers_by_the_deadline_without_the_straggler(settings: Settin
     try:
         with ExitStack() as stack:
             for m, folder in models.items():
-                stack.enter_context(process(["worker", "--model", m, "--path", str(folder)], settings, 120))
-                stack.enter_context(process(["batcher", "--model", m, "--version", "1", "--replicas", "1"], settings, 120))
-            stack.enter_context(process(["selector"], settings, 120))
+                stack.enter_context(process(["worker", "--model", m, "--path", str(folder)], settings, 60))
+                stack.enter_context(process(["batcher", "--model", m, "--version", "1", "--replicas", "1"], settings, 60))
+            stack.enter_context(process(["selector"], settings, 60))
 
             warm = client.query([0.1, r()], app, slo_ms=5000)  # first records through fresh clients
             client.answer(warm["query_id"], 15)

@@ -73,7 +73,7 @@ def process(args: list[str], settings: Settings, timeout_s: float = 60.0) -> Ite
     threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
     try:
         try:
-            wait_until(lambda: any(l.startswith("ready:") for l in lines) or proc.poll() is not None, timeout_s,
+            wait_until(lambda: any("ready: " in l for l in lines) or proc.poll() is not None, timeout_s,
                        f"{args} to be ready")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; it printed:\n{''.join(lines)[-3000:]}") from None

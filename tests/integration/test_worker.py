@@ -81,6 +81,7 @@ def run_worker(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Wor
     yield start
     for w in started:
         w.stop()
+        print(f"--- {w.log_path.name}\n{w.output()[-3000:]}")  # shown by pytest when a test fails
 
 
 class Reader:

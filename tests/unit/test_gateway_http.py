@@ -30,9 +30,13 @@ GOOD = [[1, 2, 3], [4, 5, 6]]
 class FakeRegistry:
     def __init__(self, ready: bool = True) -> None:
         self.ready = ready
+        big = ModelSpec(Path("/b"), "python", TensorSpec("float32", (200, 100)),
+                        OutputSpec("regression"), cls="x:Y")
         self._view = RegistryView(
-            apps={"pets": AppConfig("pets", "exp4", 30.0, "unknown", {}, ("m1",))},
-            models={"m1": ModelConfig("m1", "1", Path("/m"), spec=SPEC)},
+            apps={"pets": AppConfig("pets", "exp4", 30.0, "unknown", {}, ("m1",)),
+                  "big": AppConfig("big", "single", 30.0, 0.0, {}, ("m2",))},
+            models={"m1": ModelConfig("m1", "1", Path("/m"), spec=SPEC),
+                    "m2": ModelConfig("m2", "1", Path("/b"), spec=big)},
         )
 
     def view(self) -> RegistryView:
@@ -124,6 +128,7 @@ def test_no_reply_gives_the_default_at_the_app_slo():
         t0 = time.perf_counter()
         r = c.post("/v1/apps/pets/predict", json={"input": GOOD})
         waited_ms = (time.perf_counter() - t0) * 1000
+        assert 'clipstream_gateway_defaults_total{source="gateway_timeout"} 1' in c.get("/metrics").text
     body = r.json()
     assert r.status_code == 200 and body["default"] is True and body["output"] == "unknown"
     assert body["confidence"] == 0.0 and body["models"] == {"answered": [], "missing": ["m1"]}
@@ -222,3 +227,12 @@ def test_readyz_metrics_and_openapi(client):
     with TestClient(make_app(registry=FakeRegistry(ready=False))) as c:
         r = c.get("/readyz")
         assert r.status_code == 503 and r.json()["checks"]["registry"] is False
+
+
+def test_large_inputs_are_parsed_off_the_loop_with_the_same_rules(client, bus):
+    rows = [[0.5] * 100 for _ in range(200)]  # ~100 KB of JSON: parsed in a worker thread
+    r = client.post("/v1/apps/big/predict", json={"input": rows})
+    assert r.status_code == 200 and bus.queries[-1][0]["input"]["shape"] == [200, 100]
+    rows[150][7] = "x"
+    r = client.post("/v1/apps/big/predict", json={"input": rows})
+    assert r.status_code == 422 and "input[150][7] is a string" in r.json()["detail"]

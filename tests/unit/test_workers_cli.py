@@ -66,7 +66,7 @@ def test_registry_lookup_current_previous_and_sibling(tmp_path: Path, monkeypatc
     with pytest.raises(ConfigError, match="version 9"):
         cli.resolve_from_registry(object(), "sim", "9", 1)
     with pytest.raises(ConfigError, match="not in the registry"):
-        cli.resolve_from_registry(object(), "nope", None, 1)
+        cli.resolve_from_registry(object(), "nope", None, 0.2)
     assert calls.count("start") == calls.count("stop") == 5  # the follower is always stopped
 
 

@@ -1,0 +1,41 @@
+"""A prediction's tensor as an Output, the app's output kind, and the Response record."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from schemas import encode, to_tensor
+from selector.outputs import AppOutputs, app_outputs, response_record, to_output
+from selector.types import Output
+from workers.spec import OutputSpec
+
+
+def test_to_output_reads_scores_labels_and_values() -> None:
+    out = to_output(to_tensor(np.array([0.2, 0.8], dtype=np.float32)), "class_scores", ("cat", "dog"))
+    assert out.value == "dog" and out.scores == pytest.approx((0.2, 0.8))
+    assert to_output(to_tensor(np.array(3, dtype=np.int64)), "label", None) == Output(3)
+    assert to_output(to_tensor(np.array(2.5)), "regression", None) == Output(2.5)
+
+
+def test_app_outputs_prefers_regression_then_class_scores() -> None:
+    def model(kind: str, labels: tuple | None) -> SimpleNamespace:
+        return SimpleNamespace(spec=SimpleNamespace(output=OutputSpec(kind, labels)))
+
+    view = SimpleNamespace(models={"a": model("label", (0, 1)), "b": model("class_scores", (0, 1, 2))})
+    assert app_outputs(view, ("a", "b")) == AppOutputs("class_scores", (0, 1, 2))
+    assert app_outputs(view, ("a",)) == AppOutputs("label", (0, 1))
+    assert app_outputs(view, ("zzz",)) == AppOutputs("label", None)
+
+
+def test_response_record_encodes_answers_and_defaults() -> None:
+    ev = {"query_id": "q", "app": "a", "deadline_us": 10, "trace": {"produced": 1}}
+    rec = response_record(ev, Output(np.int64(1), (0.4, 0.6)), 2 / 3, ["m1", "m2"], ["m3"], (0, 1), 9)
+    assert rec["output"] == 1 and rec["labels"] == ["0", "1"] and rec["missing"] == ["m3"]
+    assert rec["trace"] == {"produced": 1, "joined": 9} and not rec["is_default"]
+    encode("Response", rec)
+    dflt = response_record(ev, None, 0.5, [], ["m1"], None, 9, default="none", default_reason="late")
+    assert dflt["is_default"] and dflt["output"] == "none" and dflt["confidence"] == 0.0
+    encode("Response", dflt)

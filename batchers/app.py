@@ -14,8 +14,10 @@ deadline, a request's deadline, a credit timeout) or until new work wakes it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -251,7 +253,7 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
         web_enabled=False,
         topic_disable_leader=True,
         topic_allow_declare=False,
-        datadir=tempfile.mkdtemp(prefix=f"faust-batcher-{model.name}-"),
+        datadir=_datadir(model.name),
         consumer_auto_offset_reset="latest",
         producer_linger=0.0,
         producer_acks=1,
@@ -305,6 +307,13 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
                     last = line
 
     return app
+
+
+def _datadir(model: str) -> str:
+    """Faust insists on a data dir; with no tables it stays empty, so a temporary one, removed at exit."""
+    path = tempfile.mkdtemp(prefix=f"faust-batcher-{model}-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 async def _wait_assigned(app: faust.App, topics: list[str]) -> None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from topics.admin import watermarks
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -215,30 +216,6 @@ class KafkaBus:
             self.on_late(late)
 
 
-def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> tuple[int, int]:
-    """Low and high offsets of a partition, retried while a fresh topic has no leader yet.
-
-    Right after a topic is created the broker may answer NOT_LEADER_FOR_PARTITION (or
-    UNKNOWN_TOPIC_OR_PART) for a moment; that is a wait, not an error.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
-        except KafkaException as exc:
-            err = exc.args[0]
-            if time.monotonic() > deadline or not (err.retriable() or err.code() in _NO_LEADER_YET):
-                raise
-            time.sleep(0.05)
-
-
-_NO_LEADER_YET = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError._TIMED_OUT,
-)
 
 
 def _settle(fut: asyncio.Future[None], err: KafkaError | None) -> None:

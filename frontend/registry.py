@@ -23,7 +23,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ConfigError, DecodeError, InfraError
 from clipstream.settings import Settings
 from schemas import decode, encode
-from topics.admin import ensure_core_topics
+from topics.admin import ensure_core_topics, watermarks
 from topics.catalogue import Catalogue, check_name
 from topics.client import consumer_config, producer_config
 from workers.spec import ModelSpec, load_spec
@@ -185,7 +185,7 @@ class RegistryFollower:
         try:
             tp = TopicPartition(self._topic, 0, OFFSET_BEGINNING)
             consumer.assign([tp])
-            _, high = consumer.get_watermark_offsets(tp, timeout=10)
+            _, high = watermarks(consumer, tp)
             if high <= 0:
                 self._ready.set()
             while not self._stop.is_set():
@@ -210,7 +210,10 @@ class RegistryFollower:
                 if changed:
                     self._view = self._state.view()
                     for cb in self._listeners:
-                        cb(self._view)
+                        try:
+                            cb(self._view)
+                        except Exception:  # a listener's bug must not stop the follower
+                            log.exception("registry listener failed")
                 if caught_up:
                     # only after the view holds every record that existed at start
                     self._ready.set()

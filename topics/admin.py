@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from clipstream.errors import InfraError
@@ -86,3 +86,29 @@ def ensure_core_topics(settings: Settings) -> list[str]:
 
 def ensure_model_topics(settings: Settings, model: str, replicas: int = 1) -> list[str]:
     return ensure_topics(settings, Catalogue.from_settings(settings).for_model(model, replicas))
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> tuple[int, int]:
+    """Low and high offsets of a partition, retried while a fresh topic has no leader yet.
+
+    Right after a topic is created the broker may answer NOT_LEADER_FOR_PARTITION (or
+    UNKNOWN_TOPIC_OR_PART) for a moment; that is a wait, not an error.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            err = exc.args[0]
+            if time.monotonic() > deadline or not (err.retriable() or err.code() in _NO_LEADER_YET):
+                raise
+            time.sleep(0.05)
+
+
+_NO_LEADER_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._TIMED_OUT,
+)

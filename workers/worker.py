@@ -152,7 +152,13 @@ class Worker:
                 continue
             first = msg.offset() if first is None else first
             last = msg.offset()
-            self.handle(msg)
+            try:
+                self.handle(msg)
+            except Exception as exc:  # a bug must not turn one batch into a crash loop (poison pill)
+                log(f"batch at offset {msg.offset()} failed: {type(exc).__name__}: {exc}")
+                self.produce(self.deadletter_topic, None, "DeadLetter", dead_letter(
+                    f"worker failed on this batch: {type(exc).__name__}: {exc}",
+                    source=(msg.topic(), msg.partition(), msg.offset()), payload=msg.value()))
             self.producer.poll(0)
         if last is None:
             return

@@ -140,3 +140,16 @@ def test_garbage_batch_is_a_dead_letter_and_is_committed(tmp_path: Path) -> None
     letter = decode_as("DeadLetter", value)
     assert topic == "p.deadletter" and letter["source_offset"] == 3 and letter["payload"] == b"\x00garbage"
     assert consumer.commits == [4]
+
+
+def test_a_crashing_batch_is_dead_lettered_not_a_crash_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w, producer, consumer, _ = make_worker(tmp_path)
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr("workers.worker.handle_batch", boom)
+    w.serve([Msg(batch_bytes(0), 8)])
+    ((topic, _, value),) = producer.sent
+    assert topic == "p.deadletter" and "KeyError" in decode_as("DeadLetter", value)["reason"]
+    assert consumer.commits == [9]

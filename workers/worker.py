@@ -132,9 +132,13 @@ class Worker:
         self.start()
         try:
             while self.running:
-                msgs = self.consumer.consume(self.ws.max_batches_per_poll, self.ws.poll_timeout_s)
-                if msgs:
-                    self.serve(msgs)
+                # consume(n, timeout) would wait for n messages or the whole timeout: wait for the
+                # first batch only, then take whatever else is already there without waiting
+                first = self.consumer.poll(self.ws.poll_timeout_s)
+                if first is None:
+                    continue
+                more = self.consumer.consume(self.ws.max_batches_per_poll - 1, 0) if self.ws.max_batches_per_poll > 1 else []
+                self.serve([first, *more])
         finally:
             self.producer.flush(self.ws.flush_timeout_s)
             self.consumer.close()

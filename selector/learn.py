@@ -7,6 +7,8 @@ a ``--learn-only`` process shares the feedback partitions with the full selector
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -20,7 +22,13 @@ from selector.types import Feedback, Output, Query
 
 
 class Learner:
+    # feedback can overtake its own answer (a caller may send it as soon as the gateway gave up
+    # at the deadline, before the join stored the predictions): wait this long before giving up
+    UNKNOWN_RETRY_S = 5.0
+    RETRY_EVERY_S = 0.25
+
     def __init__(self, consumer: Consumer, store: StateStore, apps: Apps, dead: DeadLetters, learn_global: bool = True) -> None:
+        self.retry: deque[tuple[float, float, Any]] = deque()  # (next try, give up at, message)
         self.consumer = consumer
         self.store = store
         self.apps = apps
@@ -28,7 +36,7 @@ class Learner:
         self.learn_global = learn_global
         self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0}
 
-    def handle(self, msg: Any) -> None:
+    def handle(self, msg: Any, give_up_at: float | None = None) -> None:
         try:
             fb = decode_as("Feedback", msg.value())
         except ClipstreamError as exc:
@@ -42,6 +50,11 @@ class Learner:
             return
         stored = self.store.load_predictions(qid)
         if stored is None:
+            now = time.monotonic()
+            give_up_at = give_up_at if give_up_at is not None else now + self.UNKNOWN_RETRY_S
+            if now < give_up_at:
+                self.retry.append((now + self.RETRY_EVERY_S, give_up_at, msg))
+                return
             self.stats["unknown_query"] += 1
             self.dead.send("feedback for an unknown or expired query id", msg, qid)
             return
@@ -68,7 +81,8 @@ class Learner:
 
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
         while not stop.is_set():
-            msg = self.consumer.poll(max_poll_s)
+            self._retry_due()
+            msg = self.consumer.poll(max_poll_s if not self.retry else min(max_poll_s, self.RETRY_EVERY_S))
             if msg is None:
                 continue
             for m in [msg, *self.consumer.consume(drain_max, 0)]:
@@ -79,3 +93,14 @@ class Learner:
                     self.handle(m)
                 except Exception:  # a learner must outlive one bad record or a Redis hiccup
                     log.exception("feedback at offset %s failed", m.offset())
+
+    def _retry_due(self) -> None:
+        now = time.monotonic()
+        for _ in range(len(self.retry)):
+            if self.retry[0][0] > now:
+                break
+            _, give_up_at, msg = self.retry.popleft()
+            try:
+                self.handle(msg, give_up_at)
+            except Exception:
+                log.exception("feedback retry for offset %s failed", msg.offset())

@@ -54,7 +54,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     conf.update(
         {
             "group.id": group_id,
-            "fetch.wait.max.ms": 5,
+            "fetch.wait.max.ms": 100,  # a long poll: the broker answers as soon as data arrives
             "fetch.min.bytes": 1,
             "enable.auto.commit": True,
             "auto.offset.reset": "latest",

@@ -49,7 +49,7 @@ def test_low_latency_client_defaults_and_security_pass_through():
     assert p["security.protocol"] == "SASL_SSL" and p["sasl.username"] == "u"
     c = consumer_config(s, "g", **{"enable.auto.commit": False})
     assert c["group.id"] == "g" and c["enable.auto.commit"] is False
-    assert c["fetch.wait.max.ms"] <= 10
+    assert c["fetch.min.bytes"] == 1
 
 
 def test_settings_read_the_environment(monkeypatch):

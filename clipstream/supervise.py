@@ -30,6 +30,8 @@ class Stage:
     proc: subprocess.Popen[bytes] | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     restarts: int = 0
+    failed: bool = False
+    next_start: float = 0.0
     started_at: float = 0.0
     ready_line: str = ""
 
@@ -97,19 +99,31 @@ class Supervisor:
             time.sleep(0.05)
 
     def check(self) -> None:
-        """Restart stages that died (reported, with their exit code), up to max_restarts each."""
+        """Restart stages that died (reported, with their exit code), with a growing pause.
+
+        A stage that keeps dying is given up on and reported; the others keep serving (a
+        broken model must not take the whole pipeline down with it).
+        """
         if self._stopping:
             return
+        now = time.monotonic()
         for stage in list(self.stages.values()):
-            if stage.proc is None or stage.proc.poll() is None:
+            if stage.failed or stage.proc is None or stage.proc.poll() is None:
                 continue
             code = stage.proc.returncode
             if stage.restarts >= self.max_restarts:
-                raise ClipstreamError(
+                stage.failed = True
+                self.report(
                     f"stage {stage.name} died {stage.restarts + 1} times (last exit {code}); "
-                    f"see {stage.log_path}"
+                    f"giving up on it, see {stage.log_path}:\n{tail(stage.log_path, 5)}"
                 )
+                continue
+            if stage.next_start == 0.0:
+                stage.next_start = now + min(10.0, 0.5 * 2**stage.restarts)
+            if now < stage.next_start:
+                continue
             stage.restarts += 1
+            stage.next_start = 0.0
             self.report(f"stage {stage.name} exited with code {code}; restarting ({stage.restarts})")
             self._spawn(stage)
 

@@ -1,0 +1,364 @@
+"""Shared helpers of the benchmarks: a private pipeline, per-process CPU, JSON and PNG reports.
+
+``Pipeline`` runs ``clipstream up -f app.yaml --free-ports --state-dir DIR --gateway-port P``
+with its own Kafka and Redis (the environment points at unused ports, so an infrastructure
+somebody else runs on the default ports is never touched), waits for ``ready:``, and stops
+everything with SIGINT at the end. ``cpu_snapshot`` reads every pipeline process's CPU time
+from /proc, so a benchmark can say where the CPU went per query and per process.
+
+Every report is ``out/bench/<name>.json`` with the machine, the settings and the raw figures,
+plus ``<name>.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+OUT = Path("out/bench")
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --- machine -----------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def busy_processes(min_pct: float = 5.0, sample_s: float = 0.5) -> list[dict[str, Any]]:
+    """Processes (not ours) using more than ``min_pct`` of a core right now: the noise to report."""
+    first = _all_cpu()
+    time.sleep(sample_s)
+    second = _all_cpu()
+    mine = {os.getpid(), *_descendants(os.getpid())}
+    out = []
+    for pid, (ticks, name) in second.items():
+        if pid in mine or pid not in first:
+            continue
+        pct = 100.0 * (ticks - first[pid][0]) / CLK_TCK / sample_s
+        if pct >= min_pct:
+            out.append({"pid": pid, "cmd": name[:120], "cpu_pct": round(pct, 1)})
+    return sorted(out, key=lambda r: -r["cpu_pct"])
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model and count, memory, load average, Python, and what else was busy at the time."""
+    try:
+        mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                          if line.startswith("MemTotal")))
+    except (OSError, StopIteration, ValueError):
+        mem_kb = 0
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "mem_gib": round(mem_kb / 2**20, 1),
+        "loadavg": list(os.getloadavg()),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "other_busy_processes": busy_processes(),
+    }
+
+
+# --- per-process CPU ------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, utime+stime ticks) of a process, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(")") + 2:].split()
+    return int(rest[1]), int(rest[11]) + int(rest[12])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+    except OSError:
+        return []
+
+
+def _all_cpu() -> dict[int, tuple[int, str]]:
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st is not None:
+                out[int(entry.name)] = (st[1], " ".join(_cmdline(int(entry.name))))
+    return out
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st is not None:
+                children.setdefault(st[0], []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def label_of(argv: list[str]) -> str:
+    """A short name for a pipeline process from its command line."""
+    if not argv:
+        return "?"
+    exe = Path(argv[0]).name
+    if exe == "java" or any("kafka.Kafka" in a for a in argv):
+        return "kafka"
+    if exe.startswith("redis-server"):
+        return "redis"
+    if "clipstream.cli" in argv:
+        args = argv[argv.index("clipstream.cli") + 1:]
+        verb = args[0] if args else "?"
+        opts = dict(zip(args[1::2], args[2::2])) if len(args) > 1 else {}
+        if verb == "batcher":
+            return f"batcher-{opts.get('--model', '?')}"
+        if verb == "worker":
+            return f"worker-{opts.get('--model', '?')}-{opts.get('--replica', '0')}"
+        return verb
+    return exe
+
+
+def cpu_snapshot(pids: Mapping[int, str]) -> dict[str, float]:
+    """CPU seconds used so far by each labelled process (the same label adds up)."""
+    out: dict[str, float] = {}
+    for pid, label in pids.items():
+        st = _stat(pid)
+        if st is not None:
+            out[label] = out.get(label, 0.0) + st[1] / CLK_TCK
+    return out
+
+
+def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+
+
+# --- the pipeline ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_app_file(path: Path, apps: list[dict[str, Any]], models: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"apps": apps, "models": models}, sort_keys=False))
+    return path
+
+
+class Pipeline:
+    """``clipstream up`` on a private broker and Redis; a context manager that always stops it.
+
+    ``env`` adds variables for every stage (e.g. ``CLIPSTREAM_BATCHER_MAX_IN_FLIGHT``). The
+    gateway's instance is fixed (``bench``), so its reply topic is known and can be tapped.
+    """
+
+    GATEWAY_INSTANCE = "bench"
+
+    def __init__(self, app_file: Path, state_dir: Path | None = None, env: Mapping[str, str] | None = None,
+                 timeout_s: float = 240.0, log: Callable[[str], None] = say) -> None:
+        self.app_file = Path(app_file).resolve()
+        self._tmp = None if state_dir else tempfile.TemporaryDirectory(prefix="clipstream-bench-")
+        self.state_dir = Path(state_dir or self._tmp.name).resolve()  # type: ignore[union-attr]
+        self.port = free_port()
+        self.extra_env = dict(env or {})
+        self.timeout_s = timeout_s
+        self.log = log
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.kafka = ""
+        self.redis = ""
+        self.lines: list[str] = []
+        self.started_s = 0.0
+
+    def start(self) -> "Pipeline":
+        t0 = time.monotonic()
+        env = {
+            **os.environ,
+            # unused ports: `up` never adopts an infrastructure somebody else runs
+            "CLIPSTREAM_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+            "CLIPSTREAM_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "CLIPSTREAM_GATEWAY_INSTANCE": self.GATEWAY_INSTANCE,
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+        cmd = [sys.executable, "-m", "clipstream.cli", "up", "-f", str(self.app_file), "--free-ports",
+               "--state-dir", str(self.state_dir), "--gateway-port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + self.timeout_s
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                line = line.rstrip()
+                self.lines.append(line)
+                if not ready.is_set() and not line.startswith("stats:"):
+                    self.log(f"  [up] {line}")
+                if line.startswith("infra: "):
+                    info = dict(kv.split("=", 1) for kv in line[len("infra: "):].split())
+                    self.kafka, self.redis = info["kafka"], info["redis"]
+                if line.startswith("ready: "):
+                    self.url = line[len("ready: "):]
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        while not ready.wait(0.5):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"clipstream up did not get ready; logs in {self.state_dir}/up/")
+        self.started_s = time.monotonic() - t0
+        self.log(f"  pipeline ready in {self.started_s:.0f}s at {self.url}")
+        return self
+
+    def settings(self) -> Any:
+        from clipstream.settings import get_settings
+
+        return get_settings(kafka_bootstrap=self.kafka, redis_url=self.redis)
+
+    def processes(self) -> dict[int, str]:
+        """pid -> label of every pipeline process: the stages, the broker and Redis."""
+        out: dict[int, str] = {}
+        if self.proc is not None:
+            out[self.proc.pid] = "up"
+            for pid in _descendants(self.proc.pid):
+                out[pid] = label_of(_cmdline(pid))
+        try:
+            state = json.loads((self.state_dir / "infra.json").read_text())
+            for name in ("kafka", "redis"):
+                if isinstance(state.get(name), dict) and "pid" in state[name]:
+                    out[int(state[name]["pid"])] = name
+                    for pid in _descendants(int(state[name]["pid"])):
+                        out[pid] = name
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def apply(self, app_file: Path) -> None:
+        """Apply another app file to the running pipeline (``up`` starts the new stages)."""
+        env = {**os.environ, "CLIPSTREAM_KAFKA_BOOTSTRAP": self.kafka, "CLIPSTREAM_REDIS_URL": self.redis}
+        subprocess.run([sys.executable, "-m", "clipstream.cli", "apply", "-f", str(app_file)], check=True,
+                       env=env, stdout=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.log("  stopping the pipeline ...")
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.log("  `clipstream up` did not stop in 90 s: killing it")
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> "Pipeline":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_warm(url: str, app: str, body: bytes, n: int = 20, timeout_s: float = 60.0) -> None:
+    """A few sequential predictions, until real (non-default) answers come back: topics,
+    consumer assignments and model warm-up are done before anything is measured."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    good = 0
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while good < n and time.monotonic() < deadline:
+            try:
+                r = client.post(f"/v1/apps/{app}/predict", content=body,
+                                headers={"content-type": "application/json"})
+                good += r.status_code == 200 and not r.json().get("default")
+            except httpx.HTTPError:
+                time.sleep(0.2)
+    if good < n:
+        raise RuntimeError(f"app {app} gave no real answers within {timeout_s:.0f}s")
+
+
+# --- reports --------------------------------------------------------------------------------
+
+
+def write_json(name: str, data: Mapping[str, Any], out_dir: Path = OUT) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, default=_jsonable))
+    say(f"wrote {path}")
+    return path
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    return str(x)
+
+
+def figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] | None = None) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=size or (6 * ncols, 4 * nrows), squeeze=False)
+    return fig, axes
+
+
+def save_figure(fig: Any, name: str, out_dir: Path = OUT) -> Path:
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    say(f"wrote {path}")
+    return path
+
+
+def median(xs: Iterable[float]) -> float:
+    vals = sorted(xs)
+    if not vals:
+        return float("nan")
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2

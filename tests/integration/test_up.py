@@ -1,0 +1,145 @@
+"""`clipstream up` end to end: ready means answered by the models, the registry is followed
+live, the REST contract holds on the real pipeline, and SIGTERM stops every stage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from clipstream.infra.launcher import pick_free_ports
+from frontend.client import Client, GatewayInputError, NotFound
+from tests.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+SEVENS = '''
+import numpy as np
+
+
+class Model:
+    """Always answers 7, with certainty."""
+    def __init__(self, path, config):
+        pass
+    def predict_batch(self, inputs):
+        out = np.zeros((len(inputs), 10), np.float32)
+        out[:, 7] = 1.0
+        return out
+'''
+
+
+def _ours(prefix: str) -> list[int]:
+    """Pids of processes started with our topic prefix in their environment."""
+    found = []
+    needle = f"CLIPSTREAM_TOPIC_PREFIX={prefix}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(pid))
+    return found
+
+
+def _wait(cond: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def _cli(*args: str, env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-m", "clipstream.cli", *args], env=env, check=True, cwd=ROOT,
+                   capture_output=True, timeout=120)
+
+
+def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path):
+    app = f"digits{uuid.uuid4().hex[:6]}"
+    models = tmp_path / "models"
+    make_onnx_digits_model(models, "logreg")
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
+        "apps": [{"name": app, "policy": "exp4", "slo_ms": 3000, "default_output": -1, "models": ["logreg"]}],
+        "models": [{"name": "logreg", "version": "1", "path": "models/logreg/1", "replicas": 1}],
+    }))
+    port = pick_free_ports(1)[0]
+    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"), "--gateway-port", str(port)],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("ready: "):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    client = Client(f"http://127.0.0.1:{port}", app=app)
+    try:
+        assert ready.wait(240), "\n".join(lines[-30:])
+        assert f"ready: http://127.0.0.1:{port}" in lines
+
+        # the first query after the ready line is answered by the model, not the default
+        x, _ = digits()
+        want = int(digits_logreg().predict(x[1600:1601])[0])
+        r = client.predict(app, x[1600].tolist())
+        assert r["default"] is False and r["models"] == {"answered": ["logreg"], "missing": []}
+        assert r["output"] == want and 0 < r["confidence"] <= 1 and len(r["scores"]) == 10
+        assert r["latency_ms"] > 0 and r["query_id"]
+
+        # the REST contract's errors, on the real pipeline
+        with pytest.raises(NotFound):
+            client.predict("no-such-app", x[0].tolist())
+        with pytest.raises(GatewayInputError, match="64"):
+            client.predict(app, [1.0, 2.0])
+        client.feedback(r["query_id"], want)
+
+        # a model deployed and linked to the running app is asked without restarting anything
+        sevens = make_python_model(models, "sevens", SEVENS, labels=list(range(10)))
+        _cli("deploy-model", "sevens", str(sevens), env=env)
+        _cli("link", app, "sevens", env=env)
+
+        def answered_by_sevens() -> dict[str, Any] | None:
+            got = client.predict(app, (x[1601] + np.float32(time.monotonic() % 1)).tolist())
+            return got if "sevens" in got["models"]["answered"] else None
+
+        try:
+            both = _wait(answered_by_sevens, 180, "the linked model to answer")
+        except Exception as exc:
+            raise AssertionError("\n".join(lines[-40:])) from exc
+        assert sorted(both["models"]["answered"]) == ["logreg", "sevens"]
+        assert "started worker-sevens-v1-0 (registry change)" in lines
+        assert len(_ours(settings.topic_prefix)) >= 6  # up, gateway, selector, 2 batchers, 2 workers
+    finally:
+        client.close() if hasattr(client, "close") else None
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0, "\n".join(lines[-30:])
+    assert "stopped" in lines
+    _wait(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")

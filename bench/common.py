@@ -362,3 +362,59 @@ def median(xs: Iterable[float]) -> float:
         return float("nan")
     mid = len(vals) // 2
     return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+# --- load steps -------------------------------------------------------------------------------
+
+
+def load_step(pipe: Pipeline, app: str, rate: float, slo_ms: float, duration_s: float, *, mode: str = "kafka",
+              kafka_load: Any = None, cv: float = 1.0, seed: int = 0, warmup_s: float = 1.0,
+              inputs: Any = None, label: str = "") -> dict[str, Any]:
+    """One open-loop step at ``rate``; the summary plus each pipeline process's CPU ms per query."""
+    from bench import load
+
+    times = load.arrival_times(rate, cv, duration_s, seed)
+    x = load.unique_inputs(len(times), seed=seed * 7919 + int(rate)) if inputs is None else inputs
+    procs = pipe.processes()
+    c0 = cpu_snapshot(procs)
+    if mode == "kafka":
+        run = kafka_load.run(app, load.tensors(x), times, slo_ms)
+    else:
+        run = load.run_gateway(pipe.url, app, load.json_bodies(x, slo_ms), times)
+    cpu = cpu_delta(c0, cpu_snapshot(procs))
+    s = run.summary(slo_ms, warmup_s)
+    n = max(1, len(times))
+    s["rate"] = rate
+    s["mode"] = mode
+    s["cpu_ms_per_query"] = {k: round(v * 1000 / n, 3) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+    s["cpu_cores"] = {k: round(v / max(1e-9, run.wall_s), 3) for k, v in cpu.items()}
+    s["generator_cpu_ms_per_query"] = round(run.cpu_s * 1000 / n, 3)
+    say(f"  {label}{mode} {rate:7.1f} q/s: {load.format_summary(s)}")
+    s["_run"] = run
+    return s
+
+
+def sweep(pipe: Pipeline, app: str, rates: list[float], slo_ms: float, duration_s: float, *,
+          mode: str = "kafka", kafka_load: Any = None, stop_after_misses: int = 2, label: str = "",
+          warmup_s: float = 1.0) -> list[dict[str, Any]]:
+    """Step the offered rate up until the effective p99 exceeds the SLO ``stop_after_misses`` times."""
+    rows, misses = [], 0
+    for i, rate in enumerate(rates):
+        s = load_step(pipe, app, rate, slo_ms, duration_s, mode=mode, kafka_load=kafka_load, seed=i + 1,
+                      label=label, warmup_s=warmup_s)
+        s.pop("_run")
+        rows.append(s)
+        misses = misses + 1 if not s["effective_ms"]["p99"] <= slo_ms else 0
+        if misses >= stop_after_misses:
+            break
+    return rows
+
+
+def best_under_slo(rows: list[dict[str, Any]], slo_ms: float) -> dict[str, Any] | None:
+    """The step with the highest goodput whose effective p99 is within the SLO."""
+    ok = [r for r in rows if r["effective_ms"]["p99"] <= slo_ms]
+    return max(ok, key=lambda r: r["goodput_qps"]) if ok else None
+
+
+def strip_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "_run"} for r in rows]

@@ -87,6 +87,7 @@ class Outcome:
     recv_us: int = 0  # 0: no answer
     outcome: str = "lost"
     query_id: str = ""
+    output: Any = None
     trace: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -185,14 +186,74 @@ def _ticker(label: str, total: int, done: Callable[[], int], progress: Progress 
     return t
 
 
+class RawHTTP:
+    """A minimal HTTP/1.1 keep-alive client on asyncio streams: a pool of connections, one
+    request at a time each. It costs a small fraction of httpx's CPU per request, which is what
+    lets a 2-core box offer more load than the gateway serves. ``post`` -> (status, body)."""
+
+    def __init__(self, url: str, max_connections: int, timeout_s: float) -> None:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.max, self.timeout_s = max_connections, timeout_s
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.open = 0
+        self.freed = asyncio.Event()
+
+    async def _conn(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while True:
+            if self.idle:
+                return self.idle.pop()
+            if self.open < self.max:
+                self.open += 1
+                try:
+                    return await asyncio.open_connection(self.host, self.port)
+                except Exception:
+                    self.open -= 1
+                    raise
+            self.freed.clear()
+            await self.freed.wait()
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        reader, writer = await self._conn()
+        ok = False
+        try:
+            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), len(body), body))
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout_s)
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            data = await reader.readexactly(length) if length else b""
+            ok = True
+            return status, data
+        finally:
+            if ok:
+                self.idle.append((reader, writer))
+            else:
+                self.open -= 1
+                writer.close()
+            self.freed.set()
+
+    async def aclose(self) -> None:
+        for _, w in self.idle:
+            w.close()
+        self.idle.clear()
+
+
 def run_gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarray, *, max_connections: int = 256,
-                timeout_s: float = 10.0, progress: Progress | None = None) -> RunResult:
-    """Post ``bodies[i % len]`` at ``times[i]`` (seconds from now) to the app's predict route."""
-    return asyncio.run(_gateway(url, app, bodies, times, max_connections, timeout_s, progress))
+                timeout_s: float = 10.0, progress: Progress | None = None, client: str = "raw") -> RunResult:
+    """Post ``bodies[i % len]`` at ``times[i]`` (seconds from now) to the app's predict route.
+
+    ``client``: ``raw`` (``RawHTTP``, cheap) or ``httpx`` (httpx.AsyncClient)."""
+    return asyncio.run(_gateway(url, app, bodies, times, max_connections, timeout_s, progress, client))
 
 
 async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarray, max_connections: int,
-                   timeout_s: float, progress: Progress | None) -> RunResult:
+                   timeout_s: float, progress: Progress | None, kind: str) -> RunResult:
     import httpx
 
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -201,21 +262,27 @@ async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarra
     loop = asyncio.get_running_loop()
     results = [Outcome(i, 0) for i in range(len(times))]
     answered = [0]
+    raw = RawHTTP(url, max_connections, timeout_s) if kind == "raw" else None
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout_s) as client:
-        # open the connections first: connection set-up is not the system's latency
-        await asyncio.gather(*(client.get("/healthz") for _ in range(min(max_connections, 64))),
-                             return_exceptions=True)
+        if raw is None:  # open the connections first: connection set-up is not the system's latency
+            await asyncio.gather(*(client.get("/healthz") for _ in range(min(max_connections, 64))),
+                                 return_exceptions=True)
 
         async def one(i: int) -> None:
             r = results[i]
             r.sent_us = _now_us()
             try:
-                resp = await client.post(path, content=bodies[i % len(bodies)], headers=headers)
+                if raw is not None:
+                    status, content = await raw.post(path, bodies[i % len(bodies)])
+                else:
+                    resp = await client.post(path, content=bodies[i % len(bodies)], headers=headers)
+                    status, content = resp.status_code, resp.content
                 r.recv_us = _now_us()
-                if resp.status_code == 200:
-                    body = json.loads(resp.content)
+                if status == 200:
+                    body = json.loads(content)
                     r.outcome = "default" if body.get("default") else "answered"
                     r.query_id = body.get("query_id", "")
+                    r.output = body.get("output")
                 else:
                     r.outcome = "error"
             except Exception:  # timeouts, refused connections: an error, keep going
@@ -241,6 +308,8 @@ async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarra
             await asyncio.wait(tasks, timeout=timeout_s + 5)
         stop.set()
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        if raw is not None:
+            await raw.aclose()
     duration = float(times[-1]) if len(times) else 0.0
     return RunResult(results, start_us, duration, wall, cpu)
 
@@ -296,8 +365,12 @@ class KafkaLoad:
 
         def receive() -> None:
             while not stop.is_set():
-                msgs = self.consumer.consume(1000, 0.05)
+                # consume(n, timeout) waits for n records or the whole timeout: wait for one only
+                first = self.consumer.poll(0.05)
+                if first is None:
+                    continue
                 now = _now_us()
+                msgs = [first, *self.consumer.consume(999, 0)]
                 for m in msgs:
                     if m.error():
                         continue
@@ -313,8 +386,10 @@ class KafkaLoad:
                         continue
                     r.recv_us = now
                     r.outcome = "default" if rec["is_default"] else "answered"
+                    r.output = rec.get("output")
                     if self.keep_trace:
                         r.trace = dict(rec.get("trace") or {})
+                        r.trace["_missing"] = len(rec.get("missing") or ())
                     got[0] += 1
 
         rx = threading.Thread(target=receive, daemon=True)
@@ -402,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--slo-ms", type=float, default=50.0, help="the SLO the queries carry and are judged by")
     ap.add_argument("--shape", default="64", help="input shape, comma-separated (float32, values 0..16)")
     ap.add_argument("--connections", type=int, default=256, help="gateway keep-alive connections")
+    ap.add_argument("--client", choices=("raw", "httpx"), default="raw", help="HTTP client (mode gateway)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
@@ -411,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"{len(times)} queries over {args.duration:g}s ({args.mode}, rate {args.rate:g}, cv {args.cv:g})", flush=True)
     if args.mode == "gateway":
         run = run_gateway(args.url, args.app, json_bodies(inputs, args.slo_ms), times,
-                          max_connections=args.connections, progress=print)
+                          max_connections=args.connections, progress=print, client=args.client)
     else:
         from clipstream.settings import get_settings
 

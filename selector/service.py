@@ -38,7 +38,11 @@ class Selector:
     """Dispatch and join for the partitions this member owns."""
 
     def __init__(self, consumer: Consumer, producer: Producer, store: StateStore, apps: Apps,
-                 dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000) -> None:
+                 dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
+                 reply_budget_us: int = 0) -> None:
+        # the straggler cutoff fires this much before the deadline, so that the answer's own
+        # trip back to the caller fits inside the caller's SLO
+        self.reply_budget_us = reply_budget_us
         self.consumer, self.producer, self.store, self.apps, self.dead = consumer, producer, store, apps, dead
         self.catalogue, self.settings = catalogue, settings
         self.join = JoinState(answered_capacity)
@@ -67,7 +71,7 @@ class Selector:
         trace["dispatched"] = now
         meta = {"event": {k: ev.get(k) for k in ("query_id", "app", "deadline_us", "reply_topic", "reply_partition")},
                 "trace": trace, "context": query.context, "state": state, "query": query}
-        self.join.register(qid, chosen, ev["deadline_us"], **meta)
+        self.join.register(qid, chosen, ev["deadline_us"] - self.reply_budget_us, **meta)
         if not chosen or ev["deadline_us"] <= now:
             return  # answered by the timer with the default
         for model in chosen:
@@ -91,6 +95,8 @@ class Selector:
             return
         for item in batch["items"]:
             pending = self.join.get(item["query_id"])
+            if pending is not None:  # the last prediction's stage stamps ride on the Response
+                pending.meta["trace"].update(item.get("trace") or {})
             output = None
             if pending is not None and item["status"] in ("ok", "cached") and item.get("output") is not None:
                 try:
@@ -207,7 +213,8 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             jc = Consumer(consumer_config(settings, ss.group))
             consumers.append(jc)
             jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=on_assign("join"))
-            sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity)
+            sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
+                           int(ss.reply_budget_ms * 1000))
             sel.run(stop, ss.max_poll_s, ss.drain_max)
         else:
             stop.wait()

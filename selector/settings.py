@@ -14,3 +14,6 @@ class SelectorSettings(BaseSettings):
     drain_max: int = 500  # records taken per poll once one has arrived
     learn_global: bool = True  # feedback with a context also teaches the app's global state
     registry_timeout_s: float = 30.0
+    # the straggler cutoff fires this long before the deadline: the reply's Kafka hop back
+    # to the gateway must fit in the caller's SLO too
+    reply_budget_ms: float = 3.0

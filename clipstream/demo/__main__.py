@@ -91,7 +91,7 @@ def table(rows: list[dict[str, Any]], models: list[str], tap: Tap, t0: float, to
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--queries", type=int, default=2400)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--port", type=int, default=int(os.environ.get("CLIPSTREAM_GATEWAY_PORT", "8080")))
     args = ap.parse_args()
     warnings.filterwarnings("ignore")

@@ -1,0 +1,169 @@
+"""Stragglers (Clipper Figure 9): ensembles of 2, 4 and 8 models, one slow on a fraction of its batches.
+
+Every model is a python-backend digits classifier (a logistic regression fitted at load time on
+its own slice of scikit-learn's digits, so the members disagree a little) that takes FAST_MS per
+batch; the model ``slow`` takes SLOW_MS on a fraction SLOW_FRACTION of its batches. The app
+combines with Exp4. Two runs per ensemble size over the same held-out digits:
+- cutoff: the app's SLO (SLO_MS); the selector answers at the deadline with what arrived;
+- wait for all: a very long SLO (WAIT_SLO_MS), so the selector answers when every model has.
+Reported: p99 latency, the fraction of predictions missing from answers, and accuracy.
+
+    .venv/bin/python -m bench.stragglers [--quick]      # out/bench/stragglers.json and .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import load
+from bench.common import OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, write_app_file, write_json
+
+SIZES = (2, 4, 8)
+SLO_MS = 50.0
+WAIT_SLO_MS = 5000.0
+FAST_MS, SLOW_MS, SLOW_FRACTION = 2.0, 150.0, 0.05
+RATE = 25.0
+
+MODEL_SOURCE = '''
+import random
+import time
+
+import numpy as np
+
+
+class Model:
+    """Digits logistic regression on its own slice of the training set; sleeps per batch."""
+
+    def __init__(self, path, config):
+        from sklearn.datasets import load_digits
+        from sklearn.linear_model import LogisticRegression
+
+        x, y = load_digits(return_X_y=True)
+        k, n = int(config["slice"]), int(config["slices"])
+        idx = np.arange(1000)[k::n] if n > 1 else np.arange(1000)
+        idx = np.concatenate([idx, np.arange(1000)[(k + 1) % n::n][:200]]) if n > 1 else idx
+        self.clf = LogisticRegression(max_iter=500).fit(x[idx], y[idx])
+        self.fast = float(config["fast_ms"]) / 1000
+        self.slow = float(config.get("slow_ms", 0)) / 1000
+        self.p = float(config.get("slow_fraction", 0))
+        self.rng = random.Random(k)
+
+    def predict_batch(self, inputs):
+        t = self.slow if self.p and self.rng.random() < self.p else self.fast
+        start = time.perf_counter()
+        out = self.clf.predict_proba(inputs.reshape(len(inputs), -1)).astype(np.float32)
+        left = t - (time.perf_counter() - start)
+        if left > 0:
+            time.sleep(left)
+        return out
+'''
+
+
+def build(root: Path) -> Path:
+    from tests.models import make_python_model
+
+    n = max(SIZES)
+    models, names = [], []
+    for k in range(n):
+        name = "slow" if k == n - 1 else f"m{k}"
+        extra = {"slice": k, "slices": n, "fast_ms": FAST_MS}
+        if name == "slow":
+            extra.update(slow_ms=SLOW_MS, slow_fraction=SLOW_FRACTION)
+        folder = make_python_model(root / "models", name, MODEL_SOURCE, labels=list(range(10)), extra=extra)
+        models.append({"name": name, "path": str(folder), "latency_objective_ms": 10, "batch_delay_ms": 1})
+        names.append(name)
+    apps = [{"name": f"ens{s}", "policy": "exp4", "slo_ms": SLO_MS, "default_output": -1,
+             "models": names[: s - 1] + ["slow"]} for s in SIZES]
+    return write_app_file(root / "app.yaml", apps, models)
+
+
+def held_out() -> tuple[np.ndarray, np.ndarray]:
+    from tests.models import digits
+
+    x, y = digits()
+    return x[1000:], y[1000:]
+
+
+def score(run: Any, labels: np.ndarray, size: int, slo_ms: float) -> dict[str, Any]:
+    s = run.summary(slo_ms, 1.0)
+    res = [r for r in run.results if r.outcome in ("answered", "default")]
+    correct = [r.output is not None and int(r.output) == int(labels[r.index % len(labels)]) for r in res
+               if r.outcome == "answered"]
+    missing = []
+    for r in res:
+        # the Response names what answered: the trace has no per-model list, so use the record's
+        missing.append(r.trace.get("_missing", 0) / size if r.trace else 0.0)
+    s["accuracy"] = float(np.mean(correct)) if correct else float("nan")
+    s["missing_fraction"] = float(np.mean(missing)) if missing else float("nan")
+    return s
+
+
+def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    duration = 5.0 if args.quick else 15.0
+    sizes = (2, 8) if args.quick else SIZES
+    x, y = held_out()
+    report: dict[str, Any] = {"machine": machine_info(), "settings": {
+        "sizes": sizes, "slo_ms": SLO_MS, "wait_for_all_slo_ms": WAIT_SLO_MS, "fast_ms": FAST_MS,
+        "slow_ms": SLOW_MS, "slow_fraction_of_batches": SLOW_FRACTION, "rate_qps": RATE, "step_s": duration,
+        "policy": "exp4", "mode": "kafka", "inputs": "held-out digits (797), cycled"}, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-strag-") as tmp:
+        with Pipeline(build(Path(tmp))) as pipe:
+            body = load.json_bodies(x[:1])[0]
+            for s in sizes:
+                wait_warm(pipe.url, f"ens{s}", body)
+            kl = load.KafkaLoad(pipe.settings(), keep_trace=True)
+            kl.keep_missing = True
+            try:
+                for s in sizes:
+                    for mode, slo in (("cutoff", SLO_MS), ("wait_all", WAIT_SLO_MS)):
+                        n = int(RATE * duration * 1.3) + 10
+                        inputs = x[np.arange(n) % len(x)]
+                        step = load_step(pipe, f"ens{s}", RATE, slo, duration, kafka_load=kl, inputs=inputs,
+                                         seed=s, label=f"ens{s} {mode} ")
+                        run = step.pop("_run")
+                        sc = score(run, y, s, slo)
+                        step.update(accuracy=sc["accuracy"], missing_fraction=sc["missing_fraction"])
+                        step["p99_ms"] = step["latency_ms"]["p99"]
+                        report["runs"][f"{s}/{mode}"] = step
+                        say(f"    accuracy {sc['accuracy']:.3f}, missing predictions {sc['missing_fraction']:.3%}")
+            finally:
+                kl.close()
+    summ = {}
+    for s in sizes:
+        c, w = report["runs"][f"{s}/cutoff"], report["runs"][f"{s}/wait_all"]
+        summ[str(s)] = {"p99_cutoff_ms": c["p99_ms"], "p99_wait_all_ms": w["p99_ms"],
+                        "missing_cutoff": round(c["missing_fraction"], 4),
+                        "accuracy_cutoff": round(c["accuracy"], 4), "accuracy_wait_all": round(w["accuracy"], 4),
+                        "accuracy_loss_points": round(100 * (w["accuracy"] - c["accuracy"]), 2),
+                        "cutoff_p99_within_slo_plus_5ms": c["p99_ms"] <= SLO_MS + 5,
+                        "wait_all_p99_over_slo_plus_5ms": w["p99_ms"] > SLO_MS + 5}
+    report["summary"] = summ
+    say(f"  stragglers: {summ}")
+    write_json("stragglers", report, out_dir)
+    fig, axes = figure(1, 3, size=(15, 4))
+    xs = list(sizes)
+    for mode in ("cutoff", "wait_all"):
+        axes[0][0].plot(xs, [report["runs"][f"{s}/{mode}"]["p99_ms"] for s in xs], "o-", label=mode)
+        axes[0][1].plot(xs, [100 * report["runs"][f"{s}/{mode}"]["missing_fraction"] for s in xs], "o-", label=mode)
+        axes[0][2].plot(xs, [100 * report["runs"][f"{s}/{mode}"]["accuracy"] for s in xs], "o-", label=mode)
+    axes[0][0].axhline(SLO_MS, color="grey", ls=":")
+    axes[0][0].set_yscale("log")
+    for ax, t in zip(axes[0], ("p99 latency (ms)", "missing predictions (%)", "accuracy (%)")):
+        ax.set_xlabel("models in the ensemble")
+        ax.set_title(t)
+        ax.set_xticks(xs)
+        ax.legend()
+    save_figure(fig, "stragglers", out_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Gateway figures (issue: frontend), on the real pipeline with the digits ONNX model.
+
+* cache-hit round trip under light load: one caller, the same digit again and again (every
+  answer after the first comes from the prediction cache), timed by the caller;
+* under overload: an open-loop Poisson load above what the pipeline serves, with fresh inputs,
+  and how long any caller waited compared with its SLO (it must get an answer or the default
+  within SLO + 20 ms).
+
+    python -m bench.gateway [--hits 400] [--rate 600] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.common import Pipeline, figure, machine_info, save_figure, say, write_app_file, write_json
+from bench.load import arrival_times, json_bodies, run_gateway, unique_inputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hits", type=int, default=400)
+    ap.add_argument("--rate", type=float, default=600.0, help="offered queries/s in the overload run")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--slo-ms", type=float, default=50.0)
+    args = ap.parse_args()
+    from tests.models import digits, make_onnx_digits_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        make_onnx_digits_model(root / "models", "logreg")
+        app = {"name": "digits", "policy": "single", "slo_ms": args.slo_ms, "default_output": -1, "models": ["logreg"]}
+        write_app_file(root / "app.yaml", [app], [{"name": "logreg", "version": "1", "path": "models/logreg/1"}])
+        with Pipeline(root / "app.yaml") as pipe:
+            x, _ = digits()
+            body = json.dumps({"input": x[0].tolist()}).encode()
+            hits = []
+            with httpx.Client(base_url=pipe.url, timeout=5) as http:
+                say(f"cache-hit round trips: {args.hits} sequential calls with one input")
+                for i in range(args.hits + 20):
+                    t0 = time.perf_counter()
+                    r = http.post("/v1/apps/digits/predict", content=body, headers={"content-type": "application/json"})
+                    dt = (time.perf_counter() - t0) * 1000
+                    assert r.status_code == 200, r.text
+                    if i >= 20:  # the first calls fill the cache and warm the clients
+                        hits.append(dt)
+            say(f"overload: Poisson {args.rate:.0f} q/s for {args.seconds:.0f}s with fresh inputs, SLO {args.slo_ms:.0f} ms")
+            times = arrival_times(args.rate, 1.0, args.seconds, seed=1)
+            bodies = json_bodies(unique_inputs(len(times), seed=3))
+            run = run_gateway(pipe.url, "digits", bodies, times, progress=say)
+            summary = run.summary(args.slo_ms)
+            waited = np.array([r.latency_ms for r in run.results if r.recv_us])
+    report = {
+        "cache_hit_ms": {"p50": float(np.percentile(hits, 50)), "p99": float(np.percentile(hits, 99)), "n": len(hits)},
+        "overload": {
+            **{k: summary[k] for k in ("offered_qps", "throughput_qps", "goodput_qps", "answered", "default", "error", "lost")},
+            "max_wait_ms": float(waited.max()) if waited.size else float("nan"),
+            "over_slo_plus_20ms": int((waited > args.slo_ms + 20).sum()),
+            "latency_ms": summary["latency_ms"],
+            "generator_cpu_share": summary["generator_cpu_share"],
+        },
+    }
+    say(f"cache hit: p50 {report['cache_hit_ms']['p50']:.2f} ms, p99 {report['cache_hit_ms']['p99']:.2f} ms")
+    o = report["overload"]
+    say(f"overload: offered {o['offered_qps']:.0f} q/s, answered {o['answered']}, defaults {o['default']}, "
+        f"errors {o['error']}, lost {o['lost']}; longest wait {o['max_wait_ms']:.1f} ms "
+        f"({o['over_slo_plus_20ms']} callers over SLO + 20 ms)")
+    write_json("gateway", {"machine": machine_info(), "settings": vars(args), "summary": report,
+                           "raw": {"cache_hit_ms": hits, "overload_wait_ms": waited.tolist()}})
+    fig, axes = figure(1, 2)
+    axes[0][0].hist(hits, bins=60)
+    axes[0][0].set_xlabel("cache-hit round trip (ms), one caller")
+    axes[0][1].hist(waited, bins=60, color="tab:orange")
+    axes[0][1].axvline(args.slo_ms + 20, color="k", ls="--", label="SLO + 20 ms")
+    axes[0][1].set_xlabel(f"wait under {args.rate:.0f} q/s offered (ms)")
+    axes[0][1].legend()
+    save_figure(fig, "gateway")
+
+
+if __name__ == "__main__":
+    main()

@@ -333,7 +333,7 @@ class KafkaLoad:
         ensure_topics(settings, [self.reply, cat.queries])
         self.producer = Producer(producer_config(settings))
         self.consumer = Consumer(consumer_config(settings, f"bench-{self.instance}",
-                                                 **{"enable.auto.commit": False, "fetch.wait.max.ms": 5}))
+                                                 **{"enable.auto.commit": False}))
         tp = TopicPartition(self.reply.name, 0)
         _, high = watermarks(self.consumer, tp)
         self.consumer.assign([TopicPartition(self.reply.name, 0, max(high, 0))])
@@ -351,9 +351,28 @@ class KafkaLoad:
                 fut.result(timeout=10)
         except Exception:  # best effort: a private broker goes away anyway
             pass
+        # drop the librdkafka handles now: one left for the GC keeps reconnecting to a stopped broker
+        del self.producer, self.consumer
+
+    def run_closed(self, app: str, tensors: Sequence[dict[str, Any]], duration_s: float, slo_ms: float,
+                   concurrency: int = 32, progress: Progress | None = None) -> RunResult:
+        """Closed loop for capacity: keep ``concurrency`` queries outstanding for ``duration_s``.
+
+        Open-loop overload is no way to measure capacity here (the queue grows until every
+        query is late); a fixed number in flight keeps the system just saturated."""
+        sem = threading.Semaphore(concurrency)
+        self._release = sem.release
+        try:
+            n = len(tensors)
+            return self.run(app, tensors, np.zeros(n), slo_ms, progress=progress, gate=sem, stop_after_s=duration_s)
+        finally:
+            self._release = None
+
+    _release: Callable[[], None] | None = None
 
     def run(self, app: str, tensors: Sequence[dict[str, Any]], times: np.ndarray, slo_ms: float, *,
-            drain_s: float = 3.0, progress: Progress | None = None) -> RunResult:
+            drain_s: float = 3.0, progress: Progress | None = None, gate: threading.Semaphore | None = None,
+            stop_after_s: float | None = None) -> RunResult:
         """Send ``tensors[i % len]`` (``schemas.to_tensor`` dicts) at ``times[i]``."""
         from schemas import decode_as, encode
 
@@ -385,6 +404,8 @@ class KafkaLoad:
                     if r.recv_us:
                         continue
                     r.recv_us = now
+                    if self._release is not None:
+                        self._release()
                     r.outcome = "default" if rec["is_default"] else "answered"
                     r.output = rec.get("output")
                     if self.keep_trace:
@@ -401,7 +422,15 @@ class KafkaLoad:
         start_us = _now_us() + 20_000
         produce, poll, topic = self.producer.produce, self.producer.poll, self.queries_topic
         n_t = len(tensors)
+        sent = len(times)
         for i, t in enumerate(times):
+            if gate is not None:  # closed loop: wait for a free slot; the clock starts at the send
+                while not gate.acquire(timeout=0.05):
+                    self.producer.poll(0)
+                if stop_after_s is not None and time.monotonic() - start > stop_after_s:
+                    sent = i
+                    break
+                t = time.monotonic() - start
             delay = start + t - time.monotonic()
             if delay > 0.0005:
                 time.sleep(delay)
@@ -421,13 +450,17 @@ class KafkaLoad:
             poll(0)
         self.producer.flush(10)
         deadline = time.monotonic() + slo_ms / 1000 + drain_s
-        while got[0] < len(times) and time.monotonic() < deadline:
+        while got[0] < sent and time.monotonic() < deadline:
             time.sleep(0.05)
         stop.set()
         tick_stop.set()
         rx.join(5)
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-        duration = float(times[-1]) if len(times) else 0.0
+        results = results[:sent]
+        if gate is not None:
+            duration = float(stop_after_s or 0.0)
+        else:
+            duration = float(times[-1]) if len(times) else 0.0
         return RunResult(results, start_us, duration, wall, cpu)
 
 

@@ -87,7 +87,25 @@ class GatewayState:
         self.bus: Bus | None = None
         self.redis_ping: Callable[[], Awaitable[bool]] | None = None
         self.inflight = 0
+        self.loop_lag_ms = 0.0
+        self.loop_late = False
         self.metrics = GatewayMetrics(lambda: self.inflight)
+
+    async def watch_loop_lag(self, every_s: float = 0.005) -> None:
+        """How late the event loop wakes up: a late loop means callers already wait in line.
+
+        Past a few milliseconds every timer (and so every deadline) fires late, so new work is
+        refused with 503 until the loop catches up: a quick 'no' beats an answer after the SLO.
+        """
+        loop = asyncio.get_running_loop()
+        late_in_a_row = 0
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(every_s)
+            self.loop_lag_ms = (loop.time() - t0 - every_s) * 1000.0
+            # one late wake-up is a hiccup (a GC, an import); three in a row is a queue
+            late_in_a_row = late_in_a_row + 1 if self.loop_lag_ms > self.gw.max_loop_lag_ms else 0
+            self.loop_late = late_in_a_row >= 3
 
     def app_config(self, name: str) -> AppConfig:
         view = self.registry.view() if self.registry is not None else RegistryView()
@@ -125,6 +143,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             await _connect(state, stack)
+            watcher = asyncio.create_task(state.watch_loop_lag())
+            stack.callback(watcher.cancel)
             yield
 
     app = FastAPI(
@@ -187,6 +207,8 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
         raise state.overloaded("gateway is not connected to Kafka")
     if state.inflight >= state.gw.max_inflight:
         raise state.overloaded(f"gateway at its limit of {state.gw.max_inflight} requests in flight")
+    if state.loop_late:
+        raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
     state.inflight += 1  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:

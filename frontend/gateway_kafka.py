@@ -74,7 +74,7 @@ class KafkaBus:
         conf = consumer_config(
             self._settings,
             f"gateway-{self.reply_topic}",
-            **{"enable.auto.commit": False, "fetch.wait.max.ms": 5},
+            **{"enable.auto.commit": False},
         )
         self._consumer = Consumer(conf)
         tp = TopicPartition(self.reply_topic, 0)

@@ -32,6 +32,8 @@ class GatewaySettings(BaseSettings):
     max_inflight: int = Field(4096, gt=0)
     # how long past the deadline a reply may still be taken (the selector answers AT the deadline)
     reply_margin_ms: float = Field(10.0, ge=0)
+    # refuse new predictions (503) while the event loop wakes up this much later than asked
+    max_loop_lag_ms: float = Field(10.0, gt=0)
     instance: str = Field(default_factory=_random_instance)
     retry_after_s: int = Field(1, ge=0)
     # how long /feedback waits for the broker's acknowledgement before answering 503

@@ -1,0 +1,72 @@
+"""`make bench`: every benchmark, one after another, within 30 minutes; reports in out/bench/.
+
+    .venv/bin/python -m bench.all            # the full run (~20-25 min on 2 cores)
+    .venv/bin/python -m bench.all --quick    # a smoke run (~6-8 min)
+    .venv/bin/python -m bench.all --only e2e,cache
+
+Each benchmark starts (and stops) its own private pipeline; one that fails is reported and the
+others still run. ``bench.batching`` (a simulation, no broker) runs in a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench.common import OUT, machine_info, say
+
+ORDER = ("breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "batching")
+BUDGET_S = 30 * 60
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(ORDER))
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(ORDER)
+    OUT.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    index: dict[str, object] = {"machine": machine_info(), "quick": args.quick, "runs": {}}
+    for i, name in enumerate(names):
+        elapsed = time.monotonic() - t0
+        if elapsed > BUDGET_S:
+            say(f"== {name}: skipped, the {BUDGET_S // 60}-minute budget is spent")
+            index["runs"][name] = {"status": "skipped (budget)"}  # type: ignore[index]
+            continue
+        say(f"== [{i + 1}/{len(names)}] {name} (at {elapsed / 60:.1f} min)")
+        t = time.monotonic()
+        try:
+            if name == "batching":
+                cmd = [sys.executable, "-m", "bench.batching"] + (["--quick"] if args.quick else [])
+                rc = subprocess.run(cmd).returncode
+                status = "ok" if rc == 0 else f"exit {rc}"
+                summary = None
+            else:
+                report = importlib.import_module(f"bench.{name}").main(["--quick"] if args.quick else [])
+                status, summary = "ok", report.get("summary")
+        except KeyboardInterrupt:
+            say("interrupted")
+            index["runs"][name] = {"status": "interrupted"}  # type: ignore[index]
+            break
+        except Exception as exc:  # one broken benchmark must not lose the others
+            traceback.print_exc()
+            status, summary = f"failed: {type(exc).__name__}: {exc}", None
+        index["runs"][name] = {"status": status, "seconds": round(time.monotonic() - t, 1),  # type: ignore[index]
+                               "summary": summary}
+        say(f"== {name}: {status} in {time.monotonic() - t:.0f} s")
+    index["total_s"] = round(time.monotonic() - t0, 1)
+    (OUT / "index.json").write_text(json.dumps(index, indent=2, default=str))
+    say(f"all done in {index['total_s'] / 60:.1f} min; summary in {OUT / 'index.json'}")
+    failed = [n for n, r in index["runs"].items() if r["status"] != "ok"]  # type: ignore[union-attr]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Where a query's time and CPU go: latency split by stage from the trace stamps, CPU per process.
+
+Every record carries trace stamps (epoch us): ``produced`` (QueryEvent made), ``dispatched``
+(selector), ``batcher_in``/``batched`` (batcher), ``worker_in``/``worker_out`` (worker) and
+``joined`` (selector); the selector copies the stamps of the last prediction that reached the
+join into the Response. With the generator's own send and receive times, a query's latency
+splits into:
+
+    gateway             produced - sent       (REST only: HTTP in, parse, QueryEvent encode)
+    queries hop         dispatched - produced (Kafka hop, selector decode + select)
+    requests hop        batcher_in - dispatched
+    batcher             batched - batcher_in  (cache lookup, deadline queue, delayed batching)
+    batches hop         worker_in - batched   (Kafka hop, and waiting behind a batch in flight)
+    model service       worker_out - worker_in
+    predictions + join  joined - worker_out   (Kafka hop, selector decode + combine)
+    reply               received - joined     (Kafka hop back; through the gateway: + HTTP out)
+
+Through the gateway, the Responses are read from the gateway's own reply topic (its instance is
+pinned by ``bench.common.Pipeline``) and matched by query id. CPU per query per process comes
+from /proc (utime + stime) over each step.
+
+    .venv/bin/python -m bench.breakdown [--quick]      # out/bench/breakdown.json and .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import load
+from bench.common import OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, write_app_file, write_json
+
+SEGMENTS: list[tuple[str, str, str]] = [
+    ("gateway", "sent", "produced"),
+    ("queries hop", "produced", "dispatched"),
+    ("requests hop", "dispatched", "batcher_in"),
+    ("batcher", "batcher_in", "batched"),
+    ("batches hop", "batched", "worker_in"),
+    ("model service", "worker_in", "worker_out"),
+    ("predictions + join", "worker_out", "joined"),
+    ("reply", "joined", "received"),
+]
+SLO_MS = 50.0
+
+
+def split(trace: dict[str, int], sent_us: int, recv_us: int) -> dict[str, float] | None:
+    """Milliseconds per segment of one query, None when a stamp is missing."""
+    t = {**{k: v for k, v in trace.items() if not k.startswith("_")}, "sent": sent_us, "received": recv_us}
+    if not all(k in t for _, a, b in SEGMENTS for k in (a, b)):
+        return None
+    return {name: (t[b] - t[a]) / 1000.0 for name, a, b in SEGMENTS}
+
+
+def table(parts: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per segment: median, mean, p99 (ms) over the queries."""
+    out = {}
+    for name, _, _ in SEGMENTS:
+        v = np.array([p[name] for p in parts], dtype=np.float64)
+        out[name] = {"p50": float(np.median(v)), "mean": float(v.mean()), "p99": float(np.percentile(v, 99))} \
+            if v.size else {"p50": float("nan"), "mean": float("nan"), "p99": float("nan")}
+    return out
+
+
+class ReplyTap:
+    """Reads the gateway's reply topic (assigned, no group): query id -> Response trace."""
+
+    def __init__(self, settings: Any, instance: str) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        from schemas import decode_as
+        from topics.admin import watermarks
+        from topics.catalogue import Catalogue
+        from topics.client import consumer_config
+
+        self.decode = decode_as
+        topic = Catalogue.from_settings(settings).replies(instance).name
+        self.consumer = Consumer(consumer_config(settings, f"bench-tap-{instance}",
+                                                 **{"enable.auto.commit": False}))
+        _, high = watermarks(self.consumer, TopicPartition(topic, 0))
+        self.consumer.assign([TopicPartition(topic, 0, max(high, 0))])
+        self.traces: dict[str, dict[str, int]] = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            first = self.consumer.poll(0.05)
+            if first is None:
+                continue
+            for m in [first, *self.consumer.consume(999, 0)]:
+                if not m.error():
+                    rec = self.decode("Response", m.value())
+                    self.traces[rec["query_id"]] = dict(rec.get("trace") or {})
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(5)
+        self.consumer.close()
+
+
+def build(root: Path) -> Path:
+    from tests.models import make_onnx_digits_model, make_profile_model
+
+    onnx = make_onnx_digits_model(root / "models", "logreg")
+    ens = [make_onnx_digits_model(root / "models", f"e{k}") for k in range(5)]
+    sim = make_profile_model(root / "models", "accel")
+    models = [{"name": "logreg", "path": str(onnx), "latency_objective_ms": 5, "batch_delay_ms": 1},
+              {"name": "accel", "path": str(sim), "latency_objective_ms": 9.5, "batch_delay_ms": 1}]
+    models += [{"name": f"e{k}", "path": str(p), "latency_objective_ms": 5, "batch_delay_ms": 1} for k, p in enumerate(ens)]
+    return write_app_file(root / "app.yaml", [
+        {"name": "digits", "policy": "single", "slo_ms": SLO_MS, "default_output": -1, "models": ["logreg"]},
+        {"name": "sim", "policy": "single", "slo_ms": SLO_MS, "default_output": -1, "models": ["accel"]},
+        {"name": "ens5", "policy": "exp4", "slo_ms": SLO_MS, "default_output": -1, "models": [f"e{k}" for k in range(5)]},
+    ], models)
+
+
+def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    duration = 4.0 if args.quick else 10.0
+    cases = [("digits", "kafka", 100.0), ("digits", "gateway", 100.0), ("sim", "kafka", 100.0),
+             ("ens5", "kafka", 40.0)]
+    if not args.quick:
+        cases += [("digits", "kafka", 250.0), ("ens5", "kafka", 70.0)]
+    report: dict[str, Any] = {"machine": machine_info(), "settings": {
+        "slo_ms": SLO_MS, "step_s": duration, "segments": [s[0] for s in SEGMENTS], "cases": cases}, "cases": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-breakdown-") as tmp:
+        with Pipeline(build(Path(tmp))) as pipe:
+            body = load.json_bodies(load.unique_inputs(1))[0]
+            for app in ("digits", "sim", "ens5"):
+                wait_warm(pipe.url, app, body)
+            kl = load.KafkaLoad(pipe.settings(), keep_trace=True)
+            tap = ReplyTap(pipe.settings(), Pipeline.GATEWAY_INSTANCE)
+            try:
+                for i, (app, mode, rate) in enumerate(cases):
+                    step = load_step(pipe, app, rate, SLO_MS, duration, mode=mode, kafka_load=kl, seed=i + 1,
+                                     label=f"{app} ")
+                    run = step.pop("_run")
+                    parts = []
+                    for r in run.results:
+                        if r.outcome != "answered":
+                            continue
+                        trace = r.trace if mode == "kafka" else tap.traces.get(r.query_id, {})
+                        if mode == "kafka":  # no gateway: the generator stamped `produced` when it sent
+                            trace = {**trace}
+                        p = split(trace, r.sent_us if mode == "gateway" else trace.get("produced", r.sent_us), r.recv_us)
+                        if p is not None:
+                            parts.append(p)
+                    step["breakdown_ms"] = table(parts)
+                    step["traced_queries"] = len(parts)
+                    report["cases"][f"{app}/{mode}/{rate:g}"] = step
+                    say("    " + "  ".join(f"{k} {v['p50']:.2f}" for k, v in step["breakdown_ms"].items())
+                        + f"  (medians, ms, {len(parts)} queries)")
+                    say("    CPU ms/query: " + ", ".join(f"{k} {v}" for k, v in step["cpu_ms_per_query"].items()))
+            finally:
+                tap.stop()
+                kl.close()
+    write_json("breakdown", report, out_dir)
+    fig, axes = figure(1, 2, size=(14, 5))
+    keys = list(report["cases"])
+    ax = axes[0][0]
+    bottom = np.zeros(len(keys))
+    for name, _, _ in SEGMENTS:
+        vals = np.array([report["cases"][k]["breakdown_ms"][name]["mean"] for k in keys])
+        vals = np.nan_to_num(vals)
+        ax.bar(keys, vals, bottom=bottom, label=name)
+        bottom += vals
+    ax.set_ylabel("mean ms per answered query")
+    ax.tick_params(axis="x", rotation=20, labelsize=7)
+    ax.legend(fontsize=7)
+    ax = axes[0][1]
+    procs = sorted({p for k in keys for p in report["cases"][k]["cpu_ms_per_query"]})
+    bottom = np.zeros(len(keys))
+    for p in procs:
+        vals = np.array([report["cases"][k]["cpu_ms_per_query"].get(p, 0.0) for k in keys])
+        if vals.max() < 0.05:
+            continue
+        ax.bar(keys, vals, bottom=bottom, label=p)
+        bottom += vals
+    ax.set_ylabel("CPU ms per query")
+    ax.tick_params(axis="x", rotation=20, labelsize=7)
+    ax.legend(fontsize=7)
+    save_figure(fig, "breakdown", out_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()

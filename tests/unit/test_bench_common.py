@@ -1,0 +1,47 @@
+"""Benchmark helpers that need no pipeline: process labels, the device ceiling, trace splits."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.breakdown import SEGMENTS, split
+from bench.common import best_under_slo, label_of
+from bench.efficiency import CLOCKWORK, device_bound
+
+
+def test_labels_of_pipeline_processes() -> None:
+    py = "/x/.venv/bin/python"
+    assert label_of([py, "-m", "clipstream.cli", "worker", "--model", "m", "--version", "1", "--replica", "2"]) == "worker-m-2"
+    assert label_of([py, "-m", "clipstream.cli", "batcher", "--model", "m"]) == "batcher-m"
+    assert label_of([py, "-m", "clipstream.cli", "selector"]) == "selector"
+    assert label_of(["/usr/bin/java", "-cp", "x", "kafka.Kafka", "server.properties"]) == "kafka"
+    assert label_of(["/usr/bin/redis-server", "127.0.0.1:6379"]) == "redis"
+
+
+def test_device_bound_from_the_latency_table() -> None:
+    # Clockwork at full speed: batch 9 (interpolated 9.9475 ms) is the largest within 10 ms
+    b, ms, qps = device_bound(CLOCKWORK, 10.0)
+    assert b == 9 and ms == pytest.approx(9.13 + (15.67 - 9.13) / 8) and qps == pytest.approx(9 / ms * 1000)
+    b, ms, _ = device_bound(CLOCKWORK, 9.5)
+    assert (b, ms) == (8, 9.13)
+    # 8x slower and a 100 ms budget: batch 12 by linear interpolation between 8 and 16
+    b, ms, qps = device_bound(CLOCKWORK, 100.0, speed=1 / 8)
+    assert b == 12 and ms == pytest.approx(8 * (9.13 + 4 * (15.67 - 9.13) / 8))
+    assert device_bound(CLOCKWORK, 1.0) == (0, 0.0, 0.0)
+
+
+def test_split_of_a_trace_into_segments() -> None:
+    trace = {"produced": 1000, "dispatched": 2000, "batcher_in": 3500, "batched": 5500, "worker_in": 6000,
+             "worker_out": 9000, "joined": 10_000, "_missing": 0}
+    parts = split(trace, sent_us=500, recv_us=11_000)
+    assert parts is not None and list(parts) == [s[0] for s in SEGMENTS]
+    assert parts["gateway"] == 0.5 and parts["batcher"] == 2.0 and parts["model service"] == 3.0
+    assert sum(parts.values()) == pytest.approx((11_000 - 500) / 1000)
+    assert split({"produced": 1}, 0, 2) is None
+
+
+def test_best_under_slo_picks_the_highest_compliant_goodput() -> None:
+    rows = [{"goodput_qps": 10, "effective_ms": {"p99": 5.0}}, {"goodput_qps": 20, "effective_ms": {"p99": 19.0}},
+            {"goodput_qps": 30, "effective_ms": {"p99": float("inf")}}]
+    assert best_under_slo(rows, 20.0)["goodput_qps"] == 20
+    assert best_under_slo(rows, 1.0) is None

@@ -97,15 +97,17 @@ class BatcherCore:
         for flight in self.dispatcher.reclaim(now_us):
             for key in flight.keys:
                 self._readmit(self.coalescer.abandon(key), now_us, step.expired)
-        for p in self.queue.expire(now_us):
-            step.expired.append(p)
-            if self.coalesce and p.key is not None:
-                self._readmit(self.coalescer.abandon(p.key), now_us, step.expired)
+        self._expire(now_us, now_us, step)
         while True:
             decision = self.dispatcher.decide(len(self.queue), self.queue.oldest_arrival, now_us)
             if not decision.send:
                 step.wake_us = decision.wake_us
                 break
+            # under overload, serving a request that cannot finish in time only makes the
+            # ones behind it late too: drop what this replica could not answer by its deadline
+            horizon = self.dispatcher.replicas[decision.replica].expected_latency_us()  # type: ignore[index]
+            if horizon and self._expire(now_us + horizon, now_us, step):
+                continue
             items, late = self.queue.take(decision.size, now_us)
             step.expired.extend(late)  # empty: expire() ran above with the same clock
             if not items:
@@ -115,6 +117,15 @@ class BatcherCore:
             if t is not None and (step.wake_us is None or t < step.wake_us):
                 step.wake_us = t
         return step
+
+    def _expire(self, cutoff_us: int, now_us: int, step: Step) -> int:
+        """Drop requests due by ``cutoff_us``; their coalesced twins get their own chance."""
+        dropped = self.queue.expire(cutoff_us)
+        for p in dropped:
+            step.expired.append(p)
+            if self.coalesce and p.key is not None:
+                self._readmit(self.coalescer.abandon(p.key), now_us, step.expired)
+        return len(dropped)
 
     def _batch(self, replica: int, items: list[Pending], now_us: int) -> SentBatch:
         self._count += 1

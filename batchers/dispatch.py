@@ -46,6 +46,12 @@ class Replica:
     suspect: bool = False
     batches: int = 0
     items: int = 0
+    service_us: float = 0.0  # moving average of the reported batch service time
+
+    def expected_latency_us(self) -> int:
+        """When a batch sent now should be done: behind about half of what is in flight
+        (one batch is usually running), then its own service time."""
+        return int(self.service_us * (1 + 0.5 * len(self.in_flight)))
 
     @property
     def credit(self) -> int:
@@ -160,6 +166,7 @@ class Dispatcher:
                 return None
             replica = self.replicas[flight.replica]
         replica.suspect = False
+        replica.service_us = service_us if replica.service_us == 0 else 0.7 * replica.service_us + 0.3 * service_us
         replica.aimd.observe(batch_size, service_us, flight.limit)
         return flight
 

@@ -97,3 +97,15 @@ def test_expired_predictions_group_by_partition_and_encode():
     assert sorted(groups) == [0, 3] and len(groups[3]["items"]) == 2
     for rec in groups.values():
         encode("Predictions", rec)
+
+
+def test_requests_that_cannot_finish_in_time_are_dropped_before_batching():
+    c = core(start=4, delay=0)
+    c.admit(req("warm", 100_000, x=1))
+    bid = c.poll(0).batches[0].record["batch_id"]
+    c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10_000})  # this replica takes 10 ms
+    c.admit(req("hopeless", 25_000, x=2))  # due in 5 ms at t=20 ms: cannot finish
+    c.admit(req("fine", 60_000, x=3))
+    step = c.poll(20_000)
+    assert [p.request["query_id"] for p in step.expired] == ["hopeless"]
+    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["fine"]

@@ -25,7 +25,7 @@ class Tap:
         cat = Catalogue.from_settings(settings)
         self._topics = [cat.predictions.name] + [cat.batch_stats(m).name for m in models]
         self._consumer = Consumer(
-            consumer_config(settings, f"demo-tap-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "latest"})
+            consumer_config(settings, f"demo-tap-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"})
         )
         self.labels = labels
         self.answers: dict[str, dict[str, Any]] = defaultdict(dict)  # query -> model -> label

@@ -79,18 +79,30 @@ class BatcherService:
         self.wake = asyncio.Event()
         self.arrived: list[tuple[dict[str, Any], int]] = []
         self.arrived_event = asyncio.Event()
+        self.outbox: list[tuple[str, bytes, int | None]] = []  # dead letters from ``accept``
+        self.failed: list[tuple[int, dict[str, Any]]] = []  # error predictions from ``accept``
         self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0}
 
     # -- producing --------------------------------------------------------------------
+    # ``producer.send`` only puts the record in aiokafka's accumulator and hands back the
+    # delivery future, which nobody awaits (acks=1, as before); records put in one stretch with
+    # no yield in between leave in one produce request per broker.
     async def _send(self, topic: str, value: bytes, partition: int | None) -> None:
         await self.app.producer.send(topic, None, value, partition, None, None)
 
-    async def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
-        for partition, record in by_partition(preds).items():
-            await self._send(self.topic_predictions, encode("Predictions", record), partition)
+    async def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
+        send = self.app.producer.send
+        for topic, value, partition in records:
+            await send(topic, None, value, partition, None, None)
 
-    async def _deadletter(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
-                          query_id: str | None = None) -> None:
+    async def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
+        """One ``Predictions`` record per selector partition."""
+        topic = self.topic_predictions
+        await self._send_all([(topic, encode("Predictions", record), partition)
+                              for partition, record in by_partition(preds).items()])
+
+    def _deadletter_record(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
+                           query_id: str | None = None) -> tuple[str, bytes, int | None]:
         record = {
             "stage": "batcher",
             "reason": reason,
@@ -101,16 +113,24 @@ class BatcherService:
             "payload": payload,
             "created_us": now_us(),
         }
-        await self._send(self.topic_deadletter, encode("DeadLetter", record), None)
+        return self.topic_deadletter, encode("DeadLetter", record), None
+
+    async def _deadletter(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
+                          query_id: str | None = None) -> None:
+        await self._send_all([self._deadletter_record(reason, payload, where, query_id)])
 
     # -- requests -----------------------------------------------------------------------
-    async def on_request(self, value: bytes, where: tuple[str, int, int]) -> None:
-        """One raw record of ``requests.<model>``: validate, then hand to the lookup task."""
+    def accept(self, value: bytes, where: tuple[str, int, int]) -> None:
+        """One raw record of ``requests.<model>``: validate, then hand to the lookup task.
+
+        Synchronous, so the agent handles each event without a coroutine of its own; what a bad
+        record produces (dead letter, error prediction) goes out with the lookup task's next group."""
         arrival = now_us()
         try:
             request = decode_as("ModelRequest", value)
         except DecodeError as exc:
-            await self._deadletter(str(exc), value, where)
+            self.outbox.append(self._deadletter_record(str(exc), value, where))
+            self.arrived_event.set()
             return
         request["trace"]["batcher_in"] = arrival
         try:
@@ -119,14 +139,19 @@ class BatcherService:
                 self.model.spec.input.check(array)
         except ClipstreamError as exc:
             self.counts["errors"] += 1
-            await self._deadletter(f"bad input: {exc}", value, where, request["query_id"])
+            self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request["query_id"]))
             p = Pending(request, None, arrival)
-            await self._emit([(p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
-                                                       error=f"bad input: {exc}"))])
+            self.failed.append((p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
+                                                        error=f"bad input: {exc}")))
+            self.arrived_event.set()
             return
         self.counts["requests"] += 1
         self.arrived.append((request, arrival))
         self.arrived_event.set()
+
+    async def on_request(self, value: bytes, where: tuple[str, int, int]) -> None:
+        """``accept`` for callers that await (the agent itself calls ``accept``)."""
+        self.accept(value, where)
 
     async def lookup_loop(self) -> None:
         """Group whatever arrived, look it up with one MGET, answer hits, queue misses."""
@@ -134,6 +159,12 @@ class BatcherService:
             await self.arrived_event.wait()
             self.arrived_event.clear()
             group, self.arrived = self.arrived, []
+            if self.outbox or self.failed:
+                outbox, self.outbox = self.outbox, []
+                failed, self.failed = self.failed, []
+                await self._send_all(outbox)
+                if failed:
+                    await self._emit(failed)
             if not group:
                 continue
             version = self.core.version
@@ -213,12 +244,17 @@ class BatcherService:
         while True:
             now = now_us()
             step = self.core.poll(now)
+            out = []
             for sent in step.batches:
                 self.counts["batches"] += 1
                 self.counts["batched"] += len(sent.record["items"])
-                await self._send(self.topic_batches, encode("Batch", sent.record), sent.replica)
+                out.append((self.topic_batches, encode("Batch", sent.record), sent.replica))
             if step.expired:
-                await self._emit(self._expired(step.expired, now))
+                topic = self.topic_predictions
+                out += [(topic, encode("Predictions", record), partition)
+                        for partition, record in by_partition(self._expired(step.expired, now)).items()]
+            if out:
+                await self._send_all(out)
             timeout = None if step.wake_us is None else max(0.0, (step.wake_us - now_us()) / 1e6)
             if timeout == 0.0:
                 continue
@@ -271,9 +307,10 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
     @app.agent(requests_topic)
     async def requests(stream: Any) -> None:
         svc = service()
+        accept = svc.accept
         async for event in stream.events():
             msg = event.message
-            await svc.on_request(event.value, (msg.topic, msg.partition, msg.offset))
+            accept(event.value, (msg.topic, msg.partition, msg.offset))
 
     @app.agent(stats_topic)
     async def batch_stats(stream: Any) -> None:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import KafkaException, Consumer, Producer, TopicPartition
 
 from clipstream.clock import now_us
 from clipstream.errors import ConfigError
@@ -22,11 +22,20 @@ def pin_and_assign(consumer: Consumer, partitions: list[TopicPartition], on_done
     """on_assign: a partition with no committed offset starts at its end *now*, before we say
     ready, so nothing produced after ``ready`` is skipped by a later "latest" lookup."""
     committed = consumer.committed(partitions, timeout=10)
+    pinned = []
     for tp in committed:
         if tp.offset < 0:
             _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
             tp.offset = high
+            pinned.append(TopicPartition(tp.topic, tp.partition, high))
     consumer.assign(committed)
+    if pinned:
+        # commit the pin at once: a member that takes the partition over in a later rebalance
+        # resumes here, instead of at a new "latest" that would skip what came in between
+        try:
+            consumer.commit(offsets=pinned, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("could not commit the start offsets %s: %s", pinned, exc)
     on_done()
 
 

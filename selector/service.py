@@ -10,6 +10,7 @@ the next message happens to arrive.
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 from typing import Any
@@ -25,13 +26,31 @@ from selector.join import JoinState, Pending
 from selector.kafka import Apps, DeadLetters, log, pin_and_assign
 from selector.learn import Learner
 from selector.outputs import response_record, to_output
-from selector.policies import align_state
+from selector.policies import Single, align_state
 from selector.settings import SelectorSettings
 from selector.store import StateStore
 from selector.types import Query
 from topics.admin import ensure_core_topics, ensure_model_topics
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
+
+
+# built-in policies whose select and combine never read learned state (``single`` counts
+# feedback only); any policy may say so itself with a ``stateless`` attribute
+STATELESS_POLICIES: tuple[type, ...] = (Single,)
+
+_NOT_LOADED = object()
+
+
+def is_stateless(policy: Any) -> bool:
+    """True when select/combine need no stored state, so dispatch skips Redis for it.
+
+    A policy's own ``stateless`` attribute decides; otherwise only the built-ins listed above
+    are stateless (a user's policy is assumed to need its state)."""
+    flag = getattr(policy, "stateless", None)
+    if flag is not None:
+        return bool(flag)
+    return type(policy) in STATELESS_POLICIES
 
 
 class Selector:
@@ -50,18 +69,32 @@ class Selector:
         self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0}
 
     # -- dispatch: select -----------------------------------------------------------
-    def dispatch(self, msg: Any) -> None:
-        try:
-            ev = decode_as("QueryEvent", msg.value())
-        except ClipstreamError as exc:
-            self.dead.send(f"undecodable query: {exc}", msg)
-            return
+    def dispatch(self, msg: Any, ev: dict[str, Any] | None = None,
+                 states: dict[tuple[str, str | None], Any] | None = None, poll: bool = True) -> None:
+        """Select models for one query and send its requests.
+
+        ``ev`` is the decoded QueryEvent when the caller already has it; ``states`` holds the
+        policy states ``StateStore.load_many`` fetched for the whole poll group."""
+        if ev is None:
+            try:
+                ev = decode_as("QueryEvent", msg.value())
+            except ClipstreamError as exc:
+                self.dead.send(f"undecodable query: {exc}", msg)
+                return
         self.stats["queries"] += 1
         qid, now = ev["query_id"], now_us()
         try:
             app, policy, outputs = self.apps.get(ev["app"])
             query = Query(qid, app.name, ev.get("context"), from_tensor(ev["input"]), ev["deadline_us"])
-            state = align_state(policy, self.store.load(app.name, query.context), app.models)
+            if is_stateless(policy):
+                stored = None
+            else:
+                stored = _NOT_LOADED if states is None else states.get((app.name, query.context or None), _NOT_LOADED)
+                if stored is _NOT_LOADED:
+                    stored = self.store.load(app.name, query.context)
+                elif stored is not None:
+                    stored = copy.deepcopy(stored)  # each query its own dict, as a load gives it
+            state = align_state(policy, stored, app.models)
             chosen = [m for m in policy.select(state, query) if m in app.models]
         except ClipstreamError as exc:
             self.dead.send(str(exc), msg, qid)
@@ -79,7 +112,8 @@ class Selector:
             request = {"query_id": qid, "app": app.name, "model": model, "input": ev["input"],
                        "deadline_us": ev["deadline_us"], "selector_partition": msg.partition(), "trace": trace}
             self.producer.produce(self.catalogue.requests(model).name, encode("ModelRequest", request), key=qid.encode())
-        self.producer.poll(0)
+        if poll:
+            self.producer.poll(0)
 
     def _ensure_model_topic(self, model: str) -> None:
         if model not in self._model_topics:
@@ -148,6 +182,41 @@ class Selector:
         self.stats["responses"] += 1
 
     # -- the loop -----------------------------------------------------------------------
+    def handle(self, msgs: list[Any], queries: str | None = None) -> None:
+        """One poll group, in order: the policy states of all its queries come from one MGET
+        (none at all for stateless policies), and the producer is polled once at the end."""
+        queries = queries or self.catalogue.queries.name
+        events: list[Any] = [None] * len(msgs)
+        pairs: list[tuple[str, str | None]] = []
+        for i, m in enumerate(msgs):
+            if m.error() or m.topic() != queries:
+                continue
+            try:
+                ev = events[i] = decode_as("QueryEvent", m.value())
+                _, policy, _ = self.apps.get(ev["app"])
+                if not is_stateless(policy):
+                    pairs.append((ev["app"], ev.get("context") or None))
+            except Exception:  # dispatch reports it (dead letter or default answer)
+                continue
+        states: dict[tuple[str, str | None], Any] = {}
+        if pairs:
+            try:
+                states = self.store.load_many(pairs)
+            except Exception:  # Redis hiccup: each query tries on its own and reports its error
+                log.exception("loading policy states for %d queries failed", len(pairs))
+        for i, m in enumerate(msgs):
+            if m.error():
+                log.warning("consumer: %s", m.error())
+                continue
+            try:
+                if m.topic() == queries:
+                    self.dispatch(m, events[i], states, poll=False)
+                else:
+                    self.collect(m)
+            except Exception:  # one bad record must not stop the selector
+                log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+        self.producer.poll(0)
+
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
         queries = self.catalogue.queries.name
         while not stop.is_set():
@@ -155,14 +224,8 @@ class Selector:
             timeout = max_poll_s if due is None else min(max_poll_s, max(0.0, (due - now_us()) / 1e6))
             msg = self.consumer.poll(timeout)
             msgs = [msg, *self.consumer.consume(drain_max, 0)] if msg is not None else []
-            for m in msgs:
-                if m.error():
-                    log.warning("consumer: %s", m.error())
-                    continue
-                try:
-                    self.dispatch(m) if m.topic() == queries else self.collect(m)
-                except Exception:  # one bad record must not stop the selector
-                    log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+            if msgs:
+                self.handle(msgs, queries)
             for pending in self.join.expired(now_us()):
                 try:
                     self.answer(pending)

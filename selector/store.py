@@ -12,7 +12,7 @@ predictions and cache entries, never a context's weights.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -43,6 +43,24 @@ class StateStore:
         own, glob = self.redis.mget(state_key(app, context), state_key(app, None))
         raw = own or glob
         return json.loads(raw) if raw else None
+
+    def load_many(self, pairs: Iterable[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
+        """``load`` for many (app, context) pairs at once: one MGET for every distinct key.
+
+        Each pair gets what ``load`` would give it (own state, else the app's global, else None).
+        """
+        wanted = list(dict.fromkeys((app, context or None) for app, context in pairs))
+        if not wanted:
+            return {}
+        keys = list(dict.fromkeys(k for app, ctx in wanted
+                                  for k in ((state_key(app, ctx), state_key(app, None)) if ctx
+                                            else (state_key(app, None),))))
+        raw = dict(zip(keys, self.redis.mget(keys)))
+        out: dict[tuple[str, str | None], State | None] = {}
+        for app, ctx in wanted:
+            value = (raw.get(state_key(app, ctx)) if ctx else None) or raw.get(state_key(app, None))
+            out[(app, ctx)] = json.loads(value) if value else None
+        return out
 
     def update(self, app: str, context: str | None, fn: Callable[[State | None], State]) -> State:
         """Apply ``fn`` to the current state atomically (optimistic: WATCH, MULTI, retry on conflict).

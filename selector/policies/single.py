@@ -13,6 +13,7 @@ from selector.types import Feedback, Output, Query, State
 
 
 class Single:
+    stateless = True  # select/combine ignore the state: the selector never loads it
     name = "single"
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:

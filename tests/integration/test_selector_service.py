@@ -257,7 +257,10 @@ def test_two_learners_on_one_context_lose_no_update(settings: Settings, redis_cl
                 client.feedback(qid, 1, app, context=context, partition=i % parts)
             client.producer.flush(5)
             key = f"cs:state:{app}:{context}"
-            wait_until(lambda: (s := state(redis_client, key)) and s["n_observed"] >= n, 30, "all feedback")
+            try:
+                wait_until(lambda: (s := state(redis_client, key)) and s["n_observed"] >= n, 60, "all feedback")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: state {state(redis_client, key)}") from None
             final = state(redis_client, key)
             assert final["n_observed"] == n
             # every feedback said m1 was right and m2, m3 wrong: each lost eta per feedback

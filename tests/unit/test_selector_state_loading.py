@@ -1,0 +1,129 @@
+"""Policy state loading in the selector: one MGET per poll group, none for stateless policies."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from schemas import encode, to_tensor
+from selector.policies import Exp3, Single
+from selector.service import Selector, is_stateless
+from selector.store import StateStore, state_key
+from topics.catalogue import Catalogue
+
+
+class FakeRedis:
+    def __init__(self, data: dict[str, str] | None = None) -> None:
+        self.data = {k: v.encode() for k, v in (data or {}).items()}
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def get(self, key: str) -> bytes | None:
+        self.calls.append(("get", (key,)))
+        return self.data.get(key)
+
+    def mget(self, *keys: Any) -> list[bytes | None]:
+        flat = tuple(keys[0]) if len(keys) == 1 and isinstance(keys[0], list) else tuple(keys)
+        self.calls.append(("mget", flat))
+        return [self.data.get(k) for k in flat]
+
+
+def test_load_many_matches_load_for_every_pair() -> None:
+    data = {state_key("a", "c1"): json.dumps({"own": 1}), state_key("a", None): json.dumps({"glob": 1}),
+            state_key("b", None): json.dumps({"b": 1})}
+    pairs = [("a", "c1"), ("a", "c2"), ("a", None), ("a", ""), ("b", "x"), ("z", None), ("a", "c1")]
+    many = StateStore(FakeRedis(data)).load_many(pairs)
+    one = StateStore(FakeRedis(data))
+    assert all(many[(app, ctx or None)] == one.load(app, ctx) for app, ctx in pairs)
+    r = FakeRedis(data)
+    StateStore(r).load_many(pairs)
+    assert [c[0] for c in r.calls] == ["mget"] and len(set(r.calls[0][1])) == len(r.calls[0][1])
+    assert StateStore(r).load_many([]) == {}
+
+
+def test_which_policies_are_stateless() -> None:
+    assert is_stateless(Single()) and not is_stateless(Exp3({}))
+
+    class Mine(Single):  # a user's subclass that reads state says so
+        stateless = False
+
+    class Declared:
+        stateless = True
+
+    assert not is_stateless(Mine()) and is_stateless(Declared()) and not is_stateless(object())
+
+
+class Msg:
+    def __init__(self, topic: str, value: bytes, partition: int = 0) -> None:
+        self._t, self._v, self._p = topic, value, partition
+
+    def topic(self) -> str:
+        return self._t
+
+    def value(self) -> bytes:
+        return self._v
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return 0
+
+    def error(self) -> None:
+        return None
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+        self.polls = 0
+
+    def produce(self, topic: str, value: bytes, **kw: Any) -> None:
+        self.sent.append((topic, value))
+
+    def poll(self, timeout: float) -> None:
+        self.polls += 1
+
+
+def _selector(policy: Any, redis: FakeRedis, settings: Any) -> tuple[Selector, FakeProducer]:
+    app = SimpleNamespace(name="app", models=("m1", "m2"), default_output=None)
+    apps = SimpleNamespace(get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)))
+    producer = FakeProducer()
+    dead = SimpleNamespace(send=lambda *a, **k: None)
+    sel = Selector(None, producer, StateStore(redis), apps, dead, Catalogue.from_settings(settings), settings)  # type: ignore[arg-type]
+    sel._model_topics |= {"m1", "m2"}
+    return sel, producer
+
+
+def _query(i: int, context: str | None) -> Msg:
+    ev = {"query_id": f"q{i}", "app": "app", "context": context, "input": to_tensor(np.zeros(2, np.float32)),
+          "deadline_us": 2**62, "created_us": 0, "reply_topic": None, "reply_partition": None, "trace": {}}
+    return Msg("queries", encode("QueryEvent", ev))
+
+
+def test_group_loads_state_once_and_single_never(monkeypatch: Any) -> None:
+    from clipstream.settings import get_settings
+
+    settings = get_settings()
+    queries = Catalogue.from_settings(settings).queries.name
+    msgs = [Msg(queries, _query(i, ctx).value()) for i, ctx in enumerate(["c1", "c2", "c1", None])]
+
+    r = FakeRedis({state_key("app", "c1"): json.dumps({"policy": "exp3", "models": ["m2"], "log_w": [0.0],
+                                                       "n_observed": 3})})
+    sel, producer = _selector(Exp3({}), r, settings)
+    sel.handle(msgs, queries)
+    assert [c[0] for c in r.calls] == ["mget"]
+    assert len(producer.sent) == 4 and producer.polls == 1
+    states = [sel.join.get(f"q{i}").meta["state"] for i in range(4)]
+    assert states[0] == states[2] and states[0] is not states[2]  # each query its own copy
+    assert states[0]["models"] == ["m1", "m2"] and states[1]["n_observed"] == 0
+
+    r = FakeRedis({state_key("app", "c1"): json.dumps({"policy": "single", "models": ["m2"], "n_observed": 3})})
+    sel, producer = _selector(Single(), r, settings)
+    sel.handle(msgs, queries)
+    sel.dispatch(_query(9, "c1"))  # dispatch on its own works as before
+    assert r.calls == []
+    assert len(producer.sent) == 5 and all(t == Catalogue.from_settings(settings).requests("m1").name
+                                           for t, _ in producer.sent)

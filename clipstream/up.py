@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
         supervisor.wait_ready(READY_TIMEOUT_S)
+        warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m))
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()
         follower.add_listener(lambda v: _report_started(pipeline.sync(v)))
@@ -134,6 +136,37 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         if started_infra:
             launcher.down(settings)
         click.echo("stopped", err=True)
+
+
+def warm_up(url: str, view: RegistryView, env: dict[str, str], report: Any = print,
+            timeout_s: float = 60.0, rounds: int = 5) -> None:
+    """Send a few queries through every app until all its models answer.
+
+    A fresh client's first record to a partition waits for metadata and connections; a
+    cold path that costs a hundred milliseconds once would turn the first callers' answers
+    into defaults. Warm-up queries use random inputs (no cache entry is left for a caller)
+    and a generous SLO, and no feedback is sent for them, so no policy learns from them.
+    """
+    import httpx
+    import numpy as np
+
+    keys = [k for k in env.get("CLIPSTREAM_GATEWAY_API_KEYS", "").split(",") if k]
+    headers = {"X-API-Key": keys[0]} if keys else {}
+    rng = np.random.default_rng()
+    with httpx.Client(base_url=url, timeout=10.0, headers=headers) as http:
+        for app in view.apps.values():
+            model = view.models.get(app.models[0]) if app.models else None
+            if model is None or model.spec is None:
+                continue
+            spec = model.spec.input
+            deadline = time.monotonic() + timeout_s
+            good = 0
+            while good < rounds and time.monotonic() < deadline:
+                x = rng.uniform(0, 1, size=spec.shape).astype(spec.dtype)
+                r = http.post(f"/v1/apps/{app.name}/predict", json={"input": x.tolist(), "slo_ms": 2000})
+                answer = r.json() if r.status_code == 200 else {}
+                good = good + 1 if answer.get("models", {}).get("missing") == [] else 0
+            report(f"warmed up {app.name}" if good >= rounds else f"warning: {app.name} did not warm up in {timeout_s:.0f}s")
 
 
 def _report_started(stages: list[str]) -> None:

@@ -210,6 +210,9 @@ def write_report(rows: list[dict[str, Any]], models: list[str], degraded: str, o
     }
     pngs = plot(OUT, models, rows, exp3, degraded, marks)
     (OUT / "report.json").write_text(json.dumps(report, indent=2))
+    with open(OUT / "queries.jsonl", "w") as f:  # one line per query, for a closer look
+        for r in rows:
+            f.write(json.dumps({k: r[k] for k in ("i", "query_id", "label", "output", "latency_ms", "default", "missing", "models")}) + "\n")
     say(json.dumps(report["cumulative_error"], indent=2))
     say(f"latency p50 {report['latency_ms']['p50']:.1f} ms, p99 {report['latency_ms']['p99']:.1f} ms; "
         f"cache hit rate {report['cache_hit_rate']:.0%}; mean batch {report['mean_batch_size']:.1f}")

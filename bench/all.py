@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.all --only e2e,cache
 
 Each benchmark starts (and stops) its own private pipeline; one that fails is reported and the
-others still run. ``bench.batching`` (a simulation, no broker) runs in a subprocess.
+others still run. ``bench.batching``, ``bench.gateway`` and ``bench.join`` run in subprocesses.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 
 from bench.common import OUT, machine_info, say
 
-ORDER = ("breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "batching")
+ORDER = ("breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "gateway", "join", "batching")
+# run as their own process: name -> extra arguments of the quick mode
+SUBPROCESS = {"batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
 BUDGET_S = 30 * 60
 
 
@@ -43,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"== [{i + 1}/{len(names)}] {name} (at {elapsed / 60:.1f} min)")
         t = time.monotonic()
         try:
-            if name == "batching":
-                cmd = [sys.executable, "-m", "bench.batching"] + (["--quick"] if args.quick else [])
+            if name in SUBPROCESS:
+                cmd = [sys.executable, "-m", f"bench.{name}"] + (SUBPROCESS[name] if args.quick else [])
                 rc = subprocess.run(cmd).returncode
                 status = "ok" if rc == 0 else f"exit {rc}"
                 summary = None

@@ -1,0 +1,148 @@
+"""The real-broker batching benchmark's pure helpers (no broker, no timing assertions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.batching import (
+    CLOCKWORK,
+    Obs,
+    arrivals_due,
+    batches_between,
+    best_of,
+    categorise_stacks,
+    device_max,
+    goodput_series,
+    hop_medians,
+    latency_fn,
+    parse_stats_line,
+    percentile,
+    recovery,
+    summarise,
+    sweep_sizes,
+)
+
+
+def test_device_max_of_clockwork_at_20ms_is_the_largest_batch_that_fits() -> None:
+    # beyond 16 the profile extrapolates the last slope: (15.67 - 9.13) / 8 = 0.8175 ms per item
+    lat = latency_fn(CLOCKWORK)
+    dev = device_max(lat, 20.0)
+    assert dev["batch_size"] == 21
+    assert dev["latency_ms"] == pytest.approx(15.67 + 5 * 0.8175)
+    assert dev["qps"] == pytest.approx(21 / (15.67 + 5 * 0.8175) * 1000)
+    assert lat(22) > 20.0
+
+
+def test_device_max_with_a_slowdown_and_a_linear_profile() -> None:
+    slow = device_max(latency_fn(CLOCKWORK), 20.0, slowdown=2.0)
+    assert slow["batch_size"] == 9  # 2 * (9.13 + 0.8175) = 19.9 ms; b = 10 would take 21.5 ms
+    svm = device_max(latency_fn(fixed_ms=5.0, per_item_ms=0.05), 20.0)
+    assert svm["batch_size"] == 300 and svm["qps"] == pytest.approx(15000)
+
+
+def test_device_max_when_nothing_fits() -> None:
+    assert device_max(lambda b: 50.0, 20.0)["batch_size"] == 0
+
+
+def test_arrivals_constant_and_bursty_keep_the_mean_rate() -> None:
+    assert arrivals_due(0, 1000) == 0
+    assert arrivals_due(1.0, 1000) == 1000
+    # on/off: 100 ms period, 50% duty -> 2000 qps during the first 50 ms, none in the next 50
+    assert arrivals_due(0.05, 1000, 0.1, 0.5) == 100
+    assert arrivals_due(0.09, 1000, 0.1, 0.5) == 100
+    assert arrivals_due(1.0, 1000, 0.1, 0.5) == 1000
+    assert arrivals_due(0.125, 1000, 0.1, 0.5) == 150
+
+
+def test_percentile() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile([0, 10], 90) == pytest.approx(9)
+
+
+def _obs(status: str, produced: int, out: int, **kw: int) -> Obs:
+    return Obs(status, produced, out, out + 1000, **kw)
+
+
+def test_summarise_counts_only_in_time_ok_answers_in_the_window() -> None:
+    obs = [
+        _obs("ok", 0, 10_000),  # 10 ms: in time
+        _obs("ok", 1_000_000, 1_015_000),  # in time
+        _obs("ok", 1_000_000, 1_030_000),  # 30 ms: late
+        _obs("expired", 1_000_000, 1_021_000),
+        _obs("ok", 0, 2_000_000),  # outside the window
+    ]
+    batches = [(500_000, 2, 5_000), (1_500_000, 4, 7_000), (3_000_000, 9, 1)]
+    s = summarise(obs, 0, 2_000_000, 20_000, batches)
+    assert s["goodput_qps"] == 1.0  # 2 in 2 s
+    assert s["ok_qps"] == 1.5
+    assert s["expired_qps"] == 0.5
+    assert s["in_time_fraction"] == pytest.approx(2 / 3)
+    assert s["counts"] == {"ok": 3, "expired": 1}
+    assert s["mean_batch"] == 3.0 and s["batches_per_s"] == 1.0
+    assert s["device_busy"] == pytest.approx(0.006)
+    assert s["latency_ms_p50"] == 15.0
+
+
+def test_summarise_of_nothing() -> None:
+    s = summarise([], 0, 1_000_000, 20_000)
+    assert s["goodput_qps"] == 0 and s["latency_ms_p50"] is None and s["mean_batch"] == 0.0
+
+
+def test_hop_medians_follow_the_trace() -> None:
+    o = Obs("ok", produced_us=0, out_us=9_000, consume_us=10_000, batcher_in_us=2_000, batched_us=3_000,
+            worker_in_us=4_000)
+    hops = hop_medians([o, Obs("expired", 0, 5, 6)])
+    assert hops == {"produced->batcher_in": 2.0, "batcher_in->batched": 1.0, "batched->worker_in": 1.0,
+                    "worker_in->worker_out": 5.0, "worker_out->consumed": 1.0}
+
+
+def test_goodput_series_and_recovery() -> None:
+    obs = [_obs("ok", t, t + 5_000) for t in range(0, 1_000_000, 10_000)]  # 100 qps for 1 s
+    obs += [_obs("ok", t, t + 50_000) for t in range(1_000_000, 2_000_000, 10_000)]  # late ones
+    series = goodput_series(obs, 0, 2_000_000, 0.5, 20_000)
+    assert series == [100.0, 100.0, 0.0, 0.0]  # the late answers (50 ms) never count
+    assert recovery([0, 0, 10, 10, 10], 0.1, 9, 2) == pytest.approx(0.4)
+    assert recovery([0, 0, 10], 0.1, 20, 1) is None
+    assert batches_between([(1, 1, 1), (5, 1, 1), (9, 1, 1)], 2, 9) == 1
+
+
+def test_parse_stats_line() -> None:
+    line = 'stats: {"model": "m", "batches": 3, "replicas": [{"replica": 0, "max_batch_size": 7}]}'
+    assert parse_stats_line(line)["replicas"][0]["max_batch_size"] == 7
+    assert parse_stats_line("ready: batcher m") is None
+    assert parse_stats_line("stats: {not json") is None
+
+
+def test_categorise_stacks_uses_the_innermost_known_frame() -> None:
+    raw = [
+        "run (faust/worker.py:1);on_request (batchers/app.py:2);decode_as (schemas/codec.py:3) 7",
+        "run (faust/worker.py:1);lookup_loop (batchers/app.py:2);mget (redis/asyncio/client.py:4) 3",
+        "main (x.py:1) 2",
+        "",
+    ]
+    assert categorise_stacks(raw) == {"avro encode/decode": 7, "redis client": 3, "other": 2}
+
+
+def test_sweep_and_best_of() -> None:
+    assert sweep_sizes("clockwork", False)[0] == 1 and 32 in sweep_sizes("svm", False)
+    assert len(sweep_sizes("onnx", True)) < len(sweep_sizes("onnx", False))
+    rows = {"no batching (1)": {"goodput_qps": 5.0}, "fixed 8": {"goodput_qps": 9.0}, "AIMD": {"goodput_qps": 99.0}}
+    assert best_of(rows) == ("fixed 8", 9.0)
+    assert best_of({k: v for k, v in rows.items() if k != "AIMD"}, "") == ("fixed 8", 9.0)
+    assert best_of({}) == (None, 0.0)
+
+
+def test_arrivals_ramp_up_then_hold_the_rate() -> None:
+    assert arrivals_due(0.5, 1000, ramp_s=1.0) == 125  # 1000 * 0.5^2 / 2
+    assert arrivals_due(1.0, 1000, ramp_s=1.0) == 500
+    assert arrivals_due(2.0, 1000, ramp_s=1.0) == 1500  # then 1000 per second
+    assert arrivals_due(2.0, 1000, ramp_s=0.0) == 2000
+
+
+def test_top_leaves_and_idle_categories() -> None:
+    from bench.batching import top_leaves
+
+    raw = ["a (x.py:1);EpollSelector.select (selectors.py:468) 5", "a (x.py:1);b (y.py:2) 2", "a (x.py:1);b (y.py:2) 1"]
+    assert top_leaves(raw, 1) == [("EpollSelector.select (selectors.py:468)", 5)]
+    assert categorise_stacks(raw) == {"epoll wait (idle or waking)": 5, "other": 3}

@@ -74,7 +74,8 @@ class BatcherService:
             batch_delay_us=int(model.batch_delay_ms * 1000),
             credit_timeout_us=int(bs.credit_timeout_ms * 1000),
         )
-        self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache)
+        self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
+                                drop_hopeless=bs.drop_hopeless)
         self.redis = aioredis.from_url(settings.redis_url) if model.cache else None
         self.wake = asyncio.Event()
         self.arrived: list[tuple[dict[str, Any], int]] = []

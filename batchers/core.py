@@ -61,7 +61,9 @@ class BatcherCore:
         version: str | None,
         dispatcher: Dispatcher,
         coalesce: bool = True,
+        drop_hopeless: bool = True,
     ) -> None:
+        self.drop_hopeless = drop_hopeless
         self.model = model
         self.version = version
         self.dispatcher = dispatcher
@@ -106,7 +108,7 @@ class BatcherCore:
             # under overload, serving a request that cannot finish in time only makes the
             # ones behind it late too: drop what this replica could not answer by its deadline
             horizon = self.dispatcher.replicas[decision.replica].expected_latency_us()  # type: ignore[index]
-            if horizon and self._expire(now_us + horizon, now_us, step):
+            if horizon and self.drop_hopeless and self._expire(now_us + horizon, now_us, step):
                 continue
             items, late = self.queue.take(decision.size, now_us)
             step.expired.extend(late)  # empty: expire() ran above with the same clock

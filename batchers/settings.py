@@ -21,5 +21,7 @@ class BatcherSettings(BaseSettings):
     max_in_flight: int = 2  # batches outstanding per replica (credit)
     credit_timeout_ms: float = 5000.0  # reclaim credit of a batch never reported
     cache: bool = True
+    # drop a queued request as soon as its replica could not finish it by its deadline
+    drop_hopeless: bool = True
     registry_timeout_s: float = 30.0
     stats_log_interval_s: float = 5.0  # 0 disables the periodic per-replica stats line

@@ -61,6 +61,17 @@ def start_up(app_file: Path, state_dir: Path, port: int, timeout_s: float = 300)
     raise SystemExit(f"clipstream up did not get ready; see the lines above and {state_dir}/up/")
 
 
+def fresh_state(state_dir: Path) -> None:
+    """Each demo starts from empty topics: stop what an interrupted run left, then wipe it."""
+    import shutil
+
+    from clipstream.infra import launcher
+
+    if state_dir.exists():
+        launcher.down(get_settings(state_dir=state_dir))
+        shutil.rmtree(state_dir)
+
+
 def cli(*args: str, env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-m", "clipstream.cli", *args], check=True, env=env,
                    stdout=subprocess.DEVNULL)
@@ -105,7 +116,9 @@ def main() -> None:
     app_file = write_app_file(OUT / "app.yaml", models)
 
     say("2/5 starting the pipeline (clipstream up) ...")
-    proc, info = start_up(app_file, (OUT / "state").resolve(), args.port)
+    state_dir = (OUT / "state").resolve()
+    fresh_state(state_dir)
+    proc, info = start_up(app_file, state_dir, args.port)
     env = {**os.environ, "CLIPSTREAM_KAFKA_BOOTSTRAP": info["kafka"], "CLIPSTREAM_REDIS_URL": info["redis"]}
     settings = get_settings(kafka_bootstrap=info["kafka"], redis_url=info["redis"])
     tap = Tap(settings, models, LABELS).start()

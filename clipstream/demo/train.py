@@ -148,7 +148,7 @@ def write_degraded(repo: Path, name: str) -> Path:
     )
 
 
-def write_app_file(path: Path, models: list[str], slo_ms: float = 100.0) -> Path:
+def write_app_file(path: Path, models: list[str], slo_ms: float = 150.0) -> Path:
     app = {
         "apps": [
             {

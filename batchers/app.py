@@ -278,23 +278,30 @@ class BatcherService:
         self.wake.set()
 
 
+def faust_app(settings: Settings, app_id: str, datadir: str, **overrides: Any) -> faust.App:
+    """A faust app as clipstream runs one: raw bytes (our Avro codec decodes), no tables, no web
+    server, topics created by ``topics.admin`` rather than by faust, records sent at once."""
+    options: dict[str, Any] = {
+        "broker": "kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
+        "value_serializer": "raw",
+        "key_serializer": "raw",
+        "store": "memory://",
+        "web_enabled": False,
+        "topic_disable_leader": True,
+        "topic_allow_declare": False,
+        "datadir": datadir,
+        "consumer_auto_offset_reset": "latest",
+        "producer_linger": 0.0,
+        "producer_acks": 1,
+    }
+    options.update(overrides)
+    return faust.App(app_id, **options)
+
+
 def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: Any = None) -> faust.App:
     """The faust app of one model's batcher (call ``faust.Worker(app).execute_from_commandline()``)."""
     cat = Catalogue.from_settings(settings)
-    app = faust.App(
-        f"{settings.topic_prefix}batcher.{model.name}",
-        broker="kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
-        value_serializer="raw",
-        key_serializer="raw",
-        store="memory://",
-        web_enabled=False,
-        topic_disable_leader=True,
-        topic_allow_declare=False,
-        datadir=_datadir(model.name),
-        consumer_auto_offset_reset="latest",
-        producer_linger=0.0,
-        producer_acks=1,
-    )
+    app = faust_app(settings, f"{settings.topic_prefix}batcher.{model.name}", _datadir(model.name))
     requests_topic = app.topic(cat.requests(model.name).name, value_type=bytes, key_type=bytes)
     stats_topic = app.topic(cat.batch_stats(model.name).name, value_type=bytes, key_type=bytes)
     holder: dict[str, BatcherService] = {}

@@ -9,27 +9,20 @@ from __future__ import annotations
 import os
 import tempfile
 
-import faust
-
+from batchers.app import faust_app
 from clipstream.clock import now_us
 from clipstream.settings import get_settings
 from schemas import decode_as, encode
-from topics.client import aiokafka_kwargs
 
 settings = get_settings()
 IN_TOPIC = os.environ["ECHO_IN"]
 OUT_TOPIC = os.environ["ECHO_OUT"]
 
-app = faust.App(
+# the same faust settings the batcher runs with
+app = faust_app(
+    settings,
     os.environ.get("ECHO_APP_ID", "clipstream-faust-echo"),
-    broker="kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
-    value_serializer="raw",
-    key_serializer="raw",
-    store="memory://",
-    web_enabled=False,
-    topic_disable_leader=True,
-    topic_allow_declare=False,
-    datadir=tempfile.mkdtemp(prefix="faust-echo-"),
+    tempfile.mkdtemp(prefix="faust-echo-"),
     consumer_auto_offset_reset="earliest",
 )
 queries = app.topic(IN_TOPIC, value_type=bytes, key_type=bytes)

@@ -25,6 +25,7 @@ from clipstream.settings import Settings
 from schemas import decode_as, encode, to_tensor
 from topics import Catalogue, consumer_config, producer_config
 from topics.admin import ensure_core_topics, ensure_model_topics
+from tests.procs import stop_process
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,12 +54,7 @@ class Batcher:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc)
         self.log.close()
 
 

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from clipstream.clock import now_us
 from clipstream.settings import Settings
 from schemas import decode_as, encode, from_tensor, to_tensor
+from tests.procs import stop_process
 from tests.models import digits, digits_logreg, make_onnx_digits_model, make_profile_model
 from topics import Catalogue
 from topics.admin import ensure_core_topics
@@ -59,15 +60,9 @@ class WorkerProc:
         return next(line for line in self.output().splitlines() if line.startswith("ready: worker"))
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        code = stop_process(self.proc)
         self.log.close()
-        return self.proc.returncode
+        return code  # type: ignore[return-value]
 
 
 @pytest.fixture

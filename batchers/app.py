@@ -73,6 +73,7 @@ class BatcherService:
             max_in_flight=bs.max_in_flight,
             batch_delay_us=int(model.batch_delay_ms * 1000),
             credit_timeout_us=int(bs.credit_timeout_ms * 1000),
+            credit_lead_us=int(bs.credit_lead_ms * 1000) if bs.just_in_time else None,
         )
         self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
                                 drop_hopeless=bs.drop_hopeless)

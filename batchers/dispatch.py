@@ -4,6 +4,11 @@
   one running, one waiting at the worker so the GPU never idles between batches). A batch's
   credit comes back with the worker's ``BatchStats``. This keeps the queue in the batcher,
   ordered by deadline, and never a backlog in the Kafka topic in front of the worker.
+* Just in time. A replica that is busy gets its next batch only shortly before the batch it
+  was sent last should be done (``sent + service - lead``), not the moment credit allows: the
+  batch still reaches the worker before the device frees (the Kafka hop is the same both
+  ways and ``lead`` covers the jitter), and requests arriving meanwhile wait here, ordered by
+  deadline, and can still join it, rather than behind a batch already parked at the worker.
 * Lost credit. If a worker dies, its stats never come: a batch outstanding longer than
   ``credit_timeout_us`` is reclaimed, and the replica is marked suspect so that healthy
   replicas are preferred until it reports again.
@@ -48,6 +53,16 @@ class Replica:
     items: int = 0
     service_us: float = 0.0  # moving average of the reported batch service time
 
+    def ready_at_us(self, lead_us: int, lead_fraction: float) -> int | None:
+        """When this replica may take another batch: None without credit; at once when idle
+        or before its speed is known; else just before its last batch should be done."""
+        if self.credit <= 0:
+            return None
+        if not self.in_flight or self.service_us <= 0:
+            return 0
+        last = max(f.sent_us for f in self.in_flight.values())
+        return last + int(self.service_us - max(lead_us, lead_fraction * self.service_us))
+
     def expected_latency_us(self) -> int:
         """When a batch sent now should be done: behind about half of what is in flight
         (one batch is usually running), then its own service time."""
@@ -88,13 +103,18 @@ class Dispatcher:
         max_in_flight: int = 2,
         batch_delay_us: int = 2000,
         credit_timeout_us: int = 5_000_000,
+        credit_lead_us: int | None = 3000,
+        credit_lead_fraction: float = 0.1,
     ) -> None:
+        """``credit_lead_us`` None: a free credit is used at once (no just-in-time gating)."""
         if replicas < 1 or max_in_flight < 1:
             raise ValueError("need at least one replica and one batch in flight")
         self._factory = aimd_factory
         self.max_in_flight = max_in_flight
         self.batch_delay_us = max(0, int(batch_delay_us))
         self.credit_timeout_us = int(credit_timeout_us)
+        self.credit_lead_us = credit_lead_us
+        self.credit_lead_fraction = credit_lead_fraction
         self.replicas: list[Replica] = []
         self._by_batch: dict[str, InFlight] = {}
         self._reclaimed: dict[str, InFlight] = {}
@@ -109,12 +129,24 @@ class Dispatcher:
                 self._by_batch.pop(batch_id, None)
         del self.replicas[replicas:]
 
-    def pick(self) -> Replica | None:
-        """The replica to receive the next batch: has credit, not suspect, least loaded."""
-        ready = [r for r in self.replicas if r.credit > 0]
+    def ready_at_us(self, r: Replica) -> int | None:
+        if self.credit_lead_us is None:
+            return 0 if r.credit > 0 else None
+        return r.ready_at_us(self.credit_lead_us, self.credit_lead_fraction)
+
+    def pick(self, now_us: int | None = None) -> Replica | None:
+        """The replica to receive the next batch: ready (credit, and due when busy), not
+        suspect, least loaded. Without ``now_us`` any replica with credit counts as ready."""
+        ready = [r for r in self.replicas
+                 if r.credit > 0 and (now_us is None or (self.ready_at_us(r) or 0) <= now_us)]
         if not ready:
             return None
         return min(ready, key=lambda r: (r.suspect, r.items_in_flight, r.last_sent_us, r.index))
+
+    def next_ready_us(self) -> int | None:
+        """When the earliest replica with credit becomes due (None: no credit anywhere)."""
+        times = [t for t in (self.ready_at_us(r) for r in self.replicas) if t is not None]
+        return min(times) if times else None
 
     def decide(self, queued: int, oldest_arrival_us: int | None, now_us: int) -> Decision:
         """Send now, wait (delayed batching), or stay idle.
@@ -124,9 +156,9 @@ class Dispatcher:
         """
         if queued <= 0:
             return IDLE
-        replica = self.pick()
-        if replica is None:
-            return IDLE  # no credit anywhere: the next BatchStats or reclaim wakes us
+        replica = self.pick(now_us)
+        if replica is None:  # no credit anywhere (the next BatchStats or reclaim wakes us),
+            return Decision(None, 0, self.next_ready_us())  # or not yet due
         limit = replica.aimd.max_batch_size
         if queued >= limit:
             return Decision(replica.index, limit)

@@ -19,6 +19,10 @@ class BatcherSettings(BaseSettings):
     aimd_start: int = 1
     aimd_fill: float = 1.0
     max_in_flight: int = 2  # batches outstanding per replica (credit)
+    # a busy replica's next batch goes shortly before its last one should be done (lead: the
+    # larger of this and a tenth of the service time), not as soon as credit allows
+    just_in_time: bool = True
+    credit_lead_ms: float = 3.0
     credit_timeout_ms: float = 5000.0  # reclaim credit of a batch never reported
     cache: bool = True
     # drop a queued request as soon as its replica could not finish it by its deadline

@@ -1,7 +1,7 @@
 """SIMULATION (secondary): the batcher's decision code in simulated time, no broker, no Redis.
 
 The real benchmark, on a real broker and Redis with real batcher and worker processes, is
-``bench/batching.py``; this one is the colleague's model of it, kept for comparison.
+``bench/batching/`` (``python -m bench.batching``); this one is the colleague's model of it, kept for comparison.
 No batching vs fixed batch sizes vs AIMD, AIMD adaptation, delayed batching.
 
 A discrete-event simulation driven by the batcher's real decision code (``BatcherCore``:

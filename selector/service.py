@@ -121,7 +121,10 @@ class Selector:
             self._model_topics.add(model)
 
     # -- join: combine ----------------------------------------------------------------
-    def collect(self, msg: Any) -> None:
+    def collect(self, msg: Any, received_us: int | None = None) -> None:
+        """Join one ``Predictions`` record; ``received_us`` is when its poll returned (the
+        ``selector_in`` stamp, so the join's own time is told apart from the Kafka hop)."""
+        received_us = received_us or now_us()
         try:
             batch = decode_as("Predictions", msg.value())
         except ClipstreamError as exc:
@@ -131,6 +134,7 @@ class Selector:
             pending = self.join.get(item["query_id"])
             if pending is not None:  # the last prediction's stage stamps ride on the Response
                 pending.meta["trace"].update(item.get("trace") or {})
+                pending.meta["trace"]["selector_in"] = received_us
             output = None
             if pending is not None and item["status"] in ("ok", "cached") and item.get("output") is not None:
                 try:
@@ -167,10 +171,10 @@ class Selector:
             return
         answer, confidence = policy.combine(pending.meta["state"], pending.meta["query"], dict(pending.arrived))
         record = response_record(ev, answer, confidence, list(pending.arrived), missing, outputs.labels, now)
+        self._reply(ev, record)  # the caller first; learn waits for the stored predictions if need be
         self.store.save_predictions(pending.query_id, {
             "app": ev["app"], "context": pending.meta["context"], "answer": answer.to_json(),
             "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
-        self._reply(ev, record)
 
     def _reply(self, ev: dict[str, Any], record: dict[str, Any]) -> None:
         topic = ev.get("reply_topic") or self.catalogue.responses.name
@@ -182,10 +186,11 @@ class Selector:
         self.stats["responses"] += 1
 
     # -- the loop -----------------------------------------------------------------------
-    def handle(self, msgs: list[Any], queries: str | None = None) -> None:
+    def handle(self, msgs: list[Any], queries: str | None = None, received_us: int | None = None) -> None:
         """One poll group, in order: the policy states of all its queries come from one MGET
         (none at all for stateless policies), and the producer is polled once at the end."""
         queries = queries or self.catalogue.queries.name
+        received_us = received_us or now_us()
         events: list[Any] = [None] * len(msgs)
         pairs: list[tuple[str, str | None]] = []
         for i, m in enumerate(msgs):
@@ -212,7 +217,7 @@ class Selector:
                 if m.topic() == queries:
                     self.dispatch(m, events[i], states, poll=False)
                 else:
-                    self.collect(m)
+                    self.collect(m, received_us)
             except Exception:  # one bad record must not stop the selector
                 log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
         self.producer.poll(0)
@@ -223,9 +228,10 @@ class Selector:
             due = self.join.next_deadline()
             timeout = max_poll_s if due is None else min(max_poll_s, max(0.0, (due - now_us()) / 1e6))
             msg = self.consumer.poll(timeout)
+            received = now_us()
             msgs = [msg, *self.consumer.consume(drain_max, 0)] if msg is not None else []
             if msgs:
-                self.handle(msgs, queries)
+                self.handle(msgs, queries, received)
             for pending in self.join.expired(now_us()):
                 try:
                     self.answer(pending)

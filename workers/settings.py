@@ -23,9 +23,10 @@ class WorkerSettings(BaseSettings):
     threads: int | None = None
     # how long one consume() waits for a batch: short, so SIGTERM is honoured promptly
     poll_timeout_s: float = 0.1
-    # batches taken per consume(); their outputs share one flush before the offset commit
-    max_batches_per_poll: int = 8
-    # how long to wait for the broker to acknowledge a batch's outputs before retrying it
+    # batches read and checked ahead of the device (one runs while these wait): 1 keeps the
+    # device busy without taking batches another replica could have had sooner
+    prefetch_batches: int = 1
+    # how long stopping (or recovering from a failed delivery) waits for the broker's acks
     flush_timeout_s: float = 30.0
     # how long start-up may wait for the broker and the partition
     start_timeout_s: float = 60.0

@@ -1,18 +1,24 @@
 """One model replica = one process: consume its ``batches.<model>`` partition, predict, emit.
 
-The loop is a thin Kafka/Redis adapter around ``workers.batch.handle_batch``. Delivery is
-at-least-once: a batch's offset is committed only after the broker acknowledged every record
-it produced (Predictions, BatchStats, dead letters), so a worker killed mid-batch redoes that
-batch on restart and the selector may see a duplicate, never a gap.
+The worker is a three-stage pipeline, so the device never waits for the CPU work around it
+(Triton and TF-Serving overlap the same way): the main thread reads and checks the next batch,
+a device thread runs ``predict_batch`` (ONNX Runtime, torch and the simulated accelerator
+release the GIL while they compute), and an emitter thread shapes the outputs and writes them
+out. Delivery stays at-least-once: a batch's offset is committed only after the broker
+acknowledged every record it produced (``workers.offsets``), so a worker killed mid-batch
+redoes that batch on restart and the selector may see a duplicate, never a gap.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -26,6 +32,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, InfraError
 from clipstream.settings import Settings
 from schemas import decode_as, encode
@@ -33,7 +40,8 @@ from topics.admin import ensure_model_topics, ensure_topics
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
 from workers.backends import BatchModel, warm_up
-from workers.batch import BatchOutcome, dead_letter, handle_batch
+from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
+from workers.offsets import OffsetTracker
 from workers.settings import WorkerSettings
 
 
@@ -67,7 +75,6 @@ class Worker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}.{replica}"
         self.group_id = f"{settings.topic_prefix}worker.{name}.{replica}"
         self.running = True
-        self._failed: list[str] = []
 
     # -- life cycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -126,74 +133,144 @@ class Worker:
         self.running = False
 
     def run(self) -> None:
-        """Start, then serve until SIGTERM/SIGINT; the last batch's outputs are flushed first."""
+        """Start, then serve until SIGTERM/SIGINT; batches already read are finished first."""
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         self.start()
+        self.start_pipeline()
         try:
             while self.running:
-                # consume(n, timeout) would wait for n messages or the whole timeout: wait for the
-                # first batch only, then take whatever else is already there without waiting
-                first = self.consumer.poll(self.ws.poll_timeout_s)
-                if first is None:
-                    continue
-                more = self.consumer.consume(self.ws.max_batches_per_poll - 1, 0) if self.ws.max_batches_per_poll > 1 else []
-                self.serve([first, *more])
+                msg = self.consumer.poll(self.ws.poll_timeout_s)
+                if msg is not None:
+                    self.feed(msg)
+                self.housekeep()
         finally:
-            self.producer.flush(self.ws.flush_timeout_s)
+            self.stop_pipeline()
             self.consumer.close()
             self.redis.close()
 
-    # -- one poll's worth of batches ------------------------------------------------
-    def serve(self, msgs: list[Message]) -> None:
-        """Handle each batch, wait for the broker's acks, then commit past the last one."""
-        first: int | None = None
-        last: int | None = None
-        for msg in msgs:
-            if msg.error() is not None:
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    log(f"consume error: {msg.error()}")
-                continue
-            first = msg.offset() if first is None else first
-            last = msg.offset()
-            try:
-                self.handle(msg)
-            except Exception as exc:  # a bug must not turn one batch into a crash loop (poison pill)
-                log(f"batch at offset {msg.offset()} failed: {type(exc).__name__}: {exc}")
-                self.produce(self.deadletter_topic, None, "DeadLetter", dead_letter(
-                    f"worker failed on this batch: {type(exc).__name__}: {exc}",
-                    source=(msg.topic(), msg.partition(), msg.offset()), payload=msg.value()))
-            self.producer.poll(0)
-        if last is None:
-            return
-        left = self.producer.flush(self.ws.flush_timeout_s)
-        if left or self._failed:
-            log(f"outputs not delivered ({left} pending, {self._failed[:1]}); redoing from offset {first}")
-            self._failed.clear()
-            time.sleep(1.0)  # the broker is in trouble: do not spin
-            self.consumer.seek(TopicPartition(self.batches_topic, self.replica, first))
-            return
-        self.consumer.commit(offsets=[TopicPartition(self.batches_topic, self.replica, last + 1)], asynchronous=True)
+    # -- the pipeline -----------------------------------------------------------------
+    def start_pipeline(self) -> None:
+        # batches read and checked ahead of the device: one waits while one runs
+        self._to_device: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, self.ws.prefetch_batches))
+        self._to_emit: queue.Queue[Job | None] = queue.Queue()
+        self.tracker = OffsetTracker()
+        self._threads = [threading.Thread(target=self._device_loop, name="device", daemon=True),
+                         threading.Thread(target=self._emit_loop, name="emitter", daemon=True)]
+        for t in self._threads:
+            t.start()
 
-    def handle(self, msg: Message) -> None:
+    def stop_pipeline(self) -> None:
+        """Finish what was read, wait for the acks, commit, stop the threads."""
+        self.drain(self.ws.flush_timeout_s)
+        try:
+            self._to_device.put(None, timeout=1.0)
+        except queue.Full:  # the device is stuck in a model call: its thread is a daemon
+            log("the device did not finish its batch; stopping without it")
+        for t in self._threads:
+            t.join(timeout=self.ws.flush_timeout_s)
+        self.producer.flush(self.ws.flush_timeout_s)
+        self.housekeep(asynchronous=False)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every batch read so far has been handed to the producer."""
+        deadline = time.monotonic() + timeout_s
+        for q in (self._to_device, self._to_emit):
+            with q.all_tasks_done:
+                if not q.all_tasks_done.wait_for(lambda q=q: q.unfinished_tasks == 0,  # type: ignore[misc]
+                                                 max(0.0, deadline - time.monotonic())):
+                    return False
+        return True
+
+    def feed(self, msg: Message) -> None:
+        """Main thread: decode and check one batch, then queue it for the device (blocking while
+        the device is a batch behind, which is the backpressure on reading)."""
+        if msg.error() is not None:
+            if msg.error().code() != KafkaError._PARTITION_EOF:
+                log(f"consume error: {msg.error()}")
+            return
         source = (msg.topic(), msg.partition(), msg.offset())
-        received_us = time.time_ns() // 1000
+        job = Job(msg.offset())
         try:
             batch = decode_as("Batch", msg.value())
+            job.prepared = prepare_batch(self.model.spec, batch, version=self.version, received_us=now_us(),
+                                         source=source, selector_partitions=self.selector_partitions)
         except ClipstreamError as exc:
-            self.produce(self.deadletter_topic, None, "DeadLetter",
-                         dead_letter(f"undecodable batch: {exc}", source=source, payload=msg.value()))
-            return
-        outcome = handle_batch(
-            self.model, batch, worker_id=self.worker_id, version=self.version,
-            received_us=received_us, source=source, selector_partitions=self.selector_partitions,
-        )
-        self.emit(outcome)
+            job.outcome = BatchOutcome(dead_letters=[
+                dead_letter(f"undecodable batch: {exc}", source=source, payload=msg.value())])
+        except Exception as exc:  # a bug must not turn one batch into a crash loop (poison pill)
+            job.outcome = _crashed(exc, source, msg.value())
+        job.source, job.payload = source, msg.value()
+        self.tracker.begin(msg.offset())
+        while True:
+            try:
+                self._to_device.put(job, timeout=0.1)
+                return
+            except queue.Full:
+                if self.housekeep():
+                    return  # recovered from a failed delivery: this batch is read again after the seek
 
-    def emit(self, outcome: BatchOutcome) -> None:
+    def _device_loop(self) -> None:
+        while True:
+            job = self._to_device.get()
+            if job is not None and job.prepared is not None:
+                job.ran = run_batch(self.model, job.prepared)
+            self._to_emit.put(job)
+            self._to_device.task_done()
+            if job is None:
+                return
+
+    def _emit_loop(self) -> None:
+        while True:
+            try:
+                job = self._to_emit.get(timeout=0.05)
+            except queue.Empty:
+                self.producer.poll(0)  # delivery reports while idle
+                continue
+            if job is None:
+                self._to_emit.task_done()
+                return
+            try:
+                outcome = job.outcome
+                if outcome is None and job.prepared is not None:
+                    outcome = finish_batch(job.prepared, job.ran, worker_id=self.worker_id)
+            except Exception as exc:
+                outcome = _crashed(exc, job.source, job.payload)
+            self.emit(outcome or BatchOutcome(), job.offset)
+            self.producer.poll(0)
+            self._to_emit.task_done()
+
+    def housekeep(self, asynchronous: bool = True) -> bool:
+        """Main thread: commit what the broker has acknowledged; redo from the oldest open batch
+        when a delivery failed for good (the broker is in trouble: duplicates, not gaps)."""
+        if self.tracker.failure is not None:
+            log(f"outputs not delivered ({self.tracker.failure}); redoing from the oldest unacknowledged batch")
+            self.drain(self.ws.flush_timeout_s)
+            self.producer.flush(self.ws.flush_timeout_s)
+            resume = self.tracker.first_open()
+            self.tracker.reset()
+            if resume is not None:
+                time.sleep(1.0)  # do not spin against a failing broker
+                self.consumer.seek(TopicPartition(self.batches_topic, self.replica, resume))
+            return True
+        offset = self.tracker.take_committable()
+        if offset is not None:
+            self.consumer.commit(offsets=[TopicPartition(self.batches_topic, self.replica, offset)],
+                                 asynchronous=asynchronous)
+        return False
+
+    def emit(self, outcome: BatchOutcome, offset: int) -> None:
         """Predictions first (the caller is waiting), then the cache, stats and dead letters."""
-        for partition, record in outcome.predictions_records():
-            self.produce(self.predictions_topic, partition, "Predictions", record)
+        records: list[tuple[str, int | None, str, dict[str, Any]]] = [
+            (self.predictions_topic, partition, "Predictions", record)
+            for partition, record in outcome.predictions_records()]
+        if outcome.stats is not None:
+            records.append((self.stats_topic, None, "BatchStats", outcome.stats))
+        records += [(self.deadletter_topic, None, "DeadLetter", r) for r in outcome.dead_letters]
+        # counted before the first produce, so an early ack cannot close the batch too soon
+        self.tracker.produced(offset, len(records))
+        for topic, partition, name, record in records[:1]:
+            self.produce(topic, partition, name, record, offset)
         if outcome.cache:
             try:
                 pipe = self.redis.pipeline(transaction=False)
@@ -202,13 +279,12 @@ class Worker:
                 pipe.execute()
             except redis.RedisError as exc:  # the cache is an optimisation: keep serving
                 log(f"cache fill failed: {exc}")
-        if outcome.stats is not None:
-            self.produce(self.stats_topic, None, "BatchStats", outcome.stats)
-        for record in outcome.dead_letters:
-            self.produce(self.deadletter_topic, None, "DeadLetter", record)
+        for topic, partition, name, record in records[1:]:
+            self.produce(topic, partition, name, record, offset)
 
-    def produce(self, topic: str, partition: int | None, name: str, record: dict[str, Any]) -> None:
-        kwargs: dict[str, Any] = {"value": encode(name, record), "on_delivery": self._delivered}
+    def produce(self, topic: str, partition: int | None, name: str, record: dict[str, Any], offset: int) -> None:
+        kwargs: dict[str, Any] = {"value": encode(name, record),
+                                  "on_delivery": lambda err, msg: self.tracker.acked(offset, None if err is None else f"{msg.topic()}: {err}")}
         if partition is not None:
             kwargs["partition"] = partition
         while True:
@@ -218,6 +294,20 @@ class Worker:
             except BufferError:  # local queue full: let librdkafka drain it
                 self.producer.poll(0.05)
 
-    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._failed.append(f"{msg.topic()}: {err}")
+
+@dataclass
+class Job:
+    """One batch on its way through the pipeline."""
+
+    offset: int
+    prepared: Prepared | None = None
+    ran: Ran | None = None
+    outcome: BatchOutcome | None = None  # set instead of ``prepared`` for a batch that cannot run
+    source: tuple[str, int, int] | None = None
+    payload: bytes | None = None
+
+
+def _crashed(exc: Exception, source: tuple[str, int, int] | None, payload: bytes | None) -> BatchOutcome:
+    log(f"batch at offset {source[2] if source else '?'} failed: {type(exc).__name__}: {exc}")
+    return BatchOutcome(dead_letters=[dead_letter(f"worker failed on this batch: {type(exc).__name__}: {exc}",
+                                                  source=source, payload=payload)])

@@ -52,8 +52,26 @@ def test_credit_bounds_batches_in_flight_and_returns_with_stats():
     assert not d.decide(10, 0, 0).send  # both credits used
     assert d.completed("b1", 4, 5_000) is not None
     assert d.replicas[0].aimd.max_batch_size == 5  # full batch under objective
-    dec = d.decide(10, 0, 0)
+    # b2 (sent at 0) should be done at 5 ms: the next batch is due 3 ms (the lead) before
+    assert d.decide(10, 0, 0).wake_us == 2_000
+    dec = d.decide(10, 0, 2_000)
     assert dec.send and dec.size == 5
+
+
+def test_a_busy_replica_gets_its_next_batch_just_before_the_last_one_is_done():
+    d = make(replicas=1, in_flight=2)
+    d.sent(0, "b1", 4, now_us=0)
+    d.completed("b1", 4, 40_000)  # service time known: 40 ms
+    d.sent(0, "b2", 4, now_us=100_000)
+    dec = d.decide(10, 0, 100_001)
+    # due at sent + service - max(3 ms, 10% of service) = 100 + 40 - 4 ms
+    assert not dec.send and dec.wake_us == 136_000
+    assert d.decide(10, 0, 136_000).send
+    eager = Dispatcher(1, lambda: AIMD(OBJ, start=4, cap=64), max_in_flight=2, credit_lead_us=None)
+    eager.sent(0, "b1", 4, now_us=0)
+    eager.completed("b1", 4, 40_000)
+    eager.sent(0, "b2", 4, now_us=100_000)
+    assert eager.decide(10, 0, 100_001).send  # without the gate, a free credit goes at once
 
 
 def test_least_loaded_replica_gets_the_next_batch_round_robin_when_idle():

@@ -1,4 +1,5 @@
-"""The worker's Kafka adapter with fake clients: outputs first, offset commit only after acks."""
+"""The worker's pipeline with fake Kafka and Redis clients: outputs first, and an offset is
+committed only after the broker acknowledged every record its batch produced."""
 
 from __future__ import annotations
 
@@ -102,22 +103,29 @@ def batch_bytes(n: int, items: int = 3) -> bytes:
                             "created_us": 1, "items": its})
 
 
-def make_worker(tmp_path: Path, fail: bool = False) -> tuple[Worker, FakeProducer, FakeConsumer, FakeRedis]:
-    folder = make_profile_model(tmp_path, "sim", table={1: 0.0}, shape=[4], labels=[0, 1])
+def make_worker(tmp_path: Path, fail: bool = False, table: dict[int, float] | None = None,
+                ) -> tuple[Worker, FakeProducer, FakeConsumer, FakeRedis]:
+    folder = make_profile_model(tmp_path, "sim", table=table or {1: 0.0}, shape=[4], labels=[0, 1])
     w = Worker(Settings(topic_prefix="p."), load_model(load_spec(folder)), "sim", version="1")
     w.producer = producer = FakeProducer(fail)  # type: ignore[assignment]
     w.consumer = consumer = FakeConsumer(producer.log)  # type: ignore[assignment]
     w.redis = cache = FakeRedis()  # type: ignore[assignment]
-    w.ws = w.ws.model_copy(update={"flush_timeout_s": 0.1})
+    w.ws = w.ws.model_copy(update={"flush_timeout_s": 5.0})
     w.selector_partitions = 4
+    w.start_pipeline()
     return w, producer, consumer, cache
 
 
 def test_outputs_are_acknowledged_before_the_offset_is_committed(tmp_path: Path) -> None:
     w, producer, consumer, cache = make_worker(tmp_path)
-    w.serve([Msg(batch_bytes(0), 10), Msg(batch_bytes(1), 11)])
+    w.feed(Msg(batch_bytes(0), 10))
+    w.feed(Msg(batch_bytes(1), 11))
+    assert w.drain(5.0)
+    w.housekeep()
+    assert consumer.commits == []  # produced, not yet acknowledged
+    producer.flush(0)
+    w.housekeep()
     assert consumer.commits == [12]
-    assert producer.log[-2:] == ["flush", "commit"]
     topics = [(t, p) for t, p, _ in producer.sent]
     assert topics.count(("p.predictions", 0)) == 2 and topics.count(("p.predictions", 1)) == 2
     assert topics.count(("p.batch-stats.sim", None)) == 2
@@ -126,16 +134,36 @@ def test_outputs_are_acknowledged_before_the_offset_is_committed(tmp_path: Path)
     assert cache.store["round_trips"] == 2 and cache.store["k1.2"][1] == w.settings.cache_ttl_s
 
 
+def test_the_device_runs_a_batch_while_the_next_is_read(tmp_path: Path) -> None:
+    """With a 200 ms simulated device, two batches fed back to back overlap: the second is read
+    and checked while the first runs, so both finish in about two service times, not more."""
+    w, producer, consumer, _ = make_worker(tmp_path, table={1: 200.0, 3: 200.0})
+    w.feed(Msg(batch_bytes(0), 0))
+    w.feed(Msg(batch_bytes(1), 1))  # returns while batch 0 is still on the device
+    assert not any(t == "p.batch-stats.sim" for t, _, _ in producer.sent)
+    assert w.drain(5.0)
+    stats = [decode_as("BatchStats", v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    assert [s["batch_id"] for s in stats] == ["b0", "b1"] and all(s["service_us"] >= 190_000 for s in stats)
+
+
 def test_undelivered_outputs_mean_no_commit_and_a_redo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("workers.worker.time.sleep", lambda s: None)
     w, producer, consumer, _ = make_worker(tmp_path, fail=True)
-    w.serve([Msg(batch_bytes(0), 5), Msg(batch_bytes(1), 6)])
+    w.feed(Msg(batch_bytes(0), 5))
+    w.feed(Msg(batch_bytes(1), 6))
+    assert w.drain(5.0)
+    producer.flush(0)
+    assert w.housekeep() is True
     assert consumer.commits == [] and consumer.seeks == [5]
+    assert len(w.tracker) == 0  # read again from offset 5 after the seek
 
 
 def test_garbage_batch_is_a_dead_letter_and_is_committed(tmp_path: Path) -> None:
     w, producer, consumer, _ = make_worker(tmp_path)
-    w.serve([Msg(b"\x00garbage", 3)])
+    w.feed(Msg(b"\x00garbage", 3))
+    assert w.drain(5.0)
+    producer.flush(0)
+    w.housekeep()
     ((topic, _, value),) = producer.sent
     letter = decode_as("DeadLetter", value)
     assert topic == "p.deadletter" and letter["source_offset"] == 3 and letter["payload"] == b"\x00garbage"
@@ -148,8 +176,11 @@ def test_a_crashing_batch_is_dead_lettered_not_a_crash_loop(tmp_path: Path, monk
     def boom(*args: Any, **kwargs: Any) -> None:
         raise KeyError("surprise")
 
-    monkeypatch.setattr("workers.worker.handle_batch", boom)
-    w.serve([Msg(batch_bytes(0), 8)])
+    monkeypatch.setattr("workers.worker.finish_batch", boom)
+    w.feed(Msg(batch_bytes(0), 8))
+    assert w.drain(5.0)
+    producer.flush(0)
+    w.housekeep()
     ((topic, _, value),) = producer.sent
     assert topic == "p.deadletter" and "KeyError" in decode_as("DeadLetter", value)["reason"]
     assert consumer.commits == [9]

@@ -1,0 +1,98 @@
+"""Benchmark of the model abstraction layer ALONE, on a real Kafka broker and a real Redis.
+
+``requests.<model>`` in -> ``clipstream batcher`` -> ``batches.<model>`` -> ``clipstream worker``
+-> ``predictions`` out. The benchmark plays the selector on both sides: a load generator (its
+own process) produces ``ModelRequest`` records straight into ``requests.<model>`` (deadline =
+now + objective, ``selector_partition`` spread over the partitions of ``predictions``), and a
+consumer reads ``predictions`` (and ``batch-stats.<model>``, the workers' per-batch reports).
+Batcher and worker are the real CLI processes, started per run, each waited on for its
+``ready:`` line and stopped at the end of the run.
+
+Every run gets its own model name (so its own topics and consumer groups) under one private
+broker + Redis (``launcher.up`` with free ports in a temporary state dir), stopped at the end,
+also on Ctrl-C. Sections:
+
+* ``throughput``: ok predictions answered within the objective per second (goodput), at a
+  20 ms objective, open loop above capacity, for no batching (batch size 1), fixed batch
+  sizes, and AIMD; for (a) the simulated accelerator with Clockwork's ResNet-50 table, (b) a
+  high-fixed-cost profile (5 ms per batch + 0.05 ms per item, like the paper's SVM), (c) the
+  scikit-learn digits logistic regression exported to ONNX. A *fixed* size N is the real
+  batcher with ``--max-batch-size N``, AIMD started at N (``CLIPSTREAM_BATCHER_AIMD_START``)
+  and an AIMD objective nothing misses (``--latency-objective-ms 1e6``): the size never moves.
+  The request deadline (20 ms) is set by the load generator, not by that flag.
+* ``adapt``: AIMD on the Clockwork profile when the model becomes 2x slower mid-run
+  (``set_slowdown``), against fixed sizes measured at the slower speed.
+* ``delayed``: delayed batching off (0 ms) vs on, AIMD, the high-fixed-cost profile, moderate
+  bursty load.
+* ``cache``: cache hits: batcher in -> predictions topic out.
+* ``cost``: the ONNX model's CPU cost per query, per process (/proc/<pid>/stat), and where the
+  batcher's and the worker's Python time goes (py-spy, when installed).
+
+    .venv/bin/python -m bench.batching            # ~7 min; out/bench/batching.json and .png
+    .venv/bin/python -m bench.batching --quick    # ~2-3 min smoke run (fewer sizes, shorter runs)
+    .venv/bin/python -m bench.batching --sections throughput --models clockwork --deadline-ms 100 \
+        --rate-scale 1.6 --out out/bench/d100     # a looser request deadline, more load
+    (--verbose: latency by hop per run; --keep: keep the process logs and py-spy stacks)
+
+Offered load is open loop: a linear ramp over the first half of each run's warm-up (a step
+from nothing to the full rate puts a just-started batcher more than a deadline behind at
+once, and it never catches up), then the constant rate, whether or not answers come back.
+Every run has the same warm-up and measurement window; figures count answers made in the
+window. ``goodput`` = ok answers made within the request deadline; ``ok throughput`` = ok
+answers, any latency (the batch latency is still bounded by the 20 ms AIMD objective).
+
+Modules: ``helpers`` (pure functions, unit-tested), ``procs`` (load generator and CLI
+children), ``runner`` (``Bench``: one run), ``sections`` (the five sections), ``plot`` (the
+figure), ``cli`` (``main``). The discrete-event simulation that used to live here is
+``bench/batching_sim.py``.
+"""
+
+from __future__ import annotations
+
+from bench.batching.cli import SECTIONS, main
+from bench.batching.helpers import (
+    CATEGORIES,
+    CLOCKWORK,
+    FIXED_AIMD_OBJECTIVE_MS,
+    HOPS,
+    OBJECTIVE_MS,
+    ROOT,
+    SVM_FIXED_MS,
+    SVM_PER_ITEM_MS,
+    Obs,
+    arrivals_due,
+    batches_between,
+    best_of,
+    categorise_stacks,
+    device_max,
+    goodput_series,
+    hop_medians,
+    latency_fn,
+    log,
+    parse_stats_line,
+    percentile,
+    recovery,
+    summarise,
+    sweep_sizes,
+    top_leaves,
+)
+from bench.batching.plot import plot
+from bench.batching.procs import CHILDREN, Child, LoadGen, cpu_ticks, stop_all, wait_ready
+from bench.batching.runner import Bench, Model, RunResult
+from bench.batching.sections import (
+    models,
+    section_adapt,
+    section_cache,
+    section_cost,
+    section_delayed,
+    section_throughput,
+)
+
+__all__ = [
+    "CATEGORIES", "CHILDREN", "CLOCKWORK", "FIXED_AIMD_OBJECTIVE_MS", "HOPS", "OBJECTIVE_MS", "ROOT", "SECTIONS",
+    "SVM_FIXED_MS", "SVM_PER_ITEM_MS", "Bench", "Child", "LoadGen", "Model", "Obs", "RunResult", "arrivals_due",
+    "batches_between", "best_of", "categorise_stacks", "cpu_ticks", "device_max", "goodput_series", "hop_medians",
+    "latency_fn", "log", "main", "models", "parse_stats_line", "percentile", "plot", "recovery", "section_adapt",
+    "section_cache", "section_cost", "section_delayed", "section_throughput", "stop_all", "summarise",
+    "sweep_sizes", "top_leaves", "wait_ready",
+]

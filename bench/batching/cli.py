@@ -1,0 +1,97 @@
+"""``main``: the command line of ``python -m bench.batching`` (the benchmark is described in
+the package docstring, ``bench/batching/__init__.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.batching.helpers import OBJECTIVE_MS, ROOT, log
+from bench.batching.plot import plot
+from bench.batching.runner import Bench, RunResult
+from bench.batching.sections import (
+    models,
+    section_adapt,
+    section_cache,
+    section_cost,
+    section_delayed,
+    section_throughput,
+)
+
+
+SECTIONS = ("throughput", "adapt", "delayed", "cache", "cost")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    import bench.batching
+
+    ap = argparse.ArgumentParser(description=(bench.batching.__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="~1 minute smoke run: fewer sizes, shorter runs")
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    ap.add_argument("--models", default="clockwork,svm,onnx", help="models of the throughput section")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary dir (process logs)")
+    ap.add_argument("--verbose", action="store_true", help="print each run's latency by hop")
+    ap.add_argument("--deadline-ms", type=float, default=OBJECTIVE_MS,
+                    help="request deadline = produce time + this (the AIMD objective stays 20 ms)")
+    ap.add_argument("--no-ramp", dest="ramp", action="store_false",
+                    help="step to the full offered load at once instead of a ramp over half the warm-up")
+    ap.add_argument("--rate-scale", type=float, default=1.0, help="scale the throughput runs' offered load")
+    ap.add_argument("--no-cache", action="store_true", help="run every batcher with --no-cache")
+    args = ap.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    sections = [s for s in args.sections.split(",") if s]
+    if args.quick and args.sections == ",".join(SECTIONS):
+        sections = ["throughput", "cache"]  # ~1 min; name --sections for the others
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def on_term(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    t0 = time.monotonic()
+    report: dict[str, Any] = {
+        "what": "model abstraction layer alone on a real Kafka broker and Redis: requests.<model> -> batcher -> "
+                "worker -> predictions; goodput = ok predictions answered within the objective per second",
+        "objective_ms": OBJECTIVE_MS, "request_deadline_ms": args.deadline_ms, "quick": args.quick,
+        "ramp": args.ramp, "argv": list(argv) if argv is not None else sys.argv[1:], "host_cpus": os.cpu_count(),
+        "load_at_start": os.getloadavg(), "throughput": {},
+    }
+    b = Bench(args)
+    ms = models(args.quick)
+    try:
+        b.start()
+        log("warm-up run (the broker's JIT; not reported)")
+        b.run(ms["svm"], "warm-up", rate_qps=1000.0, warmup_s=0.5, measure_s=1.0 if args.quick else 5.0)
+        thr: dict[str, dict[str, RunResult]] = {}
+        if "throughput" in sections:
+            thr = section_throughput(b, ms, report)
+        if "adapt" in sections:
+            section_adapt(b, ms, report)
+        if "delayed" in sections:
+            section_delayed(b, ms, report)
+        if "cache" in sections:
+            section_cache(b, ms, report)
+        if "cost" in sections:
+            section_cost(b, ms, report, thr)
+    except KeyboardInterrupt:
+        log("interrupted: stopping everything")
+        report["interrupted"] = True
+    finally:
+        b.stop()
+    report["load_at_end"] = os.getloadavg()
+    report["wall_s"] = round(time.monotonic() - t0, 1)
+    (args.out / "batching.json").write_text(json.dumps(report, indent=1, default=str))
+    try:
+        plot(report, args.out / "batching.png")
+    except Exception as exc:  # a figure problem must not lose the numbers
+        log(f"figure failed: {exc}")
+    log(f"wrote {args.out / 'batching.json'} and batching.png in {report['wall_s']} s")
+    return report

@@ -1,0 +1,292 @@
+"""One benchmark run: a fresh model (its own topics), its batcher and worker, open-loop load,
+the consumer of predictions and batch stats, and the run's figures (``Bench.run``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.batching.helpers import (
+    FIXED_AIMD_OBJECTIVE_MS,
+    OBJECTIVE_MS,
+    Obs,
+    categorise_stacks,
+    fmt_ms,
+    log,
+    parse_stats_line,
+    summarise,
+    top_leaves,
+)
+from bench.batching.procs import Child, LoadGen, cpu_ticks, stop_all, wait_ready
+
+
+@dataclass
+class Model:
+    kind: str  # clockwork | svm | onnx
+    label: str
+    make: Callable[[Path, str], Path]  # (root, name) -> folder
+    rate_qps: float  # offered load for the throughput runs (above capacity)
+
+
+@dataclass
+class RunResult:
+    label: str
+    summary: dict[str, Any]
+    obs: list[Obs] = field(repr=False)
+    batches: list[tuple[int, int, int]] = field(repr=False)
+    max_batch: list[tuple[float, int]] = field(repr=False)  # (wall s, max batch size) from stats lines
+    t0_us: int = 0
+    t1_us: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.quick = args.quick
+        self.tmp = Path(tempfile.mkdtemp(prefix="bench-batching-"))
+        self.models_root = self.tmp / "models"
+        self.logs = self.tmp / "logs"
+        self.logs.mkdir(parents=True)
+        self.status: Any = None
+        self.settings: Any = None
+        self.loadgen: LoadGen | None = None
+        self.n = 0
+        self.env: dict[str, str] = {}
+        self.deadline_us = int(args.deadline_ms * 1000)
+
+    # -- infra ------------------------------------------------------------------------
+    def start(self) -> None:
+        from clipstream.infra import launcher
+        from clipstream.settings import Settings
+        from topics.admin import ensure_core_topics
+
+        self.infra_settings = Settings(state_dir=self.tmp / "state")
+        t = time.monotonic()
+        self.status = launcher.up(self.infra_settings, free_ports=True, progress=lambda m: log(f"infra: {m}"),
+                                  die_with_parent=True)
+        log(f"infra up in {time.monotonic() - t:.1f}s: kafka {self.status.kafka_bootstrap}, redis {self.status.redis_url}")
+        prefix = f"bench{uuid.uuid4().hex[:6]}."
+        self.settings = Settings(kafka_bootstrap=self.status.kafka_bootstrap, redis_url=self.status.redis_url,
+                                 topic_prefix=prefix, state_dir=self.tmp / "state")
+        self.env = {**os.environ, **self.status.env(), "CLIPSTREAM_TOPIC_PREFIX": prefix,
+                    "CLIPSTREAM_BATCHER_STATS_LOG_INTERVAL_S": "0.2", "CLIPSTREAM_WORKER_DEVICE": "cpu",
+                    "PYTHONUNBUFFERED": "1"}
+        ensure_core_topics(self.settings)
+        self.loadgen = LoadGen()
+
+    def stop(self) -> None:
+        stop_all()
+        if self.loadgen is not None:
+            self.loadgen.stop()
+        if self.status is not None:
+            from clipstream.infra import launcher
+
+            log("stopping broker and Redis")
+            launcher.down(self.infra_settings)
+        if not self.args.keep:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- a run -----------------------------------------------------------------------
+    def run(self, model: Model, label: str, *, fixed: int | None = None, max_batch: int = 1024,
+            delay_ms: float | None = None, rate_qps: float | None = None, period_s: float = 0.0,
+            duty: float = 1.0, warmup_s: float = 1.5, measure_s: float = 3.0, slowdown: float = 1.0,
+            slowdown_at_s: float | None = None, pool: int = 0, prefill: bool = False,
+            profile: bool = False, no_cache: bool = False) -> RunResult:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        from topics.admin import ensure_model_topics
+        from topics.catalogue import Catalogue
+        from topics.client import consumer_config
+        from tests.models import set_slowdown
+
+        self.n += 1
+        name = f"{model.kind}-{self.n}"
+        folder = model.make(self.models_root, name)
+        set_slowdown(folder, slowdown)
+        cat = Catalogue.from_settings(self.settings)
+        ensure_model_topics(self.settings, name, 1)
+        objective_us = self.deadline_us
+
+        bargs = ["batcher", "--model", name, "--version", "1", "--replicas", "1"]
+        env = dict(self.env)
+        if fixed is not None:
+            bargs += ["--max-batch-size", str(fixed), "--latency-objective-ms", str(FIXED_AIMD_OBJECTIVE_MS)]
+            env["CLIPSTREAM_BATCHER_AIMD_START"] = str(fixed)
+        else:
+            bargs += ["--max-batch-size", str(max_batch), "--latency-objective-ms", str(OBJECTIVE_MS)]
+        if delay_ms is not None:
+            bargs += ["--batch-delay-ms", str(delay_ms)]
+        if no_cache or self.args.no_cache:
+            bargs += ["--no-cache"]
+        t_start = time.monotonic()
+        obs: list[Obs] = []
+        batches: list[tuple[int, int, int]] = []
+        consumer_stop = threading.Event()
+        consumer = th = None
+        batcher = Child(f"{name}-batcher", bargs, env, self.logs)
+        worker = Child(f"{name}-worker", ["worker", "--model", name, "--path", str(folder), "--replica", "0",
+                                           "--replicas", "1", "--version", "1", "--device", "cpu"], env, self.logs)
+        try:
+            startup_s = wait_ready([batcher, worker])
+            # the consumer: predictions from their current ends, this model's batch stats from the start
+            consumer = Consumer(consumer_config(self.settings, f"bench-{uuid.uuid4().hex[:8]}",
+                                                **{"enable.auto.commit": False}))
+            parts = []
+            for p in range(cat.predictions.partitions):
+                _, high = consumer.get_watermark_offsets(TopicPartition(cat.predictions.name, p), timeout=10)
+                parts.append(TopicPartition(cat.predictions.name, p, high))
+            parts.append(TopicPartition(cat.batch_stats(name).name, 0, OFFSET_BEGINNING))
+            consumer.assign(parts)
+            stop = consumer_stop
+            th = threading.Thread(target=_consume, args=(consumer, name, obs, batches, stop), daemon=True)
+            th.start()
+
+            assert self.loadgen is not None
+            job = dict(bootstrap=self.status.kafka_bootstrap, topic=cat.requests(name).name, model=name,
+                       partitions=cat.predictions.partitions, objective_us=objective_us,
+                       qid_prefix=f"{name}-", rate_qps=rate_qps or model.rate_qps * self.args.rate_scale,
+                       period_s=period_s, duty=duty)
+            if prefill:  # send the pool once and wait for its answers: the cache is now warm
+                self.loadgen.start(**{**job, "rate_qps": 200.0, "period_s": 0.0, "duty": 1.0},
+                                   start=time.time() + 0.05, duration_s=pool / 200 + 0.01, pool=pool)
+                self.loadgen.result()
+                deadline = time.monotonic() + 10
+                while sum(1 for o in obs if o.status == "ok") < pool and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(0.3)
+                obs.clear()
+                job["qid_prefix"] = f"{name}-again-"
+            duration = warmup_s + measure_s
+            start = time.time() + 0.1
+            # open loop, but reached by a ramp over the first half of the warm-up: a step from 0 to
+            # the full rate puts a just-started batcher behind by more than a deadline at once
+            self.loadgen.start(**job, start=start, duration_s=duration, pool=pool,
+                               ramp_s=warmup_s / 2 if self.args.ramp else 0.0)
+            t0_us = int((start + warmup_s) * 1e6)
+            t1_us = int((start + duration) * 1e6)
+            pids = {"batcher": batcher.pid, "worker": worker.pid, "kafka": self.status.kafka_pid,
+                    "redis": self.status.redis_pid, "loadgen": self.loadgen.pid, "bench (consumer)": os.getpid()}
+            spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+            _sleep_until(start + warmup_s)
+            cpu0 = {k: cpu_ticks(p) for k, p in pids.items() if p}
+            if profile:
+                spies = self._spy({"batcher": batcher.pid, "worker": worker.pid}, measure_s)
+            slow_wall = None
+            if slowdown_at_s is not None:
+                _sleep_until(start + slowdown_at_s)
+                set_slowdown(folder, 2.0 * slowdown)
+                slow_wall = time.time()
+            _sleep_until(start + duration)
+            cpu1 = {k: cpu_ticks(p) for k, p in pids.items() if p}
+            sent = self.loadgen.result()
+            time.sleep(0.3)  # answers still on their way
+        finally:
+            consumer_stop.set()
+            if th is not None:
+                th.join(5)
+            if consumer is not None:
+                consumer.close()
+            batcher.stop()
+            worker.stop()
+        summary = summarise(obs, t0_us, t1_us, objective_us, batches)
+        summary["offered_qps"] = sent["sent"] / max(1e-9, sent["elapsed_s"])
+        summary["startup_s"] = round(startup_s, 2)
+        summary["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
+        hz = os.sysconf("SC_CLK_TCK")
+        cpu_s = {k: (cpu1[k] - cpu0[k]) / hz for k in cpu0 if cpu0.get(k) is not None and cpu1.get(k) is not None}
+        summary["cpu_s"] = {k: round(v, 3) for k, v in cpu_s.items()}
+        max_batch_trace = [(t, max(r["max_batch_size"] for r in s["replicas"]))
+                           for t, line in batcher.lines if (s := parse_stats_line(line)) and s.get("replicas")]
+        res = RunResult(label, summary, obs, batches, max_batch_trace, t0_us, t1_us)
+        if slow_wall is not None:
+            res.extra["slowdown_at_us"] = int(slow_wall * 1e6)
+        if spies:
+            res.extra["profile"] = self._spy_results(spies)
+        s = summary
+        log(f"  {label:28s} offered {s['offered_qps']:7.0f}  goodput {s['goodput_qps']:7.0f} qps  "
+            f"ok {s['ok_qps']:7.0f}  expired {s['expired_qps']:6.0f}  batch {s['mean_batch']:5.1f}  "
+            f"p50 {fmt_ms(s['latency_ms_p50'])} ms  (start {startup_s:.1f}s, run {time.monotonic() - t_start:.1f}s)")
+        if self.args.verbose:
+            log("      hops p50 ms: " + ", ".join(f"{k} {v}" for k, v in s["hop_ms_p50"].items()))
+        return res
+
+    def _spy(self, pids: Mapping[str, int], seconds: float) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(exe).exists():
+            log("  py-spy not installed: no per-function breakdown (pip install py-spy)")
+            return []
+        out = []
+        for name, pid in pids.items():
+            path = self.logs / f"pyspy-{name}.txt"
+            proc = subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "200",
+                                     "-f", "raw", "-o", str(path), "--nonblocking"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            out.append((name, proc, path))
+        return out
+
+    def _spy_results(self, spies: list[tuple[str, subprocess.Popen[bytes], Path]]) -> dict[str, Any]:
+        res = {}
+        for name, proc, path in spies:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                lines = []
+            cats = categorise_stacks(lines)
+            total = sum(cats.values()) or 1
+            res[name] = {k: round(v / total, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])}
+            res[name]["_samples"] = total
+            res[name]["_top_frames"] = [(f, round(c / total, 3)) for f, c in top_leaves(lines)]
+        return res
+
+
+def _sleep_until(t: float) -> None:
+    while (d := t - time.time()) > 0:
+        time.sleep(min(d, 0.05))
+
+
+def _consume(consumer: Any, model: str, obs: list[Obs], batches: list[tuple[int, int, int]],
+             stop: threading.Event) -> None:
+    from schemas import decode
+
+    while not stop.is_set():
+        # consume(n, t) waits for n messages or all of t: wait for the first only, then take the rest
+        first = consumer.poll(0.05)
+        if first is None:
+            continue
+        for msg in [first, *consumer.consume(1000, 0)]:
+            if msg.error() is not None:
+                continue
+            now = time.time_ns() // 1000
+            try:
+                kind, rec = decode(msg.value())
+            except Exception:
+                continue
+            if kind == "Predictions":
+                ts_type, ts_ms = msg.timestamp()
+                ts_us = ts_ms * 1000 if ts_type else None
+                for p in rec["items"]:
+                    if p["model"] != model:
+                        continue
+                    tr = p["trace"]
+                    out = tr.get("worker_out") or tr.get("batched") or now
+                    obs.append(Obs(p["status"], tr.get("produced", 0), out, now, tr.get("batcher_in"),
+                                   tr.get("batched"), ts_us, tr.get("worker_in")))
+            elif kind == "BatchStats" and rec["model"] == model:
+                batches.append((int(rec["created_us"]), int(rec["batch_size"]), int(rec["service_us"])))

@@ -1,0 +1,236 @@
+"""The benchmark's sections: throughput, adapt, delayed, cache and cost (see ``bench.batching``).
+
+Each runs its runs on a started ``Bench`` and puts its figures under its key of the report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from bench.batching.helpers import (
+    CLOCKWORK,
+    OBJECTIVE_MS,
+    SVM_FIXED_MS,
+    SVM_PER_ITEM_MS,
+    batches_between,
+    best_of,
+    device_max,
+    fmt_ms,
+    goodput_series,
+    latency_fn,
+    log,
+    percentile,
+    recovery,
+    summarise,
+    sweep_sizes,
+)
+from bench.batching.runner import Bench, Model, RunResult
+
+
+def models(quick: bool) -> dict[str, Model]:
+    from tests.models import make_onnx_digits_model, make_profile_model
+
+    return {
+        "clockwork": Model("clockwork", "simulated accelerator (Clockwork ResNet-50 table)",
+                           lambda root, name: make_profile_model(root, name, table=CLOCKWORK), 800.0),
+        "svm": Model("svm", f"high fixed cost ({SVM_FIXED_MS:g} ms/batch + {SVM_PER_ITEM_MS:g} ms/item)",
+                     lambda root, name: make_profile_model(root, name, fixed_ms=SVM_FIXED_MS,
+                                                           per_item_ms=SVM_PER_ITEM_MS), 1000.0),
+        "onnx": Model("onnx", "sklearn digits logistic regression, ONNX Runtime CPU",
+                      lambda root, name: make_onnx_digits_model(root, name), 1000.0),
+    }
+
+
+def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> dict[str, dict[str, RunResult]]:
+    q = b.quick
+    warm, meas = (1.0, 1.5) if q else (3.0, 3.0)  # the same for every run: start-up transients are real
+    out: dict[str, dict[str, RunResult]] = {}
+    for kind in b.args.models:
+        m = ms[kind]
+        log(f"throughput: {m.label}, offered {m.rate_qps * b.args.rate_scale:g} qps open loop, objective {OBJECTIVE_MS:g} ms")
+        runs: dict[str, RunResult] = {}
+        for size in sweep_sizes(kind, q):
+            label = "no batching (1)" if size == 1 else f"fixed {size}"
+            runs[label] = b.run(m, label, fixed=size, warmup_s=warm, measure_s=meas)
+        runs["AIMD"] = b.run(m, "AIMD", warmup_s=warm, measure_s=meas)
+        out[kind] = runs
+        rows = {k: r.summary for k, r in runs.items()}
+        entry: dict[str, Any] = {"label": m.label, "offered_qps_target": m.rate_qps * b.args.rate_scale, "runs": rows}
+        dev = None
+        if kind in ("clockwork", "svm"):
+            lat = latency_fn(CLOCKWORK) if kind == "clockwork" else latency_fn(fixed_ms=SVM_FIXED_MS,
+                                                                               per_item_ms=SVM_PER_ITEM_MS)
+            dev = device_max(lat, OBJECTIVE_MS)
+            entry["device_max"] = dev
+            entry["device_no_batching_qps"] = 1000.0 / lat(1)
+        for metric, key in (("goodput", "goodput_qps"), ("ok throughput", "ok_qps")):
+            fixed_rows = {k: {"goodput_qps": v[key]} for k, v in rows.items() if k != "AIMD"}
+            best_label, best = best_of(fixed_rows, "")
+            aimd, none = rows["AIMD"][key], rows["no batching (1)"][key]
+            e = {"best_fixed": best_label, "best_fixed_qps": best, "aimd_qps": aimd, "no_batching_qps": none,
+                 "aimd_vs_best_fixed": aimd / best if best else None,
+                 "aimd_vs_no_batching": aimd / none if none else None,
+                 "best_fixed_vs_no_batching": best / none if none else None}
+            if dev is not None:
+                e["aimd_vs_device_max"] = aimd / dev["qps"]
+                e["best_fixed_vs_device_max"] = best / dev["qps"]
+            entry[metric] = e
+            log(f"  => {metric}: best fixed {best_label} {best:.0f} qps; AIMD {aimd:.0f} qps "
+                f"(x{_r(e['aimd_vs_best_fixed'])} of best fixed, x{_r(e['aimd_vs_no_batching'])} of no batching"
+                + (f", x{_r(e['aimd_vs_device_max'])} of device max {dev['qps']:.0f} qps at b={dev['batch_size']})"
+                   if dev else ")"))
+        report["throughput"][kind] = entry
+    return out
+
+
+def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> RunResult:
+    m = ms["clockwork"]
+    half = 3.0 if b.quick else 5.0
+    log(f"adapt: {m.label}, AIMD, the model becomes 2x slower at t = {half:g} s")
+    fixed_slow: dict[str, dict[str, Any]] = {}
+    for size in ([8] if b.quick else [4, 8, 12]):
+        r = b.run(m, f"fixed {size} @ 2x slower", fixed=size, slowdown=2.0, warmup_s=1.0,
+                  measure_s=2.0 if b.quick else 3.0)
+        fixed_slow[f"fixed {size}"] = r.summary
+    r = b.run(m, "AIMD, slows down mid-run", warmup_s=half, measure_s=half, slowdown_at_s=half)
+    dl = b.deadline_us
+    slow_us = r.extra["slowdown_at_us"]
+    start_us = r.t0_us - int(half * 1e6)
+    win = int(min(2.0, half - 1.0) * 1e6)
+    before = summarise(r.obs, slow_us - win, slow_us, dl, r.batches)
+    after = summarise(r.obs, r.t1_us - win, r.t1_us, dl, r.batches)
+    bin_s, hold = 0.1, 5
+    entry: dict[str, Any] = {
+        "fixed_at_2x_slower": fixed_slow, "aimd_before": before, "aimd_after": after,
+        "windows_s": win / 1e6,
+        "recovery_rule": f"first {hold * bin_s:g} s window after the slowdown whose rate >= 90% of the new best "
+                         "fixed size's; batches = BatchStats created from the slowdown to the end of that window",
+        "device_max_before": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS),
+        "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
+        "max_batch_before_median": _median_between(r.max_batch, (slow_us - win) / 1e6, slow_us / 1e6),
+        "max_batch_after_median": _median_between(r.max_batch, (r.t1_us - win) / 1e6, r.t1_us / 1e6),
+    }
+    for metric, key, objective in (("goodput", "goodput_qps", dl), ("ok throughput", "ok_qps", None)):
+        new_label, new_best = best_of({k: {"goodput_qps": v[key]} for k, v in fixed_slow.items()})
+        series = goodput_series(r.obs, slow_us, r.t1_us, bin_s, objective)
+        rec_s = recovery(series, bin_s, 0.9 * new_best, hold) if new_best else None
+        rec_batches = batches_between(r.batches, slow_us, slow_us + int(rec_s * 1e6)) if rec_s is not None else None
+        entry[metric] = {
+            "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
+            "aimd_before_qps": before[key], "aimd_after_qps": after[key],
+            "aimd_after_vs_new_best": after[key] / new_best if new_best else None,
+            "recovery_s": rec_s, "recovery_batches": rec_batches,
+        }
+        log(f"  => {metric}: before {before[key]:.0f} qps, after {after[key]:.0f} qps; new best {new_label} "
+            f"{new_best:.0f} qps (after/new best {_r(entry[metric]['aimd_after_vs_new_best'])}); "
+            f"back to 90% in {rec_s} s = {rec_batches} batches")
+    log(f"  => AIMD max batch size median before {entry['max_batch_before_median']}, "
+        f"after {entry['max_batch_after_median']}")
+    entry["trace"] = {
+        "t0_s": start_us / 1e6, "slowdown_s": (slow_us - start_us) / 1e6,
+        "max_batch": [(round(t - start_us / 1e6, 3), v) for t, v in r.max_batch],
+        "batches": [(round((c - start_us) / 1e6, 4), sz, round(sv / 1000, 2)) for c, sz, sv in r.batches
+                    if c >= start_us],
+        "goodput_bins": goodput_series(r.obs, start_us, r.t1_us, 0.25, dl),
+        "ok_bins": goodput_series(r.obs, start_us, r.t1_us, 0.25, None),
+        "bin_s": 0.25,
+    }
+    report["adapt"] = entry
+    return r
+
+
+def _median_between(trace: Sequence[tuple[float, int]], t0: float, t1: float) -> float | None:
+    vals = [v for t, v in trace if t0 <= t < t1]
+    return statistics.median(vals) if vals else None
+
+
+def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> None:
+    m = ms["svm"]
+    rates = [500.0] if b.quick else [300.0, 600.0]
+    delays = [0.0, 2.0] if b.quick else [0.0, 2.0, 5.0]
+    period, duty = 0.1, 0.5
+    log(f"delayed batching: {m.label}, AIMD, bursty load (on {duty * period * 1000:g} ms / off "
+        f"{(1 - duty) * period * 1000:g} ms)")
+    rows: dict[str, Any] = {}
+    for rate in rates:
+        for delay in delays:
+            label = f"{rate:g} qps, delay {delay:g} ms"
+            r = b.run(m, label, delay_ms=delay, rate_qps=rate, period_s=period, duty=duty,
+                      warmup_s=1.0 if b.quick else 1.5, measure_s=2.0 if b.quick else 3.0)
+            rows[label] = r.summary
+    entry: dict[str, Any] = {"burst": {"period_s": period, "duty": duty}, "runs": rows, "ratios": {}}
+    for rate in rates:
+        off = rows[f"{rate:g} qps, delay 0 ms"]
+        for delay in delays[1:]:
+            on = rows[f"{rate:g} qps, delay {delay:g} ms"]
+            entry["ratios"][f"{rate:g} qps, delay {delay:g} vs 0 ms"] = {
+                "goodput": on["goodput_qps"] / off["goodput_qps"] if off["goodput_qps"] else None,
+                "batches_per_s": on["batches_per_s"] / off["batches_per_s"] if off["batches_per_s"] else None,
+                "device_busy": on["device_busy"] / off["device_busy"] if off["device_busy"] else None,
+            }
+    report["delayed"] = entry
+    for k, v in entry["ratios"].items():
+        log(f"  => {k}: goodput x{_r(v['goodput'])}, batches/s x{_r(v['batches_per_s'])}, device busy x{_r(v['device_busy'])}")
+
+
+def _r(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def section_cache(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> None:
+    m = ms["onnx"]
+    log("cache: the same inputs again (the worker filled the cache), 200 qps")
+    r = b.run(m, "cache hits", rate_qps=200.0, pool=100 if b.quick else 200, prefill=True, warmup_s=0.5,
+              measure_s=1.5 if b.quick else 3.0)
+    hits = [o for o in r.obs if o.status == "cached" and o.batcher_in_us]
+    def ms_of(xs: list[float]) -> dict[str, float | None]:
+        return {"p50": percentile(xs, 50), "p90": percentile(xs, 90), "p99": percentile(xs, 99)}
+    entry = {
+        "hits": len(hits), "others": dict(Counter(o.status for o in r.obs if o.status != "cached")),
+        "batcher_in_to_consumed_ms": ms_of([(o.consume_us - o.batcher_in_us) / 1000 for o in hits]),
+        "batcher_in_to_kafka_timestamp_ms": ms_of([(o.kafka_ts_us - o.batcher_in_us) / 1000 for o in hits
+                                                   if o.kafka_ts_us is not None]),
+        "batcher_in_to_answer_made_ms": ms_of([(o.batched_us - o.batcher_in_us) / 1000 for o in hits if o.batched_us]),
+        "produced_to_consumed_ms": ms_of([(o.consume_us - o.produced_us) / 1000 for o in hits]),
+        "note": "kafka timestamps have millisecond resolution (CreateTime, set by the batcher's producer)",
+    }
+    report["cache"] = entry
+    log(f"  => {len(hits)} hits; batcher_in -> consumed p50 {fmt_ms(entry['batcher_in_to_consumed_ms']['p50'])} ms, "
+        f"-> answer made p50 {fmt_ms(entry['batcher_in_to_answer_made_ms']['p50'])} ms, "
+        f"produced -> consumed p50 {fmt_ms(entry['produced_to_consumed_ms']['p50'])} ms")
+
+
+def section_cost(b: Bench, ms: dict[str, Model], report: dict[str, Any],
+                 thr: dict[str, dict[str, RunResult]]) -> None:
+    m = ms["onnx"]
+    log("cost: ONNX model, AIMD at saturation, CPU time per process; py-spy on batcher and worker")
+    runs = thr.get("onnx", {})
+    base = runs.get("AIMD")
+    entry: dict[str, Any] = {}
+    for label, r in [("AIMD (throughput run, no profiler)", base),
+                     ("AIMD (profiled run)", b.run(m, "AIMD + py-spy", warmup_s=2.0, measure_s=3.0, profile=True))]:
+        if r is None:
+            continue
+        s = r.summary
+        answered = sum(s["counts"].values()) or 1
+        ok = s["counts"].get("ok", 0) or 1
+        span = (r.t1_us - r.t0_us) / 1e6
+        entry[label] = {
+            "ok_qps": s["ok_qps"], "answered_qps": s["answered_qps"], "mean_batch": s["mean_batch"],
+            "cpu_us_per_ok_query": {k: round(v * 1e6 / ok, 1) for k, v in s["cpu_s"].items()},
+            "cpu_us_per_answered_query": {k: round(v * 1e6 / answered, 1) for k, v in s["cpu_s"].items()},
+            "cpu_cores_busy": {k: round(v / span, 2) for k, v in s["cpu_s"].items()},
+            "layer_us_per_ok_query": round(sum(v for k, v in s["cpu_s"].items() if k in ("batcher", "worker", "kafka", "redis")) * 1e6 / ok, 1),
+            "model_service_us_per_query": round(1000 * (s["service_ms_p50"] or 0) / max(1.0, s["mean_batch"]), 1),
+        }
+        if "profile" in r.extra:
+            entry[label]["py_spy_fraction_of_samples"] = r.extra["profile"]
+    report["cost"] = entry
+    for label, e in entry.items():
+        log(f"  => {label}: layer {e['layer_us_per_ok_query']} us/query; per process {e['cpu_us_per_ok_query']}")
+        if "py_spy_fraction_of_samples" in e:
+            for proc, cats in e["py_spy_fraction_of_samples"].items():
+                log(f"     {proc}: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in cats.items() if not k.startswith("_")))

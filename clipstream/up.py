@@ -86,9 +86,15 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
     """Run the whole pipeline for an app file until Ctrl-C."""
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     settings = get_settings(**overrides)
-    stop = threading.Event()
+    stop, serving = threading.Event(), threading.Event()
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+        if not serving.is_set():  # still starting: interrupt whatever waits; ``finally`` cleans up
+            raise KeyboardInterrupt
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     started_infra = False
     supervisor: Supervisor | None = None
     follower: RegistryFollower | None = None
@@ -109,7 +115,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
-        supervisor = Supervisor(log_dir, report=lambda m: click.echo(m, err=True))
+        supervisor = Supervisor(log_dir, report=_say)
         pipeline = Pipeline(supervisor, env)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
@@ -119,23 +125,34 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
         supervisor.wait_ready(READY_TIMEOUT_S)
         warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m))
+        serving.set()
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()
         follower.add_listener(lambda v: _report_started(pipeline.sync(v)))
         while not stop.wait(0.5):
             supervisor.check()
     except ClipstreamError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _say(f"error: {exc}")
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
     finally:
-        click.echo("stopping...", err=True)
+        # whoever read our output may be gone (a closed pipe): stopping must not depend on it
+        _say("stopping...")
         if follower is not None:
             follower.stop()
         if supervisor is not None:
             supervisor.stop_all()
         if started_infra:
             launcher.down(settings)
-        click.echo("stopped", err=True)
+        _say("stopped")
+
+
+def _say(msg: str) -> None:
+    try:
+        click.echo(msg, err=True)
+    except OSError:
+        pass
 
 
 def warm_up(url: str, view: RegistryView, env: dict[str, str], report: Any = print,
@@ -170,17 +187,18 @@ def warm_up(url: str, view: RegistryView, env: dict[str, str], report: Any = pri
             if good >= rounds:
                 # then a short burst: the broker's JIT and every stage's hot path warm up under
                 # load here, not during the first real callers' SLOs
-                _burst(http, app.name, spec, burst)
+                _burst(http, app.name, spec, burst, slo_ms=min(2000.0, float(app.slo_ms or 2000.0)))
             report(f"warmed up {app.name}" if good >= rounds else f"warning: {app.name} did not warm up in {timeout_s:.0f}s")
 
 
-def _burst(http: Any, app: str, spec: Any, n: int, callers: int = 8) -> None:
+def _burst(http: Any, app: str, spec: Any, n: int, callers: int = 8, slo_ms: float = 2000.0) -> None:
+    """At the app's own SLO: a straggling model must not make the burst wait seconds per call."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
     rng = np.random.default_rng()
-    bodies = [{"input": rng.uniform(0, 1, size=spec.shape).astype(spec.dtype).tolist(), "slo_ms": 2000}
+    bodies = [{"input": rng.uniform(0, 1, size=spec.shape).astype(spec.dtype).tolist(), "slo_ms": slo_ms}
               for _ in range(n)]
     with ThreadPoolExecutor(callers) as pool:
         list(pool.map(lambda b: http.post(f"/v1/apps/{app}/predict", json=b).status_code, bodies))

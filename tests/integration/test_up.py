@@ -143,3 +143,49 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path):
     assert code == 0, "\n".join(lines[-30:])
     assert "stopped" in lines
     _wait(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")
+
+
+SLOW_TO_LOAD = '''
+import time
+import numpy as np
+
+
+class Model:
+    """Takes a minute to load, so `up` is still starting when it is stopped."""
+    def __init__(self, path, config):
+        time.sleep(60)
+    def predict_batch(self, inputs):
+        return np.zeros((len(inputs), 2), np.float32)
+'''
+
+
+def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(settings, tmp_path):
+    """The reader of `up`'s output (a terminal, a benchmark) may be gone when it is stopped."""
+    models = tmp_path / "models"
+    make_python_model(models, "slow", SLOW_TO_LOAD, labels=[0, 1], shape=(2,))
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
+        "apps": [{"name": "slowapp", "policy": "single", "slo_ms": 100, "default_output": -1, "models": ["slow"]}],
+        "models": [{"name": "slow", "version": "1", "path": "models/slow/1", "replicas": 1}],
+    }))
+    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"),
+         "--gateway-port", str(pick_free_ports(1)[0])],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("starting "):
+            break
+    _wait(lambda: len(_ours(settings.topic_prefix)) >= 5, 60, "up and its four stages to start")
+    proc.stdout.close()  # nobody reads `up` any more
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    _wait(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")

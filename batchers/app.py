@@ -210,7 +210,7 @@ class BatcherService:
         except DecodeError as exc:
             await self._deadletter(str(exc), value, where)
             return
-        keys = self.core.on_stats(stats)
+        keys = self.core.on_stats(stats, now_us())
         self.wake.set()  # credit is back
         if not keys:
             return

@@ -155,14 +155,14 @@ class BatcherCore:
         return SentBatch(replica, record, flight)
 
     # -- feedback from workers ----------------------------------------------------------
-    def on_stats(self, stats: dict[str, Any]) -> list[str]:
+    def on_stats(self, stats: dict[str, Any], now_us: int | None = None) -> list[str]:
         """A worker's BatchStats: credit back, AIMD input. Returns keys whose waiters need values.
 
         Keys nobody waits on are forgotten at once; the others stay pending until
         ``deliver`` so that identical requests arriving meanwhile still coalesce.
         """
         flight = self.dispatcher.completed(
-            str(stats["batch_id"]), int(stats["batch_size"]), int(stats["service_us"])
+            str(stats["batch_id"]), int(stats["batch_size"]), int(stats["service_us"]), now_us
         )
         if flight is None:
             return []

@@ -4,11 +4,13 @@
   one running, one waiting at the worker so the GPU never idles between batches). A batch's
   credit comes back with the worker's ``BatchStats``. This keeps the queue in the batcher,
   ordered by deadline, and never a backlog in the Kafka topic in front of the worker.
-* Just in time. A replica that is busy gets its next batch only shortly before the batch it
-  was sent last should be done (``sent + service - lead``), not the moment credit allows: the
-  batch still reaches the worker before the device frees (the Kafka hop is the same both
-  ways and ``lead`` covers the jitter), and requests arriving meanwhile wait here, ordered by
-  deadline, and can still join it, rather than behind a batch already parked at the worker.
+* Just in time. A replica that is busy gets its next batch only shortly (``lead``) before its
+  device should be free, not the moment credit allows: the batch still reaches the worker in
+  time (the Kafka hop is the same both ways and ``lead`` covers the jitter), and requests
+  arriving meanwhile wait here, ordered by deadline, and can still join it, rather than
+  behind a batch already parked at the worker. When the device frees is tracked per replica:
+  each batch sent starts when the previous one ends and takes the measured service time; a
+  worker's report resets the estimate (the next batch started when this one ended).
 * Lost credit. If a worker dies, its stats never come: a batch outstanding longer than
   ``credit_timeout_us`` is reclaimed, and the replica is marked suspect so that healthy
   replicas are preferred until it reports again.
@@ -52,16 +54,16 @@ class Replica:
     batches: int = 0
     items: int = 0
     service_us: float = 0.0  # moving average of the reported batch service time
+    free_at_us: int = 0  # when the device should have finished every batch sent so far
 
     def ready_at_us(self, lead_us: int, lead_fraction: float) -> int | None:
         """When this replica may take another batch: None without credit; at once when idle
-        or before its speed is known; else just before its last batch should be done."""
+        or before its speed is known; else ``lead`` before its device should be free."""
         if self.credit <= 0:
             return None
         if not self.in_flight or self.service_us <= 0:
             return 0
-        last = max(f.sent_us for f in self.in_flight.values())
-        return last + int(self.service_us - max(lead_us, lead_fraction * self.service_us))
+        return self.free_at_us - int(max(lead_us, lead_fraction * self.service_us))
 
     def expected_latency_us(self) -> int:
         """When a batch sent now should be done: behind about half of what is in flight
@@ -175,13 +177,14 @@ class Dispatcher:
         r = self.replicas[replica]
         flight = InFlight(batch_id, replica, size, r.aimd.max_batch_size, now_us, keys)
         r.in_flight[batch_id] = flight
+        r.free_at_us = max(now_us, r.free_at_us) + int(r.service_us)
         r.last_sent_us = now_us
         r.batches += 1
         r.items += size
         self._by_batch[batch_id] = flight
         return flight
 
-    def completed(self, batch_id: str, batch_size: int, service_us: int) -> InFlight | None:
+    def completed(self, batch_id: str, batch_size: int, service_us: int, now_us: int | None = None) -> InFlight | None:
         """A worker reported a batch: return its credit and feed its replica's AIMD.
 
         Stats for a batch reclaimed earlier still feed AIMD (a slow batch is exactly the
@@ -199,6 +202,8 @@ class Dispatcher:
             replica = self.replicas[flight.replica]
         replica.suspect = False
         replica.service_us = service_us if replica.service_us == 0 else 0.7 * replica.service_us + 0.3 * service_us
+        if now_us is not None:  # the batches still out run one after another from about now
+            replica.free_at_us = now_us + int(replica.service_us) * len(replica.in_flight)
         replica.aimd.observe(batch_size, service_us, flight.limit)
         return flight
 

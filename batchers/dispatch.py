@@ -25,8 +25,10 @@ Each replica has its own AIMD state. Time is always passed in, so tests inject t
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import median
 
 from batchers.aimd import AIMD
 
@@ -53,8 +55,15 @@ class Replica:
     suspect: bool = False
     batches: int = 0
     items: int = 0
-    service_us: float = 0.0  # moving average of the reported batch service time
+    # the last reported batch service times: their median is the replica's speed, so one
+    # straggling batch neither stops the batcher sending (every request looking hopeless, and
+    # no report coming to correct it) nor skews when the next batch is due
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=16))
     free_at_us: int = 0  # when the device should have finished every batch sent so far
+
+    @property
+    def service_us(self) -> float:
+        return float(median(self.recent)) if self.recent else 0.0
 
     def ready_at_us(self, lead_us: int, lead_fraction: float) -> int | None:
         """When this replica may take another batch: None without credit; at once when idle
@@ -201,7 +210,7 @@ class Dispatcher:
                 return None
             replica = self.replicas[flight.replica]
         replica.suspect = False
-        replica.service_us = service_us if replica.service_us == 0 else 0.7 * replica.service_us + 0.3 * service_us
+        replica.recent.append(int(service_us))
         if now_us is not None:  # the batches still out run one after another from about now
             replica.free_at_us = now_us + int(replica.service_us) * len(replica.in_flight)
         replica.aimd.observe(batch_size, service_us, flight.limit)

@@ -116,3 +116,18 @@ def test_lost_credit_is_reclaimed_and_replica_marked_suspect():
     assert d.replicas[0].aimd.max_batch_size == 3
     assert d.replicas[0].credit == 1 and not d.replicas[0].suspect
     assert d.completed("unknown", 4, 1) is None
+
+
+def test_one_straggling_batch_does_not_change_the_replicas_speed():
+    """A 150 ms batch among 2 ms ones: the median keeps 2 ms, so requests with 50 ms left are
+    not all judged hopeless (with nothing sent, no report would ever correct that)."""
+    d = make(replicas=1, in_flight=2)
+    for i, service in enumerate((2_000, 2_000, 150_000)):
+        d.sent(0, f"b{i}", 1, now_us=i)
+        d.completed(f"b{i}", 1, service, now_us=i + 1)
+    assert d.replicas[0].service_us == 2_000
+    assert d.replicas[0].expected_latency_us() == 2_000
+    for i in range(3, 6):  # a replica that is slow every time is seen as slow
+        d.sent(0, f"b{i}", 1, now_us=i)
+        d.completed(f"b{i}", 1, 150_000, now_us=i + 1)
+    assert d.replicas[0].service_us == 150_000

@@ -103,7 +103,7 @@ class Bench:
             delay_ms: float | None = None, rate_qps: float | None = None, period_s: float = 0.0,
             duty: float = 1.0, warmup_s: float = 1.5, measure_s: float = 3.0, slowdown: float = 1.0,
             slowdown_at_s: float | None = None, pool: int = 0, prefill: bool = False,
-            profile: bool = False, no_cache: bool = False) -> RunResult:
+            profile: bool = False, no_cache: bool = False, batcher_env: dict[str, str] | None = None) -> RunResult:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         from topics.admin import ensure_model_topics
@@ -120,7 +120,7 @@ class Bench:
         objective_us = self.deadline_us
 
         bargs = ["batcher", "--model", name, "--version", "1", "--replicas", "1"]
-        env = dict(self.env)
+        env = {**self.env, **(batcher_env or {})}
         if fixed is not None:
             bargs += ["--max-batch-size", str(fixed), "--latency-objective-ms", str(FIXED_AIMD_OBJECTIVE_MS)]
             env["CLIPSTREAM_BATCHER_AIMD_START"] = str(fixed)

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings, get_settings
+from frontend.admission import AdmissionLimit
 from frontend.gateway_http import GuardMiddleware, HTTPProblem, parse_json, read_body
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
@@ -40,6 +41,7 @@ from frontend.metrics import GatewayMetrics
 from frontend.registry import AppConfig, RegistryFollower, RegistryView
 from frontend.settings import GatewaySettings, get_gateway_settings
 from schemas import to_tensor
+from schemas.reasons import NOTHING_ARRIVED
 from workers.spec import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -87,9 +89,11 @@ class GatewayState:
         self.bus: Bus | None = None
         self.redis_ping: Callable[[], Awaitable[bool]] | None = None
         self.inflight = 0
+        ceiling = gw.max_inflight
+        self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
         self.loop_lag_ms = 0.0
         self.loop_late = False
-        self.metrics = GatewayMetrics(lambda: self.inflight)
+        self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit)
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:
         """How late the event loop wakes up: a late loop means callers already wait in line.
@@ -106,6 +110,18 @@ class GatewayState:
             # one late wake-up is a hiccup (a GC, an import); three in a row is a queue
             late_in_a_row = late_in_a_row + 1 if self.loop_lag_ms > self.gw.max_loop_lag_ms else 0
             self.loop_late = late_in_a_row >= 3
+
+    @property
+    def limit(self) -> int:
+        """Predictions admitted at once: learnt (``frontend.admission``) unless switched off."""
+        return int(self.admission.limit) if self.gw.adaptive_admission else self.gw.max_inflight
+
+    def observe(self, answer: dict[str, Any], timed_out: bool) -> None:
+        """Teach the admission limit whether the pipeline kept up with this answer."""
+        if timed_out or (answer["default"] and answer.get("default_reason") == NOTHING_ARRIVED):
+            self.admission.late(now_us())
+        elif not answer["default"]:
+            self.admission.on_time()
 
     def app_config(self, name: str) -> AppConfig:
         view = self.registry.view() if self.registry is not None else RegistryView()
@@ -205,8 +221,10 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
     cfg = state.app_config(app_name)
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
-    if state.inflight >= state.gw.max_inflight:
-        raise state.overloaded(f"gateway at its limit of {state.gw.max_inflight} requests in flight")
+    if state.inflight >= state.limit:
+        raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight "
+                               "(learnt from how fast the pipeline answers)" if state.gw.adaptive_admission else
+                               f"gateway at its limit of {state.gw.max_inflight} requests in flight")
     if state.loop_late:
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
     state.inflight += 1  # the slot is held from parsing to the answer
@@ -252,6 +270,7 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
+    state.observe(answer, record is None)
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None else "selector")

@@ -97,7 +97,7 @@ class Histogram:
 class GatewayMetrics:
     """Everything /metrics shows: requests by route and status, latency, defaults, late replies."""
 
-    def __init__(self, inflight: Callable[[], float]) -> None:
+    def __init__(self, inflight: Callable[[], float], limit: Callable[[], float] = lambda: 0.0) -> None:
         self.requests = Counter(
             "clipstream_gateway_requests_total", "HTTP requests by route and status code.",
             ("route", "status"),
@@ -116,7 +116,7 @@ class GatewayMetrics:
         )
         self.rejected = Counter(
             "clipstream_gateway_overload_rejections_total",
-            "Predict requests refused with 503 because the gateway was at max_inflight.",
+            "Predict requests refused with 503: at the admission limit, or the event loop behind.",
         )
         self.delivery_errors = Counter(
             "clipstream_gateway_delivery_errors_total", "Records Kafka did not accept."
@@ -124,10 +124,14 @@ class GatewayMetrics:
         self.inflight = Gauge(
             "clipstream_gateway_inflight", "Predict requests waiting for a reply.", inflight
         )
+        self.limit = Gauge(
+            "clipstream_gateway_admission_limit",
+            "Predict requests admitted at once (learnt from how the pipeline keeps up).", limit,
+        )
 
     def render(self) -> str:
         parts = [
             self.requests, self.latency, self.defaults, self.late, self.rejected,
-            self.delivery_errors, self.inflight,
+            self.delivery_errors, self.inflight, self.limit,
         ]
         return "\n".join(line for m in parts for line in m.render()) + "\n"

@@ -30,6 +30,11 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, gt=0)
     # predict requests waiting for a reply at once; beyond this: 503 + Retry-After
     max_inflight: int = Field(4096, gt=0)
+    # learn the limit below max_inflight from how the pipeline keeps up (frontend/admission.py):
+    # under overload the excess gets a quick 503 instead of a default after the SLO
+    adaptive_admission: bool = True
+    admission_initial: int = Field(32, gt=0)
+    admission_floor: int = Field(4, gt=0)
     # how long past the deadline a reply may still be taken (the selector answers AT the deadline)
     reply_margin_ms: float = Field(10.0, ge=0)
     # refuse new predictions (503) while the event loop wakes up this much later than asked

@@ -22,6 +22,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
 from schemas import decode_as, encode, from_tensor
+from schemas.reasons import NOTHING_ARRIVED
 from selector.join import JoinState, Pending
 from selector.kafka import Apps, DeadLetters, log, pin_and_assign
 from selector.learn import Learner
@@ -162,7 +163,7 @@ class Selector:
         if not pending.arrived or policy is None:
             reason = ("every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
                       if pending.failed and len(pending.failed) == len(pending.expected)
-                      else "no prediction arrived by the deadline")
+                      else NOTHING_ARRIVED)
             if not pending.expected:
                 reason = "the policy selected no model"
             self.stats["defaults"] += 1

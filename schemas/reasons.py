@@ -1,0 +1,8 @@
+"""Reasons a Response carries for a default answer that another stage acts upon.
+
+The selector writes them, the gateway reads them (a default because nothing arrived in time
+means the pipeline is behind: the gateway admits fewer queries), so they live here, with the
+records both sides share, rather than in either stage.
+"""
+
+NOTHING_ARRIVED = "no prediction arrived by the deadline"

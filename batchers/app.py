@@ -282,8 +282,11 @@ class BatcherService:
 def faust_app(settings: Settings, app_id: str, datadir: str, **overrides: Any) -> faust.App:
     """A faust app as clipstream runs one: raw bytes (our Avro codec decodes), no tables, no web
     server, topics created by ``topics.admin`` rather than by faust, records sent at once."""
+    from batchers import faust_transport
+
     options: dict[str, Any] = {
-        "broker": "kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
+        # faust's aiokafka transport, but fetches the broker holds 10 ms at most, not 1.5 s
+        "broker": f"{faust_transport.SCHEME}://" + aiokafka_kwargs(settings)["bootstrap_servers"],
         "value_serializer": "raw",
         "key_serializer": "raw",
         "store": "memory://",
@@ -410,8 +413,11 @@ def run(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: An
     """Run the batcher until SIGINT/SIGTERM."""
     from topics.admin import ensure_core_topics, ensure_model_topics
 
+    from batchers import faust_transport
+
     ensure_core_topics(settings)
     ensure_model_topics(settings, model.name, model.replicas)
+    faust_transport.fetch_max_wait_ms = int(bs.fetch_max_wait_ms)
     _use_uvloop()
     app = create_app(settings, bs, model, follower)
     # faust's own output (banner, spinner, logs) goes to stderr and stdout is not redirected

@@ -50,49 +50,7 @@ figure), ``cli`` (``main``). The discrete-event simulation that used to live her
 from __future__ import annotations
 
 from bench.batching.cli import SECTIONS, main
-from bench.batching.helpers import (
-    CATEGORIES,
-    CLOCKWORK,
-    FIXED_AIMD_OBJECTIVE_MS,
-    HOPS,
-    OBJECTIVE_MS,
-    ROOT,
-    SVM_FIXED_MS,
-    SVM_PER_ITEM_MS,
-    Obs,
-    arrivals_due,
-    batches_between,
-    best_of,
-    categorise_stacks,
-    device_max,
-    goodput_series,
-    hop_medians,
-    latency_fn,
-    log,
-    parse_stats_line,
-    percentile,
-    recovery,
-    summarise,
-    sweep_sizes,
-    top_leaves,
-)
-from bench.batching.plot import plot
-from bench.batching.procs import CHILDREN, Child, LoadGen, cpu_ticks, stop_all, wait_ready
-from bench.batching.runner import Bench, Model, RunResult
-from bench.batching.sections import (
-    models,
-    section_adapt,
-    section_cache,
-    section_cost,
-    section_delayed,
-    section_throughput,
-)
 
-__all__ = [
-    "CATEGORIES", "CHILDREN", "CLOCKWORK", "FIXED_AIMD_OBJECTIVE_MS", "HOPS", "OBJECTIVE_MS", "ROOT", "SECTIONS",
-    "SVM_FIXED_MS", "SVM_PER_ITEM_MS", "Bench", "Child", "LoadGen", "Model", "Obs", "RunResult", "arrivals_due",
-    "batches_between", "best_of", "categorise_stacks", "cpu_ticks", "device_max", "goodput_series", "hop_medians",
-    "latency_fn", "log", "main", "models", "parse_stats_line", "percentile", "plot", "recovery", "section_adapt",
-    "section_cache", "section_cost", "section_delayed", "section_throughput", "stop_all", "summarise",
-    "sweep_sizes", "top_leaves", "wait_ready",
-]
+from bench.batching.cli import SECTIONS, main
+
+__all__ = ["SECTIONS", "main"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.batching.helpers import ROOT, arrivals_due, log
+from tests.procs import stop_process
 
 
 def _loadgen_main(conn: Any) -> None:
@@ -143,13 +144,7 @@ class Child:
             return ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 15)
         self._reader.join(2)
         self._err.close()
         if self in CHILDREN:

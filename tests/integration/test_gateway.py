@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.procs import stop_process
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clipstream.settings import Settings
@@ -140,13 +142,7 @@ class GatewayProcess:
         return 0.0
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 15)
         self._log.close()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.batching import (
+from bench.batching.helpers import (
     CLOCKWORK,
     Obs,
     arrivals_due,
@@ -141,7 +141,7 @@ def test_arrivals_ramp_up_then_hold_the_rate() -> None:
 
 
 def test_top_leaves_and_idle_categories() -> None:
-    from bench.batching import top_leaves
+    from bench.batching.helpers import top_leaves
 
     raw = ["a (x.py:1);EpollSelector.select (selectors.py:468) 5", "a (x.py:1);b (y.py:2) 2", "a (x.py:1);b (y.py:2) 1"]
     assert top_leaves(raw, 1) == [("EpollSelector.select (selectors.py:468)", 5)]

@@ -26,6 +26,8 @@ class WorkerSettings(BaseSettings):
     # batches read and checked ahead of the device (one runs while these wait): 1 keeps the
     # device busy without taking batches another replica could have had sooner
     prefetch_batches: int = 1
+    # offsets are committed at most this often (a crash redoes up to this much, as duplicates)
+    commit_interval_s: float = 0.2
     # how long stopping (or recovering from a failed delivery) waits for the broker's acks
     flush_timeout_s: float = 30.0
     # how long start-up may wait for the broker and the partition

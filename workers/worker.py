@@ -155,6 +155,8 @@ class Worker:
         self._to_device: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, self.ws.prefetch_batches))
         self._to_emit: queue.Queue[Job | None] = queue.Queue()
         self.tracker = OffsetTracker()
+        self._to_commit: int | None = None
+        self._committed_at = 0.0
         self._threads = [threading.Thread(target=self._device_loop, name="device", daemon=True),
                          threading.Thread(target=self._emit_loop, name="emitter", daemon=True)]
         for t in self._threads:
@@ -255,8 +257,14 @@ class Worker:
             return True
         offset = self.tracker.take_committable()
         if offset is not None:
-            self.consumer.commit(offsets=[TopicPartition(self.batches_topic, self.replica, offset)],
+            self._to_commit = offset
+        # an offset commit is a write to the broker's offsets log: at most one per interval
+        # (a crash redoes at most that much, as duplicates), and the last one when stopping
+        now = time.monotonic()
+        if self._to_commit is not None and (not asynchronous or now - self._committed_at >= self.ws.commit_interval_s):
+            self.consumer.commit(offsets=[TopicPartition(self.batches_topic, self.replica, self._to_commit)],
                                  asynchronous=asynchronous)
+            self._to_commit, self._committed_at = None, now
         return False
 
     def emit(self, outcome: BatchOutcome, offset: int) -> None:

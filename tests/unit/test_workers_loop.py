@@ -184,3 +184,16 @@ def test_a_crashing_batch_is_dead_lettered_not_a_crash_loop(tmp_path: Path, monk
     ((topic, _, value),) = producer.sent
     assert topic == "p.deadletter" and "KeyError" in decode_as("DeadLetter", value)["reason"]
     assert consumer.commits == [9]
+
+
+def test_offset_commits_are_spaced_but_the_last_one_is_made_when_stopping(tmp_path: Path) -> None:
+    w, producer, consumer, _ = make_worker(tmp_path)
+    w.ws = w.ws.model_copy(update={"commit_interval_s": 60.0})
+    for offset in (10, 11):
+        w.feed(Msg(batch_bytes(offset), offset))
+        assert w.drain(5.0)
+        producer.flush(0)
+        w.housekeep()
+    assert consumer.commits == [11]  # the second waits for the interval
+    w.housekeep(asynchronous=False)  # what stopping does
+    assert consumer.commits == [11, 12]

@@ -26,7 +26,7 @@ class BatcherSettings(BaseSettings):
     credit_timeout_ms: float = 5000.0  # reclaim credit of a batch never reported
     cache: bool = True
     # the longest the broker holds the batcher's fetch (faust's own 1.5 s could stall requests)
-    fetch_max_wait_ms: int = 100
+    fetch_max_wait_ms: int = 200
     # drop a queued request as soon as its replica could not finish it by its deadline
     drop_hopeless: bool = True
     registry_timeout_s: float = 30.0

@@ -4,10 +4,11 @@ Under overload every stage queues, every query becomes late and the pipeline ans
 in time; callers are better served by a quick 503 for the excess than by a default after the
 SLO. The right number in flight is (by Little's law) the rate the pipeline sustains times
 its latency, which nobody configures, so it is learnt the way Clipper learns a batch size:
-each answer in time raises the limit a little (by one per limit's worth of answers), each
-answer that came late or empty because the pipeline was behind cuts it by a fraction, at
-most once per ``cooldown_us`` so that one burst of late answers counts once. Pure: the
-gateway passes the clock.
+each answer in time raises the limit a little (by one per limit's worth of answers), an
+answer that came late or empty because the pipeline was behind cuts it by a fraction. As in
+TCP, only a query admitted after the last cut can cause the next one: the late answers of
+queries let in under the old limit say nothing about the new one, and counting them would
+drive the limit to its floor. Pure: the gateway passes the clock.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ class AdmissionLimit:
     """An additive-increase / multiplicative-decrease limit on predictions in flight."""
 
     def __init__(self, initial: float = 32.0, floor: float = 4.0, ceiling: float = 4096.0,
-                 backoff: float = 0.8, cooldown_us: int = 10_000) -> None:
+                 backoff: float = 0.9) -> None:
         if not 0 < floor <= initial <= ceiling or not 0 < backoff < 1:
             raise ValueError("need 0 < floor <= initial <= ceiling and 0 < backoff < 1")
         self.limit, self.floor, self.ceiling = float(initial), float(floor), float(ceiling)
-        self.backoff, self.cooldown_us = backoff, cooldown_us
+        self.backoff = backoff
         self._last_cut_us: int | None = None
         self.cuts = 0
 
@@ -32,10 +33,10 @@ class AdmissionLimit:
         """An answer the models made in time: the pipeline kept up with this many in flight."""
         self.limit = min(self.ceiling, self.limit + 1.0 / self.limit)
 
-    def late(self, now_us: int) -> None:
+    def late(self, now_us: int, admitted_us: int) -> None:
         """An answer the pipeline did not make in time (no reply, or nothing arrived by the
-        deadline): too much in flight."""
-        if self._last_cut_us is not None and now_us - self._last_cut_us < self.cooldown_us:
+        deadline) for a query admitted at ``admitted_us``: too much in flight."""
+        if self._last_cut_us is not None and admitted_us <= self._last_cut_us:
             return
         self._last_cut_us = now_us
         self.limit = max(self.floor, self.limit * self.backoff)

@@ -116,10 +116,10 @@ class GatewayState:
         """Predictions admitted at once: learnt (``frontend.admission``) unless switched off."""
         return int(self.admission.limit) if self.gw.adaptive_admission else self.gw.max_inflight
 
-    def observe(self, answer: dict[str, Any], timed_out: bool) -> None:
+    def observe(self, answer: dict[str, Any], timed_out: bool, admitted_us: int) -> None:
         """Teach the admission limit whether the pipeline kept up with this answer."""
         if timed_out or (answer["default"] and answer.get("default_reason") == NOTHING_ARRIVED):
-            self.admission.late(now_us())
+            self.admission.late(now_us(), admitted_us)
         elif not answer["default"]:
             self.admission.on_time()
 
@@ -270,7 +270,7 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
-    state.observe(answer, record is None)
+    state.observe(answer, record is None, created)
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None else "selector")

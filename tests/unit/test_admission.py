@@ -15,20 +15,20 @@ def test_answers_in_time_raise_the_limit_by_one_per_limits_worth() -> None:
     assert 4.9 < a.limit < 4.95 and a.admits(3) and not a.admits(4)
 
 
-def test_a_late_answer_cuts_by_the_backoff_once_per_cooldown() -> None:
-    a = AdmissionLimit(initial=50, floor=4, ceiling=100, backoff=0.9, cooldown_us=20_000)
-    a.late(1_000_000)
+def test_only_a_query_admitted_after_the_last_cut_cuts_again() -> None:
+    a = AdmissionLimit(initial=50, floor=4, ceiling=100, backoff=0.9)
+    a.late(1_000_000, admitted_us=950_000)
     assert a.limit == pytest.approx(45.0)
-    a.late(1_010_000)  # the same burst of late answers: no second cut
+    a.late(1_010_000, admitted_us=990_000)  # let in under the old limit: says nothing new
     assert a.limit == pytest.approx(45.0) and a.cuts == 1
-    a.late(1_020_000)
+    a.late(1_060_000, admitted_us=1_001_000)
     assert a.limit == pytest.approx(40.5) and a.cuts == 2
 
 
 def test_the_limit_stays_between_floor_and_ceiling() -> None:
-    a = AdmissionLimit(initial=5, floor=4, ceiling=6, cooldown_us=0)
+    a = AdmissionLimit(initial=5, floor=4, ceiling=6)
     for t in range(10):
-        a.late(t)
+        a.late(t + 1, admitted_us=t + 1)
     assert a.limit == 4.0 and a.admits(3) and not a.admits(4)
     for _ in range(1000):
         a.on_time()

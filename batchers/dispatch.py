@@ -59,11 +59,12 @@ class Replica:
     # straggling batch neither stops the batcher sending (every request looking hopeless, and
     # no report coming to correct it) nor skews when the next batch is due
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=16))
+    service_us: float = 0.0  # their median, kept as reports come (read on every dispatch decision)
     free_at_us: int = 0  # when the device should have finished every batch sent so far
 
-    @property
-    def service_us(self) -> float:
-        return float(median(self.recent)) if self.recent else 0.0
+    def observe_service(self, service_us: int) -> None:
+        self.recent.append(int(service_us))
+        self.service_us = float(median(self.recent))
 
     def ready_at_us(self, lead_us: int, lead_fraction: float) -> int | None:
         """When this replica may take another batch: None without credit; at once when idle
@@ -210,7 +211,7 @@ class Dispatcher:
                 return None
             replica = self.replicas[flight.replica]
         replica.suspect = False
-        replica.recent.append(int(service_us))
+        replica.observe_service(service_us)
         if now_us is not None:  # the batches still out run one after another from about now
             replica.free_at_us = now_us + int(replica.service_us) * len(replica.in_flight)
         replica.aimd.observe(batch_size, service_us, flight.limit)

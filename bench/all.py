@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from bench.common import OUT, machine_info, say
 

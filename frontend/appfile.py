@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from clipstream.errors import ConfigError
 from clipstream.settings import Settings
+from clipstream.yamlfile import read_mapping
 from frontend.registry import RegistryView, RegistryWriter, read_view
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
@@ -33,14 +32,7 @@ class AppFile:
 def load_app_file(path: str | Path) -> AppFile:
     """Parse and validate an app file; model paths become absolute (relative to the file)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"app file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"app file {path} is not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"app file {path}: expected `apps:` and `models:` at the top")
+    raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
     models = []
     for i, m in enumerate(raw.get("models") or []):
         if not isinstance(m, dict) or "name" not in m or "path" not in m:

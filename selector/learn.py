@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
 from clipstream.errors import ClipstreamError
 from schemas import decode_as

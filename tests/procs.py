@@ -1,8 +1,12 @@
-"""Helpers the integration tests share for the stage processes they start."""
+"""Helpers the integration tests share: stopping the stage processes they start, and waiting
+on a condition with a deadline (never a bare sleep)."""
 
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
@@ -15,3 +19,15 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
             proc.kill()
             proc.wait(5)
     return proc.returncode
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "the condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.02)

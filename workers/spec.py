@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 
 from clipstream.errors import ConfigError, InputError
+from clipstream.yamlfile import read_mapping
 from schemas.tensor import DTYPES
 
 BACKENDS = ("onnx", "torch", "python", "profile")
@@ -56,14 +56,7 @@ def load_spec(folder: str | Path) -> ModelSpec:
     """Read and validate ``<folder>/model.yaml``; every problem is a ConfigError naming the field."""
     folder = Path(folder).resolve()
     path = folder / "model.yaml"
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path} does not exist: a model folder needs a model.yaml") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top")
+    raw = read_mapping(path, missing_hint=": a model folder needs a model.yaml")
     backend = raw.get("backend")
     if backend not in BACKENDS:
         raise ConfigError(f"{path}: backend must be one of {BACKENDS}, got {backend!r}")

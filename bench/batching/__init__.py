@@ -51,6 +51,4 @@ from __future__ import annotations
 
 from bench.batching.cli import SECTIONS, main
 
-from bench.batching.cli import SECTIONS, main
-
 __all__ = ["SECTIONS", "main"]

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import stop_process
+from tests.procs import stop_process, wait_until
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clipstream.settings import Settings
@@ -145,15 +145,6 @@ class GatewayProcess:
         stop_process(self.proc, 15)
         self._log.close()
 
-
-def wait_until(check: Any, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture(scope="module")

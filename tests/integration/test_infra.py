@@ -10,11 +10,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.procs import wait_until
 
 from clipstream.errors import InfraError
 from clipstream.infra import launcher, pid_alive
@@ -24,13 +24,6 @@ from clipstream.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _text(value: str | bytes) -> str:
@@ -53,8 +46,8 @@ def test_up_twice_is_one_broker_and_down_stops_it(tmp_path: Path) -> None:
     finally:
         stopped = launcher.down(settings)
     assert stopped == [f"kafka (pid {first.kafka_pid})", f"redis (pid {first.redis_pid})"]
-    wait_for(lambda: not pid_alive(first.kafka_pid), 10, "the broker to exit")
-    wait_for(lambda: not pid_alive(first.redis_pid), 10, "redis to exit")
+    wait_until(lambda: not pid_alive(first.kafka_pid), 10, "the broker to exit")
+    wait_until(lambda: not pid_alive(first.redis_pid), 10, "redis to exit")
     after = launcher.status(settings)
     assert not after.kafka_running and not after.redis_running and after.kafka_pid is None
     assert launcher.down(settings) == []
@@ -90,7 +83,7 @@ def test_die_with_parent_stops_children_of_a_killed_parent(tmp_path: Path) -> No
     assert pid_alive(child)
     parent.kill()  # no teardown runs, as when a test session is killed
     parent.wait(timeout=10)
-    wait_for(lambda: not pid_alive(child), 10, "the orphaned child to exit")
+    wait_until(lambda: not pid_alive(child), 10, "the orphaned child to exit")
 
 
 def test_session_broker_answers_metadata(infra: launcher.InfraStatus) -> None:

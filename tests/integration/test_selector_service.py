@@ -11,9 +11,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from clipstream.clock import now_us
 from clipstream.settings import Settings
 from schemas import decode_as, encode, to_tensor
 from tests.models import make_python_model
+from tests.procs import wait_until
 from topics.admin import ensure_core_topics, ensure_topics
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
@@ -50,16 +50,6 @@ class Model:
         return out[:, ::-1].copy() if self.flip else out
 """
 
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @contextmanager

@@ -20,6 +20,7 @@ import yaml
 from clipstream.infra.launcher import pick_free_ports
 from frontend.client import Client, GatewayInputError, NotFound
 from tests.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,15 +55,6 @@ def _ours(prefix: str) -> list[int]:
             found.append(int(pid))
     return found
 
-
-def _wait(cond: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def _cli(*args: str, env: dict[str, str]) -> None:
@@ -126,7 +118,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path):
             return got if "sevens" in got["models"]["answered"] else None
 
         try:
-            both = _wait(answered_by_sevens, 180, "the linked model to answer")
+            both = wait_until(answered_by_sevens, 180, "the linked model to answer")
         except Exception as exc:
             raise AssertionError("\n".join(lines[-40:])) from exc
         assert sorted(both["models"]["answered"]) == ["logreg", "sevens"]
@@ -142,7 +134,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path):
             raise
     assert code == 0, "\n".join(lines[-30:])
     assert "stopped" in lines
-    _wait(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")
+    wait_until(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")
 
 
 SLOW_TO_LOAD = '''
@@ -180,7 +172,7 @@ def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(sett
         seen.append(line)
         if line.startswith("starting "):
             break
-    _wait(lambda: len(_ours(settings.topic_prefix)) >= 5, 60, "up and its four stages to start")
+    wait_until(lambda: len(_ours(settings.topic_prefix)) >= 5, 60, "up and its four stages to start")
     proc.stdout.close()  # nobody reads `up` any more
     proc.send_signal(signal.SIGTERM)
     try:
@@ -188,4 +180,4 @@ def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(sett
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
-    _wait(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")
+    wait_until(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")

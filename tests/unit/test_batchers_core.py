@@ -90,7 +90,6 @@ def test_no_coalescing_without_cache():
 
 
 def test_expired_predictions_group_by_partition_and_encode():
-    c = core()
     preds = [(p.partition, prediction(p, "m", "1", "expired", 5, error="deadline passed"))
              for p in [req("a", 1, part=0), req("b", 1, part=3), req("c", 1, part=3)]]
     groups = by_partition(preds)

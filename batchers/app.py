@@ -76,7 +76,7 @@ class BatcherService:
             credit_lead_us=int(bs.credit_lead_ms * 1000) if bs.just_in_time else None,
         )
         self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
-                                drop_hopeless=bs.drop_hopeless)
+                                drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))
         self.redis = aioredis.from_url(settings.redis_url) if model.cache else None
         self.wake = asyncio.Event()
         self.arrived: list[tuple[dict[str, Any], int]] = []

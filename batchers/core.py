@@ -62,8 +62,11 @@ class BatcherCore:
         dispatcher: Dispatcher,
         coalesce: bool = True,
         drop_hopeless: bool = True,
+        hopeless_margin_us: int = 0,
     ) -> None:
         self.drop_hopeless = drop_hopeless
+        # the prediction's trip from the worker to the selector, which must also end by the deadline
+        self.hopeless_margin_us = hopeless_margin_us
         self.model = model
         self.version = version
         self.dispatcher = dispatcher
@@ -107,7 +110,9 @@ class BatcherCore:
                 break
             # under overload, serving a request that cannot finish in time only makes the
             # ones behind it late too: drop what this replica could not answer by its deadline
-            horizon = self.dispatcher.replicas[decision.replica].expected_latency_us()  # type: ignore[index]
+            horizon = self.dispatcher.replicas[decision.replica].expected_latency_us(now_us)  # type: ignore[index]
+            if horizon:
+                horizon += self.hopeless_margin_us
             if horizon and self.drop_hopeless and self._expire(now_us + horizon, now_us, step):
                 continue
             items, late = self.queue.take(decision.size, now_us)

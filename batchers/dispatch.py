@@ -75,10 +75,13 @@ class Replica:
             return 0
         return self.free_at_us - int(max(lead_us, lead_fraction * self.service_us))
 
-    def expected_latency_us(self) -> int:
-        """When a batch sent now should be done: behind about half of what is in flight
-        (one batch is usually running), then its own service time."""
-        return int(self.service_us * (1 + 0.5 * len(self.in_flight)))
+    def expected_latency_us(self, now_us: int) -> int:
+        """How long until a batch sent now should be done: the wait until the device is free
+        of what is already in flight (tracked from sends and reports), then its own service
+        time. Overestimating this drops requests that would have made their deadline: under
+        overload the batch then leaves short, and the device runs below its best size."""
+        wait = max(0, self.free_at_us - now_us) if self.in_flight else 0
+        return int(wait + self.service_us)
 
     @property
     def credit(self) -> int:

@@ -29,5 +29,7 @@ class BatcherSettings(BaseSettings):
     fetch_max_wait_ms: int = 200
     # drop a queued request as soon as its replica could not finish it by its deadline
     drop_hopeless: bool = True
+    # ... counting this for the prediction's trip from the worker back to the selector
+    hopeless_margin_ms: float = 3.0
     registry_timeout_s: float = 30.0
     stats_log_interval_s: float = 5.0  # 0 disables the periodic per-replica stats line

@@ -37,7 +37,7 @@ from bench.common import (
 CLOCKWORK: dict[int, float] = {1: 2.61, 2: 3.78, 4: 5.61, 8: 9.13, 16: 15.67}
 SPEED = 1 / 8  # the simulated device is 8x slower than the table: ~120 q/s at a 200 ms SLO
 SLO_MS = 200.0
-FRACTIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+FRACTIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
 
 
 def device_bound(table: Mapping[int, float], budget_ms: float, speed: float = 1.0,
@@ -86,7 +86,7 @@ def ideal_goodput(times_s: Any, slo_ms: float, cap: int, table: Mapping[int, flo
 class BatchStatsTap:
     """Reads the model's ``batch-stats`` topic: the device's busy time per step."""
 
-    def __init__(self, settings: Any, model: str) -> None:
+    def __init__(self, settings: Any, model: str, expected_ms: Any = None) -> None:
         import threading
         import uuid
 
@@ -97,6 +97,7 @@ class BatchStatsTap:
         self.consumer = Consumer(consumer_config(settings, f"bench-eff-{uuid.uuid4().hex[:6]}"))
         self.consumer.subscribe([Catalogue.from_settings(settings).batch_stats(model).name])
         self.rows: list[tuple[int, int, int]] = []  # (created_us, service_us, batch_size)
+        self.expected_ms = expected_ms  # batch size -> the table's latency, to report the overshoot
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -111,11 +112,19 @@ class BatchStatsTap:
                     self.rows.append((r["created_us"], r["service_us"], r["batch_size"]))
         self.consumer.close()
 
-    def between(self, t0_us: int, t1_us: int) -> dict[str, float]:
+    def between(self, t0_us: int, t1_us: int) -> dict[str, Any]:
         rows = [r for r in self.rows if t0_us <= r[0] < t1_us]
         busy = sum(r[1] for r in rows) / max(1, t1_us - t0_us)
         mean = sum(r[2] for r in rows) / len(rows) if rows else 0.0
-        return {"device_busy": round(busy, 3), "mean_batch": round(mean, 2), "batches": len(rows)}
+        out: dict[str, Any] = {"device_busy": round(busy, 3), "mean_batch": round(mean, 2), "batches": len(rows)}
+        if self.expected_ms is not None and rows:
+            import numpy as np
+
+            # measured service time over the table's: what AIMD sees beyond the device itself
+            over = np.array([r[1] / 1000 - self.expected_ms(r[2]) for r in rows])
+            out["service_over_table_ms"] = {"p50": round(float(np.median(over)), 2),
+                                            "p99": round(float(np.percentile(over, 99)), 2)}
+        return out
 
 
 def build(root: Path, replicas: int = 1, name: str = "accel", speed: float = SPEED, slo_ms: float = SLO_MS) -> Path:
@@ -134,10 +143,18 @@ def build(root: Path, replicas: int = 1, name: str = "accel", speed: float = SPE
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--fractions", help="comma-separated offered loads as fractions of the ceiling")
+    ap.add_argument("--in-flight", help="comma-separated batches in flight per replica (default 2,1)")
     args = ap.parse_args(argv)
     duration = 5.0 if args.quick else 12.0
     fractions = (0.6, 0.75) if args.quick else FRACTIONS
     in_flights = (2,) if args.quick else (2, 1)
+    if args.fractions:
+        fractions = tuple(float(f) for f in args.fractions.split(","))
+    if args.in_flight:
+        in_flights = tuple(int(k) for k in args.in_flight.split(","))
+    from workers.backends.profile_backend import LatencyProfile
+
     b, ms, bound = device_bound(CLOCKWORK, SLO_MS / 2, SPEED)
     b_full, ms_full, bound_full = device_bound(CLOCKWORK, SLO_MS, SPEED)
     say(f"efficiency: device ceiling {bound:.1f} q/s (batch {b}, {ms:.1f} ms; budget SLO/2 = {SLO_MS / 2:g} ms)")
@@ -154,7 +171,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                 Pipeline(build(Path(tmp)), env={"CLIPSTREAM_BATCHER_MAX_IN_FLIGHT": str(in_flight)}) as pipe:
             wait_warm(pipe.url, "accel", load.json_bodies(load.unique_inputs(1))[0])
             kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
-            tap = BatchStatsTap(pipe.settings(), "accel")
+            tap = BatchStatsTap(pipe.settings(), "accel", lambda n: LatencyProfile(CLOCKWORK).latency_ms(n) / SPEED)
             try:
                 for i, f in enumerate(fractions):
                     t0 = now_us()
@@ -165,7 +182,8 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                                           CLOCKWORK, SPEED, 2.0, duration)
                     s["ideal_goodput_qps"] = round(ideal, 1)
                     s["vs_ideal"] = round(s["goodput_qps"] / ideal, 3) if ideal else None
-                    say(f"    device busy {s['device_busy']:.2f}, mean batch {s['mean_batch']:.1f}; "
+                    say(f"    device busy {s['device_busy']:.2f}, mean batch {s['mean_batch']:.1f}, "
+                        f"service over the table {s.get('service_over_table_ms')} ms; "
                         f"ideal batcher {ideal:.1f} q/s in SLO -> this pipeline x{s['vs_ideal']}")
                     s["fraction_of_ceiling"] = f
                     s["in_flight"] = in_flight

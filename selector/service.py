@@ -105,13 +105,15 @@ class Selector:
         trace["dispatched"] = now
         meta = {"event": {k: ev.get(k) for k in ("query_id", "app", "deadline_us", "reply_topic", "reply_partition")},
                 "trace": trace, "context": query.context, "state": state, "query": query}
-        self.join.register(qid, chosen, ev["deadline_us"] - self.reply_budget_us, **meta)
+        # the models' deadline is the join's cutoff: a prediction later than that is not used
+        cutoff_us = ev["deadline_us"] - self.reply_budget_us
+        self.join.register(qid, chosen, cutoff_us, **meta)
         if not chosen or ev["deadline_us"] <= now:
             return  # answered by the timer with the default
         for model in chosen:
             self._ensure_model_topic(model)
             request = {"query_id": qid, "app": app.name, "model": model, "input": ev["input"],
-                       "deadline_us": ev["deadline_us"], "selector_partition": msg.partition(), "trace": trace}
+                       "deadline_us": cutoff_us, "selector_partition": msg.partition(), "trace": trace}
             self.producer.produce(self.catalogue.requests(model).name, encode("ModelRequest", request), key=qid.encode())
         if poll:
             self.producer.poll(0)

@@ -108,3 +108,18 @@ def test_requests_that_cannot_finish_in_time_are_dropped_before_batching():
     step = c.poll(20_000)
     assert [p.request["query_id"] for p in step.expired] == ["hopeless"]
     assert [it["query_id"] for it in step.batches[0].record["items"]] == ["fine"]
+
+
+def test_the_return_trip_counts_toward_a_requests_deadline():
+    """Finishing on the device 2 ms before the deadline is not in time when the prediction
+    still needs 3 ms to reach the selector: with that margin the request is dropped, unsent."""
+    for margin, dropped in ((0, []), (3_000, ["tight"])):
+        c = core(start=4, delay=0)
+        c.hopeless_margin_us = margin
+        c.admit(req("warm", 100_000, x=1))
+        bid = c.poll(0).batches[0].record["batch_id"]
+        c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10_000})
+        c.admit(req("tight", 32_000, x=2))  # at t=20 ms the device is done at 30 ms
+        step = c.poll(20_000)
+        assert [p.request["query_id"] for p in step.expired] == dropped
+        assert len(step.batches) == (0 if dropped else 1)

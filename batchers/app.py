@@ -151,10 +151,6 @@ class BatcherService:
         self.arrived.append((request, arrival))
         self.arrived_event.set()
 
-    async def on_request(self, value: bytes, where: tuple[str, int, int]) -> None:
-        """``accept`` for callers that await (the agent itself calls ``accept``)."""
-        self.accept(value, where)
-
     async def lookup_loop(self) -> None:
         """Group whatever arrived, look it up with one MGET, answer hits, queue misses."""
         while True:

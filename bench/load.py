@@ -89,6 +89,7 @@ class Outcome:
     query_id: str = ""
     output: Any = None
     trace: dict[str, int] = field(default_factory=dict)
+    server_ms: float = math.nan  # the gateway's own latency_ms for the call (200 answers)
 
     @property
     def latency_ms(self) -> float:
@@ -283,6 +284,7 @@ async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarra
                     r.outcome = "default" if body.get("default") else "answered"
                     r.query_id = body.get("query_id", "")
                     r.output = body.get("output")
+                    r.server_ms = float(body.get("latency_ms", math.nan))
                 else:
                     r.outcome = "error"
             except Exception:  # timeouts, refused connections: an error, keep going

@@ -414,7 +414,8 @@ def run(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: An
     ensure_core_topics(settings)
     ensure_model_topics(settings, model.name, model.replicas)
     faust_transport.fetch_max_wait_ms = int(bs.fetch_max_wait_ms)
-    _use_uvloop()
+    if bs.uvloop:
+        _use_uvloop()
     app = create_app(settings, bs, model, follower)
     # faust's own output (banner, spinner, logs) goes to stderr and stdout is not redirected
     # into logging, so stdout carries only our lines ("ready: ...", "stats: ...")

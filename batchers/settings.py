@@ -27,6 +27,7 @@ class BatcherSettings(BaseSettings):
     cache: bool = True
     # the longest the broker holds the batcher's fetch (faust's own 1.5 s could stall requests)
     fetch_max_wait_ms: int = 200
+    uvloop: bool = True  # libuv's event loop when installed (false: asyncio's own)
     # drop a queued request as soon as its replica could not finish it by its deadline
     drop_hopeless: bool = True
     # ... counting this for the prediction's trip from the worker back to the selector

@@ -4,9 +4,10 @@ One replica of the profile backend (Clockwork's ResNet-50 table, slowed down ``S
 that its capacity is well below what the rest of the pipeline can carry on a small machine).
 Its own ceiling comes from the table: the largest batch ``b`` whose latency fits the batch budget
 (half the SLO: a query that just misses a batch waits for it, then rides in the next one), and
-the device's throughput ``b / latency(b)``. The benchmark offers Poisson load around that
-ceiling and reports goodput within the SLO divided by it. The batcher's AIMD objective is the
-budget and its cap is ``b``. The full run compares 2 batches in flight per replica (the default:
+the device's throughput ``b / latency(b)``. The benchmark offers Poisson load from half that
+ceiling to 1.3 times it (a goodput capacity is also what survives overload) and reports the best
+goodput within the SLO divided by the ceiling, beside the best at or below it. The batcher's
+AIMD objective is the budget and its cap is ``b``. The full run compares 2 batches in flight per replica (the default:
 the device never waits for a Kafka round trip, but a query may wait behind a queued batch) with 1.
 
 No system reaches the ceiling within the SLO under Poisson arrivals: a batch that takes half the
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         "efficiency": round(best["goodput_qps"] / bound, 3),
         "best_goodput_qps": round(best["goodput_qps"], 1),
         "efficiency_with_p99_within_slo": round(max((r["goodput_qps"] for r in ok), default=0.0) / bound, 3),
+        "efficiency_offered_at_most_ceiling": round(
+            max((r["goodput_qps"] for r in rows if r["fraction_of_ceiling"] <= 1.0), default=0.0) / bound, 3),
         "device_max_qps": round(bound, 1), "target": 0.9,
         "ideal_batcher_efficiency": report["by_in_flight"]["2"]["ideal_efficiency"],
         "vs_ideal": report["by_in_flight"]["2"]["vs_ideal"],

@@ -111,9 +111,8 @@ class BatcherCore:
             # under overload, serving a request that cannot finish in time only makes the
             # ones behind it late too: drop what this replica could not answer by its deadline
             horizon = self.dispatcher.replicas[decision.replica].expected_latency_us(now_us)  # type: ignore[index]
-            if horizon:
-                horizon += self.hopeless_margin_us
-            if horizon and self.drop_hopeless and self._expire(now_us + horizon, now_us, step):
+            cutoff = now_us + horizon + self.hopeless_margin_us
+            if horizon and self.drop_hopeless and self._expire(cutoff, now_us, step):
                 continue
             items, late = self.queue.take(decision.size, now_us)
             step.expired.extend(late)  # empty: expire() ran above with the same clock

@@ -153,7 +153,7 @@ class Dispatcher:
         """The replica to receive the next batch: ready (credit, and due when busy), not
         suspect, least loaded. Without ``now_us`` any replica with credit counts as ready."""
         ready = [r for r in self.replicas
-                 if r.credit > 0 and (now_us is None or (self.ready_at_us(r) or 0) <= now_us)]
+                 if (t := self.ready_at_us(r)) is not None and (now_us is None or t <= now_us)]
         if not ready:
             return None
         return min(ready, key=lambda r: (r.suspect, r.items_in_flight, r.last_sent_us, r.index))

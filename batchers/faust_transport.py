@@ -33,7 +33,6 @@ class ConsumerThread(driver.AIOKafkaConsumerThread):
         return consumer
 
 
-
 class Consumer(driver.Consumer):
     def _new_consumer_thread(self) -> ConsumerThread:
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)

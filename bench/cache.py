@@ -75,20 +75,27 @@ def capacity(pipe: Pipeline, kl: Any, inputs: Any, duration: float, label: str) 
     return s
 
 
+def misses_then_hits(pipe: Pipeline, kl: Any, duration: float, kind: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Step 1: answers/s re-evaluating fresh inputs, then the same inputs again (all cache hits)."""
+    fresh = load.unique_inputs(int(2000 * duration), seed=seed)
+    say(f"cache ({kind}): re-evaluation without the cache (fresh inputs), {CONCURRENCY} in flight")
+    miss = capacity(pipe, kl, fresh, duration, f"{kind} misses")
+    say(f"cache ({kind}): the same inputs again (every model answers from the cache)")
+    hit = capacity(pipe, kl, fresh[: miss["sent"]], duration, f"{kind} hits")
+    miss.pop("_run")
+    return miss, hit
+
+
 def reevaluation(duration: float, kind: str) -> dict[str, Any]:
     """Step 1 alone, on its own pipeline of ``kind`` models: answers/s without and with the cache."""
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp, Pipeline(build(Path(tmp), kind)) as pipe:
         wait_warm(pipe.url, "ens", load.json_bodies(load.unique_inputs(1))[0])
         kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
         try:
-            fresh = load.unique_inputs(int(2000 * duration), seed=54321)
-            say(f"cache ({kind}): re-evaluation without the cache (fresh inputs), {CONCURRENCY} in flight")
-            miss = capacity(pipe, kl, fresh, duration, f"{kind} misses")
-            say(f"cache ({kind}): the same inputs again")
-            hit = capacity(pipe, kl, fresh[: miss["sent"]], duration, f"{kind} hits")
+            miss, hit = misses_then_hits(pipe, kl, duration, kind, seed=54321)
         finally:
             kl.close()
-    miss.pop("_run"), hit.pop("_run")
+    hit.pop("_run")
     speedup = round(hit["answered_qps"] / max(1e-9, miss["answered_qps"]), 2)
     say(f"  cache ({kind}): x{speedup}")
     return {"without_cache": miss, "with_cache": hit, "speedup": speedup}
@@ -137,15 +144,10 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             wait_warm(pipe.url, "ens", load.json_bodies(load.unique_inputs(1))[0])
             kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
             try:
-                fresh = load.unique_inputs(int(2000 * duration), seed=12345)
-                say(f"cache: re-evaluation without the cache (fresh inputs), {CONCURRENCY} in flight")
-                miss = capacity(pipe, kl, fresh, duration, "misses")
-                say("cache: the same inputs again (every model answers from the cache)")
-                hit = capacity(pipe, kl, fresh[: miss["sent"]], duration, "hits")
+                miss, hit = misses_then_hits(pipe, kl, duration, "onnx", seed=12345)
                 say("cache: clipstream's learner (feedback joined with stored predictions)")
                 learn = learner_rate(pipe, hit.pop("_run"))
                 say(f"    {learn}")
-                miss.pop("_run")
                 say("cache: latency at a moderate rate, misses then hits")
                 lat_in = load.unique_inputs(int(LAT_RATE * duration * 1.5) + 10, seed=777)
                 lat_miss = load_step(pipe, "ens", LAT_RATE, LAT_SLO_MS, duration, kafka_load=kl, inputs=lat_in,

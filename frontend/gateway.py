@@ -222,9 +222,8 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
     if state.inflight >= state.limit:
-        raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight "
-                               "(learnt from how fast the pipeline answers)" if state.gw.adaptive_admission else
-                               f"gateway at its limit of {state.gw.max_inflight} requests in flight")
+        how = " (learnt from how fast the pipeline answers)" if state.gw.adaptive_admission else ""
+        raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight{how}")
     if state.loop_late:
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
     state.inflight += 1  # the slot is held from parsing to the answer

@@ -30,7 +30,7 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings, get_settings
 from frontend.admission import AdmissionLimit
-from frontend.gateway_http import GuardMiddleware, HTTPProblem, parse_json, read_body
+from frontend.gateway_http import RECEIVED_US, GuardMiddleware, HTTPProblem, parse_json, read_body
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
     Accepted, ErrorBody, FeedbackRequest, PredictRequest, PredictResponse, default_json,
@@ -116,12 +116,15 @@ class GatewayState:
         """Predictions admitted at once: learnt (``frontend.admission``) unless switched off."""
         return int(self.admission.limit) if self.gw.adaptive_admission else self.gw.max_inflight
 
-    def observe(self, answer: dict[str, Any], timed_out: bool, admitted_us: int) -> None:
-        """Teach the admission limit whether the pipeline kept up with this answer."""
-        if timed_out or (answer["default"] and answer.get("default_reason") == NOTHING_ARRIVED):
+    def observe(self, answer: dict[str, Any], timed_out: bool, admitted_us: int, inflight: int,
+                slo_ms: float) -> None:
+        """Teach the admission limit whether the pipeline kept up with this answer (admitted at
+        ``admitted_us`` with ``inflight`` others in flight)."""
+        if (timed_out or (answer["default"] and answer.get("default_reason") == NOTHING_ARRIVED)
+                or answer["latency_ms"] > slo_ms * self.gw.admission_slow_fraction):
             self.admission.late(now_us(), admitted_us)
         elif not answer["default"]:
-            self.admission.on_time()
+            self.admission.on_time(inflight)
 
     def app_config(self, name: str) -> AppConfig:
         view = self.registry.view() if self.registry is not None else RegistryView()
@@ -217,7 +220,9 @@ def create_app(
 
 async def _predict(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
     t0 = time.perf_counter()
-    created = now_us()
+    arrived = now_us()
+    # the caller's wait began when the server started reading the request, not at this line
+    created = min(arrived, request.scope.get(RECEIVED_US, arrived))
     cfg = state.app_config(app_name)
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
@@ -226,6 +231,7 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
         raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight{how}")
     if state.loop_late:
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
+    inflight = state.inflight
     state.inflight += 1  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:
@@ -264,12 +270,12 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
             state.bus.forget(query_id)
     finally:
         state.inflight -= 1
-    latency_ms = (time.perf_counter() - t0) * 1000.0
+    latency_ms = (time.perf_counter() - t0) * 1000.0 + (arrived - created) / 1000.0
     if record is None:
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
-    state.observe(answer, record is None, created)
+    state.observe(answer, record is None, created, inflight, slo_ms)
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None else "selector")

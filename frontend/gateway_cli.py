@@ -52,6 +52,7 @@ async def _serve(gw: Any, settings: Any) -> int:
     import uvicorn
 
     from frontend.gateway import create_app
+    from frontend.gateway_http import stamped_protocol
 
     config = uvicorn.Config(
         create_app(gw, settings),
@@ -62,6 +63,7 @@ async def _serve(gw: Any, settings: Any) -> int:
         lifespan="on",
         backlog=4096,
         timeout_keep_alive=30,
+        http=stamped_protocol() or "auto",
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

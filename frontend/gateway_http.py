@@ -22,6 +22,31 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dic
 # paths a caller may reach without a key: a liveness probe must not need a secret
 OPEN_PATHS: frozenset[str] = frozenset({"/healthz"})
 
+# scope key: when the server began parsing the request (epoch us), set by ``stamped_protocol``
+RECEIVED_US = "clipstream.received_us"
+
+
+def stamped_protocol() -> type | None:
+    """uvicorn's httptools protocol, stamping each request's scope when its parsing begins.
+
+    Under load a request can wait in the event loop for milliseconds between its bytes
+    arriving and its handler starting; the caller's clock runs all along, so the deadline
+    (and the wait for the reply) counts from the stamp, not from the handler. None when
+    httptools is missing: the handler's own start is used then.
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return None
+    from clipstream.clock import now_us
+
+    class StampedHttpToolsProtocol(HttpToolsProtocol):
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope[RECEIVED_US] = now_us()  # type: ignore[literal-required]
+
+    return StampedHttpToolsProtocol
+
 
 class HTTPProblem(Exception):
     """An answer other than 200: status, one-line reason, extra headers."""

@@ -33,10 +33,13 @@ class GatewaySettings(BaseSettings):
     # learn the limit below max_inflight from how the pipeline keeps up (frontend/admission.py):
     # under overload the excess gets a quick 503 instead of a default after the SLO
     adaptive_admission: bool = True
-    admission_initial: int = Field(32, gt=0)
+    admission_initial: int = Field(16, gt=0)
     admission_floor: int = Field(4, gt=0)
-    # how long past the deadline a reply may still be taken (the selector answers AT the deadline)
-    reply_margin_ms: float = Field(10.0, ge=0)
+    # an answer in time but slower than this share of the SLO also cuts the limit: queueing
+    admission_slow_fraction: float = Field(0.6, gt=0)
+    # how long past the deadline a reply may still be taken: the selector answers 3 ms before
+    # it, and the reply hop's p99 at light load is ~5 ms (bench.breakdown)
+    reply_margin_ms: float = Field(5.0, ge=0)
     # refuse new predictions (503) while the event loop wakes up this much later than asked
     max_loop_lag_ms: float = Field(10.0, gt=0)
     instance: str = Field(default_factory=_random_instance)

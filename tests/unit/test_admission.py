@@ -35,3 +35,12 @@ def test_the_limit_stays_between_floor_and_ceiling() -> None:
     assert a.limit == 6.0
     with pytest.raises(ValueError):
         AdmissionLimit(initial=1, floor=4)
+
+
+def test_the_limit_grows_only_while_it_is_in_use() -> None:
+    a = AdmissionLimit(initial=16, floor=4, ceiling=100)
+    for _ in range(100):
+        a.on_time(inflight_at_admission=2)  # light load: a limit of 16 was never tested
+    assert a.limit == 16.0
+    a.on_time(inflight_at_admission=7)  # 7 + 1 of 16: half the limit in use
+    assert a.limit == pytest.approx(16 + 1 / 16)

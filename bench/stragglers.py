@@ -7,7 +7,8 @@ combines with Exp4. Two runs per ensemble size over the same held-out digits:
 - cutoff: the app's SLO (SLO_MS); the selector answers at the deadline with what arrived;
 - wait for all: a very long SLO (WAIT_SLO_MS), so the selector answers when every model has.
 Reported: p99 latency, the fraction of predictions missing from answers, and accuracy (over
-real answers, and with every default answer counted as wrong).
+real answers, and with every default answer counted as wrong). The prediction cache is off:
+the runs replay the same digits, and a cache hit would skip the straggler altogether.
 
     .venv/bin/python -m bench.stragglers [--quick]      # out/bench/stragglers.json and .png
 """
@@ -115,9 +116,11 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
         "sizes": sizes, "slo_ms": SLO_MS, "wait_for_all_slo_ms": WAIT_SLO_MS, "fast_ms": FAST_MS,
         "slow_ms": SLOW_MS, "slow_fraction_of_batches": SLOW_FRACTION, "rate_qps": RATE, "step_s": duration,
-        "policy": "exp4", "mode": "kafka", "inputs": "held-out digits (797), cycled"}, "runs": {}}
+        "policy": "exp4", "mode": "kafka", "inputs": "held-out digits (797), cycled", "prediction_cache": False}, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="bench-strag-") as tmp:
-        with Pipeline(build(Path(tmp))) as pipe:
+        # no prediction cache: every run replays the same held-out digits, and a cached
+        # prediction never reaches a worker, so the straggler would only straggle once
+        with Pipeline(build(Path(tmp)), env={"CLIPSTREAM_BATCHER_CACHE": "false"}) as pipe:
             body = load.json_bodies(x[:1])[0]
             for s in sizes:
                 wait_warm(pipe.url, f"ens{s}", body)

@@ -394,6 +394,16 @@ def load_step(pipe: Pipeline, app: str, rate: float, slo_ms: float, duration_s: 
     return s
 
 
+WARM_UP = {"rate": 150.0, "seconds": 6.0}  # the discarded step of ``warm_up``
+
+
+def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = None) -> None:
+    """A discarded open-loop step at moderate load: a fresh broker and fresh stages run cold
+    (JIT, pools, caches) for seconds, which would otherwise land in the first measurement."""
+    load_step(pipe, app, WARM_UP["rate"], 50.0, WARM_UP["seconds"], mode=mode, kafka_load=kafka_load,
+              seed=7, label=f"warm-up {app} (not reported) ").pop("_run")
+
+
 def sweep(pipe: Pipeline, app: str, rates: list[float], slo_ms: float, duration_s: float, *,
           mode: str = "kafka", kafka_load: Any = None, stop_after_misses: int = 2, label: str = "",
           warmup_s: float = 1.0) -> list[dict[str, Any]]:

@@ -19,13 +19,12 @@ from typing import Any
 
 from bench import load
 from bench.common import (
-    OUT, Pipeline, best_under_slo, figure, load_step, machine_info, save_figure, say, sweep, wait_warm,
+    OUT, WARM_UP, Pipeline, best_under_slo, figure, machine_info, save_figure, say, sweep, wait_warm, warm_up,
     write_app_file, write_json,
 )
 
 SLOS = (20.0, 50.0)
 RATES = [50, 75, 110, 160, 230, 330, 470, 670, 950, 1350]
-WARM_RATE, WARM_S = 150.0, 6.0
 
 
 def build(root: Path) -> Path:
@@ -50,8 +49,9 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     rates = RATES[::2] if args.quick else RATES
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
         "step_s": duration, "rates": rates, "slos_ms": SLOS, "arrivals": "Poisson (cv 1)",
-        "warmup_s": 1.0, "warm_up_step": {"rate": WARM_RATE, "seconds": WARM_S}, "models": {"logreg": "ONNX digits logreg, CPU, 1 thread, AIMD objective 5 ms",
-                                    "accel": "profile backend, Clockwork ResNet-50 table, AIMD objective 9.5 ms"},
+        "warmup_s": 1.0, "warm_up_step": WARM_UP,
+        "models": {"logreg": "ONNX digits logreg, CPU, 1 thread, AIMD objective 5 ms",
+                   "accel": "profile backend, Clockwork ResNet-50 table, AIMD objective 9.5 ms"},
         "criterion": "effective p99 <= SLO (defaults, errors, late answers count as misses)"}, "curves": {}}
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         app_file = build(Path(tmp))
@@ -61,10 +61,8 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                 wait_warm(pipe.url, app, body)
             kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
             try:
-                # a fresh broker and fresh stages run cold (JIT, caches, connection pools) for
-                # several seconds: a discarded step at moderate load keeps that out of the first curve
                 for app in ("digits", "sim"):
-                    load_step(pipe, app, WARM_RATE, 50.0, WARM_S, kafka_load=kl, seed=7, label=f"warm-up {app} ")
+                    warm_up(pipe, app, kafka_load=kl)
                 for app, model in (("digits", "logreg"), ("sim", "accel")):
                     for slo in SLOS:
                         say(f"e2e: {model}, SLO {slo:g} ms, kafka")

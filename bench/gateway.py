@@ -16,17 +16,14 @@ import json
 import tempfile
 import time
 from collections import Counter
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 
-from bench.common import Pipeline, figure, machine_info, save_figure, say, write_app_file, write_json
+from bench.common import WARM_UP, Pipeline, figure, machine_info, save_figure, say, warm_up, write_app_file, write_json
 from bench.load import arrival_times, json_bodies, run_gateway, unique_inputs
-
-
-WARM_RATE, WARM_S = 150.0, 6.0
 
 
 def main() -> None:
@@ -46,10 +43,7 @@ def main() -> None:
         with Pipeline(root / "app.yaml") as pipe:
             x, _ = digits()
             body = json.dumps({"input": x[0].tolist()}).encode()
-            # a fresh broker and fresh stages run cold (JIT, pools) for seconds: warm them first
-            say(f"warm-up: Poisson {WARM_RATE:.0f} q/s for {WARM_S:.0f}s through the gateway (not reported)")
-            warm = arrival_times(WARM_RATE, 1.0, WARM_S, seed=2)
-            run_gateway(pipe.url, "digits", json_bodies(unique_inputs(len(warm), seed=5)), warm)
+            warm_up(pipe, "digits", mode="gateway")
             hits = []
             with httpx.Client(base_url=pipe.url, timeout=5) as http:
                 say(f"cache-hit round trips: {args.hits} sequential calls with one input")
@@ -87,7 +81,7 @@ def main() -> None:
     say(f"overload: offered {o['offered_qps']:.0f} q/s, answered {o['answered']}, defaults {o['default']}, "
         f"errors {o['error']}, lost {o['lost']}; longest wait {o['max_wait_ms']:.1f} ms "
         f"({o['over_slo_plus_20ms']} callers over SLO + 20 ms)")
-    settings = {**vars(args), "warm_up_step": {"rate": WARM_RATE, "seconds": WARM_S}}
+    settings = {**vars(args), "warm_up_step": WARM_UP}
     write_json("gateway", {"machine": machine_info(), "settings": settings, "summary": report,
                            "raw": {"cache_hit_ms": hits, "overload_wait_ms": waited.tolist()}})
     fig, axes = figure(1, 2)

@@ -51,12 +51,13 @@ class FakeRegistry:
 
 
 class FakeBus:
-    """Records what the gateway publishes; answers with ``reply(event)`` or never."""
+    """Records what the gateway publishes; answers with ``reply(event)`` (``after_ms`` later) or never."""
 
     reply_topic = "t.replies.unit"
 
-    def __init__(self, reply: Any = None) -> None:
+    def __init__(self, reply: Any = None, after_ms: float = 0.0) -> None:
         self.reply = reply
+        self.after_ms = after_ms
         self.queries: list[tuple[dict[str, Any], bytes]] = []
         self.feedback: list[tuple[dict[str, Any], bytes]] = []
         self.on_late = lambda n: None
@@ -65,7 +66,9 @@ class FakeBus:
     def publish_query(self, event: dict[str, Any], key: bytes) -> asyncio.Future:
         self.queries.append((event, key))
         fut = asyncio.get_running_loop().create_future()
-        if self.reply is not None:
+        if self.reply is not None and self.after_ms:
+            asyncio.get_running_loop().call_later(self.after_ms / 1000, fut.set_result, self.reply(event))
+        elif self.reply is not None:
             fut.set_result(self.reply(event))
         return fut
 
@@ -203,20 +206,6 @@ def test_overload_is_503_with_retry_after():
     assert statuses == [(200, None), (503, "2")]
 
 
-class SlowBus(FakeBus):
-    """Answers every query ``after_ms`` later."""
-
-    def __init__(self, after_ms: float) -> None:
-        super().__init__(answer)
-        self.after_ms = after_ms
-
-    def publish_query(self, event: dict[str, Any], key: bytes) -> asyncio.Future:
-        self.queries.append((event, key))
-        fut = asyncio.get_running_loop().create_future()
-        asyncio.get_running_loop().call_later(self.after_ms / 1000, fut.set_result, answer(event))
-        return fut
-
-
 def _admission_limit(c: TestClient) -> float:
     line = next(l for l in c.get("/metrics").text.splitlines()
                 if l.startswith("clipstream_gateway_admission_limit "))
@@ -225,7 +214,7 @@ def _admission_limit(c: TestClient) -> float:
 
 def test_a_slow_answer_cuts_the_admission_limit_and_an_idle_limit_does_not_grow():
     # app SLO 30 ms: an answer after 22 ms is in time but past 0.6 of the SLO (queueing)
-    with TestClient(make_app(SlowBus(after_ms=22))) as c:
+    with TestClient(make_app(FakeBus(answer, after_ms=22))) as c:
         r = c.post("/v1/apps/pets/predict", json={"input": GOOD})
         assert r.status_code == 200 and r.json()["default"] is False
         assert _admission_limit(c) == 14  # int(16 * 0.9): the gauge shows whole requests

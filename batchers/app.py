@@ -1,8 +1,10 @@
 """The batcher process: a thin faust-streaming shell around ``BatcherCore``.
 
-Faust only moves bytes: two agents read ``requests.<model>`` and ``batch-stats.<model>``,
-and three tasks run the service below (cache lookups, the batching loop, readiness). Every
-decision lives in ``core.py`` and the modules under it, so it is tested without a broker.
+Faust runs the process and only moves bytes: its agent reads ``batch-stats.<model>``, its
+producer sends, and tasks run the service below (request intake, cache lookups, the batching
+loop, readiness). ``requests.<model>``, one record per query, is read by librdkafka in a
+thread (``intake.py`` says why). Every decision lives in ``core.py`` and the modules under it,
+so it is tested without a broker.
 
 Latency choices: a group of requests that arrived together is looked up in Redis with one
 MGET (whatever arrives while a lookup is on the wire forms the next group, so nothing waits
@@ -30,6 +32,7 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
+from batchers.intake import Record, RequestIntake
 from batchers.settings import BatcherSettings
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, DecodeError
@@ -302,7 +305,7 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
     """The faust app of one model's batcher (call ``faust.Worker(app).execute_from_commandline()``)."""
     cat = Catalogue.from_settings(settings)
     app = faust_app(settings, f"{settings.topic_prefix}batcher.{model.name}", _datadir(model.name))
-    requests_topic = app.topic(cat.requests(model.name).name, value_type=bytes, key_type=bytes)
+    requests_topic = cat.requests(model.name).name  # read by ``RequestIntake``, not by faust
     stats_topic = app.topic(cat.batch_stats(model.name).name, value_type=bytes, key_type=bytes)
     holder: dict[str, BatcherService] = {}
 
@@ -312,13 +315,25 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
             holder["s"] = BatcherService(app, settings, bs, model)
         return holder["s"]
 
-    @app.agent(requests_topic)
-    async def requests(stream: Any) -> None:
+    intake: list[RequestIntake] = []
+
+    @app.task
+    async def take_requests() -> None:
         svc = service()
         accept = svc.accept
-        async for event in stream.events():
-            msg = event.message
-            accept(event.value, (msg.topic, msg.partition, msg.offset))
+
+        def deliver(records: list[Record]) -> None:
+            for value, where in records:
+                accept(value, where)
+
+        reader = RequestIntake(settings, requests_topic, f"{settings.topic_prefix}batcher.{model.name}.requests",
+                               deliver)
+        intake.append(reader)
+        reader.start(asyncio.get_running_loop())
+        try:
+            await asyncio.Event().wait()
+        finally:
+            reader.stop()
 
     @app.agent(stats_topic)
     async def batch_stats(stream: Any) -> None:
@@ -337,7 +352,9 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
 
     @app.task
     async def announce() -> None:
-        await _wait_assigned(app, [requests_topic.get_topic_name(), stats_topic.get_topic_name()])
+        await _wait_assigned(app, [stats_topic.get_topic_name()])
+        while not (intake and intake[0].ready.is_set()):
+            await asyncio.sleep(0.05)
         print(f"ready: batcher {model.name}", flush=True)
         svc = service()
         last = None

@@ -1,17 +1,11 @@
-"""faust's aiokafka transport with a short fetch wait, for the batcher.
+"""faust's aiokafka transport with a short fetch wait, for the batcher's ``batch-stats`` agent.
 
-aiokafka leaves a partition out of a fetch while records of it are still buffered (for more
-than ``prefetch_backoff``, 100 ms), and faust asks the broker to hold each fetch up to 1.5 s
-(``fetch_max_wait_ms``, fixed in faust). A batcher reads two one-partition topics from the same
-broker: when the fetch in flight covers only ``batch-stats`` (requests still had unconsumed
-records as it left, the batcher being busy), newly arrived requests wait until a stats record
-comes or 1.5 s pass; with every request answered from the cache no stats come at all, and
-requests stalled 1.5 s (seen in ``bench.cache``: the batcher's ``batcher_in`` stamp 1.6 s after
-the selector's ``dispatched``). So the broker holds a fetch 200 ms at most, which bounds that
-stall. Shorter waits cost throughput under load (25 ms: the layer's goodput on the simulated
-accelerator fell from ~550 to ~350 q/s in ``bench.batching``), and never fetching around
-unconsumed records starves ``batch-stats`` under overload (no credit comes back while a
-backlog of requests is worked through, and the device idles): both measured, and dropped.
+faust asks the broker to hold each fetch up to 1.5 s (``fetch_max_wait_ms``, fixed in faust),
+and aiokafka leaves a partition out of a fetch while records of it are still buffered. When
+faust also read ``requests.<model>``, a fetch in flight for ``batch-stats`` alone stalled newly
+arrived requests for up to 1.5 s (seen in ``bench.cache``). Requests are now read by
+``intake.py``, so this only bounds how long faust's fetch can sit idle; 200 ms is kept as the
+measured-safe value (shorter waits cost throughput in ``bench.batching``).
 """
 
 from __future__ import annotations

@@ -52,10 +52,10 @@ def test_credit_bounds_batches_in_flight_and_returns_with_stats():
     assert not d.decide(10, 0, 0).send  # both credits used
     assert d.completed("b1", 4, 5_000, now_us=1_000) is not None
     assert d.replicas[0].aimd.max_batch_size == 5  # full batch under objective
-    # b2 runs from about now (1 ms) for 5 ms: the next batch is due 3 ms (the lead) before
-    assert d.decide(10, 0, 1_000).wake_us == 3_000
-    dec = d.decide(10, 0, 3_000)
-    assert dec.send and dec.size == 5
+    # b2 runs from about now (1 ms) for 5 ms: a short batch is due 3 ms (the lead) before
+    assert d.decide(3, 0, 1_000).wake_us == 3_000
+    dec = d.decide(3, 0, 3_000)
+    assert dec.send and dec.size == 3
 
 
 def test_a_busy_replica_gets_its_next_batch_just_before_its_device_is_free():
@@ -63,19 +63,32 @@ def test_a_busy_replica_gets_its_next_batch_just_before_its_device_is_free():
     d.sent(0, "b1", 4, now_us=0)
     d.completed("b1", 4, 40_000, now_us=100_000)  # service time known: 40 ms
     d.sent(0, "b2", 4, now_us=100_000)  # the device is free at 140 ms
-    dec = d.decide(10, 0, 100_001)
+    dec = d.decide(1, 0, 100_001)  # a short batch (AIMD's limit is now 3, then 2): it can still grow
     # due at free - max(3 ms, 10% of service) = 140 - 4 ms
     assert not dec.send and dec.wake_us == 136_000
-    assert d.decide(10, 0, 136_000).send
+    assert d.decide(1, 0, 136_000).send
     d.sent(0, "b3", 4, now_us=136_000)  # queued behind b2: free at 180 ms; no credit left
-    assert d.decide(10, 0, 150_000).wake_us is None
+    assert d.decide(1, 0, 150_000).wake_us is None
     d.completed("b2", 4, 40_000, now_us=141_000)  # b3 runs from about now: free at 181 ms
-    assert d.decide(10, 0, 141_000).wake_us == 177_000
+    assert d.decide(1, 0, 141_000).wake_us == 177_000
     eager = Dispatcher(1, lambda: AIMD(OBJ, start=4, cap=64), max_in_flight=2, credit_lead_us=None)
     eager.sent(0, "b1", 4, now_us=0)
     eager.completed("b1", 4, 40_000, now_us=50_000)
     eager.sent(0, "b2", 4, now_us=100_000)
     assert eager.decide(10, 0, 100_001).send  # without the gate, a free credit goes at once
+
+
+def test_a_full_batch_goes_to_a_busy_replica_as_soon_as_it_has_credit():
+    d = make(replicas=1, in_flight=2)
+    d.sent(0, "b1", 4, now_us=0)
+    d.completed("b1", 4, 10_000, now_us=10_000)  # 10 ms, under the objective: the limit is 5
+    d.sent(0, "b2", 5, now_us=10_000)  # the device is free at 20 ms; one credit left
+    short = d.decide(4, 0, 10_001)
+    assert not short.send and short.wake_us == 17_000  # waits to just in time, to grow
+    full = d.decide(5, 0, 10_001)
+    assert full.send and full.size == 5  # nothing can join it: it goes now, waiting at the worker
+    d.sent(0, "b3", 5, now_us=10_001)
+    assert not d.decide(50, 0, 10_002).send  # still bounded by credit
 
 
 def test_least_loaded_replica_gets_the_next_batch_round_robin_when_idle():

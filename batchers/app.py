@@ -1,10 +1,11 @@
 """The batcher process: a thin faust-streaming shell around ``BatcherCore``.
 
-Faust runs the process and only moves bytes: its agent reads ``batch-stats.<model>``, its
-producer sends, and tasks run the service below (request intake, cache lookups, the batching
-loop, readiness). ``requests.<model>``, one record per query, is read by librdkafka in a
-thread (``intake.py`` says why). Every decision lives in ``core.py`` and the modules under it,
-so it is tested without a broker.
+Faust runs the process and only moves bytes: its agent reads the workers' reports
+(``batch-stats.<model>``, one record per batch), its producer sends, and its tasks run the
+service below (intake, cache lookups, the batching loop, readiness). ``requests.<model>``, one
+record per query, is read by librdkafka in a thread instead: per record that costs a fifth of
+the CPU of a faust agent (``intake.py`` says why). Every decision lives in ``core.py`` and the
+modules under it, so it is tested without a broker.
 
 Latency choices: a group of requests that arrived together is looked up in Redis with one
 MGET (whatever arrives while a lookup is on the wire forms the next group, so nothing waits
@@ -32,7 +33,7 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
-from batchers.intake import Record, RequestIntake
+from batchers.intake import Intake, Record
 from batchers.settings import BatcherSettings
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, DecodeError
@@ -281,11 +282,8 @@ class BatcherService:
 def faust_app(settings: Settings, app_id: str, datadir: str, **overrides: Any) -> faust.App:
     """A faust app as clipstream runs one: raw bytes (our Avro codec decodes), no tables, no web
     server, topics created by ``topics.admin`` rather than by faust, records sent at once."""
-    from batchers import faust_transport
-
     options: dict[str, Any] = {
-        # faust's aiokafka transport, but fetches the broker holds 200 ms at most, not 1.5 s
-        "broker": f"{faust_transport.SCHEME}://" + aiokafka_kwargs(settings)["bootstrap_servers"],
+        "broker": "kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
         "value_serializer": "raw",
         "key_serializer": "raw",
         "store": "memory://",
@@ -305,9 +303,9 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
     """The faust app of one model's batcher (call ``faust.Worker(app).execute_from_commandline()``)."""
     cat = Catalogue.from_settings(settings)
     app = faust_app(settings, f"{settings.topic_prefix}batcher.{model.name}", _datadir(model.name))
-    requests_topic = cat.requests(model.name).name  # read by ``RequestIntake``, not by faust
+    requests_topic = cat.requests(model.name).name  # one record per query: read by ``Intake``
     stats_topic = app.topic(cat.batch_stats(model.name).name, value_type=bytes, key_type=bytes)
-    holder: dict[str, BatcherService] = {}
+    holder: dict[str, Any] = {}
 
     def service() -> BatcherService:
         # created inside the running loop (asyncio primitives and the Redis pool bind to it)
@@ -315,25 +313,27 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
             holder["s"] = BatcherService(app, settings, bs, model)
         return holder["s"]
 
-    intake: list[RequestIntake] = []
-
     @app.task
-    async def take_requests() -> None:
+    async def read_topics() -> None:
         svc = service()
         accept = svc.accept
 
-        def deliver(records: list[Record]) -> None:
+        def on_requests(records: list[Record]) -> None:
             for value, where in records:
                 accept(value, where)
 
-        reader = RequestIntake(settings, requests_topic, f"{settings.topic_prefix}batcher.{model.name}.requests",
-                               deliver)
-        intake.append(reader)
-        reader.start(asyncio.get_running_loop())
+        intake = Intake(settings, f"{settings.topic_prefix}batcher.{model.name}.requests",
+                        {requests_topic: on_requests}, fetch_max_wait_ms=bs.fetch_max_wait_ms)
+        holder["intake"] = intake
+        intake.start(asyncio.get_running_loop())
         try:
             await asyncio.Event().wait()
         finally:
-            reader.stop()
+            intake.stop()
+
+    @app.task
+    async def run_lookups() -> None:
+        await service().lookup_loop()
 
     @app.agent(stats_topic)
     async def batch_stats(stream: Any) -> None:
@@ -343,17 +343,13 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
             await svc.on_stats(event.value, (msg.topic, msg.partition, msg.offset))
 
     @app.task
-    async def run_lookups() -> None:
-        await service().lookup_loop()
-
-    @app.task
     async def run_batches() -> None:
         await service().batch_loop()
 
     @app.task
     async def announce() -> None:
         await _wait_assigned(app, [stats_topic.get_topic_name()])
-        while not (intake and intake[0].ready.is_set()):
+        while "intake" not in holder or not holder["intake"].ready.is_set():
             await asyncio.sleep(0.05)
         print(f"ready: batcher {model.name}", flush=True)
         svc = service()
@@ -426,11 +422,8 @@ def run(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: An
     """Run the batcher until SIGINT/SIGTERM."""
     from topics.admin import ensure_core_topics, ensure_model_topics
 
-    from batchers import faust_transport
-
     ensure_core_topics(settings)
     ensure_model_topics(settings, model.name, model.replicas)
-    faust_transport.fetch_max_wait_ms = int(bs.fetch_max_wait_ms)
     if bs.uvloop:
         _use_uvloop()
     app = create_app(settings, bs, model, follower)

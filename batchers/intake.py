@@ -1,12 +1,12 @@
-"""The batcher's hot path in: ``requests.<model>`` read by librdkafka, not by faust's agent.
+"""The batcher's hot path in: ``requests.<model>`` read by librdkafka, not by a faust agent.
 
-One record per query arrives here, and faust's per-event path (aiokafka in a consumer thread,
-a hand-off per fetch, an Event with acks and sensors per record) cost ~0.9–1.0 ms of CPU per
-record on this project's machine, against ~0.2 ms for a confluent-kafka consumer in a thread
-that hands each fetch to the loop in one call (``python -m bench.intake``). That was most of
-the batcher's ~1.2 ms per query, on two cores shared with the broker and every other stage.
-Faust still runs the process: the producer, the tasks and the ``batch-stats`` agent (one
-record per batch, not per query).
+One record per query arrives here. Faust's per-event path (aiokafka in a consumer thread,
+a hand-off per fetch, an Event with acks and sensors per record) cost 0.8–1.2 ms of CPU per
+record on this project's machine, against 0.16–0.23 ms for a confluent-kafka consumer in a thread that hands each
+fetch to the loop in one call, with lower latency too (``python -m bench.intake``). That was
+most of the batcher's ~1.2 ms per query, on two cores shared with the broker and every other
+stage. Faust still runs the process: its lifecycle and signals, the producer, the tasks, and
+the agent of ``batch-stats.<model>`` (one record per batch; faust needs a topic to read).
 
 Offsets: a record's offset is stored when it is handed to the loop, and auto-commit sends it,
 as faust did after the agent accepted the event: a request queued in a batcher that dies is
@@ -30,15 +30,17 @@ log = logging.getLogger("clipstream.batcher")
 Record = tuple[bytes | None, tuple[str, int, int]]  # value, (topic, partition, offset)
 
 
-class RequestIntake:
-    """A consumer thread that delivers each fetched group of records with one loop call."""
+class Intake:
+    """A consumer thread that delivers each fetched group of a topic's records with one loop
+    call to that topic's handler (run on the loop thread)."""
 
-    def __init__(self, settings: Settings, topic: str, group_id: str,
-                 deliver: Callable[[list[Record]], None], max_group: int = 1000) -> None:
-        self.topic = topic
-        self._deliver = deliver
+    def __init__(self, settings: Settings, group_id: str, handlers: dict[str, Callable[[list[Record]], None]],
+                 max_group: int = 1000, fetch_max_wait_ms: int = 100) -> None:
+        self.topics = list(handlers)
+        self._handlers = handlers
         self._max_group = max_group
-        self._consumer = Consumer(consumer_config(settings, group_id))
+        # the broker answers a fetch as soon as any record arrives; this bounds an idle one
+        self._consumer = Consumer(consumer_config(settings, group_id, **{"fetch.wait.max.ms": fetch_max_wait_ms}))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -46,8 +48,8 @@ class RequestIntake:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign)
-        self._thread = threading.Thread(target=self._run, name=f"intake-{self.topic}", daemon=True)
+        self._consumer.subscribe(self.topics, on_assign=self._on_assign)
+        self._thread = threading.Thread(target=self._run, name="batcher-intake", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -57,7 +59,7 @@ class RequestIntake:
         try:
             self._consumer.close()  # commits the stored offsets and leaves the group
         except (KafkaException, RuntimeError) as exc:
-            log.warning("closing the request consumer: %s", exc)
+            log.warning("closing the batcher's consumer: %s", exc)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Start where the group left off, else at the current end, given as a number: a
@@ -70,9 +72,10 @@ class RequestIntake:
                     tp.offset = consumer.get_watermark_offsets(tp, timeout=10)[1]
             consumer.assign(committed)
         except KafkaException as exc:  # keep librdkafka's own choice rather than no partitions
-            log.warning("could not fix start offsets of %s (%s); using the reset policy", self.topic, exc)
+            log.warning("could not fix start offsets of %s (%s); using the reset policy", self.topics, exc)
             consumer.assign(partitions)
-        self.ready.set()
+        if {tp.topic for tp in partitions} >= set(self.topics):
+            self.ready.set()
 
     def _run(self) -> None:
         consumer, loop = self._consumer, self._loop
@@ -81,16 +84,17 @@ class RequestIntake:
             first = consumer.poll(0.1)  # returns as soon as one record is there
             if first is None:
                 continue
-            group: list[Record] = []
+            groups: dict[str, list[Record]] = {}
             for msg in [first, *consumer.consume(self._max_group, timeout=0)]:
                 err = msg.error()
                 if err is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("requests topic error: %s", err)
+                        log.warning("consumer error: %s", err)
                     continue
-                group.append((msg.value(), (msg.topic(), msg.partition(), msg.offset())))
-            if group:
-                try:
-                    loop.call_soon_threadsafe(self._deliver, group)
-                except RuntimeError:  # the loop closed under us: shutting down
-                    return
+                topic = msg.topic()
+                groups.setdefault(topic, []).append((msg.value(), (topic, msg.partition(), msg.offset())))
+            try:
+                for topic, group in groups.items():
+                    loop.call_soon_threadsafe(self._handlers[topic], group)
+            except RuntimeError:  # the loop closed under us: shutting down
+                return

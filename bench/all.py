@@ -20,9 +20,9 @@ import traceback
 
 from bench.common import OUT, machine_info, say
 
-ORDER = ("breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "gateway", "join", "batching")
+ORDER = ("intake", "breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "gateway", "join", "batching")
 # run as their own process: name -> extra arguments of the quick mode
-SUBPROCESS = {"batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
+SUBPROCESS = {"intake": ["--quick"], "batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
 BUDGET_S = 30 * 60
 
 

@@ -22,7 +22,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,23 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def private_infra(log: Callable[[str], None] = say) -> Iterator[tuple[Any, dict[str, str]]]:
+    """A broker and Redis of our own on unused ports, for a benchmark that needs no pipeline:
+    yields the settings and the environment that points child processes at them."""
+    from clipstream.infra import launcher
+    from clipstream.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="clipstream-bench-") as tmp:
+        infra = Settings(state_dir=Path(tmp) / "state")
+        status = launcher.up(infra, free_ports=True, progress=lambda m: log(f"  infra: {m}"), die_with_parent=True)
+        try:
+            yield (Settings(kafka_bootstrap=status.kafka_bootstrap, redis_url=status.redis_url),
+                   {**os.environ, **status.env()})
+        finally:
+            launcher.down(infra)
 
 
 def wait_warm(url: str, app: str, body: bytes, n: int = 20, timeout_s: float = 60.0) -> None:

@@ -103,7 +103,8 @@ class Bench:
             delay_ms: float | None = None, rate_qps: float | None = None, period_s: float = 0.0,
             duty: float = 1.0, warmup_s: float = 1.5, measure_s: float = 3.0, slowdown: float = 1.0,
             slowdown_at_s: float | None = None, pool: int = 0, prefill: bool = False,
-            profile: bool = False, no_cache: bool = False, batcher_env: dict[str, str] | None = None) -> RunResult:
+            profile: bool = False, no_cache: bool = False, batcher_env: dict[str, str] | None = None,
+            deadline_ms: float | None = None) -> RunResult:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         from topics.admin import ensure_model_topics
@@ -117,7 +118,7 @@ class Bench:
         set_slowdown(folder, slowdown)
         cat = Catalogue.from_settings(self.settings)
         ensure_model_topics(self.settings, name, 1)
-        objective_us = self.deadline_us
+        objective_us = self.deadline_us if deadline_ms is None else int(deadline_ms * 1000)
 
         bargs = ["batcher", "--model", name, "--version", "1", "--replicas", "1"]
         env = {**self.env, **(batcher_env or {})}

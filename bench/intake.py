@@ -1,0 +1,222 @@
+"""What reading one record per query costs the batcher: faust's agent, aiokafka, librdkafka.
+
+    .venv/bin/python -m bench.intake [--rates 200,800] [--seconds 8] [--quick]
+
+A producer sends ``ModelRequest`` records to a one-partition topic at a fixed rate; a reader
+process decodes each one, as the batcher does, and the CPU it used is read from /proc over
+the run. Readers: ``faust`` (an agent of the batcher's own faust app, the batcher's intake
+until 2026-11-22), ``aiokafka`` (``getmany`` on the event loop), and ``librdkafka``
+(``batchers.intake.Intake``, the batcher's intake now). Also each record's latency
+from produce to decode. Writes ``out/bench/intake.json`` and ``intake.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench.common import CLK_TCK, figure, machine_info, private_infra, save_figure, say, write_json
+
+READERS = ("faust", "aiokafka", "librdkafka")
+
+
+def _ticks(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+# --- reader processes ----------------------------------------------------------------------
+
+
+def _counter(expected: int) -> Callable[[bytes], None]:
+    """Decode a record; after ``expected`` of them print the latency line once."""
+    from clipstream.clock import now_us
+    from schemas import decode_as
+
+    lat: list[int] = []
+
+    def on(value: bytes) -> None:
+        lat.append(now_us() - decode_as("ModelRequest", value)["trace"]["dispatched"])
+        if len(lat) == expected:
+            lat.sort()
+            print(f"done {lat[len(lat) // 2]} {lat[int(len(lat) * 0.99)]}", flush=True)
+
+    return on
+
+
+def _read_faust(topic: str, on: Callable[[bytes], None]) -> None:
+    import faust
+
+    from batchers.app import _use_uvloop, faust_app
+    from clipstream.settings import get_settings
+
+    _use_uvloop()
+    app = faust_app(get_settings(), f"bench-intake-{topic}", f"/tmp/bench-intake-{topic}")
+    source = app.topic(topic, value_type=bytes, key_type=bytes)
+
+    @app.agent(source)
+    async def read(stream: Any) -> None:
+        async for event in stream.events():
+            on(event.value)
+
+    @app.task
+    async def announce() -> None:  # assigned, and the start offset resolved: nothing is missed
+        while not any(tp.topic == topic for tp in app.consumer.assignment()):
+            await asyncio.sleep(0.05)
+        for tp in app.consumer.assignment():
+            await app.consumer.position(tp)
+        print("ready", flush=True)
+
+    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
+    worker.spinner = None
+    worker.execute_from_commandline()
+
+
+async def _read_aiokafka(topic: str, on: Callable[[bytes], None]) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    from clipstream.settings import get_settings
+    from topics.client import aiokafka_kwargs
+
+    consumer = AIOKafkaConsumer(topic, group_id=f"bench-intake-{topic}", auto_offset_reset="latest",
+                                fetch_max_wait_ms=200, **aiokafka_kwargs(get_settings()))
+    await consumer.start()
+    while not consumer.assignment():
+        await asyncio.sleep(0.05)
+    for tp in consumer.assignment():
+        await consumer.position(tp)
+    print("ready", flush=True)
+    while True:
+        for records in (await consumer.getmany(timeout_ms=100)).values():
+            for r in records:
+                on(r.value)
+
+
+async def _read_librdkafka(topic: str, on: Callable[[bytes], None]) -> None:
+    from batchers.intake import Intake, Record
+    from clipstream.settings import get_settings
+
+    def deliver(records: list[Record]) -> None:
+        for value, _ in records:
+            on(value)  # type: ignore[arg-type]
+
+    intake = Intake(get_settings(), f"bench-intake-{topic}", {topic: deliver})
+    intake.start(asyncio.get_running_loop())
+    while not intake.ready.is_set():
+        await asyncio.sleep(0.05)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+def reader_main(kind: str, topic: str, expected: int) -> None:
+    on = _counter(expected)
+    if kind == "faust":
+        _read_faust(topic, on)
+        return
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.run(_read_aiokafka(topic, on) if kind == "aiokafka" else _read_librdkafka(topic, on))
+
+
+# --- one run -------------------------------------------------------------------------------
+
+
+def run_one(settings: Any, env: dict[str, str], kind: str, rate: float, seconds: float) -> dict[str, Any]:
+    import numpy as np
+    from confluent_kafka import Producer
+
+    from clipstream.clock import now_us
+    from schemas import encode, to_tensor
+    from topics.admin import ensure_topics
+    from topics.catalogue import TopicSpec
+    from topics.client import producer_config
+
+    topic = f"bench-intake-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, [TopicSpec(topic, 1)])
+    n = int(rate * seconds)
+    child = subprocess.Popen([sys.executable, "-m", "bench.intake", "--reader", kind, "--topic", topic,
+                              "--expected", str(n)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = child.stdout.readline().strip() if child.stdout else ""
+        if line != "ready":
+            raise RuntimeError(f"reader {kind} did not start (said {line!r}); see its stderr above")
+        producer = Producer(producer_config(settings))
+        x = to_tensor(np.random.default_rng(0).random(64, dtype=np.float32))
+        cpu0, t0 = _ticks(child.pid), time.monotonic()
+        for i in range(n):
+            pause = t0 + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            record = {"query_id": uuid.uuid4().hex, "app": "bench", "model": "m", "input": x,
+                      "deadline_us": now_us() + 10_000_000, "selector_partition": 0, "trace": {"dispatched": now_us()}}
+            producer.produce(topic, encode("ModelRequest", record))
+            producer.poll(0)
+        producer.flush(10)
+        line = child.stdout.readline().strip() if child.stdout else ""
+        cpu1 = _ticks(child.pid)
+    finally:
+        child.kill()
+        child.wait(10)
+    if not line.startswith("done"):
+        raise RuntimeError(f"reader {kind} stopped before reading all {n} records")
+    _, p50, p99 = line.split()
+    row = {"reader": kind, "rate_qps": rate, "records": n, "cpu_us_per_record": (cpu1 - cpu0) * 1e6 / n,
+           "latency_ms_p50": int(p50) / 1000, "latency_ms_p99": int(p99) / 1000}
+    say(f"  {kind:10s} {rate:5.0f} q/s: {row['cpu_us_per_record']:6.0f} us CPU/record, "
+        f"produce->decoded p50 {row['latency_ms_p50']:.2f} ms, p99 {row['latency_ms_p99']:.2f} ms")
+    return row
+
+
+def plot(rows: list[dict[str, Any]]) -> None:
+    fig, axes = figure(1, 2, (11, 4))
+    rates = sorted({r["rate_qps"] for r in rows})
+    width = 0.8 / len(READERS)
+    for i, kind in enumerate(READERS):
+        mine = {r["rate_qps"]: r for r in rows if r["reader"] == kind}
+        xs = [j + i * width for j in range(len(rates))]
+        axes[0][0].bar(xs, [mine[q]["cpu_us_per_record"] if q in mine else 0 for q in rates], width, label=kind)
+        axes[0][1].bar(xs, [mine[q]["latency_ms_p99"] if q in mine else 0 for q in rates], width, label=kind)
+    for ax, title in ((axes[0][0], "reader CPU per record (us)"), (axes[0][1], "produce -> decoded p99 (ms)")):
+        ax.set_xticks([j + width for j in range(len(rates))], [f"{q:g} q/s" for q in rates])
+        ax.set_title(title)
+        ax.legend()
+    save_figure(fig, "intake")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--rates", default="200,800")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--quick", action="store_true", help="3 s per run")
+    ap.add_argument("--reader", choices=READERS, help=argparse.SUPPRESS)
+    ap.add_argument("--topic", help=argparse.SUPPRESS)
+    ap.add_argument("--expected", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.reader:
+        reader_main(args.reader, args.topic, args.expected)
+        return {}
+    seconds = 3.0 if args.quick else args.seconds
+    rows: list[dict[str, Any]] = []
+    with private_infra() as (settings, env):
+        for rate in [float(r) for r in args.rates.split(",") if r]:
+            say(f"intake at {rate:g} q/s for {seconds:g} s per reader")
+            for kind in READERS:
+                rows.append(run_one(settings, env, kind, rate, seconds))
+    by = {(r["reader"], r["rate_qps"]): r["cpu_us_per_record"] for r in rows}
+    summary = {f"faust_over_librdkafka_at_{q:g}": by[("faust", q)] / by[("librdkafka", q)]
+               for q in sorted({r["rate_qps"] for r in rows})}
+    report = {"machine": machine_info(), "seconds": seconds, "rows": rows, "summary": summary}
+    write_json("intake", report)
+    plot(rows)
+    return report
+
+
+if __name__ == "__main__":
+    main()

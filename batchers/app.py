@@ -314,7 +314,7 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
         return holder["s"]
 
     @app.task
-    async def read_topics() -> None:
+    async def read_requests() -> None:
         svc = service()
         accept = svc.accept
 

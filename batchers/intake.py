@@ -1,12 +1,13 @@
 """The batcher's hot path in: ``requests.<model>`` read by librdkafka, not by a faust agent.
 
 One record per query arrives here. Faust's per-event path (aiokafka in a consumer thread,
-a hand-off per fetch, an Event with acks and sensors per record) cost 0.8–1.2 ms of CPU per
-record on this project's machine, against 0.16–0.23 ms for a confluent-kafka consumer in a thread that hands each
-fetch to the loop in one call, with lower latency too (``python -m bench.intake``). That was
-most of the batcher's ~1.2 ms per query, on two cores shared with the broker and every other
-stage. Faust still runs the process: its lifecycle and signals, the producer, the tasks, and
-the agent of ``batch-stats.<model>`` (one record per batch; faust needs a topic to read).
+a hand-off per fetch, an Event with acks and sensors per record) cost 0.75–1.3 ms of CPU per
+record on this project's machine, against 0.16–0.25 ms for a confluent-kafka consumer in a
+thread that hands each fetch to the loop in one call, with lower latency too
+(``python -m bench.intake``). That was most of the batcher's ~1.2 ms per query, on two cores
+shared with the broker and every other stage. Faust still runs the process: its lifecycle
+and signals, the producer, the tasks, and the agent of ``batch-stats.<model>`` (one record
+per batch; a faust app with no topic to read does not start).
 
 Offsets: a record's offset is stored when it is handed to the loop, and auto-commit sends it,
 as faust did after the agent accepted the event: a request queued in a batcher that dies is

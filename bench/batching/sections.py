@@ -94,7 +94,7 @@ def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -
 def _saturated(b: Bench, m: Model, dev: dict[str, Any], warm: float, meas: float) -> dict[str, Any]:
     """How busy the layer keeps the device when there is always work: AIMD's objective stays
     20 ms on the batch's service time (Clipper's reading), offered 1.3x the device's maximum,
-    request deadlines loose (100 ms) so the queue never empties and nothing is dropped."""
+    request deadlines loose (100 ms) so the queue never empties (the excess expires)."""
     rate = 1.3 * dev["qps"]
     r = b.run(m, "AIMD, always work queued", rate_qps=rate, deadline_ms=SATURATED_DEADLINE_MS,
               warmup_s=warm, measure_s=meas).summary

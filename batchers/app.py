@@ -126,17 +126,20 @@ class BatcherService:
         await self._send_all([self._deadletter_record(reason, payload, where, query_id)])
 
     # -- requests -----------------------------------------------------------------------
-    def accept(self, value: bytes, where: tuple[str, int, int]) -> None:
-        """One raw record of ``requests.<model>``: validate, then hand to the lookup task.
+    def accept_group(self, records: list[Record]) -> None:
+        """Records of ``requests.<model>`` as one fetch brought them: validate each, then wake
+        the lookup task once. Synchronous (called on the loop by ``Intake``); what a bad record
+        produces (dead letter, error prediction) goes out with the lookup task's next group."""
+        for value, where in records:
+            self._accept(value, where)
+        self.arrived_event.set()
 
-        Synchronous, so the agent handles each event without a coroutine of its own; what a bad
-        record produces (dead letter, error prediction) goes out with the lookup task's next group."""
+    def _accept(self, value: bytes | None, where: tuple[str, int, int]) -> None:
         arrival = now_us()
         try:
-            request = decode_as("ModelRequest", value)
+            request = decode_as("ModelRequest", value)  # type: ignore[arg-type]  # None: DecodeError
         except DecodeError as exc:
             self.outbox.append(self._deadletter_record(str(exc), value, where))
-            self.arrived_event.set()
             return
         request["trace"]["batcher_in"] = arrival
         try:
@@ -149,11 +152,9 @@ class BatcherService:
             p = Pending(request, None, arrival)
             self.failed.append((p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
                                                         error=f"bad input: {exc}")))
-            self.arrived_event.set()
             return
         self.counts["requests"] += 1
         self.arrived.append((request, arrival))
-        self.arrived_event.set()
 
     async def lookup_loop(self) -> None:
         """Group whatever arrived, look it up with one MGET, answer hits, queue misses."""
@@ -315,15 +316,8 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
 
     @app.task
     async def read_requests() -> None:
-        svc = service()
-        accept = svc.accept
-
-        def on_requests(records: list[Record]) -> None:
-            for value, where in records:
-                accept(value, where)
-
-        intake = Intake(settings, f"{settings.topic_prefix}batcher.{model.name}.requests",
-                        {requests_topic: on_requests}, fetch_max_wait_ms=bs.fetch_max_wait_ms)
+        intake = Intake(settings, requests_topic, f"{settings.topic_prefix}batcher.{model.name}.requests",
+                        service().accept_group, fetch_max_wait_ms=bs.fetch_max_wait_ms)
         holder["intake"] = intake
         intake.start(asyncio.get_running_loop())
         try:

@@ -153,11 +153,13 @@ class Dispatcher:
             return 0 if r.credit > 0 else None
         return r.ready_at_us(self.credit_lead_us, self.credit_lead_fraction)
 
-    def pick(self, now_us: int | None = None) -> Replica | None:
-        """The replica to receive the next batch: ready (credit, and due when busy), not
-        suspect, least loaded. Without ``now_us`` any replica with credit counts as ready."""
+    def pick(self, now_us: int | None = None, queued: int = 0) -> Replica | None:
+        """The replica to receive the next batch: ready (credit, and due when busy, or ``queued``
+        fills its batch: nothing more could join it), not suspect, least loaded. Without
+        ``now_us`` any replica with credit counts as ready."""
         ready = [r for r in self.replicas
-                 if (t := self.ready_at_us(r)) is not None and (now_us is None or t <= now_us)]
+                 if (t := self.ready_at_us(r)) is not None
+                 and (now_us is None or t <= now_us or queued >= r.aimd.max_batch_size)]
         if not ready:
             return None
         return min(ready, key=lambda r: (r.suspect, r.items_in_flight, r.last_sent_us, r.index))
@@ -176,13 +178,9 @@ class Dispatcher:
         """
         if queued <= 0:
             return IDLE
-        replica = self.pick(now_us)
-        if replica is None:
-            full = self.pick()  # a full batch gains nothing by waiting: credit alone lets it go
-            if full is not None and queued >= full.aimd.max_batch_size:
-                return Decision(full.index, full.aimd.max_batch_size)
-            # no credit anywhere (the next BatchStats or reclaim wakes us), or not yet due
-            return Decision(None, 0, self.next_ready_us())
+        replica = self.pick(now_us, queued)
+        if replica is None:  # no credit anywhere (the next BatchStats or reclaim wakes us),
+            return Decision(None, 0, self.next_ready_us())  # or not yet due
         limit = replica.aimd.max_batch_size
         if queued >= limit:
             return Decision(replica.index, limit)

@@ -32,13 +32,13 @@ Record = tuple[bytes | None, tuple[str, int, int]]  # value, (topic, partition, 
 
 
 class Intake:
-    """A consumer thread that delivers each fetched group of a topic's records with one loop
-    call to that topic's handler (run on the loop thread)."""
+    """A consumer thread that hands each fetched group of records to ``deliver`` with one
+    loop call (``deliver`` runs on the loop thread)."""
 
-    def __init__(self, settings: Settings, group_id: str, handlers: dict[str, Callable[[list[Record]], None]],
+    def __init__(self, settings: Settings, topic: str, group_id: str, deliver: Callable[[list[Record]], None],
                  max_group: int = 1000, fetch_max_wait_ms: int = 100) -> None:
-        self.topics = list(handlers)
-        self._handlers = handlers
+        self.topic = topic
+        self._deliver = deliver
         self._max_group = max_group
         # the broker answers a fetch as soon as any record arrives; this bounds an idle one
         self._consumer = Consumer(consumer_config(settings, group_id, **{"fetch.wait.max.ms": fetch_max_wait_ms}))
@@ -49,8 +49,8 @@ class Intake:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._consumer.subscribe(self.topics, on_assign=self._on_assign)
-        self._thread = threading.Thread(target=self._run, name="batcher-intake", daemon=True)
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign)
+        self._thread = threading.Thread(target=self._run, name=f"intake-{self.topic}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -60,7 +60,7 @@ class Intake:
         try:
             self._consumer.close()  # commits the stored offsets and leaves the group
         except (KafkaException, RuntimeError) as exc:
-            log.warning("closing the batcher's consumer: %s", exc)
+            log.warning("closing the consumer of %s: %s", self.topic, exc)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Start where the group left off, else at the current end, given as a number: a
@@ -73,29 +73,28 @@ class Intake:
                     tp.offset = consumer.get_watermark_offsets(tp, timeout=10)[1]
             consumer.assign(committed)
         except KafkaException as exc:  # keep librdkafka's own choice rather than no partitions
-            log.warning("could not fix start offsets of %s (%s); using the reset policy", self.topics, exc)
+            log.warning("could not fix start offsets of %s (%s); using the reset policy", self.topic, exc)
             consumer.assign(partitions)
-        if {tp.topic for tp in partitions} >= set(self.topics):
+        if partitions:
             self.ready.set()
 
     def _run(self) -> None:
-        consumer, loop = self._consumer, self._loop
+        consumer, loop, deliver = self._consumer, self._loop, self._deliver
         assert loop is not None
         while not self._stop.is_set():
             first = consumer.poll(0.1)  # returns as soon as one record is there
             if first is None:
                 continue
-            groups: dict[str, list[Record]] = {}
+            group: list[Record] = []
             for msg in [first, *consumer.consume(self._max_group, timeout=0)]:
                 err = msg.error()
                 if err is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("consumer error: %s", err)
+                        log.warning("%s: consumer error: %s", self.topic, err)
                     continue
-                topic = msg.topic()
-                groups.setdefault(topic, []).append((msg.value(), (topic, msg.partition(), msg.offset())))
-            try:
-                for topic, group in groups.items():
-                    loop.call_soon_threadsafe(self._handlers[topic], group)
-            except RuntimeError:  # the loop closed under us: shutting down
-                return
+                group.append((msg.value(), (self.topic, msg.partition(), msg.offset())))
+            if group:
+                try:
+                    loop.call_soon_threadsafe(deliver, group)
+                except RuntimeError:  # the loop closed under us: shutting down
+                    return

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,23 @@ def split(trace: dict[str, int], sent_us: int, recv_us: int) -> dict[str, float]
     if not all(k in t for _, a, b in SEGMENTS for k in (a, b)):
         return None
     return {name: (t[b] - t[a]) / 1000.0 for name, a, b in SEGMENTS}
+
+
+def parts_of(results: Any, traces: Mapping[str, dict[str, int]] | None = None) -> list[dict[str, float]]:
+    """The split of every answered query with all its stamps. Straight into Kafka (``traces``
+    None) the Response carries the trace and the generator's send is its ``produced``; through
+    the gateway the trace comes from the reply topic by query id and the send is the caller's."""
+    parts = []
+    for r in results:
+        if r.outcome != "answered":
+            continue
+        if traces is None:
+            p = split(r.trace, r.trace.get("produced", r.sent_us), r.recv_us) if r.trace else None
+        else:
+            p = split(traces.get(r.query_id, {}), r.sent_us, r.recv_us)
+        if p is not None:
+            parts.append(p)
+    return parts
 
 
 def table(parts: list[dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -143,16 +161,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                     step = load_step(pipe, app, rate, SLO_MS, duration, mode=mode, kafka_load=kl, seed=i + 1,
                                      label=f"{app} ")
                     run = step.pop("_run")
-                    parts = []
-                    for r in run.results:
-                        if r.outcome != "answered":
-                            continue
-                        trace = r.trace if mode == "kafka" else tap.traces.get(r.query_id, {})
-                        if mode == "kafka":  # no gateway: the generator stamped `produced` when it sent
-                            trace = {**trace}
-                        p = split(trace, r.sent_us if mode == "gateway" else trace.get("produced", r.sent_us), r.recv_us)
-                        if p is not None:
-                            parts.append(p)
+                    parts = parts_of(run.results, tap.traces if mode == "gateway" else None)
                     step["breakdown_ms"] = table(parts)
                     step["traced_queries"] = len(parts)
                     report["cases"][f"{app}/{mode}/{rate:g}"] = step

@@ -76,7 +76,8 @@ def capacity(pipe: Pipeline, kl: Any, inputs: Any, duration: float, label: str) 
 
 
 def misses_then_hits(pipe: Pipeline, kl: Any, duration: float, kind: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Step 1: answers/s re-evaluating fresh inputs, then the same inputs again (all cache hits)."""
+    """Step 1: answers/s re-evaluating fresh inputs, then the same inputs again (all cache
+    hits). The hits' summary keeps its ``_run`` (the learner replays it); the misses' does not."""
     fresh = load.unique_inputs(int(2000 * duration), seed=seed)
     say(f"cache ({kind}): re-evaluation without the cache (fresh inputs), {CONCURRENCY} in flight")
     miss = capacity(pipe, kl, fresh, duration, f"{kind} misses")

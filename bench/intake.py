@@ -53,7 +53,7 @@ def _counter(expected: int) -> Callable[[bytes], None]:
 def _read_faust(topic: str, on: Callable[[bytes], None]) -> None:
     import faust
 
-    from batchers.app import _use_uvloop, faust_app
+    from batchers.app import _use_uvloop, _wait_assigned, faust_app
     from clipstream.settings import get_settings
 
     _use_uvloop()
@@ -66,11 +66,8 @@ def _read_faust(topic: str, on: Callable[[bytes], None]) -> None:
             on(event.value)
 
     @app.task
-    async def announce() -> None:  # assigned, and the start offset resolved: nothing is missed
-        while not any(tp.topic == topic for tp in app.consumer.assignment()):
-            await asyncio.sleep(0.05)
-        for tp in app.consumer.assignment():
-            await app.consumer.position(tp)
+    async def announce() -> None:
+        await _wait_assigned(app, [topic])
         print("ready", flush=True)
 
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
@@ -106,7 +103,7 @@ async def _read_librdkafka(topic: str, on: Callable[[bytes], None]) -> None:
         for value, _ in records:
             on(value)  # type: ignore[arg-type]
 
-    intake = Intake(get_settings(), f"bench-intake-{topic}", {topic: deliver})
+    intake = Intake(get_settings(), topic, f"bench-intake-{topic}", deliver)
     intake.start(asyncio.get_running_loop())
     while not intake.ready.is_set():
         await asyncio.sleep(0.05)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bench import load
-from bench.breakdown import split, table
+from bench.breakdown import parts_of, table
 from bench.common import OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, write_app_file, write_json
 
 SIZES = (2, 4, 8)
@@ -139,9 +139,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                         step.update(accuracy=sc["accuracy"], missing_fraction=sc["missing_fraction"],
                                     accuracy_defaults_wrong=sc["accuracy_defaults_wrong"])
                         step["p99_ms"] = step["latency_ms"]["p99"]
-                        parts = [p for r in run.results if r.outcome == "answered" and r.trace
-                                 and (p := split(r.trace, r.trace.get("produced", r.sent_us), r.recv_us))]
-                        step["breakdown_ms"] = table(parts)  # the stamps of the last prediction joined
+                        step["breakdown_ms"] = table(parts_of(run.results))  # the last prediction joined
                         report["runs"][f"{s}/{mode}"] = step
                         say(f"    accuracy {sc['accuracy']:.3f}, missing predictions {sc['missing_fraction']:.3%}; "
                             + "  ".join(f"{k} {v['p50']:.1f}/{v['p99']:.1f}" for k, v in step["breakdown_ms"].items()

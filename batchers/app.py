@@ -1,11 +1,12 @@
 """The batcher process: a thin faust-streaming shell around ``BatcherCore``.
 
-Faust runs the process and only moves bytes: its agent reads the workers' reports
-(``batch-stats.<model>``, one record per batch), its producer sends, and its tasks run the
-service below (intake, cache lookups, the batching loop, readiness). ``requests.<model>``, one
-record per query, is read by librdkafka in a thread instead: per record that costs a fifth of
-the CPU of a faust agent (``intake.py`` says why). Every decision lives in ``core.py`` and the
-modules under it, so it is tested without a broker.
+Faust runs the process: its lifecycle and signals, its producer and its tasks (intake, cache
+lookups, the batching loop, readiness). Its Kafka consumer is switched off (faust's own
+``BootStrategy(enable_kafka_consumer=False)``): both topics the batcher reads,
+``requests.<model>`` (one record per query) and ``batch-stats.<model>`` (one record per batch,
+so one per query at batch size 1), are read by librdkafka in threads instead, which per
+record costs a fifth of the CPU of a faust agent (``intake.py`` says why). Every decision
+lives in ``core.py`` and the modules under it, so it is tested without a broker.
 
 Latency choices: a group of requests that arrived together is looked up in Redis with one
 MGET (whatever arrives while a lookup is on the wire forms the next group, so nothing waits
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+from faust.app.base import BootStrategy
 import redis.asyncio as aioredis
 
 from batchers.aimd import AIMD
@@ -87,15 +89,13 @@ class BatcherService:
         self.arrived_event = asyncio.Event()
         self.outbox: list[tuple[str, bytes, int | None]] = []  # dead letters from ``accept``
         self.failed: list[tuple[int, dict[str, Any]]] = []  # error predictions from ``accept``
+        self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
         self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0}
 
     # -- producing --------------------------------------------------------------------
     # ``producer.send`` only puts the record in aiokafka's accumulator and hands back the
     # delivery future, which nobody awaits (acks=1, as before); records put in one stretch with
     # no yield in between leave in one produce request per broker.
-    async def _send(self, topic: str, value: bytes, partition: int | None) -> None:
-        await self.app.producer.send(topic, None, value, partition, None, None)
-
     async def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
         send = self.app.producer.send
         for topic, value, partition in records:
@@ -120,10 +120,6 @@ class BatcherService:
             "created_us": now_us(),
         }
         return self.topic_deadletter, encode("DeadLetter", record), None
-
-    async def _deadletter(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
-                          query_id: str | None = None) -> None:
-        await self._send_all([self._deadletter_record(reason, payload, where, query_id)])
 
     # -- requests -----------------------------------------------------------------------
     def accept_group(self, records: list[Record]) -> None:
@@ -205,16 +201,27 @@ class BatcherService:
             return None  # a foreign or corrupt entry: evaluate again (the worker overwrites it)
 
     # -- worker reports -------------------------------------------------------------------
-    async def on_stats(self, value: bytes, where: tuple[str, int, int]) -> None:
-        try:
-            stats = decode_as("BatchStats", value)
-        except DecodeError as exc:
-            await self._deadletter(str(exc), value, where)
-            return
-        keys = self.core.on_stats(stats, now_us())
+    def accept_stats(self, records: list[Record]) -> None:
+        """Worker reports as one fetch brought them (called on the loop by ``Intake``): credit
+        back and AIMD input at once; coalesced requests whose batch finished are answered from
+        the cache by a task, since that needs Redis."""
+        keys: list[str] = []
+        now = now_us()
+        for value, where in records:
+            try:
+                stats = decode_as("BatchStats", value)  # type: ignore[arg-type]  # None: DecodeError
+            except DecodeError as exc:
+                self.outbox.append(self._deadletter_record(str(exc), value, where))
+                self.arrived_event.set()  # the lookup task sends the outbox
+                continue
+            keys += self.core.on_stats(stats, now)
         self.wake.set()  # credit is back
-        if not keys:
-            return
+        if keys:
+            task = asyncio.get_running_loop().create_task(self._serve_coalesced(keys))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve_coalesced(self, keys: list[str]) -> None:
         values: list[bytes | None] = [None] * len(keys)
         if self.redis is not None:
             try:
@@ -232,6 +239,7 @@ class BatcherService:
         if out:
             self.counts["cached"] += sum(1 for _, p in out if p["status"] == "cached")
             await self._emit(out)
+        self.wake.set()  # requests sent back to the queue
 
     def _expired(self, pendings: list[Pending], now: int) -> list[tuple[int, dict[str, Any]]]:
         self.counts["expired"] += len(pendings)
@@ -280,9 +288,10 @@ class BatcherService:
         self.wake.set()
 
 
-def faust_app(settings: Settings, app_id: str, datadir: str, **overrides: Any) -> faust.App:
+def faust_app(settings: Settings, app_id: str, datadir: str, consumer: bool = True, **overrides: Any) -> faust.App:
     """A faust app as clipstream runs one: raw bytes (our Avro codec decodes), no tables, no web
-    server, topics created by ``topics.admin`` rather than by faust, records sent at once."""
+    server, topics created by ``topics.admin`` rather than by faust, records sent at once.
+    ``consumer=False``: faust's Kafka consumer is not started (an app with no agent)."""
     options: dict[str, Any] = {
         "broker": "kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
         "value_serializer": "raw",
@@ -297,15 +306,17 @@ def faust_app(settings: Settings, app_id: str, datadir: str, **overrides: Any) -
         "producer_acks": 1,
     }
     options.update(overrides)
-    return faust.App(app_id, **options)
+    app = faust.App(app_id, **options)
+    if not consumer:
+        app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
+    return app
 
 
 def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: Any = None) -> faust.App:
     """The faust app of one model's batcher (call ``faust.Worker(app).execute_from_commandline()``)."""
     cat = Catalogue.from_settings(settings)
-    app = faust_app(settings, f"{settings.topic_prefix}batcher.{model.name}", _datadir(model.name))
-    requests_topic = cat.requests(model.name).name  # one record per query: read by ``Intake``
-    stats_topic = app.topic(cat.batch_stats(model.name).name, value_type=bytes, key_type=bytes)
+    group = f"{settings.topic_prefix}batcher.{model.name}"
+    app = faust_app(settings, group, _datadir(model.name), consumer=False)
     holder: dict[str, Any] = {}
 
     def service() -> BatcherService:
@@ -315,26 +326,26 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
         return holder["s"]
 
     @app.task
-    async def read_requests() -> None:
-        intake = Intake(settings, requests_topic, f"{settings.topic_prefix}batcher.{model.name}.requests",
-                        service().accept_group, fetch_max_wait_ms=bs.fetch_max_wait_ms)
-        holder["intake"] = intake
-        intake.start(asyncio.get_running_loop())
+    async def read_topics() -> None:
+        svc = service()
+        intakes = [
+            Intake(settings, cat.requests(model.name).name, f"{group}.requests", svc.accept_group,
+                   fetch_max_wait_ms=bs.fetch_max_wait_ms),
+            Intake(settings, cat.batch_stats(model.name).name, group, svc.accept_stats,
+                   fetch_max_wait_ms=bs.fetch_max_wait_ms),
+        ]
+        holder["intakes"] = intakes
+        for intake in intakes:
+            intake.start(asyncio.get_running_loop())
         try:
             await asyncio.Event().wait()
         finally:
-            intake.stop()
+            for intake in intakes:
+                intake.stop()
 
     @app.task
     async def run_lookups() -> None:
         await service().lookup_loop()
-
-    @app.agent(stats_topic)
-    async def batch_stats(stream: Any) -> None:
-        svc = service()
-        async for event in stream.events():
-            msg = event.message
-            await svc.on_stats(event.value, (msg.topic, msg.partition, msg.offset))
 
     @app.task
     async def run_batches() -> None:
@@ -342,8 +353,7 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
 
     @app.task
     async def announce() -> None:
-        await _wait_assigned(app, [stats_topic.get_topic_name()])
-        while "intake" not in holder or not holder["intake"].ready.is_set():
+        while "intakes" not in holder or not all(i.ready.is_set() for i in holder["intakes"]):
             await asyncio.sleep(0.05)
         print(f"ready: batcher {model.name}", flush=True)
         svc = service()

@@ -1,13 +1,13 @@
-"""The batcher's hot path in: ``requests.<model>`` read by librdkafka, not by a faust agent.
+"""The batcher's way in: its topics read by librdkafka, not by faust agents.
 
-One record per query arrives here. Faust's per-event path (aiokafka in a consumer thread,
-a hand-off per fetch, an Event with acks and sensors per record) cost 0.75–1.3 ms of CPU per
-record on this project's machine, against 0.16–0.25 ms for a confluent-kafka consumer in a
-thread that hands each fetch to the loop in one call, with lower latency too
-(``python -m bench.intake``). That was most of the batcher's ~1.2 ms per query, on two cores
-shared with the broker and every other stage. Faust still runs the process: its lifecycle
-and signals, the producer, the tasks, and the agent of ``batch-stats.<model>`` (one record
-per batch; a faust app with no topic to read does not start).
+``requests.<model>`` brings one record per query, and ``batch-stats.<model>`` one per batch,
+so also one per query at batch size 1. Faust's per-event path (aiokafka in a consumer
+thread, a hand-off per fetch, an Event with acks and sensors per record) cost 0.75–1.3 ms of
+CPU per record on this project's machine, against 0.16–0.25 ms for a confluent-kafka consumer
+in a thread that hands each fetch to the loop in one call, with lower latency too
+(``python -m bench.intake``). On two cores shared with the broker and every other stage that
+was most of the batcher's cost per query. Faust still runs the process: its lifecycle and
+signals, the producer and the tasks; its own consumer is not started.
 
 Offsets: a record's offset is stored when it is handed to the loop, and auto-commit sends it,
 as faust did after the agent accepted the event: a request queued in a batcher that dies is
@@ -36,7 +36,7 @@ class Intake:
     loop call (``deliver`` runs on the loop thread)."""
 
     def __init__(self, settings: Settings, topic: str, group_id: str, deliver: Callable[[list[Record]], None],
-                 max_group: int = 1000, fetch_max_wait_ms: int = 100) -> None:
+                 max_group: int = 1000, fetch_max_wait_ms: int = 500) -> None:
         self.topic = topic
         self._deliver = deliver
         self._max_group = max_group

@@ -26,7 +26,7 @@ class BatcherSettings(BaseSettings):
     credit_timeout_ms: float = 5000.0  # reclaim credit of a batch never reported
     cache: bool = True
     # the longest the broker holds the batcher's fetch when nothing arrives
-    fetch_max_wait_ms: int = 200
+    fetch_max_wait_ms: int = 500
     uvloop: bool = True  # libuv's event loop when installed (false: asyncio's own)
     # drop a queued request as soon as its replica could not finish it by its deadline
     drop_hopeless: bool = True

@@ -415,10 +415,13 @@ def load_step(pipe: Pipeline, app: str, rate: float, slo_ms: float, duration_s: 
 WARM_UP = {"rate": 150.0, "seconds": 6.0}  # the discarded step of ``warm_up``
 
 
-def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = None) -> None:
+def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = None,
+            rate: float = WARM_UP["rate"], seconds: float = WARM_UP["seconds"], inputs: Any = None) -> None:
     """A discarded open-loop step at moderate load: a fresh broker and fresh stages run cold
-    (JIT, pools, caches) for seconds, which would otherwise land in the first measurement."""
-    load_step(pipe, app, WARM_UP["rate"], 50.0, WARM_UP["seconds"], mode=mode, kafka_load=kafka_load,
+    (JIT, pools, caches) for seconds, which would otherwise land in the first measurement.
+    The broker's JIT is the slow one: a minute into a fresh broker its C2 compiler thread
+    still takes as much CPU as its request threads."""
+    load_step(pipe, app, rate, 50.0, seconds, mode=mode, kafka_load=kafka_load, inputs=inputs,
               seed=7, label=f"warm-up {app} (not reported) ").pop("_run")
 
 

@@ -229,9 +229,12 @@ def test_identical_misses_are_evaluated_once(run_batcher: Any, wire: Any, redis_
     b.wait_for('"requests": 3,')  # b and c reached the batcher (and must not be batched)
     batch = batches[0][0]
     redis_client.set(batch["items"][0]["cache_key"], encode("Tensor", to_tensor(np.float64(1.5))), ex=60)
+    w.raw(w.cat.batch_stats(model).name, b"no report")  # a bad worker report: dead-lettered, not fatal
     w.stats(batch, 1_000)
     got = w.take(w.cat.predictions.name, "Predictions", lambda g: len(preds_of(g)) >= 2)
     assert {q: p["status"] for q, (p, _) in preds_of(got).items()} == {"b": "cached", "c": "cached"}
+    dead = w.take(w.cat.deadletter.name, "DeadLetter", lambda g: any(d["payload"] == b"no report" for d, _ in g))
+    assert [d["source_topic"] for d, _ in dead if d["payload"] == b"no report"] == [w.cat.batch_stats(model).name]
     assert w.quiet_for(w.cat.batches(model).name, 1.0) == []  # nothing else was batched
 
 

@@ -26,7 +26,8 @@ also on Ctrl-C. Sections:
 * ``adapt``: AIMD on the Clockwork profile when the model becomes 2x slower mid-run
   (``set_slowdown``), against fixed sizes measured at the slower speed.
 * ``delayed``: delayed batching off (0 ms) vs on, AIMD, the high-fixed-cost profile, moderate
-  bursty load.
+  bursty load, for two ways of dispatching (eager credit, just in time); ``--dispatch clipper``
+  adds Clipper's own (one batch outstanding per replica, the next sent when it returns).
 * ``cache``: cache hits: batcher in -> predictions topic out.
 * ``cost``: the ONNX model's CPU cost per query, per process (/proc/<pid>/stat), and where the
   batcher's and the worker's Python time goes (py-spy, when installed).

@@ -17,6 +17,7 @@ from bench.batching.helpers import OBJECTIVE_MS, ROOT, log
 from bench.batching.plot import plot
 from bench.batching.runner import Bench, RunResult
 from bench.batching.sections import (
+    DISPATCH_MODES,
     models,
     section_adapt,
     section_cache,
@@ -45,7 +46,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="step to the full offered load at once instead of a ramp over half the warm-up")
     ap.add_argument("--rate-scale", type=float, default=1.0, help="scale the throughput runs' offered load")
     ap.add_argument("--no-cache", action="store_true", help="run every batcher with --no-cache")
+    ap.add_argument("--dispatch", default=None,
+                    help="dispatch modes of the delayed section, comma-separated: eager credit, just in time, "
+                         "clipper (default: the first two; --quick: eager credit)")
     args = ap.parse_args(argv)
+    unknown = [m for m in (args.dispatch or "").split(",") if m.strip() and m.strip() not in DISPATCH_MODES]
+    if unknown:
+        ap.error(f"unknown --dispatch mode(s) {unknown}; choose from {list(DISPATCH_MODES)}")
     args.models = [m for m in args.models.split(",") if m]
     sections = [s for s in args.sections.split(",") if s]
     if args.quick and args.sections == ",".join(SECTIONS):

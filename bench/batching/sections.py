@@ -175,7 +175,11 @@ DISPATCH_MODES = {
     "eager credit": {"CLIPSTREAM_BATCHER_JUST_IN_TIME": "false"},
     # the default: a busy replica's next batch is formed just before its device frees
     "just in time": {},
+    # Clipper's container thread: one batch outstanding, the next formed when it returns
+    # (not in the default run: ``--dispatch clipper``)
+    "clipper": {"CLIPSTREAM_BATCHER_JUST_IN_TIME": "false", "CLIPSTREAM_BATCHER_MAX_IN_FLIGHT": "1"},
 }
+DEFAULT_DISPATCH = "eager credit,just in time"
 
 
 def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> None:
@@ -185,7 +189,8 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
     m = ms["svm"]
     rates = [500.0] if b.quick else [300.0, 600.0]
     delays = [0.0, 2.0] if b.quick else [0.0, 2.0, 5.0]
-    modes = ["eager credit"] if b.quick else list(DISPATCH_MODES)
+    modes = [m.strip() for m in b.args.dispatch.split(",")] if b.args.dispatch else (
+        ["eager credit"] if b.quick else DEFAULT_DISPATCH.split(","))
     period, duty = 0.1, 0.5
     log(f"delayed batching: {m.label}, AIMD, bursty load (on {duty * period * 1000:g} ms / off "
         f"{(1 - duty) * period * 1000:g} ms), dispatch: {', '.join(modes)}")

@@ -1,4 +1,4 @@
-"""What reading one record per query costs the batcher: faust's agent, aiokafka, librdkafka.
+"""What reading and writing one record per query costs the batcher: faust, aiokafka, librdkafka.
 
     .venv/bin/python -m bench.intake [--rates 200,800] [--seconds 8] [--quick]
 
@@ -7,7 +7,11 @@ process decodes each one, as the batcher does, and the CPU it used is read from 
 the run. Readers: ``faust`` (an agent of the batcher's own faust app, the batcher's intake
 until 2026-11-22), ``aiokafka`` (``getmany`` on the event loop), and ``librdkafka``
 (``batchers.intake.Intake``, the batcher's intake now). Also each record's latency
-from produce to decode. Writes ``out/bench/intake.json`` and ``intake.png``.
+from produce to decode. Then writers: a process sends one record at a time at the same rates
+through ``faust`` (the batcher app's producer, its way out until 2026-11-22), ``aiokafka`` and
+``librdkafka`` (a confluent-kafka ``Producer``, the batcher's way out now); its CPU is reported
+net of a writer that only keeps the pace (``pacing``). Writes ``out/bench/intake.json`` and
+``intake.png``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from bench.common import CLK_TCK, figure, machine_info, private_infra, save_figure, say, write_json
 
 READERS = ("faust", "aiokafka", "librdkafka")
+WRITERS = ("pacing", "faust", "aiokafka", "librdkafka")  # pacing: the same loop, sending nothing
 
 
 def _ticks(pid: int) -> float:
@@ -122,6 +127,113 @@ def reader_main(kind: str, topic: str, expected: int) -> None:
     asyncio.run(_read_aiokafka(topic, on) if kind == "aiokafka" else _read_librdkafka(topic, on))
 
 
+# --- writer processes ----------------------------------------------------------------------
+
+
+async def _paced(send: Callable[[bytes], Any], rate: float, n: int) -> None:
+    """``n`` records at ``rate``, one at a time; "ready" before, "done" after."""
+    value = bytes(300)  # about a ModelRequest of 64 floats
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for i in range(n):
+        pause = t0 + i / rate - loop.time()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        await send(value)
+
+
+async def _write(kind: str, topic: str, rate: float, n: int) -> None:
+    from clipstream.settings import get_settings
+    from topics.client import aiokafka_kwargs, producer_config
+
+    settings = get_settings()
+    if kind == "pacing":
+        async def nothing(value: bytes) -> None:
+            return None
+        await _paced(nothing, rate, n)
+    elif kind == "aiokafka":
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(linger_ms=0, acks=1, **aiokafka_kwargs(settings))
+        await producer.start()
+
+        async def send(value: bytes) -> None:
+            await producer.send(topic, value)  # the delivery future is not awaited, as in the batcher
+        await _paced(send, rate, n)
+        await producer.flush()
+        await producer.stop()
+    else:
+        from confluent_kafka import Producer
+
+        rdk = Producer(producer_config(settings))
+
+        async def produce(value: bytes) -> None:
+            rdk.produce(topic, value)
+            rdk.poll(0)
+        await _paced(produce, rate, n)
+        rdk.flush(10)
+    print("done", flush=True)
+
+
+def _write_faust(topic: str, rate: float, n: int) -> None:
+    import faust
+    from faust.app.base import BootStrategy
+
+    from batchers.app import _use_uvloop, faust_app
+    from clipstream.settings import get_settings
+
+    _use_uvloop()
+    app = faust_app(get_settings(), f"bench-write-{topic}", f"/tmp/bench-write-{topic}")
+    app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)  # nothing to read: producer only
+
+    @app.task
+    async def write() -> None:
+        async def send(value: bytes) -> None:
+            await app.producer.send(topic, None, value, None, None, None)
+        await _paced(send, rate, n)
+        await app.producer.flush()
+        print("done", flush=True)
+
+    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
+    worker.spinner = None
+    worker.execute_from_commandline()
+
+
+def writer_main(kind: str, topic: str, rate: float, n: int) -> None:
+    if kind == "faust":
+        _write_faust(topic, rate, n)
+        return
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.run(_write(kind, topic, rate, n))
+
+
+def run_writer(settings: Any, env: dict[str, str], kind: str, rate: float, seconds: float) -> dict[str, Any]:
+    from topics.admin import ensure_topics
+    from topics.catalogue import TopicSpec
+
+    topic = f"bench-write-{uuid.uuid4().hex[:8]}"
+    ensure_topics(settings, [TopicSpec(topic, 1)])
+    n = int(rate * seconds)
+    child = subprocess.Popen([sys.executable, "-m", "bench.intake", "--writer", kind, "--topic", topic,
+                              "--rate", str(rate), "--expected", str(n)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = child.stdout.readline().strip() if child.stdout else ""
+        if line != "ready":
+            raise RuntimeError(f"writer {kind} did not start (said {line!r}); see its stderr above")
+        cpu0 = _ticks(child.pid)
+        line = child.stdout.readline().strip() if child.stdout else ""
+        cpu1 = _ticks(child.pid)
+    finally:
+        child.kill()
+        child.wait(10)
+    if line != "done":
+        raise RuntimeError(f"writer {kind} stopped before sending all {n} records")
+    return {"writer": kind, "rate_qps": rate, "records": n, "cpu_us_per_record": (cpu1 - cpu0) * 1e6 / n}
+
+
 # --- one run -------------------------------------------------------------------------------
 
 
@@ -171,8 +283,8 @@ def run_one(settings: Any, env: dict[str, str], kind: str, rate: float, seconds:
     return row
 
 
-def plot(rows: list[dict[str, Any]]) -> None:
-    fig, axes = figure(1, 2, (11, 4))
+def plot(rows: list[dict[str, Any]], writes: list[dict[str, Any]]) -> None:
+    fig, axes = figure(1, 3, (16, 4))
     rates = sorted({r["rate_qps"] for r in rows})
     width = 0.8 / len(READERS)
     for i, kind in enumerate(READERS):
@@ -184,6 +296,15 @@ def plot(rows: list[dict[str, Any]]) -> None:
         ax.set_xticks([j + width for j in range(len(rates))], [f"{q:g} q/s" for q in rates])
         ax.set_title(title)
         ax.legend()
+    kinds = [k for k in WRITERS if k != "pacing"]
+    width = 0.8 / len(kinds)
+    for i, kind in enumerate(kinds):
+        mine = {w["rate_qps"]: w for w in writes if w["writer"] == kind}
+        axes[0][2].bar([j + i * width for j in range(len(rates))],
+                       [mine[q]["net_cpu_us_per_record"] if q in mine else 0 for q in rates], width, label=kind)
+    axes[0][2].set_xticks([j + width for j in range(len(rates))], [f"{q:g} q/s" for q in rates])
+    axes[0][2].set_title("writer CPU per record, net of pacing (us)")
+    axes[0][2].legend()
     save_figure(fig, "intake")
 
 
@@ -193,25 +314,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--quick", action="store_true", help="3 s per run")
     ap.add_argument("--reader", choices=READERS, help=argparse.SUPPRESS)
+    ap.add_argument("--writer", choices=WRITERS, help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--topic", help=argparse.SUPPRESS)
     ap.add_argument("--expected", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.reader:
         reader_main(args.reader, args.topic, args.expected)
         return {}
+    if args.writer:
+        writer_main(args.writer, args.topic, args.rate, args.expected)
+        return {}
     seconds = 3.0 if args.quick else args.seconds
     rows: list[dict[str, Any]] = []
+    writes: list[dict[str, Any]] = []
     with private_infra() as (settings, env):
         for rate in [float(r) for r in args.rates.split(",") if r]:
             say(f"intake at {rate:g} q/s for {seconds:g} s per reader")
             for kind in READERS:
                 rows.append(run_one(settings, env, kind, rate, seconds))
+            say(f"writing at {rate:g} q/s for {seconds:g} s per writer")
+            mine = [run_writer(settings, env, kind, rate, seconds) for kind in WRITERS]
+            for w in mine:
+                w["net_cpu_us_per_record"] = w["cpu_us_per_record"] - mine[0]["cpu_us_per_record"]
+                say(f"  {w['writer']:10s} {rate:5.0f} q/s: {w['cpu_us_per_record']:6.0f} us CPU/record "
+                    f"({w['net_cpu_us_per_record']:.0f} more than pacing alone)")
+            writes += mine
     by = {(r["reader"], r["rate_qps"]): r["cpu_us_per_record"] for r in rows}
-    summary = {f"faust_over_librdkafka_at_{q:g}": by[("faust", q)] / by[("librdkafka", q)]
-               for q in sorted({r["rate_qps"] for r in rows})}
-    report = {"machine": machine_info(), "seconds": seconds, "rows": rows, "summary": summary}
+    net = {(w["writer"], w["rate_qps"]): w["net_cpu_us_per_record"] for w in writes}
+    rates = sorted({r["rate_qps"] for r in rows})
+    summary = {**{f"faust_over_librdkafka_at_{q:g}": by[("faust", q)] / by[("librdkafka", q)] for q in rates},
+               **{f"write_faust_over_librdkafka_at_{q:g}": net[("faust", q)] / net[("librdkafka", q)] for q in rates}}
+    report = {"machine": machine_info(), "seconds": seconds, "rows": rows, "writes": writes, "summary": summary}
     write_json("intake", report)
-    plot(rows)
+    plot(rows, writes)
     return report
 
 

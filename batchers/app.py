@@ -6,7 +6,7 @@ producer are switched off (faust's ``BootStrategy``): the batcher's Kafka I/O is
 per query at batch size 1, and librdkafka does it for a fraction of the CPU. Both topics it
 reads, ``requests.<model>`` and ``batch-stats.<model>`` (one record per batch), come in
 through librdkafka consumer threads (``intake.py`` says why: a fifth of a faust agent's CPU
-per record); what it writes goes out through a librdkafka producer (a third of aiokafka's).
+per record); what it writes goes out through a librdkafka producer (a third of faust's or less).
 Every decision lives in ``core.py`` and the modules under it, so it is tested without a broker.
 
 Latency choices: a group of requests that arrived together is looked up in Redis with one
@@ -66,8 +66,7 @@ class ModelSetup:
 class BatcherService:
     """Decode, look up, queue, batch, produce: the I/O around one model's ``BatcherCore``."""
 
-    def __init__(self, app: faust.App, settings: Settings, bs: BatcherSettings, model: ModelSetup) -> None:
-        self.app = app
+    def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup) -> None:
         self.settings = settings
         self.model = model
         self.cat = Catalogue.from_settings(settings)
@@ -97,10 +96,10 @@ class BatcherService:
         self.producer = Producer(producer_config(settings))
 
     # -- producing --------------------------------------------------------------------
-    # librdkafka, not faust's aiokafka producer: a record sent one at a time cost this process
-    # ~370 µs of CPU through aiokafka against ~125 µs through librdkafka (whose own thread
-    # does the I/O), and at batch size 1 the batcher sends one record per query. ``produce``
-    # only queues the record (acks=1); ``serve_deliveries`` reports failures.
+    # librdkafka, not faust's aiokafka producer: a record sent one at a time cost ~210–410 µs of
+    # CPU through faust against ~70 µs through librdkafka, whose own thread does the I/O
+    # (``python -m bench.intake``), and at batch size 1 the batcher sends one record per
+    # query. ``produce`` only queues the record (acks=1); ``serve_deliveries`` reports failures.
     def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
         produce = self.producer.produce
         for topic, value, partition in records:
@@ -348,7 +347,7 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
     def service() -> BatcherService:
         # created inside the running loop (asyncio primitives and the Redis pool bind to it)
         if "s" not in holder:
-            holder["s"] = BatcherService(app, settings, bs, model)
+            holder["s"] = BatcherService(settings, bs, model)
         return holder["s"]
 
     @app.task

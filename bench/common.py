@@ -427,11 +427,13 @@ def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = 
 
 def sweep(pipe: Pipeline, app: str, rates: list[float], slo_ms: float, duration_s: float, *,
           mode: str = "kafka", kafka_load: Any = None, stop_after_misses: int = 2, label: str = "",
-          warmup_s: float = 1.0) -> list[dict[str, Any]]:
-    """Step the offered rate up until the effective p99 exceeds the SLO ``stop_after_misses`` times."""
+          warmup_s: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
+    """Step the offered rate up until the effective p99 exceeds the SLO ``stop_after_misses`` times.
+    Sweeps of one pipeline must differ in ``seed``: the same seed replays the same inputs, which
+    the prediction cache then answers without the model."""
     rows, misses = [], 0
     for i, rate in enumerate(rates):
-        s = load_step(pipe, app, rate, slo_ms, duration_s, mode=mode, kafka_load=kafka_load, seed=i + 1,
+        s = load_step(pipe, app, rate, slo_ms, duration_s, mode=mode, kafka_load=kafka_load, seed=1000 * seed + i + 1,
                       label=label, warmup_s=warmup_s)
         s.pop("_run")
         rows.append(s)

@@ -96,8 +96,8 @@ class BatcherService:
         self.producer = Producer(producer_config(settings))
 
     # -- producing --------------------------------------------------------------------
-    # librdkafka, not faust's aiokafka producer: a record sent one at a time cost ~210–410 µs of
-    # CPU through faust against ~70 µs through librdkafka, whose own thread does the I/O
+    # librdkafka, not faust's aiokafka producer: a record sent one at a time cost ~260–430 µs of
+    # CPU through faust against ~70–110 µs through librdkafka, whose own thread does the I/O
     # (``python -m bench.intake``), and at batch size 1 the batcher sends one record per
     # query. ``produce`` only queues the record (acks=1); ``serve_deliveries`` reports failures.
     def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:

@@ -298,9 +298,10 @@ class Pipeline:
 
 
 @contextmanager
-def private_infra(log: Callable[[str], None] = say) -> Iterator[tuple[Any, dict[str, str]]]:
+def private_infra(log: Callable[[str], None] = say) -> Iterator[tuple[Any, dict[str, str], Any]]:
     """A broker and Redis of our own on unused ports, for a benchmark that needs no pipeline:
-    yields the settings and the environment that points child processes at them."""
+    yields the settings, the environment that points child processes at them, and the
+    launcher's status (pids)."""
     from clipstream.infra import launcher
     from clipstream.settings import Settings
 
@@ -309,7 +310,7 @@ def private_infra(log: Callable[[str], None] = say) -> Iterator[tuple[Any, dict[
         status = launcher.up(infra, free_ports=True, progress=lambda m: log(f"  infra: {m}"), die_with_parent=True)
         try:
             yield (Settings(kafka_bootstrap=status.kafka_bootstrap, redis_url=status.redis_url),
-                   {**os.environ, **status.env()})
+                   {**os.environ, **status.env()}, status)
         finally:
             launcher.down(infra)
 
@@ -419,8 +420,8 @@ def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = 
             rate: float = WARM_UP["rate"], seconds: float = WARM_UP["seconds"], inputs: Any = None) -> None:
     """A discarded open-loop step at moderate load: a fresh broker and fresh stages run cold
     (JIT, pools, caches) for seconds, which would otherwise land in the first measurement.
-    The broker's JIT is the slow one: a minute into a fresh broker its C2 compiler thread
-    still takes as much CPU as its request threads."""
+    The broker's JIT is the slow one: over a fresh broker's first two minutes of light load its
+    compiler threads used almost as much CPU as its request threads (``bench.intake``)."""
     load_step(pipe, app, rate, 50.0, seconds, mode=mode, kafka_load=kafka_load, inputs=inputs,
               seed=7, label=f"warm-up {app} (not reported) ").pop("_run")
 

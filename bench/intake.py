@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -31,8 +32,22 @@ READERS = ("faust", "aiokafka", "librdkafka")
 WRITERS = ("pacing", "faust", "aiokafka", "librdkafka")  # pacing: the same loop, sending nothing
 
 
-def _ticks(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads, summed by thread name (digits dropped): for the
+    broker's JVM, its request threads against its JIT compiler threads."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{tid}/comm").read().strip().rstrip("0123456789-")
+            out[name] = out.get(name, 0.0) + _ticks(pid, tid)
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
+
+
+def _ticks(pid: int, tid: str | None = None) -> float:
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = open(path).read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
@@ -328,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seconds = 3.0 if args.quick else args.seconds
     rows: list[dict[str, Any]] = []
     writes: list[dict[str, Any]] = []
-    with private_infra() as (settings, env):
+    with private_infra() as (settings, env, status):
+        assert status.kafka_pid is not None, "private_infra started no broker"
+        broker0 = _thread_cpu(status.kafka_pid)
         for rate in [float(r) for r in args.rates.split(",") if r]:
             say(f"intake at {rate:g} q/s for {seconds:g} s per reader")
             for kind in READERS:
@@ -340,12 +357,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 say(f"  {w['writer']:10s} {rate:5.0f} q/s: {w['cpu_us_per_record']:6.0f} us CPU/record "
                     f"({w['net_cpu_us_per_record']:.0f} more than pacing alone)")
             writes += mine
+        broker1 = _thread_cpu(status.kafka_pid)
+    # a fresh broker, as every benchmark starts one: how much of its CPU goes to the JIT
+    broker = {k: round(v - broker0.get(k, 0.0), 2) for k, v in sorted(broker1.items(), key=lambda kv: -kv[1])
+              if v - broker0.get(k, 0.0) >= 0.05}
+    say(f"the broker's CPU seconds by thread over the runs (a fresh broker): {broker}")
     by = {(r["reader"], r["rate_qps"]): r["cpu_us_per_record"] for r in rows}
     net = {(w["writer"], w["rate_qps"]): w["net_cpu_us_per_record"] for w in writes}
     rates = sorted({r["rate_qps"] for r in rows})
     summary = {**{f"faust_over_librdkafka_at_{q:g}": by[("faust", q)] / by[("librdkafka", q)] for q in rates},
                **{f"write_faust_over_librdkafka_at_{q:g}": net[("faust", q)] / net[("librdkafka", q)] for q in rates}}
-    report = {"machine": machine_info(), "seconds": seconds, "rows": rows, "writes": writes, "summary": summary}
+    report = {"machine": machine_info(), "seconds": seconds, "rows": rows, "writes": writes,
+              "broker_cpu_s_by_thread": broker, "summary": summary}
     write_json("intake", report)
     plot(rows, writes)
     return report

@@ -115,11 +115,12 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     args = ap.parse_args(argv)
     duration = 5.0 if args.quick else 15.0
     sizes = (2, 8) if args.quick else SIZES
+    warm_s = WARM_S / 4 if args.quick else WARM_S
     x, y = held_out()
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
         "sizes": sizes, "slo_ms": SLO_MS, "wait_for_all_slo_ms": WAIT_SLO_MS, "fast_ms": FAST_MS,
         "slow_ms": SLOW_MS, "slow_fraction_of_batches": SLOW_FRACTION, "rate_qps": RATE, "step_s": duration,
-        "warm_up_s": WARM_S / (4 if args.quick else 1), "policy": "exp4", "mode": "kafka", "inputs": "held-out digits (797), cycled", "prediction_cache": False}, "runs": {}}
+        "warm_up_s": warm_s, "policy": "exp4", "mode": "kafka", "inputs": "held-out digits (797), cycled", "prediction_cache": False}, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="bench-strag-") as tmp:
         # no prediction cache: every run replays the same held-out digits, and a cached
         # prediction never reaches a worker, so the straggler would only straggle once
@@ -132,7 +133,6 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             try:
                 # the largest ensemble at the measured rate, discarded: it warms every stage and
                 # the broker's JIT, which the first measured run would otherwise pay for
-                warm_s = WARM_S / (4 if args.quick else 1)
                 warm_up(pipe, f"ens{max(sizes)}", kafka_load=kl, rate=RATE, seconds=warm_s,
                         inputs=x[np.arange(int(RATE * warm_s * 1.3) + 10) % len(x)])
                 for s in sizes:

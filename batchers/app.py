@@ -312,11 +312,11 @@ class BatcherService:
         self.wake.set()
 
 
-def faust_app(settings: Settings, app_id: str, datadir: str, kafka: bool = True, **overrides: Any) -> faust.App:
+def faust_app(settings: Settings, app_id: str, datadir: str, consumer: bool = True, producer: bool = True,
+              **overrides: Any) -> faust.App:
     """A faust app as clipstream runs one: raw bytes (our Avro codec decodes), no tables, no web
     server, topics created by ``topics.admin`` rather than by faust, records sent at once.
-    ``kafka=False``: faust's own Kafka consumer and producer are not started (an app whose
-    tasks do their own Kafka I/O)."""
+    ``consumer``/``producer`` False: faust does not start its own (the app's tasks do that I/O)."""
     options: dict[str, Any] = {
         "broker": "kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
         "value_serializer": "raw",
@@ -332,16 +332,16 @@ def faust_app(settings: Settings, app_id: str, datadir: str, kafka: bool = True,
     }
     options.update(overrides)
     app = faust.App(app_id, **options)
-    if not kafka:
-        app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False, enable_kafka_producer=False)
+    if not (consumer and producer):
+        app.boot_strategy = BootStrategy(app, enable_kafka_consumer=consumer, enable_kafka_producer=producer)
     return app
 
 
 def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: Any = None) -> faust.App:
-    """The faust app of one model's batcher (call ``faust.Worker(app).execute_from_commandline()``)."""
+    """The faust app of one model's batcher (run it with ``serve``)."""
     cat = Catalogue.from_settings(settings)
     group = f"{settings.topic_prefix}batcher.{model.name}"
-    app = faust_app(settings, group, _datadir(model.name), kafka=False)
+    app = faust_app(settings, group, _datadir(model.name), consumer=False, producer=False)
     holder: dict[str, Any] = {}
 
     def service() -> BatcherService:
@@ -459,9 +459,13 @@ def run(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: An
     ensure_model_topics(settings, model.name, model.replicas)
     if bs.uvloop:
         _use_uvloop()
-    app = create_app(settings, bs, model, follower)
-    # faust's own output (banner, spinner, logs) goes to stderr and stdout is not redirected
-    # into logging, so stdout carries only our lines ("ready: ...", "stats: ...")
+    serve(create_app(settings, bs, model, follower))
+
+
+def serve(app: faust.App) -> None:
+    """Run a faust app until SIGINT/SIGTERM. Faust's own output (banner, spinner, logs) goes
+    to stderr and stdout is not redirected into logging, so stdout carries only our lines
+    ("ready: ...", "stats: ...")."""
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
     worker.spinner = None
     worker.execute_from_commandline()

@@ -65,14 +65,14 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                     warm_up(pipe, app, kafka_load=kl)
                 # every sweep its own inputs (seed): one sweep replaying another's would be
                 # answered by the prediction cache, not by the model
-                for k, (app, model, slo) in enumerate((a, m, s) for a, m in (("digits", "logreg"), ("sim", "accel"))
-                                                      for s in SLOS):
+                sweeps = [(app, model, slo) for app, model in (("digits", "logreg"), ("sim", "accel")) for slo in SLOS]
+                for seed, (app, model, slo) in enumerate(sweeps, start=1):
                     say(f"e2e: {model}, SLO {slo:g} ms, kafka")
-                    rows = sweep(pipe, app, rates, slo, duration, kafka_load=kl, label=f"{model} {slo:g}ms ", seed=k + 1)
+                    rows = sweep(pipe, app, rates, slo, duration, kafka_load=kl, label=f"{model} {slo:g}ms ", seed=seed)
                     report["curves"][f"{model}/kafka/{slo:g}"] = rows
                 say("e2e: logreg, SLO 50 ms, through the REST gateway")
                 report["curves"]["logreg/gateway/50"] = sweep(pipe, "digits", rates, 50.0, duration, mode="gateway",
-                                                              label="logreg 50ms ", seed=len(SLOS) * 2 + 1)
+                                                              label="logreg 50ms ", seed=len(sweeps) + 1)
             finally:
                 kl.close()
     summary = {}

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.common import CLK_TCK, figure, machine_info, private_infra, save_figure, say, write_json
+from bench.common import CLK_TCK, cpu_snapshot, figure, machine_info, private_infra, save_figure, say, write_json
 
 READERS = ("faust", "aiokafka", "librdkafka")
 WRITERS = ("pacing", "faust", "aiokafka", "librdkafka")  # pacing: the same loop, sending nothing
@@ -34,21 +34,40 @@ WRITERS = ("pacing", "faust", "aiokafka", "librdkafka")  # pacing: the same loop
 
 def _thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of a process's threads, summed by thread name (digits dropped): for the
-    broker's JVM, its request threads against its JIT compiler threads."""
+    broker's JVM, its request threads against its JIT compiler threads. Read under
+    /proc/<pid>/task/ (``cpu_snapshot`` reads /proc/<pid>/stat, the whole process)."""
     out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             name = open(f"/proc/{pid}/task/{tid}/comm").read().strip().rstrip("0123456789-")
-            out[name] = out.get(name, 0.0) + _ticks(pid, tid)
+            fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
         except OSError:  # the thread ended meanwhile
             continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
     return out
 
 
-def _ticks(pid: int, tid: str | None = None) -> float:
-    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
-    fields = open(path).read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+def _cpu_s(pid: int) -> float:
+    return cpu_snapshot({pid: "p"}).get("p", 0.0)
+
+
+def _child_cpu(argv: list[str], env: dict[str, str], what: str, between: Callable[[], None] | None = None
+               ) -> tuple[str, float]:
+    """Start ``python -m bench.intake ARGV``; from its "ready" line to its next line (while
+    ``between`` runs here, if given), the CPU seconds it used. Returns (that line, seconds)."""
+    child = subprocess.Popen([sys.executable, "-m", "bench.intake", *argv], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = child.stdout.readline().strip() if child.stdout else ""
+        if line != "ready":
+            raise RuntimeError(f"{what} did not start (said {line!r}); see its stderr above")
+        cpu0 = _cpu_s(child.pid)
+        if between is not None:
+            between()
+        line = child.stdout.readline().strip() if child.stdout else ""
+        return line, _cpu_s(child.pid) - cpu0
+    finally:
+        child.kill()
+        child.wait(10)
 
 
 # --- reader processes ----------------------------------------------------------------------
@@ -71,9 +90,7 @@ def _counter(expected: int) -> Callable[[bytes], None]:
 
 
 def _read_faust(topic: str, on: Callable[[bytes], None]) -> None:
-    import faust
-
-    from batchers.app import _use_uvloop, _wait_assigned, faust_app
+    from batchers.app import _use_uvloop, _wait_assigned, faust_app, serve
     from clipstream.settings import get_settings
 
     _use_uvloop()
@@ -90,9 +107,7 @@ def _read_faust(topic: str, on: Callable[[bytes], None]) -> None:
         await _wait_assigned(app, [topic])
         print("ready", flush=True)
 
-    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
-    worker.spinner = None
-    worker.execute_from_commandline()
+    serve(app)
 
 
 async def _read_aiokafka(topic: str, on: Callable[[bytes], None]) -> None:
@@ -192,15 +207,11 @@ async def _write(kind: str, topic: str, rate: float, n: int) -> None:
 
 
 def _write_faust(topic: str, rate: float, n: int) -> None:
-    import faust
-    from faust.app.base import BootStrategy
-
-    from batchers.app import _use_uvloop, faust_app
+    from batchers.app import _use_uvloop, faust_app, serve
     from clipstream.settings import get_settings
 
     _use_uvloop()
-    app = faust_app(get_settings(), f"bench-write-{topic}", f"/tmp/bench-write-{topic}")
-    app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)  # nothing to read: producer only
+    app = faust_app(get_settings(), f"bench-write-{topic}", f"/tmp/bench-write-{topic}", consumer=False)
 
     @app.task
     async def write() -> None:
@@ -210,9 +221,7 @@ def _write_faust(topic: str, rate: float, n: int) -> None:
         await app.producer.flush()
         print("done", flush=True)
 
-    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
-    worker.spinner = None
-    worker.execute_from_commandline()
+    serve(app)
 
 
 def writer_main(kind: str, topic: str, rate: float, n: int) -> None:
@@ -232,21 +241,11 @@ def run_writer(settings: Any, env: dict[str, str], kind: str, rate: float, secon
     topic = f"bench-write-{uuid.uuid4().hex[:8]}"
     ensure_topics(settings, [TopicSpec(topic, 1)])
     n = int(rate * seconds)
-    child = subprocess.Popen([sys.executable, "-m", "bench.intake", "--writer", kind, "--topic", topic,
-                              "--rate", str(rate), "--expected", str(n)], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        line = child.stdout.readline().strip() if child.stdout else ""
-        if line != "ready":
-            raise RuntimeError(f"writer {kind} did not start (said {line!r}); see its stderr above")
-        cpu0 = _ticks(child.pid)
-        line = child.stdout.readline().strip() if child.stdout else ""
-        cpu1 = _ticks(child.pid)
-    finally:
-        child.kill()
-        child.wait(10)
+    line, cpu = _child_cpu(["--writer", kind, "--topic", topic, "--rate", str(rate), "--expected", str(n)], env,
+                           f"writer {kind}")
     if line != "done":
         raise RuntimeError(f"writer {kind} stopped before sending all {n} records")
-    return {"writer": kind, "rate_qps": rate, "records": n, "cpu_us_per_record": (cpu1 - cpu0) * 1e6 / n}
+    return {"writer": kind, "rate_qps": rate, "records": n, "cpu_us_per_record": cpu * 1e6 / n}
 
 
 # --- one run -------------------------------------------------------------------------------
@@ -265,15 +264,11 @@ def run_one(settings: Any, env: dict[str, str], kind: str, rate: float, seconds:
     topic = f"bench-intake-{uuid.uuid4().hex[:8]}"
     ensure_topics(settings, [TopicSpec(topic, 1)])
     n = int(rate * seconds)
-    child = subprocess.Popen([sys.executable, "-m", "bench.intake", "--reader", kind, "--topic", topic,
-                              "--expected", str(n)], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        line = child.stdout.readline().strip() if child.stdout else ""
-        if line != "ready":
-            raise RuntimeError(f"reader {kind} did not start (said {line!r}); see its stderr above")
-        producer = Producer(producer_config(settings))
-        x = to_tensor(np.random.default_rng(0).random(64, dtype=np.float32))
-        cpu0, t0 = _ticks(child.pid), time.monotonic()
+    producer = Producer(producer_config(settings))
+    x = to_tensor(np.random.default_rng(0).random(64, dtype=np.float32))
+
+    def send() -> None:
+        t0 = time.monotonic()
         for i in range(n):
             pause = t0 + i / rate - time.monotonic()
             if pause > 0:
@@ -283,15 +278,12 @@ def run_one(settings: Any, env: dict[str, str], kind: str, rate: float, seconds:
             producer.produce(topic, encode("ModelRequest", record))
             producer.poll(0)
         producer.flush(10)
-        line = child.stdout.readline().strip() if child.stdout else ""
-        cpu1 = _ticks(child.pid)
-    finally:
-        child.kill()
-        child.wait(10)
+
+    line, cpu = _child_cpu(["--reader", kind, "--topic", topic, "--expected", str(n)], env, f"reader {kind}", send)
     if not line.startswith("done"):
         raise RuntimeError(f"reader {kind} stopped before reading all {n} records")
     _, p50, p99 = line.split()
-    row = {"reader": kind, "rate_qps": rate, "records": n, "cpu_us_per_record": (cpu1 - cpu0) * 1e6 / n,
+    row = {"reader": kind, "rate_qps": rate, "records": n, "cpu_us_per_record": cpu * 1e6 / n,
            "latency_ms_p50": int(p50) / 1000, "latency_ms_p99": int(p99) / 1000}
     say(f"  {kind:10s} {rate:5.0f} q/s: {row['cpu_us_per_record']:6.0f} us CPU/record, "
         f"produce->decoded p50 {row['latency_ms_p50']:.2f} ms, p99 {row['latency_ms_p99']:.2f} ms")
@@ -359,8 +351,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             writes += mine
         broker1 = _thread_cpu(status.kafka_pid)
     # a fresh broker, as every benchmark starts one: how much of its CPU goes to the JIT
-    broker = {k: round(v - broker0.get(k, 0.0), 2) for k, v in sorted(broker1.items(), key=lambda kv: -kv[1])
-              if v - broker0.get(k, 0.0) >= 0.05}
+    used = {k: v - broker0.get(k, 0.0) for k, v in broker1.items()}
+    broker = {k: round(v, 2) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05}
     say(f"the broker's CPU seconds by thread over the runs (a fresh broker): {broker}")
     by = {(r["reader"], r["rate_qps"]): r["cpu_us_per_record"] for r in rows}
     net = {(w["writer"], w["rate_qps"]): w["net_cpu_us_per_record"] for w in writes}

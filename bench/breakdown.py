@@ -16,7 +16,10 @@ splits into:
     reply               received - joined     (Kafka hop back; through the gateway: + HTTP out)
 
 Through the gateway, the Responses are read from the gateway's own reply topic (its instance is
-pinned by ``bench.common.Pipeline``) and matched by query id. CPU per query per process comes
+pinned by ``bench.common.Pipeline``) and matched by query id. Straight into Kafka, the generator's
+private reply topic stamps each Response with the broker's append time (``LogAppendTime``, 1 ms
+resolution), which splits ``reply`` into ``reply: to broker`` (the selector's producer and the
+broker's request queue) and ``reply: from broker`` (the fetch and the generator's consumer). CPU per query per process comes
 from /proc (utime + stime) over each step.
 
     .venv/bin/python -m bench.breakdown [--quick]      # out/bench/breakdown.json and .png
@@ -46,6 +49,11 @@ SEGMENTS: list[tuple[str, str, str]] = [
     ("predictions + join", "worker_out", "joined"),
     ("reply", "joined", "received"),
 ]
+# the two halves of ``reply``, where the Response carries the broker's append time
+REPLY_SPLIT: list[tuple[str, str, str]] = [
+    ("reply: to broker", "joined", "_reply_appended"),
+    ("reply: from broker", "_reply_appended", "received"),
+]
 SLO_MS = 50.0
 
 
@@ -54,7 +62,11 @@ def split(trace: dict[str, int], sent_us: int, recv_us: int) -> dict[str, float]
     t = {**{k: v for k, v in trace.items() if not k.startswith("_")}, "sent": sent_us, "received": recv_us}
     if not all(k in t for _, a, b in SEGMENTS for k in (a, b)):
         return None
-    return {name: (t[b] - t[a]) / 1000.0 for name, a, b in SEGMENTS}
+    out = {name: (t[b] - t[a]) / 1000.0 for name, a, b in SEGMENTS}
+    if "_reply_appended" in trace:
+        t["_reply_appended"] = trace["_reply_appended"]
+        out.update({name: (t[b] - t[a]) / 1000.0 for name, a, b in REPLY_SPLIT})
+    return out
 
 
 def parts_of(results: Any, traces: Mapping[str, dict[str, int]] | None = None) -> list[dict[str, float]]:
@@ -75,9 +87,13 @@ def parts_of(results: Any, traces: Mapping[str, dict[str, int]] | None = None) -
 
 
 def table(parts: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Per segment: median, mean, p99 (ms) over the queries."""
+    """Per segment: median, mean, p99 (ms) over the queries (the reply's halves where every
+    query has them)."""
     out = {}
-    for name, _, _ in SEGMENTS:
+    names = [n for n, _, _ in SEGMENTS]
+    if parts and all(n in p for p in parts for n, _, _ in REPLY_SPLIT):
+        names += [n for n, _, _ in REPLY_SPLIT]
+    for name in names:
         v = np.array([p[name] for p in parts], dtype=np.float64)
         out[name] = {"p50": float(np.median(v)), "mean": float(v.mean()), "p99": float(np.percentile(v, 99))} \
             if v.size else {"p50": float("nan"), "mean": float("nan"), "p99": float("nan")}

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -330,7 +330,9 @@ class KafkaLoad:
         self.settings = settings
         cat = Catalogue.from_settings(settings)
         self.instance = f"load{uuid.uuid4().hex[:8]}"
-        self.reply = cat.replies(self.instance)
+        # the broker stamps each Response with its append time: the reply hop splits in two
+        spec = cat.replies(self.instance)
+        self.reply = replace(spec, config={**spec.config, "message.timestamp.type": "LogAppendTime"})
         self.queries_topic = cat.queries.name
         ensure_topics(settings, [self.reply, cat.queries])
         self.producer = Producer(producer_config(settings))
@@ -378,6 +380,8 @@ class KafkaLoad:
             drain_s: float = 3.0, progress: Progress | None = None, gate: threading.Semaphore | None = None,
             stop_after_s: float | None = None) -> RunResult:
         """Send ``tensors[i % len]`` (``schemas.to_tensor`` dicts) at ``times[i]``."""
+        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
         from schemas import decode_as, encode
 
         prefix = uuid.uuid4().hex[:12]
@@ -415,6 +419,9 @@ class KafkaLoad:
                     if self.keep_trace:
                         r.trace = dict(rec.get("trace") or {})
                         r.trace["_missing"] = len(rec.get("missing") or ())
+                        kind, ts_ms = m.timestamp()
+                        if kind == TIMESTAMP_LOG_APPEND_TIME:
+                            r.trace["_reply_appended"] = ts_ms * 1000
                     got[0] += 1
 
         rx = threading.Thread(target=receive, daemon=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.breakdown import SEGMENTS, split
+from bench.breakdown import SEGMENTS, split, table
 from bench.common import best_under_slo, label_of
 from bench.efficiency import CLOCKWORK, device_bound
 
@@ -38,6 +38,19 @@ def test_split_of_a_trace_into_segments() -> None:
     assert parts["gateway"] == 0.5 and parts["batcher"] == 2.0 and parts["model service"] == 3.0
     assert sum(parts.values()) == pytest.approx((11_000 - 500) / 1000)
     assert split({"produced": 1}, 0, 2) is None
+
+
+def test_the_brokers_append_time_splits_the_reply_hop() -> None:
+    trace = {"produced": 1000, "dispatched": 2000, "batcher_in": 3500, "batched": 5500, "worker_in": 6000,
+             "worker_out": 9000, "joined": 10_000, "_reply_appended": 14_000}
+    parts = split(trace, sent_us=1000, recv_us=15_000)
+    assert parts is not None
+    assert parts["reply: to broker"] == 4.0 and parts["reply: from broker"] == 1.0
+    assert parts["reply: to broker"] + parts["reply: from broker"] == parts["reply"]
+    # the halves are tabled only when every query has them
+    plain = split({k: v for k, v in trace.items() if k != "_reply_appended"}, sent_us=1000, recv_us=15_000)
+    assert plain is not None and "reply: to broker" not in plain
+    assert "reply: to broker" in table([parts, parts]) and "reply: to broker" not in table([parts, plain])
 
 
 def test_best_under_slo_picks_the_highest_compliant_goodput() -> None:

@@ -16,11 +16,12 @@ splits into:
     reply               received - joined     (Kafka hop back; through the gateway: + HTTP out)
 
 Through the gateway, the Responses are read from the gateway's own reply topic (its instance is
-pinned by ``bench.common.Pipeline``) and matched by query id. Straight into Kafka, the generator's
-private reply topic stamps each Response with the broker's append time (``LogAppendTime``, 1 ms
-resolution), which splits ``reply`` into ``reply: to broker`` (the selector's producer and the
-broker's request queue) and ``reply: from broker`` (the fetch and the generator's consumer). CPU per query per process comes
-from /proc (utime + stime) over each step.
+pinned by ``bench.common.Pipeline``) and matched by query id. Straight into Kafka, the
+generator's private reply topic stamps each Response with the broker's append time
+(``LogAppendTime``, 1 ms resolution), which splits ``reply`` into ``reply: to broker`` (the
+selector's producer and the broker's request queue) and ``reply: from broker`` (the fetch and
+the generator's consumer). CPU per query per process comes from /proc (utime + stime) over
+each step.
 
     .venv/bin/python -m bench.breakdown [--quick]      # out/bench/breakdown.json and .png
 """

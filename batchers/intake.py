@@ -36,12 +36,14 @@ class Intake:
     loop call (``deliver`` runs on the loop thread)."""
 
     def __init__(self, settings: Settings, topic: str, group_id: str, deliver: Callable[[list[Record]], None],
-                 max_group: int = 1000, fetch_max_wait_ms: int = 500) -> None:
+                 max_group: int = 1000, fetch_max_wait_ms: int | None = None) -> None:
         self.topic = topic
         self._deliver = deliver
         self._max_group = max_group
         # the broker answers a fetch as soon as any record arrives; this bounds an idle one
-        self._consumer = Consumer(consumer_config(settings, group_id, **{"fetch.wait.max.ms": fetch_max_wait_ms}))
+        # (None: ``topics.client``'s default for every consumer)
+        overrides = {} if fetch_max_wait_ms is None else {"fetch.wait.max.ms": fetch_max_wait_ms}
+        self._consumer = Consumer(consumer_config(settings, group_id, **overrides))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -63,11 +63,10 @@ def split(trace: dict[str, int], sent_us: int, recv_us: int) -> dict[str, float]
     t = {**{k: v for k, v in trace.items() if not k.startswith("_")}, "sent": sent_us, "received": recv_us}
     if not all(k in t for _, a, b in SEGMENTS for k in (a, b)):
         return None
-    out = {name: (t[b] - t[a]) / 1000.0 for name, a, b in SEGMENTS}
+    segments = SEGMENTS
     if "_reply_appended" in trace:
-        t["_reply_appended"] = trace["_reply_appended"]
-        out.update({name: (t[b] - t[a]) / 1000.0 for name, a, b in REPLY_SPLIT})
-    return out
+        t["_reply_appended"], segments = trace["_reply_appended"], SEGMENTS + REPLY_SPLIT
+    return {name: (t[b] - t[a]) / 1000.0 for name, a, b in segments}
 
 
 def parts_of(results: Any, traces: Mapping[str, dict[str, int]] | None = None) -> list[dict[str, float]]:

@@ -30,7 +30,7 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings, get_settings
 from frontend.admission import AdmissionLimit
-from frontend.gateway_http import RECEIVED_US, GuardMiddleware, HTTPProblem, parse_json, read_body
+from frontend.gateway_http import RECEIVED_US, GuardMiddleware, HTTPProblem, PredictFastPath, parse_json, read_body
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
     Accepted, ErrorBody, FeedbackRequest, PredictRequest, PredictResponse, default_json,
@@ -173,6 +173,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = state
+    # added first, so it runs inside GuardMiddleware (the last added is the outermost)
+    app.add_middleware(PredictFastPath, handler=lambda name, request: _predict(state, name, request))
     app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics)
 
     @app.exception_handler(HTTPProblem)
@@ -187,6 +189,7 @@ def create_app(
         summary="Predict within the SLO (the app's default output when nothing answers in time)",
     )
     async def predict(app: str, request: Request) -> JSONResponse:
+        # reached only if PredictFastPath is taken out: it serves this route ahead of the router
         return JSONResponse(await _predict(state, app, request))
 
     @app.post(

@@ -19,7 +19,7 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError
 from clipstream.settings import Settings
 from frontend.gateway import create_app
-from frontend.gateway_http import RECEIVED_US, stamped_protocol
+from frontend.gateway_http import RECEIVED_US, predict_app, stamped_protocol
 from frontend.registry import AppConfig, ModelConfig, RegistryView
 from frontend.settings import GatewaySettings
 from workers.spec import ModelSpec, OutputSpec, TensorSpec
@@ -169,6 +169,28 @@ def test_malformed_json_and_unknown_app(client):
     assert r.status_code == 422
     assert client.post("/v1/apps/nope/predict", json={"input": GOOD}).status_code == 404
     assert client.post("/v1/apps/nope/feedback", json={"query_id": "q", "label": 1}).status_code == 404
+
+
+@pytest.mark.parametrize("method, path, app", [
+    ("POST", "/v1/apps/pets/predict", "pets"),
+    ("POST", "/v1/apps/my app/predict", "my app"),  # ASGI paths arrive percent-decoded
+    ("GET", "/v1/apps/pets/predict", None),
+    ("POST", "/v1/apps//predict", None),
+    ("POST", "/v1/apps/pets/feedback", None),
+    ("POST", "/v1/apps/a/b/predict", None),
+    ("POST", "/v2/apps/pets/predict", None),
+])
+def test_the_fast_path_takes_only_predict_posts(method, path, app):
+    assert predict_app({"type": "http", "method": method, "path": path}) == app
+
+
+def test_the_fast_path_answers_as_fastapi_did(client):
+    """The same statuses, JSON and content type as the FastAPI route; other methods still reach
+    the router (405), so the fast path only shortens the way, it does not change the API."""
+    r = client.post("/v1/apps/nope/predict", json={"input": GOOD})
+    assert (r.status_code, r.headers["content-type"]) == (404, "application/json")
+    assert r.json() == {"detail": "unknown app 'nope'"}
+    assert client.get("/v1/apps/pets/predict").status_code == 405
 
 
 def test_body_over_the_limit_is_413_declared_or_streamed():

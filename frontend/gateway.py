@@ -30,7 +30,8 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings, get_settings
 from frontend.admission import AdmissionLimit
-from frontend.gateway_http import RECEIVED_US, GuardMiddleware, HTTPProblem, PredictFastPath, parse_json, read_body
+from frontend.gateway_http import (RECEIVED_US, GuardMiddleware, HTTPProblem, PredictEndpoint, parse_json,
+                                   predict_app, read_body)
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
     Accepted, ErrorBody, FeedbackRequest, PredictRequest, PredictResponse, default_json,
@@ -145,6 +146,19 @@ class GatewayState:
         return HTTPProblem(503, why, {"Retry-After": str(self.gw.retry_after_s)})
 
 
+class GatewayAPI(FastAPI):
+    """FastAPI, with ``POST /v1/apps/{app}/predict`` served by ``predict_path`` before FastAPI's
+    own stack (see ``frontend.gateway_http.PredictEndpoint`` for why)."""
+
+    predict_path: Callable[[dict[str, Any], Any, Any], Awaitable[None]] | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.predict_path is not None and scope["type"] == "http" and predict_app(scope) is not None:
+            await self.predict_path(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     gw: GatewaySettings | None = None,
     settings: Settings | None = None,
@@ -166,16 +180,17 @@ def create_app(
             stack.callback(watcher.cancel)
             yield
 
-    app = FastAPI(
+    app = GatewayAPI(
         title="clipstream gateway",
         version="1",
         description="Clipper-style prediction serving: predict within an SLO, send feedback.",
         lifespan=lifespan,
     )
     app.state.gateway = state
-    # added first, so it runs inside GuardMiddleware (the last added is the outermost)
-    app.add_middleware(PredictFastPath, handler=lambda name, request: _predict(state, name, request))
     app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics)
+    # keys and metrics apply to the fast path as to every other route
+    app.predict_path = GuardMiddleware(PredictEndpoint(lambda name, request: _predict(state, name, request)),
+                                       keys=state.gw.api_keys, metrics=state.metrics)
 
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
@@ -189,7 +204,7 @@ def create_app(
         summary="Predict within the SLO (the app's default output when nothing answers in time)",
     )
     async def predict(app: str, request: Request) -> JSONResponse:
-        # reached only if PredictFastPath is taken out: it serves this route ahead of the router
+        # declared for the OpenAPI schema: GatewayAPI serves these requests before the router
         return JSONResponse(await _predict(state, app, request))
 
     @app.post(

@@ -122,26 +122,25 @@ class GuardMiddleware:
             self.metrics.requests.inc(route, str(status["code"]))
 
 
-class PredictFastPath:
-    """``POST /v1/apps/{app}/predict`` served as plain ASGI, ahead of FastAPI's router.
+class PredictEndpoint:
+    """``POST /v1/apps/{app}/predict`` as a plain ASGI app, which the gateway runs ahead of FastAPI.
 
     The predict route is the gateway's hot path, and under load its event loop is where callers
     queue. py-spy on the gateway at 600 q/s offered put about a third of the loop's busy time in
-    FastAPI's per-request machinery (dependency solving, the router, exception-wrapping
-    middlewares, Request and Response objects) rather than in the handler or the socket. Here
-    the handler gets the app name and a Starlette ``Request`` and returns the answer's JSON, or
-    raises ``HTTPProblem``; everything else goes on to FastAPI, where the route stays declared
-    so the OpenAPI schema still lists it. Placed inside ``GuardMiddleware``: keys and metrics
-    apply as before.
+    FastAPI's per-request machinery (its telemetry check, dependency solving, the router,
+    exception-wrapping middlewares, Request and Response objects) rather than in the handler or
+    the socket. Here the handler gets the app name and a Starlette ``Request`` and returns the
+    answer's JSON, or raises ``HTTPProblem``; FastAPI keeps every other route, and the predict
+    route stays declared there so the OpenAPI schema still lists it.
     """
 
-    def __init__(self, app: ASGIApp, handler: Callable[[str, Request], Awaitable[dict[str, Any]]]) -> None:
-        self.app, self.handler = app, handler
+    def __init__(self, handler: Callable[[str, Request], Awaitable[dict[str, Any]]]) -> None:
+        self.handler = handler
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        name = predict_app(scope) if scope["type"] == "http" else None
-        if name is None:
-            await self.app(scope, receive, send)
+        name = predict_app(scope)
+        if name is None:  # the gateway routes only predict POSTs here
+            await _send_json(send, 404, {"detail": "Not Found"}, {})
             return
         try:
             answer = await self.handler(name, Request(scope, receive))

@@ -47,6 +47,8 @@ class GatewaySettings(BaseSettings):
     # how long /feedback waits for the broker's acknowledgement before answering 503
     feedback_ack_timeout_s: float = Field(5.0, gt=0)
     log_level: str = "warning"
+    # libuv's event loop when installed (false: asyncio's own); see frontend.gateway_cli
+    uvloop: bool = True
 
     @field_validator("api_keys", mode="before")
     @classmethod

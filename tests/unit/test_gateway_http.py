@@ -333,3 +333,18 @@ def test_large_inputs_are_parsed_off_the_loop_with_the_same_rules(client, bus):
     rows[150][7] = "x"
     r = client.post("/v1/apps/big/predict", json={"input": rows})
     assert r.status_code == 422 and "input[150][7] is a string" in r.json()["detail"]
+
+
+def test_the_gateway_runs_on_uvloop_unless_told_not_to():
+    import uvloop
+
+    from frontend.gateway_cli import _loop_factory
+
+    assert _loop_factory(False) is None
+    factory = _loop_factory(True)
+    assert factory is not None
+    loop = factory()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()

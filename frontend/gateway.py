@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 # request bodies larger than this are parsed in a worker thread, not on the event loop
 OFFLOAD_BYTES = 64 * 1024
+LAG_CUT_EVERY_US = 50_000  # the gateway's late loop cuts its admission limit at most this often
 
 
 class Registry(Protocol):
@@ -110,7 +111,22 @@ class GatewayState:
             self.loop_lag_ms = (loop.time() - t0 - every_s) * 1000.0
             # one late wake-up is a hiccup (a GC, an import); three in a row is a queue
             late_in_a_row = late_in_a_row + 1 if self.loop_lag_ms > self.gw.max_loop_lag_ms else 0
+            if late_in_a_row:
+                self.cut_for_lag(now_us())
             self.loop_late = late_in_a_row >= 3
+
+    def cut_for_lag(self, now: int) -> None:
+        """A late loop is a process queueing for the CPU: let fewer predictions in.
+
+        The answers' latency, which teaches the limit otherwise, is timed from when the server
+        began reading a request; on a saturated machine the wait before that (the socket, the
+        caller's own process) grows first, unseen. So a late wake-up also cuts the limit, at
+        most once per LAG_CUT_EVERY_US (about a round trip at a usual SLO, as TCP cuts once
+        per window), and only while the limit is in use: a hiccup of an idle gateway (a GC,
+        an import) says nothing about how much it lets in.
+        """
+        if self.gw.adaptive_admission and 2 * self.inflight >= self.limit:
+            self.admission.late(now, now - LAG_CUT_EVERY_US)
 
     @property
     def limit(self) -> int:

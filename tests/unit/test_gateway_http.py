@@ -234,6 +234,26 @@ def _admission_limit(c: TestClient) -> float:
     return float(line.split()[1])
 
 
+def test_a_late_loop_cuts_the_limit_in_use_once_per_interval():
+    from frontend.gateway import LAG_CUT_EVERY_US, GatewayState
+
+    state = GatewayState(GatewaySettings(instance="unit"), Settings(topic_prefix="t."))
+    state.cut_for_lag(1_000_000)  # nothing in flight: an idle gateway's hiccup
+    assert (state.admission.cuts, state.limit) == (0, 16)
+    state.inflight = 8  # half the limit in use
+    state.cut_for_lag(2_000_000)
+    assert (state.admission.cuts, state.limit) == (1, 14)  # 16 * 0.9
+    state.cut_for_lag(2_000_000 + LAG_CUT_EVERY_US - 1)  # the same stall, still
+    assert state.admission.cuts == 1
+    state.cut_for_lag(2_000_000 + LAG_CUT_EVERY_US + 1)
+    assert (state.admission.cuts, state.limit) == (2, 12)  # 14.4 * 0.9 = 12.96
+    with TestClient(make_app(adaptive_admission=False)) as c:
+        fixed = c.app.state.gateway
+        fixed.inflight = fixed.limit
+        fixed.cut_for_lag(5_000_000)
+        assert fixed.admission.cuts == 0
+
+
 def test_a_slow_answer_cuts_the_admission_limit_and_an_idle_limit_does_not_grow():
     # app SLO 30 ms: an answer after 22 ms is in time but past 0.6 of the SLO (queueing)
     with TestClient(make_app(FakeBus(answer, after_ms=22))) as c:

@@ -41,6 +41,7 @@ from batchers.intake import Intake, Record
 from batchers.settings import BatcherSettings
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, DecodeError
+from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
 from schemas import decode_as, encode, from_tensor
 from topics.catalogue import Catalogue
@@ -384,6 +385,7 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
     async def announce() -> None:
         while "intakes" not in holder or not all(i.ready.is_set() for i in holder["intakes"]):
             await asyncio.sleep(0.05)
+        freeze_startup_heap()
         print(f"ready: batcher {model.name}", flush=True)
         svc = service()
         last = None

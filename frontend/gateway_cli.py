@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from clipstream.errors import ClipstreamError
+from clipstream.heap import freeze_startup_heap
 from clipstream.settings import get_settings
 from frontend.settings import get_gateway_settings
 
@@ -91,6 +92,7 @@ async def _serve(gw: Any, settings: Any) -> int:
             for sock in srv.sockets:
                 port = sock.getsockname()[1]
                 break
+        freeze_startup_heap()
         print(f"ready: gateway http://{gw.host}:{port}", flush=True)
     await task
     # uvicorn reports a failed startup by exiting the serve loop without having started

@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, Producer
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
+from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
 from schemas import decode_as, encode, from_tensor
 from schemas.reasons import NOTHING_ARRIVED
@@ -265,6 +266,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             if part in waiting:
                 waiting.discard(part)
                 if not waiting:
+                    freeze_startup_heap()
                     print("ready: selector", flush=True)
 
     def on_assign(name: str) -> Any:

@@ -34,6 +34,7 @@ from confluent_kafka import (
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, InfraError
+from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
 from schemas import decode_as, encode
 from topics.admin import ensure_model_topics, ensure_topics
@@ -94,6 +95,7 @@ class Worker:
         # librdkafka at assign time: on a fresh broker its one attempt can fail and stall the partition
         self.consumer.assign([TopicPartition(self.batches_topic, self.replica, self._committed_offset())])
         self.redis = redis.Redis.from_url(self.settings.redis_url)
+        freeze_startup_heap()
         print(f"ready: worker {self.name} replica {self.replica} device {self.model.device}", flush=True)
 
     def _committed_offset(self) -> int:

@@ -12,7 +12,7 @@ the runs replay the same digits, and a cache hit would skip the straggler altoge
 ``--sizes 8`` measures the largest ensemble after the warm-up alone: its broker has run less
 long than in the full run (the JIT), so it reads higher.
 
-    .venv/bin/python -m bench.stragglers [--quick] [--sizes 8]   # out/bench/stragglers.json and .png
+    .venv/bin/python -m bench.stragglers [--quick] [--sizes 8] [--rate 25]   # out/bench/stragglers.json and .png
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", default=None, help="ensemble sizes, comma-separated (default 2,4,8; --quick: 2,8)")
+    ap.add_argument("--rate", type=float, default=RATE, help=f"queries/s (default {RATE:g})")
     args = ap.parse_args(argv)
     duration = 5.0 if args.quick else 15.0
     sizes = (2, 8) if args.quick else SIZES
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     x, y = held_out()
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
         "sizes": sizes, "slo_ms": SLO_MS, "wait_for_all_slo_ms": WAIT_SLO_MS, "fast_ms": FAST_MS,
-        "slow_ms": SLOW_MS, "slow_fraction_of_batches": SLOW_FRACTION, "rate_qps": RATE, "step_s": duration,
+        "slow_ms": SLOW_MS, "slow_fraction_of_batches": SLOW_FRACTION, "rate_qps": args.rate, "step_s": duration,
         "warm_up_s": warm_s, "policy": "exp4", "mode": "kafka", "inputs": "held-out digits (797), cycled", "prediction_cache": False}, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="bench-strag-") as tmp:
         # no prediction cache: every run replays the same held-out digits, and a cached
@@ -140,13 +141,13 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             try:
                 # the largest ensemble at the measured rate, discarded: it warms every stage and
                 # the broker's JIT, which the first measured run would otherwise pay for
-                warm_up(pipe, f"ens{max(sizes)}", kafka_load=kl, rate=RATE, seconds=warm_s,
-                        inputs=x[np.arange(int(RATE * warm_s * 1.3) + 10) % len(x)])
+                warm_up(pipe, f"ens{max(sizes)}", kafka_load=kl, rate=args.rate, seconds=warm_s,
+                        inputs=x[np.arange(int(args.rate * warm_s * 1.3) + 10) % len(x)])
                 for s in sizes:
                     for mode, slo in (("cutoff", SLO_MS), ("wait_all", WAIT_SLO_MS)):
-                        n = int(RATE * duration * 1.3) + 10
+                        n = int(args.rate * duration * 1.3) + 10
                         inputs = x[np.arange(n) % len(x)]
-                        step = load_step(pipe, f"ens{s}", RATE, slo, duration, kafka_load=kl, inputs=inputs,
+                        step = load_step(pipe, f"ens{s}", args.rate, slo, duration, kafka_load=kl, inputs=inputs,
                                          seed=s, label=f"ens{s} {mode} ")
                         run = step.pop("_run")
                         sc = score(run, y, s, slo)

@@ -60,11 +60,15 @@ class Selector:
 
     def __init__(self, consumer: Consumer, producer: Producer, store: StateStore, apps: Apps,
                  dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
-                 reply_budget_us: int = 0) -> None:
+                 reply_budget_us: int = 0, reply_producer: Producer | None = None) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO
         self.reply_budget_us = reply_budget_us
         self.consumer, self.producer, self.store, self.apps, self.dead = consumer, producer, store, apps, dead
+        # answers leave on a connection of their own: the broker serves one connection's
+        # requests in order, so on the shared one a Response queued behind the fan-out of
+        # ModelRequests just sent for newer queries
+        self.reply_producer = reply_producer or producer
         self.catalogue, self.settings = catalogue, settings
         self.join = JoinState(answered_capacity)
         self._model_topics: set[str] = set()
@@ -185,8 +189,8 @@ class Selector:
         kwargs: dict[str, Any] = {"key": ev["query_id"].encode()}
         if ev.get("reply_topic") and ev.get("reply_partition") is not None:
             kwargs["partition"] = int(ev["reply_partition"])
-        self.producer.produce(topic, encode("Response", record), **kwargs)
-        self.producer.poll(0)
+        self.reply_producer.produce(topic, encode("Response", record), **kwargs)
+        self.reply_producer.poll(0)
         self.stats["responses"] += 1
 
     # -- the loop -----------------------------------------------------------------------
@@ -254,6 +258,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
     follower = RegistryFollower(settings).start()
     follower.wait_ready(ss.registry_timeout_s)
     producer = Producer(producer_config(settings))
+    reply_producer = Producer(producer_config(settings))
     store = StateStore(redis.Redis.from_url(settings.redis_url), settings.stored_predictions_ttl_s)
     store.redis.ping()
     apps, dead = Apps(follower.view), DeadLetters(producer, catalogue.deadletter.name)
@@ -288,7 +293,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             consumers.append(jc)
             jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=on_assign("join"))
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
-                           int(ss.reply_budget_ms * 1000))
+                           int(ss.reply_budget_ms * 1000), reply_producer)
             sel.run(stop, ss.max_poll_s, ss.drain_max)
         else:
             stop.wait()
@@ -299,5 +304,6 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
         for c in consumers:
             c.close()
         producer.flush(5)
+        reply_producer.flush(5)
         follower.stop()
         print("selector stopped", file=sys.stderr, flush=True)

@@ -127,3 +127,21 @@ def test_group_loads_state_once_and_single_never(monkeypatch: Any) -> None:
     assert r.calls == []
     assert len(producer.sent) == 5 and all(t == Catalogue.from_settings(settings).requests("m1").name
                                            for t, _ in producer.sent)
+
+
+def test_answers_leave_on_their_own_producer() -> None:
+    """Responses must not queue behind the ModelRequests of newer queries on one connection."""
+    from clipstream.settings import get_settings
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    app = SimpleNamespace(name="app", models=("m1", "m2"), default_output=-1)
+    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    requests, replies = FakeProducer(), FakeProducer()
+    sel = Selector(None, requests, StateStore(FakeRedis()), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
+                   cat, settings, reply_producer=replies)  # type: ignore[arg-type]
+    sel._model_topics |= {"m1", "m2"}
+    sel.handle([Msg(cat.queries.name, _query(0, None).value())], cat.queries.name)
+    sel.answer(sel.join.get("q0"))  # the deadline passed with nothing arrived: the default
+    assert [t for t, _ in requests.sent] == [cat.requests("m1").name]
+    assert [t for t, _ in replies.sent] == [cat.responses.name] and replies.polls == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -217,18 +218,33 @@ class Selector:
                 states = self.store.load_many(pairs)
             except Exception:  # Redis hiccup: each query tries on its own and reports its error
                 log.exception("loading policy states for %d queries failed", len(pairs))
-        for i, m in enumerate(msgs):
+        # predictions first, then the answers now due, then the new queries: a group can hold
+        # many queries, each a fan-out of requests, and a straggler cutoff that waits behind
+        # them fires late (the predictions in the group arrived before it, so they still count)
+        for m in msgs:
             if m.error():
                 log.warning("consumer: %s", m.error())
-                continue
-            try:
-                if m.topic() == queries:
-                    self.dispatch(m, events[i], states, poll=False)
-                else:
-                    self.collect(m, received_us)
-            except Exception:  # one bad record must not stop the selector
-                log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+            elif m.topic() != queries:
+                self._guarded(m, lambda m=m: self.collect(m, received_us))
+        self.answer_expired()
+        for i, m in enumerate(msgs):
+            if not m.error() and m.topic() == queries:
+                self._guarded(m, lambda m=m, i=i: self.dispatch(m, events[i], states, poll=False))
         self.producer.poll(0)
+
+    def _guarded(self, m: Any, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception:  # one bad record must not stop the selector
+            log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+
+    def answer_expired(self) -> None:
+        """The straggler cutoff: answer every query whose deadline has come with what arrived."""
+        for pending in self.join.expired(now_us()):
+            try:
+                self.answer(pending)
+            except Exception:
+                log.exception("answering %s failed", pending.query_id)
 
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
         queries = self.catalogue.queries.name
@@ -240,11 +256,7 @@ class Selector:
             msgs = [msg, *self.consumer.consume(drain_max, 0)] if msg is not None else []
             if msgs:
                 self.handle(msgs, queries, received)
-            for pending in self.join.expired(now_us()):
-                try:
-                    self.answer(pending)
-                except Exception:
-                    log.exception("answering %s failed", pending.query_id)
+            self.answer_expired()
 
 
 def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,

@@ -145,3 +145,31 @@ def test_answers_leave_on_their_own_producer() -> None:
     sel.answer(sel.join.get("q0"))  # the deadline passed with nothing arrived: the default
     assert [t for t, _ in requests.sent] == [cat.requests("m1").name]
     assert [t for t, _ in replies.sent] == [cat.responses.name] and replies.polls == 1
+
+
+def test_answers_now_due_go_before_the_new_queries_of_a_group() -> None:
+    """A group's new queries (each a fan-out of requests) must not delay a straggler cutoff."""
+    import time
+
+    from clipstream.clock import now_us
+    from clipstream.settings import get_settings
+    from schemas import decode_as
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    sel, producer = _selector(Single(), FakeRedis(), settings)
+    due = now_us() + 20_000
+
+    def query(i: int, deadline: int) -> Msg:
+        ev = {"query_id": f"q{i}", "app": "app", "context": None, "input": to_tensor(np.zeros(2, np.float32)),
+              "deadline_us": deadline, "created_us": now_us(), "reply_topic": None, "reply_partition": None,
+              "trace": {}}
+        return Msg(cat.queries.name, encode("QueryEvent", ev))
+
+    sel.handle([query(0, due)], cat.queries.name)
+    while now_us() < due:  # q0's deadline passes with its prediction still missing
+        time.sleep(0.001)
+    sel.handle([query(1, 2**62)], cat.queries.name)
+    order = [(t, decode_as("Response", v)["query_id"] if t == cat.responses.name else decode_as("ModelRequest", v)["query_id"])
+             for t, v in producer.sent]
+    assert order == [(cat.requests("m1").name, "q0"), (cat.responses.name, "q0"), (cat.requests("m1").name, "q1")]

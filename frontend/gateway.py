@@ -30,8 +30,8 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings, get_settings
 from frontend.admission import AdmissionLimit
-from frontend.gateway_http import (RECEIVED_US, GuardMiddleware, HTTPProblem, PredictEndpoint, parse_json,
-                                   predict_app, read_body)
+from frontend.gateway_http import (RECEIVED_US, GatewayAPI, GuardMiddleware, HTTPProblem, PredictEndpoint,
+                                   parse_json, read_body)
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
     Accepted, ErrorBody, FeedbackRequest, PredictRequest, PredictResponse, default_json,
@@ -160,19 +160,6 @@ class GatewayState:
     def overloaded(self, why: str) -> HTTPProblem:
         self.metrics.rejected.inc()
         return HTTPProblem(503, why, {"Retry-After": str(self.gw.retry_after_s)})
-
-
-class GatewayAPI(FastAPI):
-    """FastAPI, with ``POST /v1/apps/{app}/predict`` served by ``predict_path`` before FastAPI's
-    own stack (see ``frontend.gateway_http.PredictEndpoint`` for why)."""
-
-    predict_path: Callable[[dict[str, Any], Any, Any], Awaitable[None]] | None = None
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if self.predict_path is not None and scope["type"] == "http" and predict_app(scope) is not None:
-            await self.predict_path(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
 
 
 def create_app(

@@ -13,6 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.requests import Request
 
 from frontend.metrics import GatewayMetrics
@@ -148,6 +149,19 @@ class PredictEndpoint:
             await _send_json(send, exc.status, {"detail": exc.detail}, exc.headers)
             return
         await _send_json(send, 200, answer, {})
+
+
+class GatewayAPI(FastAPI):
+    """FastAPI, with ``POST /v1/apps/{app}/predict`` served by ``predict_path`` before FastAPI's
+    own stack (see ``PredictEndpoint`` for why)."""
+
+    predict_path: Callable[[dict[str, Any], Any, Any], Awaitable[None]] | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.predict_path is not None and scope["type"] == "http" and predict_app(scope) is not None:
+            await self.predict_path(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def predict_app(scope: Mapping[str, Any]) -> str | None:

@@ -25,6 +25,8 @@ OPEN_PATHS: frozenset[str] = frozenset({"/healthz"})
 
 # scope key: when the server began parsing the request (epoch us), set by ``stamped_protocol``
 RECEIVED_US = "clipstream.received_us"
+# scope key: the app a predict request names, set by ``GatewayAPI`` for ``PredictEndpoint``
+PREDICT_APP = "clipstream.predict_app"
 
 
 def stamped_protocol() -> type | None:
@@ -124,7 +126,8 @@ class GuardMiddleware:
 
 
 class PredictEndpoint:
-    """``POST /v1/apps/{app}/predict`` as a plain ASGI app, which the gateway runs ahead of FastAPI.
+    """``POST /v1/apps/{app}/predict`` as a plain ASGI app, which ``GatewayAPI`` runs ahead of
+    FastAPI with the app's name in the scope (``PREDICT_APP``).
 
     The predict route is the gateway's hot path, and under load its event loop is where callers
     queue. py-spy on the gateway at 600 q/s offered put about a third of the loop's busy time in
@@ -139,12 +142,8 @@ class PredictEndpoint:
         self.handler = handler
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        name = predict_app(scope)
-        if name is None:  # the gateway routes only predict POSTs here
-            await _send_json(send, 404, {"detail": "Not Found"}, {})
-            return
         try:
-            answer = await self.handler(name, Request(scope, receive))
+            answer = await self.handler(scope[PREDICT_APP], Request(scope, receive))
         except HTTPProblem as exc:
             await _send_json(send, exc.status, {"detail": exc.detail}, exc.headers)
             return
@@ -158,8 +157,10 @@ class GatewayAPI(FastAPI):
     predict_path: Callable[[dict[str, Any], Any, Any], Awaitable[None]] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if self.predict_path is not None and scope["type"] == "http" and predict_app(scope) is not None:
-            await self.predict_path(scope, receive, send)
+        name = predict_app(scope) if self.predict_path is not None and scope["type"] == "http" else None
+        if name is not None:
+            scope[PREDICT_APP] = name  # parsed once, here
+            await self.predict_path(scope, receive, send)  # type: ignore[misc]
             return
         await super().__call__(scope, receive, send)
 

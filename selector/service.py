@@ -30,6 +30,7 @@ from selector.kafka import Apps, DeadLetters, log, pin_and_assign
 from selector.learn import Learner
 from selector.outputs import response_record, to_output
 from selector.policies import Single, align_state
+from selector.reply_budget import ReplyBudget
 from selector.settings import SelectorSettings
 from selector.store import StateStore
 from selector.types import Query
@@ -61,10 +62,10 @@ class Selector:
 
     def __init__(self, consumer: Consumer, producer: Producer, store: StateStore, apps: Apps,
                  dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
-                 reply_budget_us: int = 0, reply_producer: Producer | None = None) -> None:
+                 reply_budget: ReplyBudget | int = 0, reply_producer: Producer | None = None) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
-        # trip back to the caller fits inside the caller's SLO
-        self.reply_budget_us = reply_budget_us
+        # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
+        self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
         self.consumer, self.producer, self.store, self.apps, self.dead = consumer, producer, store, apps, dead
         # answers leave on a connection of their own: the broker serves one connection's
         # requests in order, so on the shared one a Response queued behind the fan-out of
@@ -112,7 +113,7 @@ class Selector:
         meta = {"event": {k: ev.get(k) for k in ("query_id", "app", "deadline_us", "reply_topic", "reply_partition")},
                 "trace": trace, "context": query.context, "state": state, "query": query}
         # the models' deadline is the join's cutoff: a prediction later than that is not used
-        cutoff_us = ev["deadline_us"] - self.reply_budget_us
+        cutoff_us = ev["deadline_us"] - self.reply_budget.us
         self.join.register(qid, chosen, cutoff_us, **meta)
         if not chosen or ev["deadline_us"] <= now:
             return  # answered by the timer with the default
@@ -190,9 +191,18 @@ class Selector:
         kwargs: dict[str, Any] = {"key": ev["query_id"].encode()}
         if ev.get("reply_topic") and ev.get("reply_partition") is not None:
             kwargs["partition"] = int(ev["reply_partition"])
+        if self.reply_budget.adaptive:
+            kwargs["on_delivery"] = self._reply_acked
         self.reply_producer.produce(topic, encode("Response", record), **kwargs)
         self.reply_producer.poll(0)
         self.stats["responses"] += 1
+
+    def _reply_acked(self, err: Any, msg: Any) -> None:
+        """Delivery report of a Response: its trip to the broker and back feeds the budget
+        (``latency()`` runs to now, so this must be served as the report arrives)."""
+        trip_s = None if err is not None else msg.latency()
+        if trip_s is not None:
+            self.reply_budget.observe(int(trip_s * 1e6))
 
     # -- the loop -----------------------------------------------------------------------
     def handle(self, msgs: list[Any], queries: str | None = None, received_us: int | None = None) -> None:
@@ -259,6 +269,11 @@ class Selector:
             self.answer_expired()
 
 
+def _serve_reports(producer: Producer, stop: threading.Event) -> None:
+    while not stop.is_set():
+        producer.poll(0.05)
+
+
 def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
           stop: threading.Event | None = None) -> None:
     """Run dispatch+join and/or learn until ``stop``; print ``ready: selector`` once serving."""
@@ -304,8 +319,16 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             jc = Consumer(consumer_config(settings, ss.group))
             consumers.append(jc)
             jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=on_assign("join"))
+            budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
+                                 ss.reply_budget_quantile)
+            if budget.adaptive:
+                # a delivery report's latency runs until the report is served, so the reply
+                # producer is polled by a thread of its own, which serves each one as it comes
+                threads.append(threading.Thread(target=_serve_reports, args=(reply_producer, stop),
+                                                name="reply-acks", daemon=True))
+                threads[-1].start()
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
-                           int(ss.reply_budget_ms * 1000), reply_producer)
+                           budget, reply_producer)
             sel.run(stop, ss.max_poll_s, ss.drain_max)
         else:
             stop.wait()

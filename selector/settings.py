@@ -15,5 +15,9 @@ class SelectorSettings(BaseSettings):
     learn_global: bool = True  # feedback with a context also teaches the app's global state
     registry_timeout_s: float = 30.0
     # the straggler cutoff fires this long before the deadline: the reply's Kafka hop back
-    # to the gateway must fit in the caller's SLO too
+    # to the gateway must fit in the caller's SLO too. The budget follows the measured trip
+    # (a quantile of the Responses' produce-to-ack times, ``selector.reply_budget``) between
+    # this floor and the cap below; a cap at or under the floor fixes it at the floor
     reply_budget_ms: float = 3.0
+    reply_budget_max_ms: float = 10.0
+    reply_budget_quantile: float = 0.95

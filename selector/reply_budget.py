@@ -1,0 +1,63 @@
+"""The reply budget: how long before a query's deadline the straggler cutoff fires.
+
+An answer made at the deadline still has a trip to make (the selector's producer to the broker,
+the broker to the caller's consumer), so it reaches the caller after the SLO by that much. A
+fixed margin is wrong both ways: on a quiet machine the trip takes a millisecond and a large
+margin cuts off predictions that would have counted; on a busy one (every Kafka hop waits for
+CPU behind the fan-out of newer queries) the trip's tail is several times longer and the answer
+lands late. So the budget follows the trip as measured: the broker acknowledges every Response,
+and the time from produce to that acknowledgement (there and back, to the broker) stands in for
+the trip to the caller (there, and a fetch back). The budget is a high quantile of the recent
+acknowledgements, kept between a floor and a cap; no Kafka here, the selector feeds it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class ReplyBudget:
+    """A high quantile of recent reply trips, clamped to ``[floor_us, cap_us]``.
+
+    The quantile is recomputed every ``every`` observations rather than on each one: the
+    selector asks for the budget once per query, and sorting the window each time would cost
+    more than the answer itself. ``cap_us <= floor_us`` fixes the budget at ``floor_us``.
+    """
+
+    def __init__(self, floor_us: int, cap_us: int, quantile: float = 0.95, window: int = 256,
+                 every: int = 16) -> None:
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if window < 1 or every < 1:
+            raise ValueError("window and every must be at least 1")
+        self.floor_us, self.cap_us = int(floor_us), max(int(floor_us), int(cap_us))
+        self.quantile = quantile
+        self._trips: deque[int] = deque(maxlen=window)
+        self._every, self._since = every, 0
+        self._us = self.floor_us
+
+    @property
+    def adaptive(self) -> bool:
+        return self.cap_us > self.floor_us
+
+    @property
+    def us(self) -> int:
+        """The budget now, in microseconds."""
+        return self._us
+
+    def observe(self, trip_us: int) -> None:
+        """One acknowledged reply took ``trip_us`` from produce to the broker's ack."""
+        if not self.adaptive or trip_us < 0:
+            return
+        self._trips.append(trip_us)
+        self._since += 1
+        if self._since >= self._every or len(self._trips) < self._every:
+            self._since = 0
+            self._us = min(self.cap_us, max(self.floor_us, self._quantile()))
+
+    def _quantile(self) -> int:
+        ranked = sorted(self._trips)
+        # nearest rank: the smallest trip with at least ``quantile`` of the window at or below it
+        k = max(0, math.ceil(self.quantile * len(ranked)) - 1)
+        return ranked[k]

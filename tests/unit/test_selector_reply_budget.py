@@ -1,0 +1,116 @@
+"""The reply budget: a quantile of recent reply trips, between a floor and a cap."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from schemas import decode_as, encode, to_tensor
+from selector.policies import Single
+from selector.reply_budget import ReplyBudget
+from selector.service import Selector
+from selector.store import StateStore
+from topics.catalogue import Catalogue
+
+
+def test_quiet_trips_keep_the_floor_and_slow_ones_raise_it_to_their_quantile() -> None:
+    b = ReplyBudget(3_000, 10_000, quantile=0.9, window=100, every=1)
+    assert b.us == 3_000 and b.adaptive
+    for _ in range(100):
+        b.observe(800)  # every trip well under the floor
+    assert b.us == 3_000
+    for i in range(100):  # the window now holds 0..99 ms/10: its 90th percentile (nearest rank) is 8.9 ms
+        b.observe(i * 100)
+    assert b.us == 8_900
+    for _ in range(100):
+        b.observe(50_000)  # a stalled broker: the budget stops at the cap
+    assert b.us == 10_000
+    for _ in range(100):  # and comes back down once the trips are quick again
+        b.observe(500)
+    assert b.us == 3_000
+
+
+def test_budget_is_recomputed_every_n_trips_once_the_window_has_them() -> None:
+    b = ReplyBudget(0, 10_000, quantile=1.0, window=8, every=4)
+    for t in (1_000, 2_000, 3_000):  # a short history: each trip counts at once
+        b.observe(t)
+        assert b.us == t
+    for _ in range(3):
+        b.observe(9_000)
+    assert b.us == 3_000  # not yet
+    b.observe(9_000)  # the 4th since the last recomputation
+    assert b.us == 9_000
+
+
+def test_fixed_budget_ignores_trips_and_bad_arguments_are_refused() -> None:
+    b = ReplyBudget(3_000, 0)
+    assert not b.adaptive and b.cap_us == 3_000
+    b.observe(50_000)
+    assert b.us == 3_000
+    with pytest.raises(ValueError):
+        ReplyBudget(1, 2, quantile=0.0)
+    with pytest.raises(ValueError):
+        ReplyBudget(1, 2, window=0)
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, dict[str, Any]]] = []
+
+    def produce(self, topic: str, value: bytes, **kw: Any) -> None:
+        self.sent.append((topic, value, kw))
+
+    def poll(self, timeout: float) -> None:
+        pass
+
+
+class _Msg:
+    def __init__(self, topic: str, value: bytes) -> None:
+        self._t, self._v = topic, value
+
+    def topic(self) -> str:
+        return self._t
+
+    def value(self) -> bytes:
+        return self._v
+
+    def partition(self) -> int:
+        return 0
+
+    def error(self) -> None:
+        return None
+
+
+def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
+    """The cutoff sent to the models and kept in the join moves with the acknowledged trips."""
+    from clipstream.settings import get_settings
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
+    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    requests, replies = _Producer(), _Producer()
+    budget = ReplyBudget(3_000, 10_000, quantile=0.5, window=16, every=1)
+    sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
+    sel._model_topics.add("m1")
+    deadline = 2**60
+
+    def query(qid: str) -> _Msg:
+        ev = {"query_id": qid, "app": "app", "context": None, "input": to_tensor(np.zeros(2, np.float32)),
+              "deadline_us": deadline, "created_us": 0, "reply_topic": None, "reply_partition": None, "trace": {}}
+        return _Msg(cat.queries.name, encode("QueryEvent", ev))
+
+    sel.dispatch(query("q0"))
+    assert sel.join.get("q0").deadline_us == deadline - 3_000
+    sel.answer(sel.join.get("q0"))
+    (_, _, kw), = replies.sent
+    for _ in range(8):  # the broker acknowledged Responses 7 ms after they were produced
+        kw["on_delivery"](None, SimpleNamespace(latency=lambda: 0.007))
+    kw["on_delivery"]("delivery failed", None)  # a failed delivery teaches nothing
+    sel.dispatch(query("q1"))
+    assert sel.join.get("q1").deadline_us == deadline - 7_000
+    assert decode_as("ModelRequest", requests.sent[-1][1])["deadline_us"] == deadline - 7_000

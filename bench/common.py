@@ -83,7 +83,22 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "other_busy_processes": busy_processes(),
+        "cpu_probe_ms": cpu_probe_ms(),
     }
+
+
+def cpu_probe_ms(rounds: int = 3) -> float:
+    """The best of a few runs of a fixed pure-Python loop, in ms. This machine is a VM whose
+    speed drifts by tens of percent over minutes (the same step cost 40% more CPU per query
+    twenty minutes later), so each report keeps a reading of how fast it was at the time."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(1_000_000):
+            acc += i & 7
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 1)
 
 
 # --- per-process CPU ------------------------------------------------------------------------

@@ -37,8 +37,8 @@ class GatewaySettings(BaseSettings):
     admission_floor: int = Field(4, gt=0)
     # an answer in time but slower than this share of the SLO also cuts the limit: queueing
     admission_slow_fraction: float = Field(0.6, gt=0)
-    # how long past the deadline a reply may still be taken: the selector answers 3 ms before
-    # it, and the reply hop's p99 at light load is ~5 ms (bench.breakdown)
+    # how long past the deadline a reply may still be taken: the selector answers 3-10 ms before
+    # it (its reply budget), and the reply hop's p99 at light load is ~5 ms (bench.breakdown)
     reply_margin_ms: float = Field(5.0, ge=0)
     # a wake-up this much later than asked cuts the admission limit (while it is in use); three
     # in a row refuse new predictions (503) until the loop catches up. 10 ms let the 2-core

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
-
 import numpy as np
 import pytest
 
@@ -13,6 +11,7 @@ from selector.policies import Single
 from selector.reply_budget import ReplyBudget
 from selector.service import Selector
 from selector.store import StateStore
+from tests.unit.test_selector_state_loading import FakeProducer, Msg
 from topics.catalogue import Catalogue
 
 
@@ -56,34 +55,6 @@ def test_fixed_budget_ignores_trips_and_bad_arguments_are_refused() -> None:
         ReplyBudget(1, 2, window=0)
 
 
-class _Producer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, dict[str, Any]]] = []
-
-    def produce(self, topic: str, value: bytes, **kw: Any) -> None:
-        self.sent.append((topic, value, kw))
-
-    def poll(self, timeout: float) -> None:
-        pass
-
-
-class _Msg:
-    def __init__(self, topic: str, value: bytes) -> None:
-        self._t, self._v = topic, value
-
-    def topic(self) -> str:
-        return self._t
-
-    def value(self) -> bytes:
-        return self._v
-
-    def partition(self) -> int:
-        return 0
-
-    def error(self) -> None:
-        return None
-
-
 def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     """The cutoff sent to the models and kept in the join moves with the acknowledged trips."""
     from clipstream.settings import get_settings
@@ -92,22 +63,22 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
     apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
-    requests, replies = _Producer(), _Producer()
+    requests, replies = FakeProducer(), FakeProducer()
     budget = ReplyBudget(3_000, 10_000, quantile=0.5, window=16, every=1)
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
     deadline = 2**60
 
-    def query(qid: str) -> _Msg:
+    def query(qid: str) -> Msg:
         ev = {"query_id": qid, "app": "app", "context": None, "input": to_tensor(np.zeros(2, np.float32)),
               "deadline_us": deadline, "created_us": 0, "reply_topic": None, "reply_partition": None, "trace": {}}
-        return _Msg(cat.queries.name, encode("QueryEvent", ev))
+        return Msg(cat.queries.name, encode("QueryEvent", ev))
 
     sel.dispatch(query("q0"))
     assert sel.join.get("q0").deadline_us == deadline - 3_000
     sel.answer(sel.join.get("q0"))
-    (_, _, kw), = replies.sent
+    (kw,) = replies.options
     for _ in range(8):  # the broker acknowledged Responses 7 ms after they were produced
         kw["on_delivery"](None, SimpleNamespace(latency=lambda: 0.007))
     kw["on_delivery"]("delivery failed", None)  # a failed delivery teaches nothing

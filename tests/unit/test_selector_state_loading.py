@@ -78,10 +78,12 @@ class Msg:
 class FakeProducer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
+        self.options: list[dict[str, Any]] = []  # each produce's keyword arguments
         self.polls = 0
 
     def produce(self, topic: str, value: bytes, **kw: Any) -> None:
         self.sent.append((topic, value))
+        self.options.append(kw)
 
     def poll(self, timeout: float) -> None:
         self.polls += 1

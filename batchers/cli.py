@@ -7,6 +7,7 @@ registry is not needed at all.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -46,8 +47,12 @@ def batcher(
     """Run the batcher of one model until interrupted."""
     from batchers.app import ModelSetup, run
 
-    settings = get_settings()
-    bs = BatcherSettings()
+    try:
+        settings = get_settings()
+        bs = BatcherSettings()
+    except ValueError as exc:  # a bad CLIPSTREAM_* value: pydantic names it
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     try:
         check_name("model", model_name)
         follower, cfg = None, None

@@ -24,7 +24,11 @@ def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -
     from selector.settings import SelectorSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    ss = SelectorSettings()
+    try:
+        ss = SelectorSettings()
+    except ValueError as exc:  # a bad CLIPSTREAM_SELECTOR_* value: pydantic names it
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     if group:
         ss = ss.model_copy(update={"group": group})
     stop = threading.Event()

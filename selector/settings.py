@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,8 +19,8 @@ class SelectorSettings(BaseSettings):
     # to the gateway must fit in the caller's SLO too. The budget follows the measured trip
     # (a quantile of the Responses' produce-to-ack times, ``selector.reply_budget``) between
     # this floor and the cap below; a cap at or under the floor fixes it at the floor
-    reply_budget_ms: float = 3.0
-    reply_budget_max_ms: float = 10.0
+    reply_budget_ms: float = Field(3.0, ge=0)
+    reply_budget_max_ms: float = Field(10.0, ge=0)
     # only the queries answered at the cutoff need the budget (a quarter of them in the 8-model
     # straggler benchmark), so the 95th percentile of their trip lands near the overall p99
-    reply_budget_quantile: float = 0.95
+    reply_budget_quantile: float = Field(0.95, gt=0, le=1)

@@ -70,8 +70,12 @@ def worker(
     from workers.spec import load_spec
     from workers.worker import Worker
 
-    settings = get_settings()
-    ws = WorkerSettings()
+    try:
+        settings = get_settings()
+        ws = WorkerSettings()
+    except ValueError as exc:  # a bad CLIPSTREAM_* value: pydantic names it
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     if device is not None:
         ws = ws.model_copy(update={"device": device})
     try:

@@ -7,14 +7,13 @@ registry is not needed at all.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
 from batchers.settings import BatcherSettings
 from clipstream.errors import ClipstreamError, ConfigError
-from clipstream.settings import get_settings
+from clipstream.settings import get_settings, settings_or_exit
 from topics.catalogue import check_name
 
 
@@ -47,12 +46,7 @@ def batcher(
     """Run the batcher of one model until interrupted."""
     from batchers.app import ModelSetup, run
 
-    try:
-        settings = get_settings()
-        bs = BatcherSettings()
-    except ValueError as exc:  # a bad CLIPSTREAM_* value: pydantic names it
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    settings, bs = settings_or_exit(get_settings), settings_or_exit(BatcherSettings)
     try:
         check_name("model", model_name)
         follower, cfg = None, None

@@ -7,7 +7,10 @@ Each stage keeps its own tuning knobs in its own small settings class (for examp
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -58,3 +61,16 @@ class Settings(BaseSettings):
 def get_settings(**overrides: object) -> Settings:
     """Fresh settings from the environment, with explicit overrides on top."""
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+T = TypeVar("T")
+
+
+def settings_or_exit(make: Callable[[], T]) -> T:
+    """``make()`` for a stage's command: a bad ``CLIPSTREAM_*`` value (pydantic names it in a
+    ValueError) ends the process with that message and exit code 2, not a traceback."""
+    try:
+        return make()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)

@@ -10,7 +10,7 @@ import threading
 import click
 
 from clipstream.errors import ClipstreamError
-from clipstream.settings import get_settings
+from clipstream.settings import get_settings, settings_or_exit
 
 
 @click.command()
@@ -24,11 +24,7 @@ def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -
     from selector.settings import SelectorSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        ss = SelectorSettings()
-    except ValueError as exc:  # a bad CLIPSTREAM_SELECTOR_* value: pydantic names it
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    ss = settings_or_exit(SelectorSettings)
     if group:
         ss = ss.model_copy(update={"group": group})
     stop = threading.Event()

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from clipstream.errors import ClipstreamError, ConfigError
-from clipstream.settings import get_settings
+from clipstream.settings import get_settings, settings_or_exit
 
 
 def resolve_from_registry(
@@ -70,12 +70,7 @@ def worker(
     from workers.spec import load_spec
     from workers.worker import Worker
 
-    try:
-        settings = get_settings()
-        ws = WorkerSettings()
-    except ValueError as exc:  # a bad CLIPSTREAM_* value: pydantic names it
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    settings, ws = settings_or_exit(get_settings), settings_or_exit(WorkerSettings)
     if device is not None:
         ws = ws.model_copy(update={"device": device})
     try:

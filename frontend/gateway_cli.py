@@ -17,7 +17,7 @@ import click
 
 from clipstream.errors import ClipstreamError
 from clipstream.heap import freeze_startup_heap
-from clipstream.settings import get_settings
+from clipstream.settings import get_settings, settings_or_exit
 from frontend.settings import get_gateway_settings
 
 
@@ -37,13 +37,13 @@ def gateway(
                           "max_inflight": max_inflight, "log_level": log_level}.items()
         if v is not None
     }
+    gw = settings_or_exit(lambda: get_gateway_settings(**overrides))
+    settings = settings_or_exit(get_settings)
     try:
-        gw = get_gateway_settings(**overrides)
-        settings = get_settings()
         from topics.catalogue import Catalogue
 
         Catalogue.from_settings(settings).replies(gw.instance)  # a bad instance id fails here
-    except (ClipstreamError, ValueError) as exc:
+    except ClipstreamError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     logging.basicConfig(level=gw.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -14,7 +14,6 @@ acknowledgements, kept between a floor and a cap; no Kafka here, the selector fe
 from __future__ import annotations
 
 import math
-import threading
 from collections import deque
 
 
@@ -37,7 +36,6 @@ class ReplyBudget:
         self._trips: deque[int] = deque(maxlen=window)
         self._every, self._since = every, 0
         self._us = self.floor_us
-        self._lock = threading.Lock()
 
     @property
     def adaptive(self) -> bool:
@@ -49,16 +47,15 @@ class ReplyBudget:
         return self._us
 
     def observe(self, trip_us: int) -> None:
-        """One acknowledged reply took ``trip_us`` from produce to the broker's ack. Thread-safe:
-        delivery reports are served by whichever thread polls the producer."""
+        """One acknowledged reply took ``trip_us`` from produce to the broker's ack. One thread
+        observes (the selector's reply-acks thread); ``us`` may be read from any."""
         if not self.adaptive or trip_us < 0:
             return
-        with self._lock:
-            self._trips.append(trip_us)
-            self._since += 1
-            if self._since >= self._every or len(self._trips) < self._every:
-                self._since = 0
-                self._us = min(self.cap_us, max(self.floor_us, self._quantile()))
+        self._trips.append(trip_us)
+        self._since += 1
+        if self._since >= self._every or len(self._trips) < self._every:
+            self._since = 0
+            self._us = min(self.cap_us, max(self.floor_us, self._quantile()))
 
     def _quantile(self) -> int:
         ranked = sorted(self._trips)

@@ -191,10 +191,11 @@ class Selector:
         kwargs: dict[str, Any] = {"key": ev["query_id"].encode()}
         if ev.get("reply_topic") and ev.get("reply_partition") is not None:
             kwargs["partition"] = int(ev["reply_partition"])
-        if self.reply_budget.adaptive:
+        if self.reply_budget.adaptive:  # its reports are served by ``run``'s reply-acks thread
             kwargs["on_delivery"] = self._reply_acked
         self.reply_producer.produce(topic, encode("Response", record), **kwargs)
-        self.reply_producer.poll(0)
+        if not self.reply_budget.adaptive:
+            self.reply_producer.poll(0)
         self.stats["responses"] += 1
 
     def _reply_acked(self, err: Any, msg: Any) -> None:
@@ -258,6 +259,13 @@ class Selector:
 
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
         queries = self.catalogue.queries.name
+        acks: threading.Thread | None = None
+        if self.reply_budget.adaptive:
+            # a delivery report's latency runs until the report is served, so the reply
+            # producer is polled by a thread of its own, which serves each one as it comes
+            acks = threading.Thread(target=_serve_reports, args=(self.reply_producer, stop),
+                                    name="reply-acks", daemon=True)
+            acks.start()
         while not stop.is_set():
             due = self.join.next_deadline()
             timeout = max_poll_s if due is None else min(max_poll_s, max(0.0, (due - now_us()) / 1e6))
@@ -267,6 +275,8 @@ class Selector:
             if msgs:
                 self.handle(msgs, queries, received)
             self.answer_expired()
+        if acks is not None:
+            acks.join(timeout=1)  # before the caller flushes the reply producer on this thread
 
 
 def _serve_reports(producer: Producer, stop: threading.Event) -> None:
@@ -321,12 +331,6 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=on_assign("join"))
             budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
                                  ss.reply_budget_quantile)
-            if budget.adaptive:
-                # a delivery report's latency runs until the report is served, so the reply
-                # producer is polled by a thread of its own, which serves each one as it comes
-                threads.append(threading.Thread(target=_serve_reports, args=(reply_producer, stop),
-                                                name="reply-acks", daemon=True))
-                threads[-1].start()
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
                            budget, reply_producer)
             sel.run(stop, ss.max_poll_s, ss.drain_max)

@@ -42,8 +42,7 @@ def test_pipeline_answers_by_the_deadline_without_the_straggler(settings: Settin
                 stack.enter_context(process(["batcher", "--model", m, "--version", "1", "--replicas", "1"], settings, 60))
             stack.enter_context(process(["selector"], settings, 60))
 
-            warm = client.query([0.1, r()], app, slo_ms=5000)  # first records through fresh clients
-            client.answer(warm["query_id"], 15)
+            client.warm_up(app, lambda: [0.1, r()], slo_ms=5000)  # until every fresh client has joined
 
             fast = client.query([0.1, r()], app, slo_ms=1000)
             resp, at = client.answer(fast["query_id"])

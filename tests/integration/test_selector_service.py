@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,11 +134,12 @@ class Client:
 
         return wait_until(poll, timeout_s, f"the answer to {query_id}")
 
-    def warm_up(self, app: str, timeout_s: float = 30.0) -> None:
+    def warm_up(self, app: str, x: Callable[[], list[float]] = lambda: [0.1, 0.9], slo_ms: float = 400.0,
+                timeout_s: float = 30.0) -> None:
         """Query until every model answers in time: the first query of a cold pipeline may meet
         group joins and metadata fetches on a loaded machine, which is not what the tests check."""
         def full_answer() -> bool:
-            rec, _ = self.answer(self.query([0.1, 0.9], app)["query_id"])
+            rec, _ = self.answer(self.query(x(), app, slo_ms=slo_ms)["query_id"], timeout_s=10 + slo_ms / 1000)
             return not rec["missing"]
 
         wait_until(full_answer, timeout_s, "a query that every model answers (warm-up)")

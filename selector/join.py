@@ -1,7 +1,10 @@
 """The join state of one selector: pending queries waiting for their models' predictions.
 
 A query is answered when every model it was sent to has reported, or at its deadline with
-whatever arrived (Clipper 5.2.2: a late answer is worse than an inaccurate one). Expired and
+whatever arrived (Clipper 5.2.2: a late answer is worse than an inaccurate one). A query with
+nothing at all by its deadline may have a later last resort: the default is the least accurate
+answer there is, so it waits there for a first prediction (the selector's deadline is the
+reply budget early, the last resort the budget's floor early). Expired and
 error predictions are reports without an answer: they count as missing. A prediction that
 arrives after the answer is dropped and counted; a bounded memory of answered ids tells a late
 prediction from one we never heard of. Pure Python: the Kafka adapter feeds it.
@@ -28,6 +31,14 @@ class Pending:
     arrived: dict[str, Any] = field(default_factory=dict)  # model -> the prediction's output
     failed: dict[str, str] = field(default_factory=dict)  # model -> why (expired, error text)
     completed_us: int | None = None
+    last_resort_us: int | None = None  # with nothing arrived by ``deadline_us``, wait to here
+
+    def extend(self) -> bool:
+        """Nothing arrived and a later last resort remains: move the deadline there."""
+        if self.arrived or self.last_resort_us is None or self.last_resort_us <= self.deadline_us:
+            return False
+        self.deadline_us, self.last_resort_us = self.last_resort_us, None
+        return True
 
     @property
     def complete(self) -> bool:
@@ -60,8 +71,10 @@ class JoinState:
     def get(self, query_id: str) -> Pending | None:
         return self._pending.get(query_id)
 
-    def register(self, query_id: str, expected: list[str] | tuple[str, ...], deadline_us: int, **meta: Any) -> Pending:
-        pending = Pending(query_id, tuple(expected), int(deadline_us), dict(meta))
+    def register(self, query_id: str, expected: list[str] | tuple[str, ...], deadline_us: int,
+                 last_resort_us: int | None = None, **meta: Any) -> Pending:
+        pending = Pending(query_id, tuple(expected), int(deadline_us), dict(meta),
+                          last_resort_us=None if last_resort_us is None else int(last_resort_us))
         self._pending[query_id] = pending
         heapq.heappush(self._heap, (pending.deadline_us, query_id))
         return pending
@@ -92,7 +105,11 @@ class JoinState:
         while self._heap and self._heap[0][0] <= now_us:
             _, query_id = heapq.heappop(self._heap)
             pending = self._pending.get(query_id)
-            if pending is not None and pending.deadline_us <= now_us:
+            if pending is None or pending.deadline_us > now_us:
+                continue
+            if pending.extend() and pending.deadline_us > now_us:
+                heapq.heappush(self._heap, (pending.deadline_us, query_id))
+            else:
                 due.append(self.finish(query_id))
         return due
 

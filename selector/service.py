@@ -112,15 +112,18 @@ class Selector:
         trace["dispatched"] = now
         meta = {"event": {k: ev.get(k) for k in ("query_id", "app", "deadline_us", "reply_topic", "reply_partition")},
                 "trace": trace, "context": query.context, "state": state, "query": query}
-        # the models' deadline is the join's cutoff: a prediction later than that is not used
+        # the join's cutoff leaves the reply its budget; a query with no prediction by then
+        # waits to the budget's floor (its last resort) rather than take the default at once.
+        # The models' deadline is that last resort: a prediction later than it is never used.
         cutoff_us = ev["deadline_us"] - self.reply_budget.us
-        self.join.register(qid, chosen, cutoff_us, **meta)
+        last_resort_us = ev["deadline_us"] - self.reply_budget.floor_us
+        self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us, **meta)
         if not chosen or ev["deadline_us"] <= now:
             return  # answered by the timer with the default
         for model in chosen:
             self._ensure_model_topic(model)
             request = {"query_id": qid, "app": app.name, "model": model, "input": ev["input"],
-                       "deadline_us": cutoff_us, "selector_partition": msg.partition(), "trace": trace}
+                       "deadline_us": last_resort_us, "selector_partition": msg.partition(), "trace": trace}
             self.producer.produce(self.catalogue.requests(model).name, encode("ModelRequest", request), key=qid.encode())
         if poll:
             self.producer.poll(0)

@@ -61,3 +61,27 @@ def test_late_unknown_and_duplicate_predictions_are_dropped_and_counted() -> Non
         j.register(f"x{i}", ["a"], deadline_us=0)
     j.expired(1)
     assert not j.answered("q1") and j.answered("x2")
+
+
+def test_nothing_arrived_waits_to_the_last_resort_once() -> None:
+    j = JoinState()
+    j.register("empty", ["a", "b"], deadline_us=1_000, last_resort_us=1_700)
+    j.register("some", ["a", "b"], deadline_us=1_000, last_resort_us=1_700)
+    j.register("plain", ["a"], deadline_us=1_000)  # no last resort: answered at its deadline
+    j.add("some", "a", "ok", output=1)
+    j.add("empty", "b", "expired")  # a failed report is not an answer: still nothing to combine
+    assert sorted(p.query_id for p in j.expired(1_000)) == ["plain", "some"]
+    assert j.next_deadline() == 1_700 and j.get("empty").deadline_us == 1_700
+    assert j.expired(1_699) == []
+    done = j.add("empty", "a", "ok", output=3)  # the first prediction within the grace completes it
+    assert done is not None and done.arrived == {"a": 3} and done.missing == ["b"]
+
+    j.register("never", ["a"], deadline_us=2_000, last_resort_us=2_500)
+    (due,) = j.expired(2_600)  # past both at once (a late timer): answered, not pushed again
+    assert due.query_id == "never" and due.arrived == {} and j.next_deadline() is None
+
+
+def test_a_last_resort_not_after_the_deadline_changes_nothing() -> None:
+    j = JoinState()
+    j.register("q", ["a"], deadline_us=1_000, last_resort_us=1_000)
+    assert [p.query_id for p in j.expired(1_000)] == ["q"]

@@ -85,4 +85,6 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     kw["on_delivery"]("delivery failed", None)  # a failed delivery teaches nothing
     sel.dispatch(query("q1"))
     assert sel.join.get("q1").deadline_us == deadline - 7_000
-    assert decode_as("ModelRequest", requests.sent[-1][1])["deadline_us"] == deadline - 7_000
+    # with nothing arrived by then, the query waits to the floor: the models' deadline is that
+    assert sel.join.get("q1").last_resort_us == deadline - 3_000
+    assert decode_as("ModelRequest", requests.sent[-1][1])["deadline_us"] == deadline - 3_000

@@ -117,7 +117,7 @@ class Selector:
         # The models' deadline is that last resort: a prediction later than it is never used.
         cutoff_us = ev["deadline_us"] - self.reply_budget.us
         last_resort_us = ev["deadline_us"] - self.reply_budget.floor_us
-        self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us, **meta)
+        self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us if chosen else None, **meta)
         if not chosen or ev["deadline_us"] <= now:
             return  # answered by the timer with the default
         for model in chosen:

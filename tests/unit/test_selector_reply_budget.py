@@ -88,3 +88,6 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     # with nothing arrived by then, the query waits to the floor: the models' deadline is that
     assert sel.join.get("q1").last_resort_us == deadline - 3_000
     assert decode_as("ModelRequest", requests.sent[-1][1])["deadline_us"] == deadline - 3_000
+    app.models = ()  # the policy's choice is no model: nothing was sent, nothing to wait for
+    sel.dispatch(query("q2"))
+    assert sel.join.get("q2").expected == () and sel.join.get("q2").last_resort_us is None

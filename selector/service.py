@@ -239,16 +239,16 @@ class Selector:
             if m.error():
                 log.warning("consumer: %s", m.error())
             elif m.topic() != queries:
-                self._guarded(m, lambda m=m: self.collect(m, received_us))
+                self._guarded(m, self.collect, m, received_us)
         self.answer_expired()
         for i, m in enumerate(msgs):
             if not m.error() and m.topic() == queries:
-                self._guarded(m, lambda m=m, i=i: self.dispatch(m, events[i], states, poll=False))
+                self._guarded(m, self.dispatch, m, events[i], states, False)
         self.producer.poll(0)
 
-    def _guarded(self, m: Any, work: Callable[[], None]) -> None:
+    def _guarded(self, m: Any, work: Callable[..., None], *args: Any) -> None:
         try:
-            work()
+            work(*args)
         except Exception:  # one bad record must not stop the selector
             log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
 

@@ -70,6 +70,16 @@ def test_summary_counts_misses_and_goodput() -> None:
     assert s["latency_ms"]["p50"] == 10.0
     assert s["effective_ms"]["p50"] == 10.0 and s["effective_ms"]["p99"] == math.inf
     assert s["send_lag_ms"]["p99"] == 0.0
+    assert s["latency_from_send_ms"]["p50"] == 10.0  # sent on time: the same as from the schedule
+
+
+def test_summary_times_answers_from_the_send_too() -> None:
+    # the generator sent every query 30 ms late: latency counts that, latency from the send does not
+    res = [Outcome(i, i * 10_000, sent_us=i * 10_000 + 30_000, recv_us=i * 10_000 + 40_000, outcome="answered")
+           for i in range(100)]
+    s = summarize(res, slo_ms=50.0, duration_s=1.0)
+    assert s["latency_ms"]["p99"] == 40.0 and s["latency_from_send_ms"]["p99"] == 10.0
+    assert s["send_lag_ms"]["p50"] == 30.0
 
 
 def test_summary_leaves_out_the_warmup() -> None:

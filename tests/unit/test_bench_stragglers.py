@@ -9,12 +9,13 @@ from bench.stragglers import SLO_MS, run_key, summarise
 
 def _run(p99: float, accuracy: float, defaults: int = 0, missing: float = 0.05) -> dict[str, Any]:
     return {"p99_ms": p99, "missing_fraction": missing, "default": defaults, "accuracy": accuracy,
-            "accuracy_defaults_wrong": accuracy - defaults / 100}
+            "accuracy_defaults_wrong": accuracy - defaults / 100, "latency_from_send_ms": {"p99": p99 - 2.0}}
 
 
 def test_one_repetition_keeps_its_own_figures_and_checks() -> None:
     out = summarise([(_run(SLO_MS + 6, 0.95, defaults=1), _run(170.0, 0.96))])
     assert out["p99_cutoff_ms"] == SLO_MS + 6 and out["p99_wait_all_ms"] == 170.0
+    assert out["p99_cutoff_from_send_ms"] == SLO_MS + 4
     assert out["accuracy_loss_points"] == 1.0 and out["accuracy_loss_points_defaults_wrong"] == 2.0
     assert out["cutoff_p99_within_slo_plus_5ms"] is False and out["wait_all_p99_over_slo_plus_5ms"] is True
     assert "repetitions" not in out

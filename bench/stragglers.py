@@ -208,11 +208,8 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     xs = list(sizes)
     for mode in ("cutoff", "wait_all"):
         line = axes[0][0].plot(xs, [summ[str(s)][f"p99_{mode}_ms"] for s in xs], "o-", label=mode)[0]
-        for r in range(1, args.repeat):  # every repetition as a dot beside the median
+        for r in range(args.repeat if args.repeat > 1 else 0):  # every repetition as a dot beside the median
             axes[0][0].plot(xs, [report["runs"][run_key(s, mode, r)]["p99_ms"] for s in xs], ".",
-                            color=line.get_color(), alpha=0.5)
-        if args.repeat > 1:
-            axes[0][0].plot(xs, [report["runs"][run_key(s, mode, 0)]["p99_ms"] for s in xs], ".",
                             color=line.get_color(), alpha=0.5)
         axes[0][1].plot(xs, [100 * report["runs"][f"{s}/{mode}"]["missing_fraction"] for s in xs], "o-", label=mode)
         axes[0][2].plot(xs, [100 * report["runs"][f"{s}/{mode}"]["accuracy"] for s in xs], "o-", label=mode)

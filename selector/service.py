@@ -243,7 +243,7 @@ class Selector:
         self.answer_expired()
         for i, m in enumerate(msgs):
             if not m.error() and m.topic() == queries:
-                self._guarded(m, self.dispatch, m, events[i], states, False)
+                self._guarded(m, self.dispatch, m, events[i], states, False)  # poll=False: once below
         self.producer.poll(0)
 
     def _guarded(self, m: Any, work: Callable[..., None], *args: Any) -> None:

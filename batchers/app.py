@@ -20,298 +20,28 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
-import logging
+import hashlib
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import faust
-from faust.app.base import BootStrategy
 import redis.asyncio as aioredis
 from confluent_kafka import Producer
+from faust.app.base import BootStrategy
 
-from batchers.aimd import AIMD
-from batchers.cache import cache_key
-from batchers.core import BatcherCore, Pending, by_partition, prediction
-from batchers.dispatch import Dispatcher
 from batchers.intake import Intake, Record
+from batchers.service import BatcherService, ModelSetup, serve_deliveries
 from batchers.settings import BatcherSettings
-from clipstream.clock import now_us
-from clipstream.errors import ClipstreamError, DecodeError
+from clipstream.errors import ConfigError
 from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
-from schemas import decode_as, encode, from_tensor
 from topics.catalogue import Catalogue
 from topics.client import aiokafka_kwargs, producer_config
 
-log = logging.getLogger("clipstream.batcher")
-
-
-@dataclass
-class ModelSetup:
-    """What the batcher needs to know about its model (from the CLI or the registry)."""
-
-    name: str
-    version: str | None
-    replicas: int
-    latency_objective_ms: float
-    max_batch_size: int
-    batch_delay_ms: float
-    cache: bool = True
-    spec: Any = None  # workers.spec.ModelSpec when the registry knows it
-
-
-class BatcherService:
-    """Decode, look up, queue, batch, produce: the I/O around one model's ``BatcherCore``."""
-
-    def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup) -> None:
-        self.settings = settings
-        self.model = model
-        self.cat = Catalogue.from_settings(settings)
-        self.topic_predictions = self.cat.predictions.name
-        self.topic_batches = self.cat.batches(model.name, model.replicas).name
-        self.topic_deadletter = self.cat.deadletter.name
-        objective_us = int(model.latency_objective_ms * 1000)
-        dispatcher = Dispatcher(
-            model.replicas,
-            lambda: AIMD(objective_us, bs.aimd_step, model.max_batch_size, bs.aimd_start, fill=bs.aimd_fill),
-            max_in_flight=bs.max_in_flight,
-            batch_delay_us=int(model.batch_delay_ms * 1000),
-            credit_timeout_us=int(bs.credit_timeout_ms * 1000),
-            credit_lead_us=int(bs.credit_lead_ms * 1000) if bs.just_in_time else None,
-        )
-        self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
-                                drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))
-        self.redis = aioredis.from_url(settings.redis_url) if model.cache else None
-        self.wake = asyncio.Event()
-        self.arrived: list[tuple[dict[str, Any], int]] = []
-        self.arrived_event = asyncio.Event()
-        self.outbox: list[tuple[str, bytes, int | None]] = []  # dead letters from ``accept``
-        self.failed: list[tuple[int, dict[str, Any]]] = []  # error predictions from ``accept``
-        self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
-        self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0,
-                       "send_errors": 0}
-        self.producer = Producer(producer_config(settings))
-
-    # -- producing --------------------------------------------------------------------
-    # librdkafka, not faust's aiokafka producer: a record sent one at a time cost ~260–430 µs of
-    # CPU through faust against ~70–110 µs through librdkafka, whose own thread does the I/O
-    # (``python -m bench.intake``), and at batch size 1 the batcher sends one record per
-    # query. ``produce`` only queues the record (acks=1); ``serve_deliveries`` reports failures.
-    def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
-        produce = self.producer.produce
-        for topic, value, partition in records:
-            if partition is None:
-                produce(topic, value, on_delivery=self._delivered)
-            else:
-                produce(topic, value, partition=partition, on_delivery=self._delivered)
-        self.producer.poll(0)
-
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.counts["send_errors"] += 1
-            log.warning("a record for %s was not delivered: %s", msg.topic(), err)
-
-    async def serve_deliveries(self) -> None:
-        """Delivery reports while nothing else polls the producer; at the end, wait for what is queued."""
-        try:
-            while True:
-                self.producer.poll(0)
-                await asyncio.sleep(0.1)
-        finally:
-            left = self.producer.flush(5)
-            if left:
-                log.warning("batcher %s stopped with %d records undelivered", self.model.name, left)
-
-    def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
-        """One ``Predictions`` record per selector partition."""
-        topic = self.topic_predictions
-        self._send_all([(topic, encode("Predictions", record), partition)
-                        for partition, record in by_partition(preds).items()])
-
-    def _deadletter_record(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
-                           query_id: str | None = None) -> tuple[str, bytes, int | None]:
-        record = {
-            "stage": "batcher",
-            "reason": reason,
-            "source_topic": where[0] if where else None,
-            "source_partition": where[1] if where else None,
-            "source_offset": where[2] if where else None,
-            "query_id": query_id,
-            "payload": payload,
-            "created_us": now_us(),
-        }
-        return self.topic_deadletter, encode("DeadLetter", record), None
-
-    # -- requests -----------------------------------------------------------------------
-    def accept_group(self, records: list[Record]) -> None:
-        """Records of ``requests.<model>`` as one fetch brought them: validate each, then wake
-        the lookup task once. Synchronous (called on the loop by ``Intake``); what a bad record
-        produces (dead letter, error prediction) goes out with the lookup task's next group."""
-        for value, where in records:
-            self._accept(value, where)
-        self.arrived_event.set()
-
-    def _accept(self, value: bytes | None, where: tuple[str, int, int]) -> None:
-        arrival = now_us()
-        try:
-            request = decode_as("ModelRequest", value)  # type: ignore[arg-type]  # None: DecodeError
-        except DecodeError as exc:
-            self.outbox.append(self._deadletter_record(str(exc), value, where))
-            return
-        request["trace"]["batcher_in"] = arrival
-        try:
-            array = from_tensor(request["input"])
-            if self.model.spec is not None:
-                self.model.spec.input.check(array)
-        except ClipstreamError as exc:
-            self.counts["errors"] += 1
-            self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request["query_id"]))
-            p = Pending(request, None, arrival)
-            self.failed.append((p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
-                                                        error=f"bad input: {exc}")))
-            return
-        self.counts["requests"] += 1
-        self.arrived.append((request, arrival))
-
-    async def lookup_loop(self) -> None:
-        """Group whatever arrived, look it up with one MGET, answer hits, queue misses."""
-        while True:
-            await self.arrived_event.wait()
-            self.arrived_event.clear()
-            group, self.arrived = self.arrived, []
-            if self.outbox or self.failed:
-                outbox, self.outbox = self.outbox, []
-                failed, self.failed = self.failed, []
-                self._send_all(outbox)
-                if failed:
-                    self._emit(failed)
-            if not group:
-                continue
-            version = self.core.version
-            pendings = [
-                Pending(r, cache_key(self.model.name, version, r["input"]) if self.redis else None, t)
-                for r, t in group
-            ]
-            values: list[bytes | None] = [None] * len(pendings)
-            if self.redis is not None:
-                try:
-                    values = await self.redis.mget([p.key for p in pendings])
-                except Exception as exc:  # Redis down: serve from the models, not from nothing
-                    log.warning("cache lookup failed (%s); treating %d requests as misses", exc, len(pendings))
-            hits: list[tuple[int, dict[str, Any]]] = []
-            now = now_us()
-            for p, raw in zip(pendings, values):
-                output = self._decode_cached(raw)
-                if output is not None:
-                    hits.append((p.partition, prediction(p, self.model.name, version, "cached", now, output)))
-                else:
-                    self.core.admit(p)
-            if hits:
-                self.counts["cached"] += len(hits)
-                self._emit(hits)
-            if len(hits) < len(pendings):
-                self.wake.set()
-
-    @staticmethod
-    def _decode_cached(raw: bytes | None) -> dict[str, Any] | None:
-        if raw is None:
-            return None
-        try:
-            return decode_as("Tensor", raw)
-        except DecodeError:
-            return None  # a foreign or corrupt entry: evaluate again (the worker overwrites it)
-
-    # -- worker reports -------------------------------------------------------------------
-    def accept_stats(self, records: list[Record]) -> None:
-        """Worker reports as one fetch brought them (called on the loop by ``Intake``): credit
-        back and AIMD input at once; coalesced requests whose batch finished are answered from
-        the cache by a task, since that needs Redis."""
-        keys: list[str] = []
-        now = now_us()
-        for value, where in records:
-            try:
-                stats = decode_as("BatchStats", value)  # type: ignore[arg-type]  # None: DecodeError
-            except DecodeError as exc:
-                self.outbox.append(self._deadletter_record(str(exc), value, where))
-                self.arrived_event.set()  # the lookup task sends the outbox
-                continue
-            keys += self.core.on_stats(stats, now)
-        self.wake.set()  # credit is back
-        if keys:
-            task = asyncio.get_running_loop().create_task(self._serve_coalesced(keys))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _serve_coalesced(self, keys: list[str]) -> None:
-        values: list[bytes | None] = [None] * len(keys)
-        if self.redis is not None:
-            try:
-                values = await self.redis.mget(keys)
-            except Exception as exc:
-                log.warning("cache fetch for coalesced requests failed: %s", exc)
-        now = now_us()
-        out: list[tuple[int, dict[str, Any]]] = []
-        for key, raw in zip(keys, values):
-            output = self._decode_cached(raw)
-            served, expired = self.core.deliver(key, output, now)
-            out += [(p.partition, prediction(p, self.model.name, self.core.version, "cached", now, output))
-                    for p in served]
-            out += self._expired(expired, now)
-        if out:
-            self.counts["cached"] += sum(1 for _, p in out if p["status"] == "cached")
-            self._emit(out)
-        self.wake.set()  # requests sent back to the queue
-
-    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[int, dict[str, Any]]]:
-        self.counts["expired"] += len(pendings)
-        return [
-            (p.partition, prediction(p, self.model.name, self.core.version, "expired", now,
-                                     error="deadline passed while queued in the batcher"))
-            for p in pendings
-        ]
-
-    # -- batching ---------------------------------------------------------------------------
-    async def batch_loop(self) -> None:
-        """Form every batch that is due, report expired requests, sleep until the next event."""
-        while True:
-            now = now_us()
-            step = self.core.poll(now)
-            out = []
-            for sent in step.batches:
-                self.counts["batches"] += 1
-                self.counts["batched"] += len(sent.record["items"])
-                out.append((self.topic_batches, encode("Batch", sent.record), sent.replica))
-            if step.expired:
-                topic = self.topic_predictions
-                out += [(topic, encode("Predictions", record), partition)
-                        for partition, record in by_partition(self._expired(step.expired, now)).items()]
-            if out:
-                self._send_all(out)
-            timeout = None if step.wake_us is None else max(0.0, (step.wake_us - now_us()) / 1e6)
-            if timeout == 0.0:
-                continue
-            try:
-                await asyncio.wait_for(self.wake.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
-            self.wake.clear()
-
-    def stats_line(self) -> str:
-        return json.dumps({"model": self.model.name, **self.counts, "queued": len(self.core.queue),
-                           "replicas": self.core.dispatcher.stats()})
-
-    def resize(self, replicas: int, version: str | None) -> None:
-        """Follow the registry: a new replica count or a new version (new cache keys)."""
-        if replicas != len(self.core.dispatcher.replicas):
-            self.core.dispatcher.resize(replicas)
-            log.warning("batcher %s: now %d replicas", self.model.name, replicas)
-        self.core.version = version
-        self.wake.set()
-
+__all__ = ["BatcherService", "ModelSetup", "create_app", "faust_app", "group_name", "run", "serve"]
 
 def faust_app(settings: Settings, app_id: str, datadir: str, consumer: bool = True, producer: bool = True,
               **overrides: Any) -> faust.App:
@@ -338,26 +68,63 @@ def faust_app(settings: Settings, app_id: str, datadir: str, consumer: bool = Tr
     return app
 
 
-def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: Any = None) -> faust.App:
-    """The faust app of one model's batcher (run it with ``serve``)."""
+def group_name(settings: Settings, models: list[ModelSetup]) -> str:
+    """The consumer group of a batcher process: one model keeps ``batcher.<model>``, so its
+    offsets carry over between runs; several models share one group named after them all."""
+    names = "+".join(sorted(m.name for m in models))
+    if len(names) > 180:  # keep group ids short; the names stay in the log lines
+        names = "shared-" + hashlib.sha1(names.encode()).hexdigest()[:12]
+    return f"{settings.topic_prefix}batcher.{names}"
+
+
+def create_app(settings: Settings, bs: BatcherSettings, models: ModelSetup | list[ModelSetup],
+               follower: Any = None) -> faust.App:
+    """The faust app of a batcher process serving one or several models (run it with ``serve``).
+
+    Every model keeps its own queue, AIMD state and credit (its own ``BatcherService``); what
+    the models share is the process: one consumer for all their request topics, one for all
+    their worker reports, one producer, one Redis client. On a small machine that is the
+    point: eight one-model batchers meant eight processes woken for each query of an eight-model
+    ensemble; one batcher for the eight is woken once."""
+    models = [models] if isinstance(models, ModelSetup) else list(models)
+    if not models or len({m.name for m in models}) != len(models):
+        raise ConfigError(f"a batcher needs distinct models, got {[m.name for m in models]}")
     cat = Catalogue.from_settings(settings)
-    group = f"{settings.topic_prefix}batcher.{model.name}"
-    app = faust_app(settings, group, _datadir(model.name), consumer=False, producer=False)
+    group = group_name(settings, models)
+    label = ",".join(m.name for m in models)
+    app = faust_app(settings, group, _datadir(label), consumer=False, producer=False)
     holder: dict[str, Any] = {}
 
-    def service() -> BatcherService:
+    def services() -> dict[str, BatcherService]:
         # created inside the running loop (asyncio primitives and the Redis pool bind to it)
         if "s" not in holder:
-            holder["s"] = BatcherService(settings, bs, model)
+            producer = Producer(producer_config(settings))
+            redis = aioredis.from_url(settings.redis_url)
+            holder["producer"] = producer
+            holder["s"] = {m.name: BatcherService(settings, bs, m, producer, redis) for m in models}
         return holder["s"]
+
+    def route(accept: Callable[[BatcherService, list[Record]], None],
+              topic_model: dict[str, str]) -> Callable[[list[Record]], None]:
+        """One fetch's records, split by topic, each part to its model's service."""
+        svcs = services()
+
+        def deliver(records: list[Record]) -> None:
+            parts: dict[str, list[Record]] = {}
+            for record in records:
+                parts.setdefault(record[1][0], []).append(record)
+            for topic, part in parts.items():
+                accept(svcs[topic_model[topic]], part)
+        return deliver
 
     @app.task
     async def read_topics() -> None:
-        svc = service()
+        requests = {cat.requests(m.name).name: m.name for m in models}
+        stats = {cat.batch_stats(m.name).name: m.name for m in models}
         intakes = [
-            Intake(settings, cat.requests(model.name).name, f"{group}.requests", svc.accept_group,
+            Intake(settings, list(requests), f"{group}.requests", route(BatcherService.accept_group, requests),
                    fetch_max_wait_ms=bs.fetch_max_wait_ms),
-            Intake(settings, cat.batch_stats(model.name).name, group, svc.accept_stats,
+            Intake(settings, list(stats), group, route(BatcherService.accept_stats, stats),
                    fetch_max_wait_ms=bs.fetch_max_wait_ms),
         ]
         holder["intakes"] = intakes
@@ -371,40 +138,48 @@ def create_app(settings: Settings, bs: BatcherSettings, model: ModelSetup, follo
 
     @app.task
     async def deliveries() -> None:
-        await service().serve_deliveries()
+        services()
+        await serve_deliveries(holder["producer"], label)
 
-    @app.task
-    async def run_lookups() -> None:
-        await service().lookup_loop()
+    def model_loops(name: str) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        async def lookups() -> None:
+            await services()[name].lookup_loop()
 
-    @app.task
-    async def run_batches() -> None:
-        await service().batch_loop()
+        async def batches() -> None:
+            await services()[name].batch_loop()
+
+        for loop in (lookups, batches):
+            loop.__qualname__ = loop.__name__ = f"{loop.__name__}_{name}"
+        return [lookups, batches]
+
+    for m in models:  # each model's own loops, as tasks of the one app
+        for loop in model_loops(m.name):
+            app.task(loop)
 
     @app.task
     async def announce() -> None:
         while "intakes" not in holder or not all(i.ready.is_set() for i in holder["intakes"]):
             await asyncio.sleep(0.05)
         freeze_startup_heap()
-        print(f"ready: batcher {model.name}", flush=True)
-        svc = service()
-        last = None
+        print(f"ready: batcher {label}", flush=True)
+        last: dict[str, str] = {}
         while True:
             await asyncio.sleep(max(0.2, min(1.0, bs.stats_log_interval_s or 1.0)))
-            if follower is not None:
-                await _follow(svc, follower)
-            if bs.stats_log_interval_s:
-                line = svc.stats_line()
-                if line != last:
-                    print(f"stats: {line}", flush=True)
-                    last = line
+            for name, svc in services().items():
+                if follower is not None:
+                    await _follow(svc, follower)
+                if bs.stats_log_interval_s:
+                    line = svc.stats_line()
+                    if line != last.get(name):
+                        print(f"stats: {line}", flush=True)
+                        last[name] = line
 
     return app
 
 
-def _datadir(model: str) -> str:
+def _datadir(label: str) -> str:
     """Faust insists on a data dir; with no tables it stays empty, so a temporary one, removed at exit."""
-    path = tempfile.mkdtemp(prefix=f"faust-batcher-{model}-")
+    path = tempfile.mkdtemp(prefix=f"faust-batcher-{label[:40]}-")
     atexit.register(shutil.rmtree, path, True)
     return path
 
@@ -439,7 +214,7 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
             await asyncio.get_running_loop().run_in_executor(
                 None, ensure_model_topics, svc.settings, svc.model.name, replicas
             )
-        svc.resize(replicas, cfg.version)
+        svc.resize(replicas, cfg.version, cfg.spec)
 
 
 def _use_uvloop() -> None:
@@ -453,15 +228,17 @@ def _use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def run(settings: Settings, bs: BatcherSettings, model: ModelSetup, follower: Any = None) -> None:
+def run(settings: Settings, bs: BatcherSettings, models: ModelSetup | list[ModelSetup],
+        follower: Any = None) -> None:
     """Run the batcher until SIGINT/SIGTERM."""
     from topics.admin import ensure_core_topics, ensure_model_topics
 
     ensure_core_topics(settings)
-    ensure_model_topics(settings, model.name, model.replicas)
+    for model in [models] if isinstance(models, ModelSetup) else models:
+        ensure_model_topics(settings, model.name, model.replicas)
     if bs.uvloop:
         _use_uvloop()
-    serve(create_app(settings, bs, model, follower))
+    serve(create_app(settings, bs, models, follower))
 
 
 def serve(app: faust.App) -> None:

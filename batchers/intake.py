@@ -33,11 +33,15 @@ Record = tuple[bytes | None, tuple[str, int, int]]  # value, (topic, partition, 
 
 class Intake:
     """A consumer thread that hands each fetched group of records to ``deliver`` with one
-    loop call (``deliver`` runs on the loop thread)."""
+    loop call (``deliver`` runs on the loop thread). One intake may read several topics (a
+    batcher serving several models): one fetch then brings every model's records and wakes
+    the process once; each record carries its topic."""
 
-    def __init__(self, settings: Settings, topic: str, group_id: str, deliver: Callable[[list[Record]], None],
-                 max_group: int = 1000, fetch_max_wait_ms: int | None = None) -> None:
-        self.topic = topic
+    def __init__(self, settings: Settings, topics: str | list[str], group_id: str,
+                 deliver: Callable[[list[Record]], None], max_group: int = 1000,
+                 fetch_max_wait_ms: int | None = None) -> None:
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        self.topic = ",".join(self.topics)  # for log lines
         self._deliver = deliver
         self._max_group = max_group
         # the broker answers a fetch as soon as any record arrives; this bounds an idle one
@@ -51,8 +55,8 @@ class Intake:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign)
-        self._thread = threading.Thread(target=self._run, name=f"intake-{self.topic}", daemon=True)
+        self._consumer.subscribe(self.topics, on_assign=self._on_assign)
+        self._thread = threading.Thread(target=self._run, name=f"intake-{self.topics[0]}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -77,7 +81,7 @@ class Intake:
         except KafkaException as exc:  # keep librdkafka's own choice rather than no partitions
             log.warning("could not fix start offsets of %s (%s); using the reset policy", self.topic, exc)
             consumer.assign(partitions)
-        if partitions:
+        if {tp.topic for tp in partitions} >= set(self.topics):
             self.ready.set()
 
     def _run(self) -> None:
@@ -94,7 +98,7 @@ class Intake:
                     if err.code() != KafkaError._PARTITION_EOF:
                         log.warning("%s: consumer error: %s", self.topic, err)
                     continue
-                group.append((msg.value(), (self.topic, msg.partition(), msg.offset())))
+                group.append((msg.value(), (msg.topic(), msg.partition(), msg.offset())))
             if group:
                 try:
                     loop.call_soon_threadsafe(deliver, group)

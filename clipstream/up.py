@@ -4,6 +4,12 @@ Starts Kafka and Redis if they are not running, applies the app file, then runs 
 the selector, and per model a batcher and one worker per replica. It keeps following the
 registry, so a model deployed or linked later (or given more replicas) gets its processes
 without a restart. Ctrl-C or SIGTERM stops everything it started, the infrastructure too.
+
+``CLIPSTREAM_UP_BATCHERS=shared`` runs one batcher process for every model instead of one per
+model (each model still has its own queue, AIMD and credit inside it). On a small machine an
+ensemble of many models then wakes one batcher per query, not one per model; the price is
+that a change in the set of models starts a new batcher for all of them (the old one is
+stopped once the new one is ready, so no request falls between them).
 """
 
 from __future__ import annotations
@@ -14,19 +20,26 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clipstream.errors import ClipstreamError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
-from clipstream.settings import Settings, get_settings
+from clipstream.settings import Settings, get_settings, settings_or_exit
 from clipstream.supervise import Supervisor
 from frontend.appfile import apply_file
 from frontend.registry import RegistryFollower, RegistryView
 
 READY_TIMEOUT_S = 180.0
+
+
+class UpSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_UP_", extra="ignore")
+
+    batchers: Literal["per-model", "shared"] = "per-model"
 
 
 def _stage_argv(*args: str) -> list[str]:
@@ -36,11 +49,12 @@ def _stage_argv(*args: str) -> list[str]:
 class Pipeline:
     """Keeps one batcher per model and one worker per replica in step with the registry."""
 
-    def __init__(self, supervisor: Supervisor, env: dict[str, str]):
+    def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = False):
         self.supervisor = supervisor
         self.env = env
+        self.shared_batcher = shared_batcher
         self._lock = threading.Lock()
-        self.pending: list[str] = []
+        self.retiring: list[str] = []  # shared batchers replaced, stopped once the new one is ready
 
     def sync(self, view: RegistryView) -> list[str]:
         """Start what the registry asks for and is not running; stop what it no longer asks for.
@@ -50,25 +64,49 @@ class Pipeline:
         """
         started: list[str] = []
         with self._lock:
-            wanted = wanted_stages(view)
+            wanted = wanted_stages(view, self.shared_batcher)
             for stage, args in wanted.items():
                 if stage not in self.supervisor.stages:
                     self.supervisor.add(stage, _stage_argv(*args), self.env)
                     started.append(stage)
             for stage in list(self.supervisor.stages):
-                if stage.startswith(("worker-", "batcher-")) and stage not in wanted:
+                if stage in wanted or stage in self.retiring:
+                    continue
+                if stage.startswith(("worker-", "batcher-")):
                     self.supervisor.remove(stage)
+                elif stage.startswith("batchers-"):
+                    self.retiring.append(stage)
+        self.retire()
         return started
 
+    def retire(self) -> None:
+        """Stop replaced shared batchers once every wanted one is ready (called at each check)."""
+        with self._lock:
+            if not self.retiring:
+                return
+            stages = self.supervisor.stages
+            new = [s for name, s in stages.items() if name.startswith("batchers-") and name not in self.retiring]
+            if all(s.ready.is_set() for s in new):
+                for name in self.retiring:
+                    self.supervisor.remove(name)
+                self.retiring = []
 
-def wanted_stages(view: RegistryView) -> dict[str, list[str]]:
-    """Stage name -> CLI arguments: one batcher per model, one worker per replica."""
+
+def wanted_stages(view: RegistryView, shared_batcher: bool = False) -> dict[str, list[str]]:
+    """Stage name -> CLI arguments: one batcher per model (or one for all), one worker per replica.
+
+    A shared batcher follows the models' versions through the registry itself, so its stage
+    name carries only the model names: it is replaced when a model comes or goes."""
     wanted: dict[str, list[str]] = {}
+    served = sorted(name for name, model in view.models.items() if model.spec is not None)
+    if shared_batcher and served:
+        wanted["batchers-" + "+".join(served)] = ["batcher", *[a for n in served for a in ("--model", n)]]
     for name, model in view.models.items():
         if model.spec is None:
             continue
         v = model.version
-        wanted[f"batcher-{name}-v{v}"] = ["batcher", "--model", name, "--version", v]
+        if not shared_batcher:
+            wanted[f"batcher-{name}-v{v}"] = ["batcher", "--model", name, "--version", v]
         for r in range(model.replicas):
             wanted[f"worker-{name}-v{v}-{r}"] = [
                 "worker", "--model", name, "--version", v,
@@ -86,6 +124,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
     """Run the whole pipeline for an app file until Ctrl-C."""
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     settings = get_settings(**overrides)
+    shared = settings_or_exit(UpSettings).batchers == "shared"
     stop, serving = threading.Event(), threading.Event()
 
     def on_signal(*_: Any) -> None:
@@ -116,7 +155,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
         supervisor = Supervisor(log_dir, report=_say)
-        pipeline = Pipeline(supervisor, env)
+        pipeline = Pipeline(supervisor, env, shared_batcher=shared)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
         supervisor.add("selector", _stage_argv("selector"), env)
@@ -131,6 +170,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         follower.add_listener(lambda v: _report_started(pipeline.sync(v)))
         while not stop.wait(0.5):
             supervisor.check()
+            pipeline.retire()
     except ClipstreamError as exc:
         _say(f"error: {exc}")
         raise SystemExit(1) from None

@@ -267,3 +267,52 @@ def test_two_replicas_both_work_each_with_its_own_aimd(run_batcher: Any, wire: A
             break
         assert time.monotonic() < deadline, b.output()[-2000:]
         time.sleep(0.1)
+
+
+def test_one_process_serves_several_models_each_with_its_own_queue_and_version(
+    run_batcher: Any, wire: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """``--model`` twice: one process, one ready line; each model's requests go to its own batch
+    topic with its own version, its own credit, and a version deployed later is followed live."""
+    from frontend.registry import RegistryWriter, wait_for
+    from tests.models import make_python_model
+
+    a, b = uniq("sa"), uniq("sb")
+    wa, wb = wire(a), wire(b)
+    src = "class Model:\n    def __init__(self, path, config): pass\n"
+    with RegistryWriter(settings) as reg:
+        reg.model(a, "1", make_python_model(tmp_path, a, src, labels=[0, 1], shape=(2,)))
+        reg.model(b, "4", make_python_model(tmp_path, b, src, labels=[0, 1], shape=(2,), version="4"))
+    wait_for(settings, lambda v: a in v.models and b in v.models)
+    proc = run_batcher(a, "--model", b, "--no-cache", "--batch-delay-ms", "0")
+    assert f"ready: batcher {a},{b}" in proc.output()
+
+    x = np.zeros(2, np.float32)
+    wa.request("a1", x)
+    wb.request("b1", x)
+    got_a = wa.take(wa.cat.batches(a).name, "Batch", lambda g: len(g) >= 1)
+    got_b = wb.take(wb.cat.batches(b).name, "Batch", lambda g: len(g) >= 1)
+    assert [(bb["model"], bb["version"], [i["query_id"] for i in bb["items"]]) for bb, _ in got_a] == [(a, "1", ["a1"])]
+    assert [(bb["model"], bb["version"], [i["query_id"] for i in bb["items"]]) for bb, _ in got_b] == [(b, "4", ["b1"])]
+
+    # b's credit is its own: with a's two credits used up and never returned, b still batches
+    wa.request("a2", x)
+    wa.take(wa.cat.batches(a).name, "Batch", lambda g: len(g) >= 1)
+    wa.request("a3", x)  # a has no credit left: it waits in a's queue
+    wb.stats(got_b[0][0], 1_000)
+    wb.request("b2", x)
+    wb.take(wb.cat.batches(b).name, "Batch", lambda g: any(i["query_id"] == "b2" for bb, _ in g for i in bb["items"]))
+    assert wa.quiet_for(wa.cat.batches(a).name, 0.5) == []
+
+    with RegistryWriter(settings) as reg:  # a new version of b, followed without a restart
+        reg.model(b, "5", make_python_model(tmp_path, b, src, labels=[0, 1], shape=(2,), version="5"))
+    deadline = time.monotonic() + 20
+    while True:
+        wb.request("b3", x)
+        got = wb.take(wb.cat.batches(b).name, "Batch", lambda g: len(g) >= 1)
+        for bb, _ in got:
+            wb.stats(bb, 1_000)
+        if any(bb["version"] == "5" for bb, _ in got):
+            break
+        assert time.monotonic() < deadline, "the batcher did not follow b's new version"
+    assert proc.proc.poll() is None and proc.output().count("ready: batcher") == 1

@@ -1,0 +1,307 @@
+"""One model's batcher inside a batcher process: decode, look up, queue, batch, produce.
+
+The I/O around ``BatcherCore`` (every decision lives there and is tested without a broker).
+A batcher process runs one of these per model it serves (``app.py``); the services of one
+process share its Kafka producer and Redis client, so serving eight models costs one set of
+client threads and connections, not eight.
+
+Latency choices: a group of requests that arrived together is looked up in Redis with one
+MGET (whatever arrives while a lookup is on the wire forms the next group, so nothing waits
+for a timer); hits are produced at once to ``predictions`` at the request's selector
+partition; the batching loop sleeps exactly until the next thing is due (delayed-batching
+deadline, a request's deadline, a credit timeout) or until new work wakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from confluent_kafka import Producer
+
+from batchers.aimd import AIMD
+from batchers.cache import cache_key
+from batchers.core import BatcherCore, Pending, by_partition, prediction
+from batchers.dispatch import Dispatcher
+from batchers.intake import Record
+from batchers.settings import BatcherSettings
+from clipstream.clock import now_us
+from clipstream.errors import ClipstreamError, DecodeError
+from clipstream.settings import Settings
+from schemas import decode_as, encode, from_tensor
+from topics.catalogue import Catalogue
+from topics.client import producer_config
+
+log = logging.getLogger("clipstream.batcher")
+
+@dataclass
+class ModelSetup:
+    """What the batcher needs to know about its model (from the CLI or the registry)."""
+
+    name: str
+    version: str | None
+    replicas: int
+    latency_objective_ms: float
+    max_batch_size: int
+    batch_delay_ms: float
+    cache: bool = True
+    spec: Any = None  # workers.spec.ModelSpec when the registry knows it
+
+
+class BatcherService:
+    """Decode, look up, queue, batch, produce: the I/O around one model's ``BatcherCore``."""
+
+    def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup,
+                 producer: Producer | None = None, redis: aioredis.Redis | None = None) -> None:
+        """``producer`` and ``redis``: the process's shared clients (made here when not given)."""
+        self.settings = settings
+        self.model = model
+        self.cat = Catalogue.from_settings(settings)
+        self.topic_predictions = self.cat.predictions.name
+        self.topic_batches = self.cat.batches(model.name, model.replicas).name
+        self.topic_deadletter = self.cat.deadletter.name
+        objective_us = int(model.latency_objective_ms * 1000)
+        dispatcher = Dispatcher(
+            model.replicas,
+            lambda: AIMD(objective_us, bs.aimd_step, model.max_batch_size, bs.aimd_start, fill=bs.aimd_fill),
+            max_in_flight=bs.max_in_flight,
+            batch_delay_us=int(model.batch_delay_ms * 1000),
+            credit_timeout_us=int(bs.credit_timeout_ms * 1000),
+            credit_lead_us=int(bs.credit_lead_ms * 1000) if bs.just_in_time else None,
+        )
+        self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
+                                drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))
+        self.redis = (redis or aioredis.from_url(settings.redis_url)) if model.cache else None
+        self.wake = asyncio.Event()
+        self.arrived: list[tuple[dict[str, Any], int]] = []
+        self.arrived_event = asyncio.Event()
+        self.outbox: list[tuple[str, bytes, int | None]] = []  # dead letters from ``accept``
+        self.failed: list[tuple[int, dict[str, Any]]] = []  # error predictions from ``accept``
+        self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
+        self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0,
+                       "send_errors": 0}
+        self.producer = producer or Producer(producer_config(settings))
+
+    # -- producing --------------------------------------------------------------------
+    # librdkafka, not faust's aiokafka producer: a record sent one at a time cost ~260–430 µs of
+    # CPU through faust against ~70–110 µs through librdkafka, whose own thread does the I/O
+    # (``python -m bench.intake``), and at batch size 1 the batcher sends one record per
+    # query. ``produce`` only queues the record (acks=1); ``serve_deliveries`` polls for the delivery reports.
+    def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
+        produce = self.producer.produce
+        for topic, value, partition in records:
+            if partition is None:
+                produce(topic, value, on_delivery=self._delivered)
+            else:
+                produce(topic, value, partition=partition, on_delivery=self._delivered)
+        self.producer.poll(0)
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.counts["send_errors"] += 1
+            log.warning("a record for %s was not delivered: %s", msg.topic(), err)
+
+    def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
+        """One ``Predictions`` record per selector partition."""
+        topic = self.topic_predictions
+        self._send_all([(topic, encode("Predictions", record), partition)
+                        for partition, record in by_partition(preds).items()])
+
+    def _deadletter_record(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
+                           query_id: str | None = None) -> tuple[str, bytes, int | None]:
+        record = {
+            "stage": "batcher",
+            "reason": reason,
+            "source_topic": where[0] if where else None,
+            "source_partition": where[1] if where else None,
+            "source_offset": where[2] if where else None,
+            "query_id": query_id,
+            "payload": payload,
+            "created_us": now_us(),
+        }
+        return self.topic_deadletter, encode("DeadLetter", record), None
+
+    # -- requests -----------------------------------------------------------------------
+    def accept_group(self, records: list[Record]) -> None:
+        """Records of ``requests.<model>`` as one fetch brought them: validate each, then wake
+        the lookup task once. Synchronous (called on the loop by ``Intake``); what a bad record
+        produces (dead letter, error prediction) goes out with the lookup task's next group."""
+        for value, where in records:
+            self._accept(value, where)
+        self.arrived_event.set()
+
+    def _accept(self, value: bytes | None, where: tuple[str, int, int]) -> None:
+        arrival = now_us()
+        try:
+            request = decode_as("ModelRequest", value)  # type: ignore[arg-type]  # None: DecodeError
+        except DecodeError as exc:
+            self.outbox.append(self._deadletter_record(str(exc), value, where))
+            return
+        request["trace"]["batcher_in"] = arrival
+        try:
+            array = from_tensor(request["input"])
+            if self.model.spec is not None:
+                self.model.spec.input.check(array)
+        except ClipstreamError as exc:
+            self.counts["errors"] += 1
+            self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request["query_id"]))
+            p = Pending(request, None, arrival)
+            self.failed.append((p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
+                                                        error=f"bad input: {exc}")))
+            return
+        self.counts["requests"] += 1
+        self.arrived.append((request, arrival))
+
+    async def lookup_loop(self) -> None:
+        """Group whatever arrived, look it up with one MGET, answer hits, queue misses."""
+        while True:
+            await self.arrived_event.wait()
+            self.arrived_event.clear()
+            group, self.arrived = self.arrived, []
+            if self.outbox or self.failed:
+                outbox, self.outbox = self.outbox, []
+                failed, self.failed = self.failed, []
+                self._send_all(outbox)
+                if failed:
+                    self._emit(failed)
+            if not group:
+                continue
+            version = self.core.version
+            pendings = [
+                Pending(r, cache_key(self.model.name, version, r["input"]) if self.redis else None, t)
+                for r, t in group
+            ]
+            values: list[bytes | None] = [None] * len(pendings)
+            if self.redis is not None:
+                try:
+                    values = await self.redis.mget([p.key for p in pendings])
+                except Exception as exc:  # Redis down: serve from the models, not from nothing
+                    log.warning("cache lookup failed (%s); treating %d requests as misses", exc, len(pendings))
+            hits: list[tuple[int, dict[str, Any]]] = []
+            now = now_us()
+            for p, raw in zip(pendings, values):
+                output = self._decode_cached(raw)
+                if output is not None:
+                    hits.append((p.partition, prediction(p, self.model.name, version, "cached", now, output)))
+                else:
+                    self.core.admit(p)
+            if hits:
+                self.counts["cached"] += len(hits)
+                self._emit(hits)
+            if len(hits) < len(pendings):
+                self.wake.set()
+
+    @staticmethod
+    def _decode_cached(raw: bytes | None) -> dict[str, Any] | None:
+        if raw is None:
+            return None
+        try:
+            return decode_as("Tensor", raw)
+        except DecodeError:
+            return None  # a foreign or corrupt entry: evaluate again (the worker overwrites it)
+
+    # -- worker reports -------------------------------------------------------------------
+    def accept_stats(self, records: list[Record]) -> None:
+        """Worker reports as one fetch brought them (called on the loop by ``Intake``): credit
+        back and AIMD input at once; coalesced requests whose batch finished are answered from
+        the cache by a task, since that needs Redis."""
+        keys: list[str] = []
+        now = now_us()
+        for value, where in records:
+            try:
+                stats = decode_as("BatchStats", value)  # type: ignore[arg-type]  # None: DecodeError
+            except DecodeError as exc:
+                self.outbox.append(self._deadletter_record(str(exc), value, where))
+                self.arrived_event.set()  # the lookup task sends the outbox
+                continue
+            keys += self.core.on_stats(stats, now)
+        self.wake.set()  # credit is back
+        if keys:
+            task = asyncio.get_running_loop().create_task(self._serve_coalesced(keys))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve_coalesced(self, keys: list[str]) -> None:
+        values: list[bytes | None] = [None] * len(keys)
+        if self.redis is not None:
+            try:
+                values = await self.redis.mget(keys)
+            except Exception as exc:
+                log.warning("cache fetch for coalesced requests failed: %s", exc)
+        now = now_us()
+        out: list[tuple[int, dict[str, Any]]] = []
+        for key, raw in zip(keys, values):
+            output = self._decode_cached(raw)
+            served, expired = self.core.deliver(key, output, now)
+            out += [(p.partition, prediction(p, self.model.name, self.core.version, "cached", now, output))
+                    for p in served]
+            out += self._expired(expired, now)
+        if out:
+            self.counts["cached"] += sum(1 for _, p in out if p["status"] == "cached")
+            self._emit(out)
+        self.wake.set()  # requests sent back to the queue
+
+    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[int, dict[str, Any]]]:
+        self.counts["expired"] += len(pendings)
+        return [
+            (p.partition, prediction(p, self.model.name, self.core.version, "expired", now,
+                                     error="deadline passed while queued in the batcher"))
+            for p in pendings
+        ]
+
+    # -- batching ---------------------------------------------------------------------------
+    async def batch_loop(self) -> None:
+        """Form every batch that is due, report expired requests, sleep until the next event."""
+        while True:
+            now = now_us()
+            step = self.core.poll(now)
+            out = []
+            for sent in step.batches:
+                self.counts["batches"] += 1
+                self.counts["batched"] += len(sent.record["items"])
+                out.append((self.topic_batches, encode("Batch", sent.record), sent.replica))
+            if step.expired:
+                topic = self.topic_predictions
+                out += [(topic, encode("Predictions", record), partition)
+                        for partition, record in by_partition(self._expired(step.expired, now)).items()]
+            if out:
+                self._send_all(out)
+            timeout = None if step.wake_us is None else max(0.0, (step.wake_us - now_us()) / 1e6)
+            if timeout == 0.0:
+                continue
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self.wake.clear()
+
+    def stats_line(self) -> str:
+        return json.dumps({"model": self.model.name, **self.counts, "queued": len(self.core.queue),
+                           "replicas": self.core.dispatcher.stats()})
+
+    def resize(self, replicas: int, version: str | None, spec: Any = None) -> None:
+        """Follow the registry: a new replica count or a new version (new cache keys, and
+        the new version's input check when the registry gives one)."""
+        if replicas != len(self.core.dispatcher.replicas):
+            self.core.dispatcher.resize(replicas)
+            log.warning("batcher %s: now %d replicas", self.model.name, replicas)
+        self.core.version = version
+        if spec is not None:
+            self.model.spec = spec
+        self.wake.set()
+
+
+async def serve_deliveries(producer: Producer, models: str) -> None:
+    """Delivery reports while nothing else polls the producer; at the end, wait for what is queued."""
+    try:
+        while True:
+            producer.poll(0)
+            await asyncio.sleep(0.1)
+    finally:
+        left = producer.flush(5)
+        if left:
+            log.warning("batcher %s stopped with %d records undelivered", models, left)

@@ -62,7 +62,8 @@ def _cli(*args: str, env: dict[str, str]) -> None:
                    capture_output=True, timeout=120)
 
 
-def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path):
+@pytest.mark.parametrize("batchers", ["shared", "per-model"])
+def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, batchers):
     app = f"digits{uuid.uuid4().hex[:6]}"
     models = tmp_path / "models"
     make_onnx_digits_model(models, "logreg")
@@ -72,7 +73,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path):
     }))
     port = pick_free_ports(1)[0]
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_BATCHERS": batchers}
     proc = subprocess.Popen(
         [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"), "--gateway-port", str(port)],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -123,7 +124,16 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path):
             raise AssertionError("\n".join(lines[-40:])) from exc
         assert sorted(both["models"]["answered"]) == ["logreg", "sevens"]
         assert "started worker-sevens-v1-0 (registry change)" in lines
-        assert len(_ours(settings.topic_prefix)) >= 6  # up, gateway, selector, 2 batchers, 2 workers
+        if batchers == "shared":  # one batcher for both, the first one stopped once it was ready
+            assert "started batchers-logreg+sevens (registry change)" in lines
+            wait_until(lambda: len(_ours(settings.topic_prefix)) == 6, 30,
+                       "up, gateway, selector, 1 batcher and 2 workers")
+            # the new batcher serves logreg too
+            again = client.predict(app, (x[1602] + np.float32(time.monotonic() % 1)).tolist())
+            assert sorted(again["models"]["answered"]) == ["logreg", "sevens"]
+        else:
+            assert "started batcher-sevens-v1 (registry change)" in lines
+            assert len(_ours(settings.topic_prefix)) >= 7  # up, gateway, selector, 2 batchers, 2 workers
     finally:
         client.close() if hasattr(client, "close") else None
         proc.send_signal(signal.SIGTERM)

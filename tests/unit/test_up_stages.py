@@ -22,7 +22,7 @@ def view(**versions: str) -> RegistryView:
 
 
 def test_per_model_batchers_carry_the_version() -> None:
-    w = wanted_stages(view(a="1", b="3"))
+    w = wanted_stages(view(a="1", b="3"), shared_batcher=False)
     assert w["batcher-a-v1"] == ["batcher", "--model", "a", "--version", "1"]
     assert w["batcher-b-v3"] == ["batcher", "--model", "b", "--version", "3"]
     assert sorted(k for k in w if k.startswith("worker-")) == ["worker-a-v1-0", "worker-b-v3-0", "worker-b-v3-1"]
@@ -30,7 +30,7 @@ def test_per_model_batchers_carry_the_version() -> None:
 
 
 def test_a_shared_batcher_serves_every_loaded_model_and_is_named_by_them_not_their_versions() -> None:
-    w = wanted_stages(view(b="3", a="1"), shared_batcher=True)
+    w = wanted_stages(view(b="3", a="1"))  # the default
     assert [k for k in w if k.startswith("batcher")] == ["batchers-a+b"]
     assert w["batchers-a+b"] == ["batcher", "--model", "a", "--model", "b"]
     assert "worker-b-v3-1" in w

@@ -159,8 +159,9 @@ def label_of(argv: list[str]) -> str:
         args = argv[argv.index("clipstream.cli") + 1:]
         verb = args[0] if args else "?"
         opts = dict(zip(args[1::2], args[2::2])) if len(args) > 1 else {}
-        if verb == "batcher":
-            return f"batcher-{opts.get('--model', '?')}"
+        if verb == "batcher":  # one model, or several in one process
+            models = [b for a, b in zip(args, args[1:]) if a == "--model"]
+            return "batcher-" + ("+".join(models) or "?")
         if verb == "worker":
             return f"worker-{opts.get('--model', '?')}-{opts.get('--replica', '0')}"
         return verb

@@ -13,6 +13,7 @@ def test_labels_of_pipeline_processes() -> None:
     py = "/x/.venv/bin/python"
     assert label_of([py, "-m", "clipstream.cli", "worker", "--model", "m", "--version", "1", "--replica", "2"]) == "worker-m-2"
     assert label_of([py, "-m", "clipstream.cli", "batcher", "--model", "m"]) == "batcher-m"
+    assert label_of([py, "-m", "clipstream.cli", "batcher", "--model", "a", "--model", "b"]) == "batcher-a+b"
     assert label_of([py, "-m", "clipstream.cli", "selector"]) == "selector"
     assert label_of(["/usr/bin/java", "-cp", "x", "kafka.Kafka", "server.properties"]) == "kafka"
     assert label_of(["/usr/bin/redis-server", "127.0.0.1:6379"]) == "redis"

@@ -7,8 +7,10 @@ margin cuts off predictions that would have counted; on a busy one (every Kafka 
 CPU behind the fan-out of newer queries) the trip's tail is several times longer and the answer
 lands late. So the budget follows the trip as measured: the broker acknowledges every Response,
 and the time from produce to that acknowledgement (there and back, to the broker) stands in for
-the trip to the caller (there, and a fetch back). The budget is a high quantile of the recent
-acknowledgements, kept between a floor and a cap; no Kafka here, the selector feeds it.
+the trip to the caller (there, and a fetch back). An answer made by the cutoff timer also counts
+how late the selector's loop served the timer: on a busy machine the loop gets the CPU late,
+and the caller waits for that as much as for the trip. The budget is a high quantile of the
+recent trips, kept between a floor and a cap; no Kafka here, the selector feeds it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class ReplyBudget:
         return self._us
 
     def observe(self, trip_us: int) -> None:
-        """One acknowledged reply took ``trip_us`` from produce to the broker's ack. One thread
+        """One acknowledged reply took ``trip_us`` from when it was due to the broker's ack. One thread
         observes (the selector's reply-acks thread); ``us`` may be read from any."""
         if not self.adaptive or trip_us < 0:
             return

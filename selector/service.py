@@ -11,6 +11,7 @@ the next message happens to arrive.
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -161,8 +162,9 @@ class Selector:
             if done is not None:
                 self.answer(done)
 
-    def answer(self, pending: Pending) -> None:
-        """combine with what arrived; the stragglers are named and lower the confidence."""
+    def answer(self, pending: Pending, late_us: int = 0) -> None:
+        """combine with what arrived; the stragglers are named and lower the confidence.
+        ``late_us``: how long after its cutoff a query answered by the timer is answered."""
         ev, now = pending.meta["event"], now_us()
         ev = dict(ev, trace=pending.meta["trace"])
         missing = pending.missing
@@ -180,33 +182,35 @@ class Selector:
                 reason = "the policy selected no model"
             self.stats["defaults"] += 1
             record = response_record(ev, None, 0.0, [], missing, None, now, default, reason)
-            self._reply(ev, record)
+            self._reply(ev, record, late_us)
             return
         answer, confidence = policy.combine(pending.meta["state"], pending.meta["query"], dict(pending.arrived))
         record = response_record(ev, answer, confidence, list(pending.arrived), missing, outputs.labels, now)
-        self._reply(ev, record)  # the caller first; learn waits for the stored predictions if need be
+        self._reply(ev, record, late_us)  # the caller first; learn waits for the stored predictions if need be
         self.store.save_predictions(pending.query_id, {
             "app": ev["app"], "context": pending.meta["context"], "answer": answer.to_json(),
             "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
 
-    def _reply(self, ev: dict[str, Any], record: dict[str, Any]) -> None:
+    def _reply(self, ev: dict[str, Any], record: dict[str, Any], late_us: int = 0) -> None:
         topic = ev.get("reply_topic") or self.catalogue.responses.name
         kwargs: dict[str, Any] = {"key": ev["query_id"].encode()}
         if ev.get("reply_topic") and ev.get("reply_partition") is not None:
             kwargs["partition"] = int(ev["reply_partition"])
         if self.reply_budget.adaptive:  # its reports are served by ``run``'s reply-acks thread
-            kwargs["on_delivery"] = self._reply_acked
+            kwargs["on_delivery"] = self._reply_acked if late_us <= 0 else functools.partial(self._reply_acked,
+                                                                                            late_us=late_us)
         self.reply_producer.produce(topic, encode("Response", record), **kwargs)
         if not self.reply_budget.adaptive:
             self.reply_producer.poll(0)
         self.stats["responses"] += 1
 
-    def _reply_acked(self, err: Any, msg: Any) -> None:
-        """Delivery report of a Response: its trip to the broker and back feeds the budget
-        (``latency()`` runs to now, so this must be served as the report arrives)."""
+    def _reply_acked(self, err: Any, msg: Any, late_us: int = 0) -> None:
+        """Delivery report of a Response: its trip to the broker and back, from when the answer
+        was due, feeds the budget (``latency()`` runs to now, so this must be served as the
+        report arrives)."""
         trip_s = None if err is not None else msg.latency()
         if trip_s is not None:
-            self.reply_budget.observe(int(trip_s * 1e6))
+            self.reply_budget.observe(int(trip_s * 1e6) + late_us)
 
     # -- the loop -----------------------------------------------------------------------
     def handle(self, msgs: list[Any], queries: str | None = None, received_us: int | None = None) -> None:
@@ -254,9 +258,12 @@ class Selector:
 
     def answer_expired(self) -> None:
         """The straggler cutoff: answer every query whose deadline has come with what arrived."""
-        for pending in self.join.expired(now_us()):
+        now = now_us()
+        for pending in self.join.expired(now):
             try:
-                self.answer(pending)
+                # the cutoff was due at ``deadline_us``: the reply's budget must cover how late
+                # this loop got to it (the CPU was elsewhere) as well as the trip to the broker
+                self.answer(pending, late_us=max(0, now_us() - pending.deadline_us))
             except Exception:
                 log.exception("answering %s failed", pending.query_id)
 

@@ -17,7 +17,7 @@ class SelectorSettings(BaseSettings):
     registry_timeout_s: float = 30.0
     # the straggler cutoff fires this long before the deadline: the reply's Kafka hop back
     # to the gateway must fit in the caller's SLO too. The budget follows the measured trip
-    # (a quantile of the Responses' produce-to-ack times, ``selector.reply_budget``) between
+    # (a quantile of the Responses' due-to-ack times, ``selector.reply_budget``) between
     # this floor and the cap below; a cap at or under the floor fixes it at the floor
     reply_budget_ms: float = Field(3.0, ge=0)
     reply_budget_max_ms: float = Field(10.0, ge=0)

@@ -91,3 +91,31 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     app.models = ()  # the policy's choice is no model: nothing was sent, nothing to wait for
     sel.dispatch(query("q2"))
     assert sel.join.get("q2").expected == () and sel.join.get("q2").last_resort_us is None
+
+
+def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too() -> None:
+    """The reply reaches the caller late by the trip and by how late the timer was served."""
+    from clipstream.clock import now_us
+    from clipstream.settings import get_settings
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
+    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    replies = FakeProducer()
+    budget = ReplyBudget(3_000, 50_000, quantile=0.5, window=16, every=1)
+    sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
+    sel._model_topics.add("m1")
+    deadline = now_us() - 7_000  # its cutoff (3 ms before) was due 10 ms ago: the loop was busy
+    ev = {"query_id": "q", "app": "app", "context": None, "input": to_tensor(np.zeros(2, np.float32)),
+          "deadline_us": deadline, "created_us": 0, "reply_topic": None, "reply_partition": None, "trace": {}}
+    sel.dispatch(Msg(cat.queries.name, encode("QueryEvent", ev)))
+    sel.answer_expired()
+    (kw,) = replies.options
+    kw["on_delivery"](None, SimpleNamespace(latency=lambda: 0.001))  # 1 ms to the broker and back
+    assert 11_000 <= budget.us < 20_000, budget.us
+    sel.dispatch(Msg(cat.queries.name, encode("QueryEvent", dict(ev, query_id="q2", deadline_us=2**60))))
+    sel.answer(sel.join.get("q2"))  # answered as its predictions arrived: nothing late
+    replies.options[-1]["on_delivery"](None, SimpleNamespace(latency=lambda: 0.001))
+    assert budget.us == 3_000  # the median of (11+, 1) ms by nearest rank is 1 ms: the floor

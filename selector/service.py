@@ -162,9 +162,9 @@ class Selector:
             if done is not None:
                 self.answer(done)
 
-    def answer(self, pending: Pending, late_us: int = 0) -> None:
+    def answer(self, pending: Pending, late_us: int | None = None) -> None:
         """combine with what arrived; the stragglers are named and lower the confidence.
-        ``late_us``: how long after its cutoff a query answered by the timer is answered."""
+        ``late_us``: for a query answered by the cutoff timer, how long after it was due."""
         ev, now = pending.meta["event"], now_us()
         ev = dict(ev, trace=pending.meta["trace"])
         missing = pending.missing
@@ -191,14 +191,16 @@ class Selector:
             "app": ev["app"], "context": pending.meta["context"], "answer": answer.to_json(),
             "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
 
-    def _reply(self, ev: dict[str, Any], record: dict[str, Any], late_us: int = 0) -> None:
+    def _reply(self, ev: dict[str, Any], record: dict[str, Any], late_us: int | None = None) -> None:
         topic = ev.get("reply_topic") or self.catalogue.responses.name
         kwargs: dict[str, Any] = {"key": ev["query_id"].encode()}
         if ev.get("reply_topic") and ev.get("reply_partition") is not None:
             kwargs["partition"] = int(ev["reply_partition"])
-        if self.reply_budget.adaptive:  # its reports are served by ``run``'s reply-acks thread
-            kwargs["on_delivery"] = self._reply_acked if late_us <= 0 else functools.partial(self._reply_acked,
-                                                                                            late_us=late_us)
+        # only answers made at the cutoff teach the budget: it is for them (an answer complete
+        # earlier has time to spare), and their trips come when every stage is busy with newer
+        # queries. Reports are served by ``run``'s reply-acks thread.
+        if self.reply_budget.adaptive and late_us is not None:
+            kwargs["on_delivery"] = functools.partial(self._reply_acked, late_us=late_us)
         self.reply_producer.produce(topic, encode("Response", record), **kwargs)
         if not self.reply_budget.adaptive:
             self.reply_producer.poll(0)

@@ -1,19 +1,14 @@
-"""The batcher process: a thin faust-streaming shell around ``BatcherCore``.
+"""The batcher process: a thin faust-streaming shell around one ``BatcherService`` per model.
 
 Faust runs the process: its lifecycle, signals and logging, and its tasks (intake, cache
-lookups, the batching loop, delivery reports, readiness). Its own Kafka consumer and
+lookups, the batching loops, delivery reports, readiness). Its own Kafka consumer and
 producer are switched off (faust's ``BootStrategy``): the batcher's Kafka I/O is one record
-per query at batch size 1, and librdkafka does it for a fraction of the CPU. Both topics it
-reads, ``requests.<model>`` and ``batch-stats.<model>`` (one record per batch), come in
-through librdkafka consumer threads (``intake.py`` says why: a fifth of a faust agent's CPU
+per query at batch size 1, and librdkafka does it for a fraction of the CPU. Both kinds of
+topic it reads, ``requests.<model>`` and ``batch-stats.<model>`` (one record per batch), come
+in through librdkafka consumer threads (``intake.py`` says why: a fifth of a faust agent's CPU
 per record); what it writes goes out through a librdkafka producer (a third of faust's or less).
-Every decision lives in ``core.py`` and the modules under it, so it is tested without a broker.
-
-Latency choices: a group of requests that arrived together is looked up in Redis with one
-MGET (whatever arrives while a lookup is on the wire forms the next group, so nothing waits
-for a timer); hits are produced at once to ``predictions`` at the request's selector
-partition; the batching loop sleeps exactly until the next thing is due (delayed-batching
-deadline, a request's deadline, a credit timeout) or until new work wakes it.
+One process may serve several models (``create_app``); every decision lives in ``core.py`` and
+the modules under it, and the I/O of one model in ``service.py``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import hashlib
+import logging
 import shutil
 import sys
 import tempfile
@@ -35,6 +36,8 @@ from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
 from topics.catalogue import Catalogue
 from topics.client import aiokafka_kwargs, producer_config
+
+log = logging.getLogger("clipstream.batcher")
 
 __all__ = ["BatcherService", "ModelSetup", "create_app", "faust_app", "group_name", "run", "serve"]
 
@@ -72,6 +75,20 @@ def group_name(settings: Settings, models: list[ModelSetup]) -> str:
     return f"{settings.topic_prefix}batcher.{names}"
 
 
+def deliver_by_topic(records: list[Record], services: dict[str, Any],
+                     accept: Callable[[Any, list[Record]], None]) -> None:
+    """One fetch's records, split by topic, each part to the service of its topic's model; one
+    model's failure must not cost the others their records."""
+    parts: dict[str, list[Record]] = {}
+    for record in records:
+        parts.setdefault(record[1][0], []).append(record)
+    for topic, part in parts.items():
+        try:
+            accept(services[topic], part)
+        except Exception:
+            log.exception("batcher: %d records of %s failed", len(part), topic)
+
+
 def create_app(settings: Settings, bs: BatcherSettings, models: ModelSetup | list[ModelSetup],
                follower: Any = None) -> faust.App:
     """The faust app of a batcher process serving one or several models (run it with ``serve``).
@@ -101,16 +118,8 @@ def create_app(settings: Settings, bs: BatcherSettings, models: ModelSetup | lis
 
     def route(accept: Callable[[BatcherService, list[Record]], None],
               topic_model: dict[str, str]) -> Callable[[list[Record]], None]:
-        """One fetch's records, split by topic, each part to its model's service."""
         svcs = services()
-
-        def deliver(records: list[Record]) -> None:
-            parts: dict[str, list[Record]] = {}
-            for record in records:
-                parts.setdefault(record[1][0], []).append(record)
-            for topic, part in parts.items():
-                accept(svcs[topic_model[topic]], part)
-        return deliver
+        return lambda records: deliver_by_topic(records, {t: svcs[m] for t, m in topic_model.items()}, accept)
 
     @app.task
     async def read_topics() -> None:

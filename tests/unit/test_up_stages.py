@@ -6,9 +6,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from batchers.app import group_name
-from batchers.service import ModelSetup
-from clipstream.settings import Settings
 from clipstream.up import Pipeline, wanted_stages
 from frontend.registry import ModelConfig, RegistryView
 
@@ -70,13 +67,3 @@ def test_a_replaced_shared_batcher_stops_only_once_its_successor_is_ready() -> N
     pipe.retire()
     assert sup.removed == ["batchers-a"] and "batchers-a+b" in sup.stages
 
-
-def test_group_names() -> None:
-    s = Settings(topic_prefix="p.")
-    one = ModelSetup("m", "1", 1, 20.0, 8, 2.0)
-    assert group_name(s, [one]) == "p.batcher.m"  # a one-model batcher keeps its group (offsets carry over)
-    two = [ModelSetup(n, "1", 1, 20.0, 8, 2.0) for n in ("z", "a")]
-    assert group_name(s, two) == "p.batcher.a+z"
-    many = [ModelSetup(f"model-with-a-long-name-{i}", "1", 1, 20.0, 8, 2.0) for i in range(10)]
-    g = group_name(s, many)
-    assert g.startswith("p.batcher.shared-") and len(g) < 40

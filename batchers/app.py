@@ -39,7 +39,7 @@ from topics.client import aiokafka_kwargs, producer_config
 
 log = logging.getLogger("clipstream.batcher")
 
-__all__ = ["BatcherService", "ModelSetup", "create_app", "faust_app", "group_name", "run", "serve"]
+__all__ = ["create_app", "deliver_by_topic", "faust_app", "group_name", "run", "serve"]
 
 def faust_app(settings: Settings, app_id: str, datadir: str, consumer: bool = True, producer: bool = True,
               **overrides: Any) -> faust.App:
@@ -89,7 +89,7 @@ def deliver_by_topic(records: list[Record], services: dict[str, Any],
             log.exception("batcher: %d records of %s failed", len(part), topic)
 
 
-def create_app(settings: Settings, bs: BatcherSettings, models: ModelSetup | list[ModelSetup],
+def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup],
                follower: Any = None) -> faust.App:
     """The faust app of a batcher process serving one or several models (run it with ``serve``).
 
@@ -98,7 +98,6 @@ def create_app(settings: Settings, bs: BatcherSettings, models: ModelSetup | lis
     their worker reports, one producer, one Redis client. On a small machine that is the
     point: eight one-model batchers meant eight processes woken for each query of an eight-model
     ensemble; one batcher for the eight is woken once."""
-    models = [models] if isinstance(models, ModelSetup) else list(models)
     if not models or len({m.name for m in models}) != len(models):
         raise ConfigError(f"a batcher needs distinct models, got {[m.name for m in models]}")
     cat = Catalogue.from_settings(settings)
@@ -118,8 +117,8 @@ def create_app(settings: Settings, bs: BatcherSettings, models: ModelSetup | lis
 
     def route(accept: Callable[[BatcherService, list[Record]], None],
               topic_model: dict[str, str]) -> Callable[[list[Record]], None]:
-        svcs = services()
-        return lambda records: deliver_by_topic(records, {t: svcs[m] for t, m in topic_model.items()}, accept)
+        by_topic = {topic: services()[model] for topic, model in topic_model.items()}  # once, not per fetch
+        return lambda records: deliver_by_topic(records, by_topic, accept)
 
     @app.task
     async def read_topics() -> None:
@@ -232,13 +231,12 @@ def _use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def run(settings: Settings, bs: BatcherSettings, models: ModelSetup | list[ModelSetup],
-        follower: Any = None) -> None:
+def run(settings: Settings, bs: BatcherSettings, models: list[ModelSetup], follower: Any = None) -> None:
     """Run the batcher until SIGINT/SIGTERM."""
     from topics.admin import ensure_core_topics, ensure_model_topics
 
     ensure_core_topics(settings)
-    for model in [models] if isinstance(models, ModelSetup) else models:
+    for model in models:
         ensure_model_topics(settings, model.name, model.replicas)
     if bs.uvloop:
         _use_uvloop()

@@ -206,7 +206,7 @@ class Selector:
             self.reply_producer.poll(0)
         self.stats["responses"] += 1
 
-    def _reply_acked(self, err: Any, msg: Any, late_us: int = 0) -> None:
+    def _reply_acked(self, err: Any, msg: Any, *, late_us: int) -> None:
         """Delivery report of a Response: its trip to the broker and back, from when the answer
         was due, feeds the budget (``latency()`` runs to now, so this must be served as the
         report arrives)."""
@@ -260,8 +260,7 @@ class Selector:
 
     def answer_expired(self) -> None:
         """The straggler cutoff: answer every query whose deadline has come with what arrived."""
-        now = now_us()
-        for pending in self.join.expired(now):
+        for pending in self.join.expired(now_us()):
             try:
                 # the cutoff was due at ``deadline_us``: the reply's budget must cover how late
                 # this loop got to it (the CPU was elsewhere) as well as the trip to the broker

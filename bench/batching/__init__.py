@@ -23,11 +23,14 @@ also on Ctrl-C. Sections:
   simulated accelerator one more run, *always work queued*: AIMD (objective 20 ms on the
   batch's service time, as in Clipper) offered 1.3x the device's best throughput with request
   deadlines of 100 ms, so the queue never empties: how busy the layer keeps the device.
+  Beside it, what an ideal batcher could answer within the 20 ms end-to-end deadline
+  (``bounds``, simulated): the bound of that stricter reading.
 * ``adapt``: AIMD on the Clockwork profile when the model becomes 2x slower mid-run
   (``set_slowdown``), against fixed sizes measured at the slower speed.
 * ``delayed``: delayed batching off (0 ms) vs on, AIMD, the high-fixed-cost profile, moderate
   bursty load, for two ways of dispatching (eager credit, just in time); ``--dispatch clipper``
   adds Clipper's own (one batch outstanding per replica, the next sent when it returns).
+  Beside them, an ideal batcher's gain from the same delays on the same loads (``bounds``).
 * ``cache``: cache hits: batcher in -> predictions topic out.
 * ``cost``: the ONNX model's CPU cost per query, per process (/proc/<pid>/stat), and where the
   batcher's and the worker's Python time goes (py-spy, when installed).
@@ -45,7 +48,8 @@ Every run has the same warm-up and measurement window; figures count answers mad
 window. ``goodput`` = ok answers made within the request deadline; ``ok throughput`` = ok
 answers, any latency (the batch latency is still bounded by the 20 ms AIMD objective).
 
-Modules: ``helpers`` (pure functions, unit-tested), ``procs`` (load generator and CLI
+Modules: ``helpers`` (pure functions, unit-tested), ``bounds`` (the ideal batcher's
+simulation, unit-tested), ``procs`` (load generator and CLI
 children), ``runner`` (``Bench``: one run), ``sections`` (the five sections), ``plot`` (the
 figure), ``cli`` (``main``). The discrete-event simulation that used to live here is
 ``bench/batching_sim.py``.

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from bench.batching.bounds import delay_gain, end_to_end_bound
 from bench.batching.helpers import (
     CLOCKWORK,
     OBJECTIVE_MS,
@@ -87,6 +88,7 @@ def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -
                    if dev else ")"))
         if kind == "clockwork" and dev is not None:
             entry["device_kept_busy"] = _saturated(b, m, dev, warm, meas)
+            entry["ideal_within_deadline"] = _ideal_bound(lat, dev, rows["AIMD"], b.args.deadline_ms)
         report["throughput"][kind] = entry
     return out
 
@@ -105,6 +107,29 @@ def _saturated(b: Bench, m: Model, dev: dict[str, Any], warm: float, meas: float
     log(f"  => always work queued: AIMD {r['ok_qps']:.0f} qps = x{_r(out['vs_device_max'])} of device max "
         f"{dev['qps']:.0f} qps (batch {r['mean_batch']:.1f}, service p50 {r['service_ms_p50']:.1f} ms, "
         f"device busy {r['device_busy']:.2f})")
+    return out
+
+
+TRANSPORT_HOPS = ("produced->batcher_in", "batched->worker_in", "worker_out->consumed")
+
+
+def _ideal_bound(lat: Any, dev: dict[str, Any], aimd: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
+    """What an ideal batcher (no overhead, ``bench.batching.bounds``) could answer within the
+    request deadline, as a fraction of the device's best: at this run's offered load, and at
+    its best over loads up to 2x the device, with no transport and with the Kafka hops
+    measured in the AIMD run taken out of the deadline."""
+    transport = sum(aimd["hop_ms_p50"].get(h) or 0.0 for h in TRANSPORT_HOPS)
+    cap = int(dev["batch_size"])
+    out: dict[str, Any] = {"transport_ms_p50": transport, "offered_vs_device": aimd["offered_qps"] / dev["qps"],
+                           "measured_vs_device": aimd["goodput_qps"] / dev["qps"]}
+    for name, slo in (("no transport", deadline_ms), ("measured transport", deadline_ms - transport)):
+        bound = end_to_end_bound(lat, dev["qps"], slo, cap, loads=(aimd["offered_qps"] / dev["qps"], 1.0, 1.3, 1.6, 2.0))
+        out[name] = bound
+    at = f"{aimd['offered_qps'] / dev['qps']:g}x"
+    log(f"  => ideal batcher within the {deadline_ms:g} ms deadline (a bound, simulated): at this offered load "
+        f"({at} the device) {max(out['no transport']['by_load'][at].values()):.2f} of the device; at any load up to 2x "
+        f"{out['no transport']['best']['efficient']:.2f}, {out['measured transport']['best']['efficient']:.2f} with the "
+        f"measured {transport:.1f} ms of Kafka hops (measured here: {out['measured_vs_device']:.2f})")
     return out
 
 
@@ -215,10 +240,19 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
                     "device_busy": on["device_busy"] / off["device_busy"] if off["device_busy"] else None,
                     "goodput_qps": [off["goodput_qps"], on["goodput_qps"]],
                 }
+    # the same loads served by an ideal batcher that forms the next batch as the device frees
+    lat = latency_fn(fixed_ms=SVM_FIXED_MS, per_item_ms=SVM_PER_ITEM_MS)
+    cap = int(device_max(lat, OBJECTIVE_MS)["batch_size"])  # where AIMD settles at the 20 ms objective
+    entry["ideal_dispatch_as_device_frees"] = {
+        f"{rate:g} qps": delay_gain(lat, b.args.deadline_ms, cap, rate, delays[1:], period_s=period, duty=duty)
+        for rate in rates}
     report["delayed"] = entry
     for k, v in entry["ratios"].items():
         log(f"  => {k}: goodput x{_r(v['goodput'])} ({v['goodput_qps'][0]:.0f} -> {v['goodput_qps'][1]:.0f} q/s), "
             f"batches/s x{_r(v['batches_per_s'])}, device busy x{_r(v['device_busy'])}")
+    for k, v in entry["ideal_dispatch_as_device_frees"].items():
+        log(f"  => ideal batcher, next batch formed as the device frees, {k}: delay gain "
+            + ", ".join(f"x{_r(x)} at {d}" for d, x in v["ratios"].items()) + " (a bound, simulated)")
 
 
 def _r(x: float | None) -> str:

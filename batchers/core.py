@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchers.cache import Coalescer
-from batchers.dispatch import Dispatcher, InFlight
+from batchers.dispatch import Dispatcher, InFlight, Replica
 from batchers.queue import DeadlineQueue
 
 
@@ -109,12 +109,15 @@ class BatcherCore:
                 step.wake_us = decision.wake_us
                 break
             # under overload, serving a request that cannot finish in time only makes the
-            # ones behind it late too: drop what this replica could not answer by its deadline
-            horizon = self.dispatcher.replicas[decision.replica].expected_latency_us(now_us)  # type: ignore[index]
-            cutoff = now_us + horizon + self.hopeless_margin_us
-            if horizon and self.drop_hopeless and self._expire(cutoff, now_us, step):
-                continue
-            items, late = self.queue.take(decision.size, now_us)
+            # ones behind it late too: size the batch so that as many as fit make their
+            # deadline, and drop those that could only make it in a smaller batch
+            size = decision.size
+            replica = self.dispatcher.replicas[decision.replica]  # type: ignore[index]
+            if self.drop_hopeless and replica.latency.known:
+                size, cutoff = self._fit_to_deadlines(replica, size, now_us)
+                if self._expire(cutoff, now_us, step):
+                    continue
+            items, late = self.queue.take(size, now_us)
             step.expired.extend(late)  # empty: expire() ran above with the same clock
             if not items:
                 break
@@ -123,6 +126,24 @@ class BatcherCore:
             if t is not None and (step.wake_us is None or t < step.wake_us):
                 step.wake_us = t
         return step
+
+    def _fit_to_deadlines(self, replica: Replica, limit: int, now_us: int) -> tuple[int, int]:
+        """The largest batch, up to ``limit``, that as many queued requests can make in time,
+        and its cutoff: requests due by then cannot make it in that batch.
+
+        The largest such batch is also the most efficient one (the device's fixed cost per
+        batch is shared by more requests), so under overload the oldest requests are given
+        up rather than served in small batches that leave the device short of its best
+        throughput (``bench/batching/bounds.py`` shows both policies on an ideal device).
+        """
+        start = now_us + replica.wait_us(now_us) + self.hopeless_margin_us
+        latest = self.queue.latest_deadlines(limit)
+        cutoff = start + int(replica.latency.service_us(1))
+        for size in range(len(latest), 0, -1):
+            cutoff = start + int(replica.latency.service_us(size))
+            if latest[size - 1] > cutoff:
+                return size, cutoff
+        return 1, cutoff  # nothing makes it, even alone
 
     def _expire(self, cutoff_us: int, now_us: int, step: Step) -> int:
         """Drop requests due by ``cutoff_us``; their coalesced twins get their own chance."""

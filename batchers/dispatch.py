@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from batchers.aimd import AIMD
+from batchers.latency import LatencyModel
 
 
 @dataclass
@@ -65,10 +66,13 @@ class Replica:
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=16))
     service_us: float = 0.0  # their median, kept as reports come (read on every dispatch decision)
     free_at_us: int = 0  # when the device should have finished every batch sent so far
+    latency: LatencyModel = field(default_factory=LatencyModel)  # service time by batch size
 
-    def observe_service(self, service_us: int) -> None:
+    def observe_service(self, service_us: int, size: int = 0) -> None:
         self.recent.append(int(service_us))
         self.service_us = float(median(self.recent))
+        if size > 0:
+            self.latency.observe(size, service_us)
 
     def ready_at_us(self, lead_us: int, lead_fraction: float) -> int | None:
         """When this replica may take another batch: None without credit; at once when idle
@@ -84,8 +88,15 @@ class Replica:
         of what is already in flight (tracked from sends and reports), then its own service
         time. Overestimating this drops requests that would have made their deadline: under
         overload the batch then leaves short, and the device runs below its best size."""
-        wait = max(0, self.free_at_us - now_us) if self.in_flight else 0
-        return int(wait + self.service_us)
+        return int(self.wait_us(now_us) + self.service_us)
+
+    def batch_us(self, size: int) -> int:
+        """The expected service time of a batch of ``size``: by size once reports came."""
+        return int(self.latency.service_us(size)) if self.latency.known else int(self.service_us)
+
+    def wait_us(self, now_us: int) -> int:
+        """How long a batch sent now waits at the worker for the batches already sent."""
+        return max(0, self.free_at_us - now_us) if self.in_flight else 0
 
     @property
     def credit(self) -> int:
@@ -197,7 +208,7 @@ class Dispatcher:
         r = self.replicas[replica]
         flight = InFlight(batch_id, replica, size, r.aimd.max_batch_size, now_us, keys)
         r.in_flight[batch_id] = flight
-        r.free_at_us = max(now_us, r.free_at_us) + int(r.service_us)
+        r.free_at_us = max(now_us, r.free_at_us) + r.batch_us(size)
         r.last_sent_us = now_us
         r.batches += 1
         r.items += size
@@ -221,9 +232,9 @@ class Dispatcher:
                 return None
             replica = self.replicas[flight.replica]
         replica.suspect = False
-        replica.observe_service(service_us)
+        replica.observe_service(service_us, batch_size)
         if now_us is not None:  # the batches still out run one after another from about now
-            replica.free_at_us = now_us + int(replica.service_us) * len(replica.in_flight)
+            replica.free_at_us = now_us + sum(replica.batch_us(f.size) for f in replica.in_flight.values())
         replica.aimd.observe(batch_size, service_us, flight.limit)
         return flight
 

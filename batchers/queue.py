@@ -56,6 +56,11 @@ class DeadlineQueue(Generic[T]):
         """The earliest deadline queued, or None when empty."""
         return self._heap[0].deadline_us if self._heap else None
 
+    def latest_deadlines(self, n: int) -> list[int]:
+        """The ``n`` latest deadlines queued, latest first: whether ``k`` requests can still
+        make a given time is whether the k-th of these is after it."""
+        return heapq.nlargest(n, (e.deadline_us for e in self._heap))
+
     @property
     def oldest_arrival(self) -> int | None:
         """Arrival time of the request that has waited longest, or None when empty."""

@@ -123,3 +123,45 @@ def test_the_return_trip_counts_toward_a_requests_deadline():
         step = c.poll(20_000)
         assert [p.request["query_id"] for p in step.expired] == dropped
         assert len(step.batches) == (0 if dropped else 1)
+
+
+def test_under_overload_the_oldest_is_given_up_for_a_batch_that_keeps_the_device_efficient():
+    """The replica takes 2 ms + 1 ms per item. At t=12 ms one request is due at 20.1 ms and
+    eight at 31 ms: with the old one, a batch must end by 20.1 ms (at most 6 items, and the
+    other three follow in a second batch); without it, all eight go in one batch that ends at
+    22 ms. The larger batch shares the fixed cost: the old one is reported expired."""
+    c = core(start=10, delay=0)
+    for size in (2, 6):  # teach the replica its curve
+        for i in range(size):
+            c.admit(req(f"w{size}-{i}", 10**9, x=100 + 10 * size + i))
+        b = c.poll(0).batches[0].record
+        c.on_stats({"batch_id": b["batch_id"], "batch_size": size, "service_us": 2_000 + 1_000 * size})
+    c.admit(req("old", 20_100, x=1))
+    for i in range(8):
+        c.admit(req(f"fresh{i}", 31_000, x=10 + i))
+    step = c.poll(12_000)
+    assert [p.request["query_id"] for p in step.expired] == ["old"]
+    assert [it["query_id"] for it in step.batches[0].record["items"]] == [f"fresh{i}" for i in range(8)]
+
+
+def test_the_wait_behind_a_batch_in_flight_is_its_own_size_s_service_time():
+    """Two batches in flight allowed: a full batch of 10 (12 ms) was just sent. The next is
+    formed just in time, at 9 ms, and can start at 12: a request due at 14 ms cannot make it
+    even alone (12 + 3 ms), one due at 30 ms can. Timed by the recent batches' median
+    (3.5 ms, for batches of 1 and 2), the device would look free by then and the first
+    would be sent, to be late."""
+    c = core(start=10, delay=0, in_flight=2)
+    for size in (1, 2):
+        for i in range(size):
+            c.admit(req(f"w{size}-{i}", 10**9, x=100 + 10 * size + i))
+        b = c.poll(0).batches[0].record
+        c.on_stats({"batch_id": b["batch_id"], "batch_size": size, "service_us": 2_000 + 1_000 * size}, now_us=0)
+    for i in range(10):
+        c.admit(req(f"full{i}", 10**9, x=10 + i))
+    assert len(c.poll(0).batches[0].record["items"]) == 10  # goes at once: nothing can join it
+    c.admit(req("behind-late", 14_000, x=1))
+    c.admit(req("behind-ok", 30_000, x=2))
+    assert c.poll(0).batches == []  # not yet due: requests may still join
+    step = c.poll(9_000)
+    assert [p.request["query_id"] for p in step.expired] == ["behind-late"]
+    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["behind-ok"]

@@ -12,9 +12,9 @@
   join it, so it goes as soon as credit allows and waits at the worker, and under a backlog
   the Kafka hop never leaves the device idle (with a backlog on the simulated accelerator,
   just-in-time alone kept it 63–77% busy: the hop's p50 of 3–6 ms exceeded the 3 ms lead).
-  When the device frees is tracked per replica:
-  each batch sent starts when the previous one ends and takes the measured service time; a
-  worker's report resets the estimate (the next batch started when this one ended).
+  When the device frees is tracked per replica: each batch sent starts when the previous one
+  ends and takes the service time of its size (``batchers/latency.py``); a worker's report
+  resets the estimate (the batches still out run one after another from then).
 * Lost credit. If a worker dies, its stats never come: a batch outstanding longer than
   ``credit_timeout_us`` is reclaimed, and the replica is marked suspect so that healthy
   replicas are preferred until it reports again.
@@ -83,19 +83,14 @@ class Replica:
             return 0
         return self.free_at_us - int(max(lead_us, lead_fraction * self.service_us))
 
-    def expected_latency_us(self, now_us: int) -> int:
-        """How long until a batch sent now should be done: the wait until the device is free
-        of what is already in flight (tracked from sends and reports), then its own service
-        time. Overestimating this drops requests that would have made their deadline: under
-        overload the batch then leaves short, and the device runs below its best size."""
-        return int(self.wait_us(now_us) + self.service_us)
-
     def batch_us(self, size: int) -> int:
         """The expected service time of a batch of ``size``: by size once reports came."""
         return int(self.latency.service_us(size)) if self.latency.known else int(self.service_us)
 
     def wait_us(self, now_us: int) -> int:
-        """How long a batch sent now waits at the worker for the batches already sent."""
+        """How long a batch sent now waits at the worker for the batches already sent (each
+        timed by its size, from the sends and the last report). Overestimating this drops
+        requests that would have made their deadline, and the batch leaves short."""
         return max(0, self.free_at_us - now_us) if self.in_flight else 0
 
     @property

@@ -141,21 +141,22 @@ def test_one_straggling_batch_does_not_change_the_replicas_speed():
         d.sent(0, f"b{i}", 1, now_us=i)
         d.completed(f"b{i}", 1, service, now_us=i + 1)
     assert d.replicas[0].service_us == 2_000
-    assert d.replicas[0].expected_latency_us(now_us=10) == 2_000
+    assert d.replicas[0].batch_us(1) == 2_000 and d.replicas[0].wait_us(now_us=10) == 0
     for i in range(3, 6):  # a replica that is slow every time is seen as slow
         d.sent(0, f"b{i}", 1, now_us=i)
         d.completed(f"b{i}", 1, 150_000, now_us=i + 1)
-    assert d.replicas[0].service_us == 150_000
+    assert d.replicas[0].service_us == 150_000 and d.replicas[0].batch_us(1) == 150_000
 
 
-def test_expected_latency_is_the_wait_for_the_device_then_one_service_time():
+def test_a_batch_waits_for_the_device_then_takes_its_own_service_time():
     """A batch sent while another runs finishes when the device is free plus its own service
     time; it must not be judged by a blanket multiple of the service time (that dropped
     requests that would have made it, and left batches short under overload)."""
     d = make(replicas=1, in_flight=2)
     d.sent(0, "warm", 4, now_us=0)
     d.completed("warm", 4, 100_000, now_us=100_000)  # speed known: 100 ms a batch
-    assert d.replicas[0].expected_latency_us(now_us=100_000) == 100_000  # idle
+    r = d.replicas[0]
+    assert r.wait_us(now_us=100_000) == 0 and r.batch_us(4) == 100_000  # idle
     d.sent(0, "running", 4, now_us=100_000)  # device busy until 200 ms
-    assert d.replicas[0].expected_latency_us(now_us=190_000) == 10_000 + 100_000
-    assert d.replicas[0].expected_latency_us(now_us=250_000) == 100_000  # overdue: no negative wait
+    assert r.wait_us(now_us=190_000) == 10_000
+    assert r.wait_us(now_us=250_000) == 0  # overdue: no negative wait

@@ -29,6 +29,8 @@ import numpy as np
 from batchers.aimd import AIMD
 from batchers.core import BatcherCore, Pending
 from batchers.dispatch import Dispatcher
+from bench.batching.bounds import POLICIES, poisson_arrivals, serve
+from bench.batching.helpers import device_max
 from workers.backends.profile_backend import LatencyProfile
 
 OBJECTIVE_MS = 20.0
@@ -175,9 +177,6 @@ def main(out_dir: Path = Path("out/bench")) -> dict[str, Any]:
                     x: v for x, v in r.items() if x != "trace"}
     # goodput within a 20 ms deadline (end to end) as load passes the device's best, against
     # the same arrivals served by an ideal batcher with no hop (bench/batching/bounds.py)
-    from bench.batching.bounds import POLICIES, poisson_arrivals, serve
-    from bench.batching.helpers import device_max
-
     clock = PROFILES["clockwork-resnet50"]
     dev = device_max(clock.latency_ms, OBJECTIVE_MS)
     for rate in (700, 1100, 1400, 2000):

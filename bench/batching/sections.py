@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.batching.bounds import delay_gain, end_to_end_bound
@@ -113,7 +113,7 @@ def _saturated(b: Bench, m: Model, dev: dict[str, Any], warm: float, meas: float
 TRANSPORT_HOPS = ("produced->batcher_in", "batched->worker_in", "worker_out->consumed")
 
 
-def _ideal_bound(lat: Any, dev: dict[str, Any], aimd: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
+def _ideal_bound(lat: Callable[[int], float], dev: dict[str, Any], aimd: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
     """What an ideal batcher (no overhead, ``bench.batching.bounds``) could answer within the
     request deadline, as a fraction of the device's best: at this run's offered load, and at
     its best over loads up to 2x the device, with no transport and with the Kafka hops

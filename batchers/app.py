@@ -187,22 +187,6 @@ def _datadir(label: str) -> str:
     return path
 
 
-async def _wait_assigned(app: faust.App, topics: list[str]) -> None:
-    """Until our partitions are assigned and their start offsets resolved (nothing is missed)."""
-    while True:
-        assigned = app.consumer.assignment()
-        tps = [tp for tp in assigned if tp.topic in topics]
-        if {tp.topic for tp in tps} >= set(topics):
-            for tp in tps:
-                try:
-                    await app.consumer.position(tp)
-                except Exception:  # a rebalance in between: try again
-                    break
-            else:
-                return
-        await asyncio.sleep(0.05)
-
-
 async def _follow(svc: BatcherService, follower: Any) -> None:
     try:
         cfg = follower.view().model(svc.model.name)

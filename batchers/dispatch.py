@@ -29,10 +29,8 @@ Each replica has its own AIMD state. Time is always passed in, so tests inject t
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from statistics import median
 
 from batchers.aimd import AIMD
 from batchers.latency import LatencyModel
@@ -60,19 +58,16 @@ class Replica:
     suspect: bool = False
     batches: int = 0
     items: int = 0
-    # the last reported batch service times: their median is the replica's speed, so one
-    # straggling batch neither stops the batcher sending (every request looking hopeless, and
-    # no report coming to correct it) nor skews when the next batch is due
-    recent: deque[int] = field(default_factory=lambda: deque(maxlen=16))
-    service_us: float = 0.0  # their median, kept as reports come (read on every dispatch decision)
     free_at_us: int = 0  # when the device should have finished every batch sent so far
-    latency: LatencyModel = field(default_factory=LatencyModel)  # service time by batch size
+    # service time by batch size, from the last reports; medians, so one straggling batch
+    # neither stops the batcher sending (every request looking hopeless, and no report coming
+    # to correct it) nor skews when the next batch is due
+    latency: LatencyModel = field(default_factory=LatencyModel)
 
-    def observe_service(self, service_us: int, size: int = 0) -> None:
-        self.recent.append(int(service_us))
-        self.service_us = float(median(self.recent))
-        if size > 0:
-            self.latency.observe(size, service_us)
+    @property
+    def service_us(self) -> float:
+        """The replica's speed: the median service time of its recent batches (0 before any)."""
+        return self.latency.median_us
 
     def ready_at_us(self, lead_us: int, lead_fraction: float) -> int | None:
         """When this replica may take another batch: None without credit; at once when idle
@@ -84,8 +79,8 @@ class Replica:
         return self.free_at_us - int(max(lead_us, lead_fraction * self.service_us))
 
     def batch_us(self, size: int) -> int:
-        """The expected service time of a batch of ``size``: by size once reports came."""
-        return int(self.latency.service_us(size)) if self.latency.known else int(self.service_us)
+        """The expected service time of a batch of ``size`` (0 before any report)."""
+        return int(self.latency.service_us(size))
 
     def wait_us(self, now_us: int) -> int:
         """How long a batch sent now waits at the worker for the batches already sent (each
@@ -227,7 +222,7 @@ class Dispatcher:
                 return None
             replica = self.replicas[flight.replica]
         replica.suspect = False
-        replica.observe_service(service_us, batch_size)
+        replica.latency.observe(batch_size, service_us)
         if now_us is not None:  # the batches still out run one after another from about now
             replica.free_at_us = now_us + sum(replica.batch_us(f.size) for f in replica.in_flight.values())
         replica.aimd.observe(batch_size, service_us, flight.limit)

@@ -66,6 +66,13 @@ class LatencyModel:
             fixed, slope = 0.0, median(t / s for s, t in obs)
         self._fit = (fixed, slope)
 
+    @property
+    def median_us(self) -> float:
+        """The median service time of the recent batches, whatever their size (0 before any)."""
+        if self._dirty:
+            self._refit()
+        return self._median[1]
+
     def service_us(self, size: int) -> float:
         """The expected service time of a batch of ``size`` (0 before any report)."""
         if not self._obs:

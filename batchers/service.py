@@ -105,11 +105,13 @@ class BatcherService:
             self.counts["send_errors"] += 1
             log.warning("a record for %s was not delivered: %s", msg.topic(), err)
 
-    def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
+    def _predictions(self, preds: list[tuple[int, dict[str, Any]]]) -> list[tuple[str, bytes, int | None]]:
         """One ``Predictions`` record per selector partition."""
         topic = self.topic_predictions
-        self._send_all([(topic, encode("Predictions", record), partition)
-                        for partition, record in by_partition(preds).items()])
+        return [(topic, encode("Predictions", record), partition) for partition, record in by_partition(preds).items()]
+
+    def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
+        self._send_all(self._predictions(preds))
 
     def _deadletter_record(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
                            query_id: str | None = None) -> tuple[str, bytes, int | None]:
@@ -265,9 +267,7 @@ class BatcherService:
                 self.counts["batched"] += len(sent.record["items"])
                 out.append((self.topic_batches, encode("Batch", sent.record), sent.replica))
             if step.expired:
-                topic = self.topic_predictions
-                out += [(topic, encode("Predictions", record), partition)
-                        for partition, record in by_partition(self._expired(step.expired, now)).items()]
+                out += self._predictions(self._expired(step.expired, now))
             if out:
                 self._send_all(out)
             timeout = None if step.wake_us is None else max(0.0, (step.wake_us - now_us()) / 1e6)

@@ -89,8 +89,24 @@ def _counter(expected: int) -> Callable[[bytes], None]:
     return on
 
 
+async def _wait_assigned(app: Any, topics: list[str]) -> None:
+    """Until a faust app's partitions are assigned and their start offsets resolved (nothing is missed)."""
+    while True:
+        assigned = app.consumer.assignment()
+        tps = [tp for tp in assigned if tp.topic in topics]
+        if {tp.topic for tp in tps} >= set(topics):
+            for tp in tps:
+                try:
+                    await app.consumer.position(tp)
+                except Exception:  # a rebalance in between: try again
+                    break
+            else:
+                return
+        await asyncio.sleep(0.05)
+
+
 def _read_faust(topic: str, on: Callable[[bytes], None]) -> None:
-    from batchers.app import _use_uvloop, _wait_assigned, faust_app, serve
+    from batchers.app import _use_uvloop, faust_app, serve
     from clipstream.settings import get_settings
 
     _use_uvloop()

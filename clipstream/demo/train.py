@@ -16,6 +16,8 @@ import numpy as np
 import yaml
 
 LABELS = list(range(10))
+# the demo's models, in the order they are trained; docker-compose.yml runs the same five
+MODELS = ("logreg", "linsvm", "forest", "knn", "mlp")
 ONNX_IR_VERSION = 9  # onnxruntime >= 1.16 reads IR 9
 ONNX_OPSET = {"": 17, "ai.onnx.ml": 3}
 
@@ -128,6 +130,7 @@ def train_all(repo: Path, progress: Any = print) -> dict[str, float]:
         accuracy[name] = float(clf.score(x_test, y_test))
         _write(repo / name / "1", {"model.onnx": _to_onnx(clf)}, _spec("onnx", file="model.onnx"))
         progress(f"  trained {name:7s} (ONNX)        held-out accuracy {accuracy[name]:.3f}")
+    assert (*sklearn_models, "mlp") == MODELS, "keep MODELS (and docker-compose.yml) in step"
     pt = train_torch_mlp(x_train, y_train)
     _write(repo / "mlp" / "1", {"model.pt": pt}, _spec("torch", file="model.pt"))
     from workers.backends import load_model

@@ -38,7 +38,12 @@ def _parse(argv: list[str]) -> click.Context:
     return command.make_context(argv[1], list(argv[2:]))
 
 
-def test_every_stage_command_parses_and_every_demo_model_is_batched_and_served():
+def test_every_stage_command_parses_and_every_demo_model_is_batched_and_served(tmp_path, monkeypatch):
+    # the registry service applies the app file `make demo` writes (mounted at out/demo); the
+    # CLI checks that it exists
+    (tmp_path / "out" / "demo").mkdir(parents=True)
+    (tmp_path / "out" / "demo" / "app.yaml").write_text("apps: []\n")
+    monkeypatch.chdir(tmp_path)
     batched: list[str] = []
     served: list[str] = []
     for name, svc in _services().items():

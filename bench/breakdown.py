@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from bench import load
+from bench.load_kafka import KafkaLoad
 from bench.common import OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, write_app_file, write_json
 
 SEGMENTS: list[tuple[str, str, str]] = [
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             body = load.json_bodies(load.unique_inputs(1))[0]
             for app in ("digits", "sim", "ens5"):
                 wait_warm(pipe.url, app, body)
-            kl = load.KafkaLoad(pipe.settings(), keep_trace=True)
+            kl = KafkaLoad(pipe.settings(), keep_trace=True)
             tap = ReplyTap(pipe.settings(), Pipeline.GATEWAY_INSTANCE)
             try:
                 for i, (app, mode, rate) in enumerate(cases):

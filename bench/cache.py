@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import load
+from bench.load_kafka import KafkaLoad
 from bench.common import OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, write_app_file, write_json
 
 MODELS = 4
@@ -91,7 +92,7 @@ def reevaluation(duration: float, kind: str) -> dict[str, Any]:
     """Step 1 alone, on its own pipeline of ``kind`` models: answers/s without and with the cache."""
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp, Pipeline(build(Path(tmp), kind)) as pipe:
         wait_warm(pipe.url, "ens", load.json_bodies(load.unique_inputs(1))[0])
-        kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
+        kl = KafkaLoad(pipe.settings(), keep_trace=False)
         try:
             miss, hit = misses_then_hits(pipe, kl, duration, kind, seed=54321)
         finally:
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
         with Pipeline(build(Path(tmp))) as pipe:
             wait_warm(pipe.url, "ens", load.json_bodies(load.unique_inputs(1))[0])
-            kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
+            kl = KafkaLoad(pipe.settings(), keep_trace=False)
             try:
                 miss, hit = misses_then_hits(pipe, kl, duration, "onnx", seed=12345)
                 say("cache: clipstream's learner (feedback joined with stored predictions)")

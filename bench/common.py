@@ -407,6 +407,7 @@ def load_step(pipe: Pipeline, app: str, rate: float, slo_ms: float, duration_s: 
               inputs: Any = None, label: str = "") -> dict[str, Any]:
     """One open-loop step at ``rate``; the summary plus each pipeline process's CPU ms per query."""
     from bench import load
+    from bench.load_http import run_gateway
 
     times = load.arrival_times(rate, cv, duration_s, seed)
     x = load.unique_inputs(len(times), seed=seed * 7919 + int(rate)) if inputs is None else inputs
@@ -415,7 +416,7 @@ def load_step(pipe: Pipeline, app: str, rate: float, slo_ms: float, duration_s: 
     if mode == "kafka":
         run = kafka_load.run(app, load.tensors(x), times, slo_ms)
     else:
-        run = load.run_gateway(pipe.url, app, load.json_bodies(x, slo_ms), times)
+        run = run_gateway(pipe.url, app, load.json_bodies(x, slo_ms), times)
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     s = run.summary(slo_ms, warmup_s)
     n = max(1, len(times))

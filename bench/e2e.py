@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import load
+from bench.load_kafka import KafkaLoad
 from bench.common import (
     OUT, WARM_UP, Pipeline, best_under_slo, figure, machine_info, save_figure, say, sweep, wait_warm, warm_up,
     write_app_file, write_json,
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             body = load.json_bodies(load.unique_inputs(1))[0]
             for app in ("digits", "sim"):
                 wait_warm(pipe.url, app, body)
-            kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
+            kl = KafkaLoad(pipe.settings(), keep_trace=False)
             try:
                 for app in ("digits", "sim"):
                     warm_up(pipe, app, kafka_load=kl)

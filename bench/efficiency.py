@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import load
+from bench.load_kafka import KafkaLoad
 from bench.common import (
     OUT, Pipeline, figure, load_step, machine_info, save_figure, say, strip_rows, wait_warm, write_app_file,
     write_json,
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="bench-eff-") as tmp, \
                 Pipeline(build(Path(tmp)), env={"CLIPSTREAM_BATCHER_MAX_IN_FLIGHT": str(in_flight)}) as pipe:
             wait_warm(pipe.url, "accel", load.json_bodies(load.unique_inputs(1))[0])
-            kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
+            kl = KafkaLoad(pipe.settings(), keep_trace=False)
             tap = BatchStatsTap(pipe.settings(), "accel", lambda n: table.latency_ms(n) / SPEED)
             try:
                 for i, f in enumerate(fractions):

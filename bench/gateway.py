@@ -32,7 +32,8 @@ import numpy as np
 
 from bench.common import (WARM_UP, Pipeline, cpu_delta, cpu_snapshot, figure, machine_info, save_figure, say, warm_up,
                           write_app_file, write_json)
-from bench.load import arrival_times, json_bodies, run_gateway, unique_inputs
+from bench.load import arrival_times, json_bodies, unique_inputs
+from bench.load_http import run_gateway
 
 
 def main() -> None:

@@ -6,10 +6,13 @@ bursty). The generator is open loop: each query is sent at its scheduled time wh
 earlier ones have been answered, and its latency runs from that scheduled time (a generator
 that falls behind does not hide the system's queueing: no coordinated omission).
 
-Two ways in:
-- ``gateway``: async httpx, one task per query over a pool of keep-alive connections;
-- ``kafka``: a confluent-kafka Producer writes QueryEvents to the queries topic with a private
-  reply topic, and a consumer thread reads the Responses (their trace stamps come along).
+Two ways in, each a module of its own:
+- ``gateway`` (``bench.load_http``): one task per query over a pool of keep-alive connections;
+- ``kafka`` (``bench.load_kafka``): a confluent-kafka Producer writes QueryEvents to the queries
+  topic with a private reply topic, and a consumer thread reads the Responses (their trace
+  stamps come along).
+This module holds what both share: the arrival process, the outcomes and their summary, the
+inputs, and the command line.
 
 Every query's outcome is recorded (answered, default, error, lost = no answer at all); the
 summary gives throughput, goodput within the SLO, p50/p90/p99/p99.9 and the fraction of SLO
@@ -23,16 +26,14 @@ CPU use (process time / wall time) and how late it sent (its lag behind the sche
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import gc
 import json
 import math
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -155,10 +156,10 @@ def summarize(results: Sequence[Outcome], slo_ms: float, duration_s: float, *, w
     }
 
 
-# --- drivers ------------------------------------------------------------------------------------
+# --- what both drivers share (bench.load_http, bench.load_kafka) ---------------------------------
 
 
-def _now_us() -> int:
+def now_us() -> int:
     return time.time_ns() // 1000
 
 
@@ -184,7 +185,7 @@ class RunResult:
 Progress = Callable[[str], None]
 
 
-def _ticker(label: str, total: int, done: Callable[[], int], progress: Progress | None,
+def ticker(label: str, total: int, done: Callable[[], int], progress: Progress | None,
             stop: threading.Event) -> threading.Thread:
     def run() -> None:
         while not stop.wait(2.0):
@@ -193,83 +194,6 @@ def _ticker(label: str, total: int, done: Callable[[], int], progress: Progress 
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
-
-
-class RawHTTP:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams: a pool of connections, one
-    request at a time each. It costs a small fraction of httpx's CPU per request, which is what
-    lets a 2-core box offer more load than the gateway serves. ``post`` -> (status, body)."""
-
-    def __init__(self, url: str, max_connections: int, timeout_s: float) -> None:
-        from urllib.parse import urlsplit
-
-        u = urlsplit(url)
-        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
-        self.max, self.timeout_s = max_connections, timeout_s
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        self.open = 0
-        self.freed = asyncio.Event()
-
-    async def warm(self, n: int) -> None:
-        """Open ``n`` connections before the run: a population of callers keeps its connections,
-        and opening them all at the first burst costs both sides a CPU spike that is not the
-        steady state being measured (the httpx client is warmed the same way)."""
-        n = min(n, self.max - self.open)
-        self.open += n
-        opened = await asyncio.gather(*(asyncio.open_connection(self.host, self.port) for _ in range(n)),
-                                      return_exceptions=True)
-        for conn in opened:
-            if isinstance(conn, BaseException):
-                self.open -= 1
-            else:
-                self.idle.append(conn)
-
-    async def _conn(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        while True:
-            if self.idle:
-                reader, writer = self.idle.pop()
-                if reader.at_eof():  # the server closed it while it sat idle
-                    self.open -= 1
-                    writer.close()
-                    continue
-                return reader, writer
-            if self.open < self.max:
-                self.open += 1
-                try:
-                    return await asyncio.open_connection(self.host, self.port)
-                except Exception:
-                    self.open -= 1
-                    raise
-            self.freed.clear()
-            await self.freed.wait()
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        reader, writer = await self._conn()
-        ok = False
-        try:
-            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), len(body), body))
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout_s)
-            status = int(head[9:12])
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            data = await reader.readexactly(length) if length else b""
-            ok = True
-            return status, data
-        finally:
-            if ok:
-                self.idle.append((reader, writer))
-            else:
-                self.open -= 1
-                writer.close()
-            self.freed.set()
-
-    async def aclose(self) -> None:
-        for _, w in self.idle:
-            w.close()
-        self.idle.clear()
 
 
 def without_gc_pauses(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -289,241 +213,6 @@ def without_gc_pauses(fn: Callable[..., Any]) -> Callable[..., Any]:
             if was_enabled:
                 gc.enable()
     return wrapper
-
-
-@without_gc_pauses
-def run_gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarray, *, max_connections: int = 256,
-                timeout_s: float = 10.0, progress: Progress | None = None, client: str = "raw") -> RunResult:
-    """Post ``bodies[i % len]`` at ``times[i]`` (seconds from now) to the app's predict route.
-
-    ``client``: ``raw`` (``RawHTTP``, cheap) or ``httpx`` (httpx.AsyncClient)."""
-    return asyncio.run(_gateway(url, app, bodies, times, max_connections, timeout_s, progress, client))
-
-
-async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarray, max_connections: int,
-                   timeout_s: float, progress: Progress | None, kind: str) -> RunResult:
-    import httpx
-
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    path = f"/v1/apps/{app}/predict"
-    headers = {"content-type": "application/json"}
-    loop = asyncio.get_running_loop()
-    results = [Outcome(i, 0) for i in range(len(times))]
-    answered = [0]
-    raw = RawHTTP(url, max_connections, timeout_s) if kind == "raw" else None
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout_s) as client:
-        # open the connections first: connection set-up is not the system's latency
-        if raw is not None:
-            await raw.warm(min(max_connections, 128))
-        else:
-            await asyncio.gather(*(client.get("/healthz") for _ in range(min(max_connections, 64))),
-                                 return_exceptions=True)
-
-        async def one(i: int) -> None:
-            r = results[i]
-            r.sent_us = _now_us()
-            try:
-                if raw is not None:
-                    status, content = await raw.post(path, bodies[i % len(bodies)])
-                else:
-                    resp = await client.post(path, content=bodies[i % len(bodies)], headers=headers)
-                    status, content = resp.status_code, resp.content
-                r.recv_us, r.status = _now_us(), status
-                if status == 200:
-                    body = json.loads(content)
-                    r.outcome = "default" if body.get("default") else "answered"
-                    r.query_id = body.get("query_id", "")
-                    r.output = body.get("output")
-                    r.server_ms = float(body.get("latency_ms", math.nan))
-                else:
-                    r.outcome = "error"
-            except Exception:  # timeouts, refused connections: an error, keep going
-                r.recv_us = _now_us()
-                r.outcome = "error"
-            answered[0] += 1
-
-        stop = threading.Event()
-        _ticker("gateway", len(times), lambda: answered[0], progress, stop)
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        start_us = _now_us() + 20_000
-        t0 = loop.time() + 0.02
-        tasks: set[asyncio.Task[None]] = set()
-        for i, t in enumerate(times):
-            delay = t0 + t - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            results[i].sched_us = start_us + int(t * 1e6)
-            task = asyncio.create_task(one(i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s + 5)
-        stop.set()
-        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-        if raw is not None:
-            await raw.aclose()
-    duration = float(times[-1]) if len(times) else 0.0
-    return RunResult(results, start_us, duration, wall, cpu)
-
-
-class KafkaLoad:
-    """QueryEvents straight into the queries topic; Responses from a private reply topic."""
-
-    def __init__(self, settings: Any, keep_trace: bool = True) -> None:
-        from confluent_kafka import Consumer, Producer, TopicPartition
-
-        from topics.admin import watermarks
-        from topics.admin import ensure_topics
-        from topics.catalogue import Catalogue
-        from topics.client import consumer_config, producer_config
-
-        self.settings = settings
-        cat = Catalogue.from_settings(settings)
-        self.instance = f"load{uuid.uuid4().hex[:8]}"
-        # the broker stamps each Response with its append time: the reply hop splits in two
-        spec = cat.replies(self.instance)
-        self.reply = replace(spec, config={**spec.config, "message.timestamp.type": "LogAppendTime"})
-        self.queries_topic = cat.queries.name
-        ensure_topics(settings, [self.reply, cat.queries])
-        self.producer = Producer(producer_config(settings))
-        self.consumer = Consumer(consumer_config(settings, f"bench-{self.instance}",
-                                                 **{"enable.auto.commit": False}))
-        tp = TopicPartition(self.reply.name, 0)
-        _, high = watermarks(self.consumer, tp)
-        self.consumer.assign([TopicPartition(self.reply.name, 0, max(high, 0))])
-        self.keep_trace = keep_trace
-
-    def close(self) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        from topics.client import admin_config
-
-        self.producer.flush(5)
-        self.consumer.close()
-        try:
-            for fut in AdminClient(admin_config(self.settings)).delete_topics([self.reply.name]).values():
-                fut.result(timeout=10)
-        except Exception:  # best effort: a private broker goes away anyway
-            pass
-        # drop the librdkafka handles now: one left for the GC keeps reconnecting to a stopped broker
-        del self.producer, self.consumer
-
-    def run_closed(self, app: str, tensors: Sequence[dict[str, Any]], duration_s: float, slo_ms: float,
-                   concurrency: int = 32, progress: Progress | None = None) -> RunResult:
-        """Closed loop for capacity: keep ``concurrency`` queries outstanding for ``duration_s``.
-
-        Open-loop overload is no way to measure capacity here (the queue grows until every
-        query is late); a fixed number in flight keeps the system just saturated."""
-        sem = threading.Semaphore(concurrency)
-        self._release = sem.release
-        try:
-            # enough slots for any rate this machine reaches: the inputs are cycled, so a short
-            # list (the cache benchmark's repeats) never caps the closed loop's throughput
-            n = max(len(tensors), int(duration_s * 5000) + concurrency)
-            return self.run(app, tensors, np.zeros(n), slo_ms, progress=progress, gate=sem, stop_after_s=duration_s)
-        finally:
-            self._release = None
-
-    _release: Callable[[], None] | None = None
-
-    @without_gc_pauses
-    def run(self, app: str, tensors: Sequence[dict[str, Any]], times: np.ndarray, slo_ms: float, *,
-            drain_s: float = 3.0, progress: Progress | None = None, gate: threading.Semaphore | None = None,
-            stop_after_s: float | None = None) -> RunResult:
-        """Send ``tensors[i % len]`` (``schemas.to_tensor`` dicts) at ``times[i]``."""
-        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
-
-        from schemas import decode_as, encode
-
-        prefix = uuid.uuid4().hex[:12]
-        results = [Outcome(i, 0, query_id=f"{prefix}{i:09d}") for i in range(len(times))]
-        slo_us = int(slo_ms * 1000)
-        stop = threading.Event()
-        got = [0]
-
-        def receive() -> None:
-            while not stop.is_set():
-                # consume(n, timeout) waits for n records or the whole timeout: wait for one only
-                first = self.consumer.poll(0.05)
-                if first is None:
-                    continue
-                now = _now_us()
-                msgs = [first, *self.consumer.consume(999, 0)]
-                for m in msgs:
-                    if m.error():
-                        continue
-                    try:
-                        rec = decode_as("Response", m.value())
-                    except Exception:
-                        continue
-                    qid = rec["query_id"]
-                    if not qid.startswith(prefix):
-                        continue
-                    r = results[int(qid[len(prefix):])]
-                    if r.recv_us:
-                        continue
-                    r.recv_us = now
-                    if self._release is not None:
-                        self._release()
-                    r.outcome = "default" if rec["is_default"] else "answered"
-                    r.output = rec.get("output")
-                    if self.keep_trace:
-                        r.trace = dict(rec.get("trace") or {})
-                        r.trace["_missing"] = len(rec.get("missing") or ())
-                        kind, ts_ms = m.timestamp()
-                        if kind == TIMESTAMP_LOG_APPEND_TIME:
-                            r.trace["_reply_appended"] = ts_ms * 1000
-                    got[0] += 1
-
-        rx = threading.Thread(target=receive, daemon=True)
-        rx.start()
-        tick_stop = threading.Event()
-        _ticker("kafka", len(times), lambda: got[0], progress, tick_stop)
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        start = time.monotonic() + 0.02
-        start_us = _now_us() + 20_000
-        produce, poll, topic = self.producer.produce, self.producer.poll, self.queries_topic
-        n_t = len(tensors)
-        sent = len(times)
-        for i, t in enumerate(times):
-            if gate is not None:  # closed loop: wait for a free slot; the clock starts at the send
-                while not gate.acquire(timeout=0.05):
-                    self.producer.poll(0)
-                if stop_after_s is not None and time.monotonic() - start > stop_after_s:
-                    sent = i
-                    break
-                t = time.monotonic() - start
-            delay = start + t - time.monotonic()
-            if delay > 0.0005:
-                time.sleep(delay)
-            r = results[i]
-            r.sched_us = start_us + int(t * 1e6)
-            now = _now_us()
-            r.sent_us = now
-            event = {"query_id": r.query_id, "app": app, "context": None, "input": tensors[i % n_t],
-                     "created_us": now, "deadline_us": now + slo_us, "reply_topic": self.reply.name,
-                     "reply_partition": 0, "trace": {"produced": now}}
-            while True:
-                try:
-                    produce(topic, encode("QueryEvent", event), r.query_id.encode())
-                    break
-                except BufferError:
-                    poll(0.01)
-            poll(0)
-        self.producer.flush(10)
-        deadline = time.monotonic() + slo_ms / 1000 + drain_s
-        while got[0] < sent and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stop.set()
-        tick_stop.set()
-        rx.join(5)
-        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-        results = results[:sent]
-        if gate is not None:
-            duration = float(stop_after_s or 0.0)
-        else:
-            duration = float(times[-1]) if len(times) else 0.0
-        return RunResult(results, start_us, duration, wall, cpu)
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -581,9 +270,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     inputs = unique_inputs(len(times), shape, args.seed)
     print(f"{len(times)} queries over {args.duration:g}s ({args.mode}, rate {args.rate:g}, cv {args.cv:g})", flush=True)
     if args.mode == "gateway":
+        from bench.load_http import run_gateway
+
         run = run_gateway(args.url, args.app, json_bodies(inputs, args.slo_ms), times,
                           max_connections=args.connections, progress=print, client=args.client)
     else:
+        from bench.load_kafka import KafkaLoad
         from clipstream.settings import get_settings
 
         settings = get_settings(**({"kafka_bootstrap": args.bootstrap} if args.bootstrap else {}))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import load
+from bench.load_kafka import KafkaLoad
 from bench.common import (
     OUT, Pipeline, figure, load_step, machine_info, save_figure, say, strip_rows, wait_warm, write_json,
 )
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             body = load.json_bodies(load.unique_inputs(1))[0]
             for r in REPLICAS:
                 wait_warm(pipe.url, f"accel{r}", body)
-            kl = load.KafkaLoad(pipe.settings(), keep_trace=False)
+            kl = KafkaLoad(pipe.settings(), keep_trace=False)
             try:
                 for i, r in enumerate(REPLICAS):
                     steps = []

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from bench import load
+from bench.load_kafka import KafkaLoad
 from bench.breakdown import parts_of, table
 from bench.common import (OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, warm_up,
                           write_app_file, write_json)
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             body = load.json_bodies(x[:1])[0]
             for s in sizes:
                 wait_warm(pipe.url, f"ens{s}", body)
-            kl = load.KafkaLoad(pipe.settings(), keep_trace=True)
+            kl = KafkaLoad(pipe.settings(), keep_trace=True)
             kl.keep_missing = True
             try:
                 # the largest ensemble at the measured rate, discarded: it warms every stage and

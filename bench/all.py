@@ -18,7 +18,8 @@ import sys
 import time
 import traceback
 
-from bench.common import OUT, machine_info, say
+from bench.common import OUT, say
+from bench.machine import machine_info
 
 ORDER = ("intake", "breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "gateway", "join", "batching")
 # run as their own process: name -> extra arguments of the quick mode

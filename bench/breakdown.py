@@ -39,7 +39,8 @@ import numpy as np
 
 from bench import load
 from bench.load_kafka import KafkaLoad
-from bench.common import OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, write_app_file, write_json
+from bench.common import OUT, Pipeline, figure, load_step, save_figure, say, wait_warm, write_app_file, write_json
+from bench.machine import machine_info
 
 SEGMENTS: list[tuple[str, str, str]] = [
     ("gateway", "sent", "produced"),

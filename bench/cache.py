@@ -31,7 +31,8 @@ from typing import Any
 
 from bench import load
 from bench.load_kafka import KafkaLoad
-from bench.common import OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, write_app_file, write_json
+from bench.common import OUT, Pipeline, figure, load_step, save_figure, say, wait_warm, write_app_file, write_json
+from bench.machine import machine_info
 
 MODELS = 4
 CONCURRENCY = 32
@@ -60,7 +61,7 @@ def build(root: Path, kind: str = "onnx") -> Path:
 
 def capacity(pipe: Pipeline, kl: Any, inputs: Any, duration: float, label: str) -> dict[str, Any]:
     """Closed loop (CONCURRENCY in flight, long SLO): answers per second, CPU per query."""
-    from bench.common import cpu_delta, cpu_snapshot
+    from bench.machine import cpu_delta, cpu_snapshot
 
     procs = pipe.processes()
     c0 = cpu_snapshot(procs)

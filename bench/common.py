@@ -3,8 +3,8 @@
 ``Pipeline`` runs ``clipstream up -f app.yaml --free-ports --state-dir DIR --gateway-port P``
 with its own Kafka and Redis (the environment points at unused ports, so an infrastructure
 somebody else runs on the default ports is never touched), waits for ``ready:``, and stops
-everything with SIGINT at the end. ``cpu_snapshot`` reads every pipeline process's CPU time
-from /proc, so a benchmark can say where the CPU went per query and per process.
+everything with SIGINT at the end. ``Pipeline.processes`` names every pipeline process, so a
+benchmark can say where the CPU went per query and per process (``bench.machine``).
 
 Every report is ``out/bench/<name>.json`` with the machine, the settings and the raw figures,
 plus ``<name>.png``.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -29,157 +28,13 @@ from typing import Any
 
 import yaml
 
+from bench.machine import cmdline, cpu_delta, cpu_snapshot, descendants, label_of
+
 OUT = Path("out/bench")
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def say(msg: str) -> None:
     print(msg, flush=True)
-
-
-# --- machine -----------------------------------------------------------------------------
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def busy_processes(min_pct: float = 5.0, sample_s: float = 0.5) -> list[dict[str, Any]]:
-    """Processes (not ours) using more than ``min_pct`` of a core right now: the noise to report."""
-    first = _all_cpu()
-    time.sleep(sample_s)
-    second = _all_cpu()
-    mine = {os.getpid(), *_descendants(os.getpid())}
-    out = []
-    for pid, (ticks, name) in second.items():
-        if pid in mine or pid not in first:
-            continue
-        pct = 100.0 * (ticks - first[pid][0]) / CLK_TCK / sample_s
-        if pct >= min_pct:
-            out.append({"pid": pid, "cmd": name[:120], "cpu_pct": round(pct, 1)})
-    return sorted(out, key=lambda r: -r["cpu_pct"])
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model and count, memory, load average, Python, and what else was busy at the time."""
-    try:
-        mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                          if line.startswith("MemTotal")))
-    except (OSError, StopIteration, ValueError):
-        mem_kb = 0
-    return {
-        "hostname": socket.gethostname(),
-        "cpu_model": _cpu_model(),
-        "cpus": os.cpu_count(),
-        "mem_gib": round(mem_kb / 2**20, 1),
-        "loadavg": list(os.getloadavg()),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "other_busy_processes": busy_processes(),
-        "cpu_probe_ms": cpu_probe_ms(),
-    }
-
-
-def cpu_probe_ms(rounds: int = 3) -> float:
-    """The best of a few runs of a fixed pure-Python loop, in ms. This machine is a VM whose
-    speed drifts by tens of percent over minutes (the same step cost 40% more CPU per query
-    twenty minutes later), so each report keeps a reading of how fast it was at the time."""
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        acc = 0
-        for i in range(1_000_000):
-            acc += i & 7
-        best = min(best, time.perf_counter() - t0)
-    return round(best * 1000, 1)
-
-
-# --- per-process CPU ------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, utime+stime ticks) of a process, None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = raw[raw.rfind(")") + 2:].split()
-    return int(rest[1]), int(rest[11]) + int(rest[12])
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
-    except OSError:
-        return []
-
-
-def _all_cpu() -> dict[int, tuple[int, str]]:
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = _stat(int(entry.name))
-            if st is not None:
-                out[int(entry.name)] = (st[1], " ".join(_cmdline(int(entry.name))))
-    return out
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = _stat(int(entry.name))
-            if st is not None:
-                children.setdefault(st[0], []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def label_of(argv: list[str]) -> str:
-    """A short name for a pipeline process from its command line."""
-    if not argv:
-        return "?"
-    exe = Path(argv[0]).name
-    if exe == "java" or any("kafka.Kafka" in a for a in argv):
-        return "kafka"
-    if exe.startswith("redis-server"):
-        return "redis"
-    if "clipstream.cli" in argv:
-        args = argv[argv.index("clipstream.cli") + 1:]
-        verb = args[0] if args else "?"
-        opts = dict(zip(args[1::2], args[2::2])) if len(args) > 1 else {}
-        if verb == "batcher":  # one model, or several in one process
-            models = [b for a, b in zip(args, args[1:]) if a == "--model"]
-            return "batcher-" + ("+".join(models) or "?")
-        if verb == "worker":
-            return f"worker-{opts.get('--model', '?')}-{opts.get('--replica', '0')}"
-        return verb
-    return exe
-
-
-def cpu_snapshot(pids: Mapping[int, str]) -> dict[str, float]:
-    """CPU seconds used so far by each labelled process (the same label adds up)."""
-    out: dict[str, float] = {}
-    for pid, label in pids.items():
-        st = _stat(pid)
-        if st is not None:
-            out[label] = out.get(label, 0.0) + st[1] / CLK_TCK
-    return out
-
-
-def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
 
 
 # --- the pipeline ---------------------------------------------------------------------------
@@ -273,14 +128,14 @@ class Pipeline:
         out: dict[int, str] = {}
         if self.proc is not None:
             out[self.proc.pid] = "up"
-            for pid in _descendants(self.proc.pid):
-                out[pid] = label_of(_cmdline(pid))
+            for pid in descendants(self.proc.pid):
+                out[pid] = label_of(cmdline(pid))
         try:
             state = json.loads((self.state_dir / "infra.json").read_text())
             for name in ("kafka", "redis"):
                 if isinstance(state.get(name), dict) and "pid" in state[name]:
                     out[int(state[name]["pid"])] = name
-                    for pid in _descendants(int(state[name]["pid"])):
+                    for pid in descendants(int(state[name]["pid"])):
                         out[pid] = name
         except (OSError, ValueError):
             pass

@@ -19,10 +19,9 @@ from typing import Any
 
 from bench import load
 from bench.load_kafka import KafkaLoad
-from bench.common import (
-    OUT, WARM_UP, Pipeline, best_under_slo, figure, machine_info, save_figure, say, sweep, wait_warm, warm_up,
-    write_app_file, write_json,
-)
+from bench.common import (OUT, WARM_UP, Pipeline, best_under_slo, figure, save_figure, say, sweep, wait_warm, warm_up,
+                          write_app_file, write_json)
+from bench.machine import machine_info
 
 SLOS = (20.0, 50.0)
 RATES = [50, 75, 110, 160, 230, 330, 470, 670, 950, 1350]

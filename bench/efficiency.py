@@ -31,10 +31,9 @@ from typing import Any
 
 from bench import load
 from bench.load_kafka import KafkaLoad
-from bench.common import (
-    OUT, Pipeline, figure, load_step, machine_info, save_figure, say, strip_rows, wait_warm, write_app_file,
-    write_json,
-)
+from bench.common import (OUT, Pipeline, figure, load_step, save_figure, say, strip_rows, wait_warm, write_app_file,
+                          write_json)
+from bench.machine import machine_info
 from clipstream.clock import now_us
 
 CLOCKWORK: dict[int, float] = {1: 2.61, 2: 3.78, 4: 5.61, 8: 9.13, 16: 15.67}

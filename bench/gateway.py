@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.common import (WARM_UP, Pipeline, cpu_delta, cpu_snapshot, figure, machine_info, save_figure, say, warm_up,
-                          write_app_file, write_json)
+from bench.common import WARM_UP, Pipeline, figure, save_figure, say, warm_up, write_app_file, write_json
+from bench.machine import cpu_delta, cpu_snapshot, machine_info
 from bench.load import arrival_times, json_bodies, unique_inputs
 from bench.load_http import run_gateway
 

@@ -26,7 +26,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.common import CLK_TCK, cpu_snapshot, figure, machine_info, private_infra, save_figure, say, write_json
+from bench.common import figure, private_infra, save_figure, say, write_json
+from bench.machine import CLK_TCK, cpu_snapshot, machine_info
 
 READERS = ("faust", "aiokafka", "librdkafka")
 WRITERS = ("pacing", "faust", "aiokafka", "librdkafka")  # pacing: the same loop, sending nothing

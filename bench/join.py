@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Consumer
 
-from bench.common import Pipeline, figure, machine_info, save_figure, say, write_app_file, write_json
+from bench.common import Pipeline, figure, save_figure, say, write_app_file, write_json
+from bench.machine import machine_info
 from schemas import decode
 from topics import Catalogue, consumer_config
 

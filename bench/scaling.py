@@ -19,9 +19,8 @@ from typing import Any
 
 from bench import load
 from bench.load_kafka import KafkaLoad
-from bench.common import (
-    OUT, Pipeline, figure, load_step, machine_info, save_figure, say, strip_rows, wait_warm, write_json,
-)
+from bench.common import OUT, Pipeline, figure, load_step, save_figure, say, strip_rows, wait_warm, write_json
+from bench.machine import machine_info
 from bench.efficiency import CLOCKWORK, build, device_bound
 
 SPEED = 1 / 16

@@ -31,8 +31,9 @@ import numpy as np
 from bench import load
 from bench.load_kafka import KafkaLoad
 from bench.breakdown import parts_of, table
-from bench.common import (OUT, Pipeline, figure, load_step, machine_info, save_figure, say, wait_warm, warm_up,
-                          write_app_file, write_json)
+from bench.common import (OUT, Pipeline, figure, load_step, save_figure, say, wait_warm, warm_up, write_app_file,
+                          write_json)
+from bench.machine import machine_info
 
 SIZES = (2, 4, 8)
 SLO_MS = 50.0

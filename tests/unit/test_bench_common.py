@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.breakdown import SEGMENTS, split, table
-from bench.common import best_under_slo, label_of
+from bench.common import best_under_slo
+from bench.machine import label_of
 from bench.efficiency import CLOCKWORK, device_bound
 
 

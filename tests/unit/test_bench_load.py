@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.load import Outcome, arrival_gaps, arrival_times, gap_stats, json_bodies, percentiles, summarize, unique_inputs
+from bench.load import (Outcome, arrival_gaps, arrival_times, gap_stats, json_bodies, percentiles, summarize,
+                        unique_inputs)
 
 
 @pytest.mark.parametrize("rate,cv", [(100.0, 1.0), (500.0, 0.5), (50.0, 2.0), (1000.0, 4.0)])

@@ -94,6 +94,9 @@ class Outcome:
     trace: dict[str, int] = field(default_factory=dict)
     server_ms: float = math.nan  # the gateway's own latency_ms for the call (200 answers)
     status: int = 0  # the HTTP status (gateway runs; 0: none came)
+    # when the answer reached the generator's socket, by the kernel's stamp (gateway runs with
+    # the raw client; 0: none): recv_us minus the generator's own delay in reading it
+    arrived_us: int = 0
 
     @property
     def latency_ms(self) -> float:
@@ -140,6 +143,9 @@ def summarize(results: Sequence[Outcome], slo_ms: float, duration_s: float, *, w
     # a shared machine is the instrument's delay, not the system's (``latency`` keeps it: open loop)
     from_send = np.array([(r.recv_us - r.sent_us) / 1000.0 for r in window if r.sent_us and r.recv_us],
                          dtype=np.float64)
+    # and to when the answer reached the generator's socket (kernel stamp): without its read delay
+    to_arrival = np.array([(r.arrived_us - r.sent_us) / 1000.0 for r in window if r.sent_us and r.arrived_us],
+                          dtype=np.float64)
     return {
         "sent": n,
         "offered_qps": n / span,
@@ -153,6 +159,7 @@ def summarize(results: Sequence[Outcome], slo_ms: float, duration_s: float, *, w
         "mean_ms": float(np.nanmean(lat)) if n and not np.isnan(lat).all() else math.nan,
         "send_lag_ms": percentiles(lag, (50.0, 99.0)) if lag.size else {},
         "latency_from_send_ms": percentiles(from_send),
+        **({"latency_send_to_arrival_ms": percentiles(to_arrival)} if to_arrival.size else {}),
     }
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -15,10 +17,34 @@ import numpy as np
 from bench.load import Outcome, Progress, RunResult, now_us, ticker, without_gc_pauses
 
 
+# SO_TIMESTAMPNS (asm-generic/socket.h): the kernel stamps each received segment; Python names
+# the option only on some builds, and Linux has had the number since 2.6.22
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
+class _Conn:
+    """One keep-alive connection of ``RawHTTP``: its socket, what it has read so far, the
+    response it awaits, and the kernel's arrival time of the last bytes read."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[tuple[int, bytes, int]] | None = None
+        self.arrived_us = 0
+        self.closed = False
+
+
 class RawHTTP:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams: a pool of connections, one
+    """A minimal HTTP/1.1 keep-alive client on non-blocking sockets: a pool of connections, one
     request at a time each. It costs a small fraction of httpx's CPU per request, which is what
-    lets a 2-core box offer more load than the gateway serves. ``post`` -> (status, body)."""
+    lets a 2-core box offer more load than the gateway serves. ``post`` -> (status, body,
+    arrived_us).
+
+    ``arrived_us`` is when the answer's last bytes reached this process's socket, as the kernel
+    stamped them (SO_TIMESTAMPNS), not when the generator's event loop got round to reading
+    them: on a shared 2-core machine the generator is itself descheduled for tens of ms at a
+    time, and that delay is the instrument's, not the system's (0 when no stamp came).
+    """
 
     def __init__(self, url: str, max_connections: int, timeout_s: float) -> None:
         from urllib.parse import urlsplit
@@ -26,7 +52,7 @@ class RawHTTP:
         u = urlsplit(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         self.max, self.timeout_s = max_connections, timeout_s
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.idle: list[_Conn] = []
         self.open = 0
         self.freed = asyncio.Event()
 
@@ -36,59 +62,113 @@ class RawHTTP:
         steady state being measured (the httpx client is warmed the same way)."""
         n = min(n, self.max - self.open)
         self.open += n
-        opened = await asyncio.gather(*(asyncio.open_connection(self.host, self.port) for _ in range(n)),
-                                      return_exceptions=True)
+        opened = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
         for conn in opened:
             if isinstance(conn, BaseException):
                 self.open -= 1
             else:
                 self.idle.append(conn)
 
-    async def _conn(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, (self.host, self.port))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except BaseException:
+            sock.close()
+            raise
+        conn = _Conn(sock)
+        loop.add_reader(sock.fileno(), self._readable, conn)
+        return conn
+
+    def _readable(self, conn: _Conn) -> None:
+        try:
+            data, ancillary, _, _ = conn.sock.recvmsg(65536, socket.CMSG_SPACE(16))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close(conn, exc)
+            return
+        if not data:
+            self._close(conn, ConnectionResetError("the gateway closed the connection"))
+            return
+        for level, kind, stamp in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(stamp) >= 16:
+                sec, nsec = struct.unpack("qq", stamp[:16])
+                conn.arrived_us = sec * 1_000_000 + nsec // 1000
+        conn.buf += data
+        end = conn.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(conn.buf[:end])
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        if len(conn.buf) < end + 4 + length:
+            return
+        body = bytes(conn.buf[end + 4:end + 4 + length])
+        del conn.buf[:end + 4 + length]
+        if conn.waiter is not None and not conn.waiter.done():
+            conn.waiter.set_result((int(head[9:12]), body, conn.arrived_us))
+
+    def _close(self, conn: _Conn, exc: BaseException | None = None) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        try:
+            asyncio.get_running_loop().remove_reader(conn.sock.fileno())
+        except (RuntimeError, ValueError):
+            pass
+        conn.sock.close()
+        if conn.waiter is not None and not conn.waiter.done():
+            conn.waiter.set_exception(exc or ConnectionResetError("closed"))
+
+    async def _conn(self) -> _Conn:
         while True:
             if self.idle:
-                reader, writer = self.idle.pop()
-                if reader.at_eof():  # the server closed it while it sat idle
+                conn = self.idle.pop()
+                if conn.closed:  # the server closed it while it sat idle
                     self.open -= 1
-                    writer.close()
                     continue
-                return reader, writer
+                return conn
             if self.open < self.max:
                 self.open += 1
                 try:
-                    return await asyncio.open_connection(self.host, self.port)
+                    return await self._connect()
                 except Exception:
                     self.open -= 1
                     raise
             self.freed.clear()
             await self.freed.wait()
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        reader, writer = await self._conn()
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes, int]:
+        conn = await self._conn()
+        loop = asyncio.get_running_loop()
         ok = False
         try:
-            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), len(body), body))
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout_s)
-            status = int(head[9:12])
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            data = await reader.readexactly(length) if length else b""
+            conn.waiter = loop.create_future()
+            await loop.sock_sendall(conn.sock, b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                                    b"Content-Length: %d\r\n\r\n%s"
+                                    % (path.encode(), self.host.encode(), len(body), body))
+            answer = await asyncio.wait_for(conn.waiter, self.timeout_s)
             ok = True
-            return status, data
+            return answer
         finally:
-            if ok:
-                self.idle.append((reader, writer))
+            conn.waiter = None
+            if ok and not conn.closed:
+                self.idle.append(conn)
             else:
                 self.open -= 1
-                writer.close()
+                self._close(conn)
             self.freed.set()
 
     async def aclose(self) -> None:
-        for _, w in self.idle:
-            w.close()
+        for conn in self.idle:
+            self._close(conn)
         self.idle.clear()
 
 
@@ -125,7 +205,7 @@ async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarra
             r.sent_us = now_us()
             try:
                 if raw is not None:
-                    status, content = await raw.post(path, bodies[i % len(bodies)])
+                    status, content, r.arrived_us = await raw.post(path, bodies[i % len(bodies)])
                 else:
                     resp = await client.post(path, content=bodies[i % len(bodies)], headers=headers)
                     status, content = resp.status_code, resp.content

@@ -8,6 +8,7 @@ import json
 import math
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -18,8 +19,9 @@ from bench.load import Outcome, Progress, RunResult, now_us, ticker, without_gc_
 
 
 # SO_TIMESTAMPNS (asm-generic/socket.h): the kernel stamps each received segment; Python names
-# the option only on some builds, and Linux has had the number since 2.6.22
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+# the option only on some builds, and Linux has had the number since 2.6.22. Elsewhere no
+# stamp: the arrival is then unknown (0), and only the read time is reported
+SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 
 
 class _Conn:
@@ -76,7 +78,8 @@ class RawHTTP:
         try:
             await loop.sock_connect(sock, (self.host, self.port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            if SO_TIMESTAMPNS is not None:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         except BaseException:
             sock.close()
             raise

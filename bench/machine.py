@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from clipstream.infra import proc_stat_fields
+
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -88,12 +90,8 @@ def cpu_probe_ms(rounds: int = 3) -> float:
 
 def _stat(pid: int) -> tuple[int, int] | None:
     """(ppid, utime+stime ticks) of a process, None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = raw[raw.rfind(")") + 2:].split()
-    return int(rest[1]), int(rest[11]) + int(rest[12])
+    fields = proc_stat_fields(pid)
+    return None if fields is None else (int(fields[1]), int(fields[11]) + int(fields[12]))
 
 
 def cmdline(pid: int) -> list[str]:

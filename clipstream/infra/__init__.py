@@ -139,15 +139,21 @@ def process_start_ticks(pid: int) -> int | None:
     return None if stat is None else stat[1]
 
 
-def _read_proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start ticks) from /proc/<pid>/stat; None where /proc is unavailable."""
+def proc_stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name, from the state letter on (field 3
+    of proc(5) is index 0); None where the process is gone or /proc is unavailable."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # the command name is in parentheses and may itself contain spaces or ')'
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[19])
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _read_proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start ticks); None where /proc is unavailable."""
+    fields = proc_stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[19]))
 
 
 def wait_ready(

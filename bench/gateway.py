@@ -31,6 +31,7 @@ import json
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,23 +79,23 @@ def main() -> None:
             steps = [_overload(pipe, args, rep) for rep in range(args.repeat)]
     report: dict[str, Any] = {
         "cache_hit_ms": {"p50": float(np.percentile(hits, 50)), "p99": float(np.percentile(hits, 99)), "n": len(hits)},
-        "overload": steps[0][0],
+        "overload": steps[0].summary,
     }
+    summaries = [st.summary for st in steps]
     if args.repeat > 1:
         keys = ("answered", "default", "refused_503", "lost", "max_wait_ms", "over_slo_plus_20ms",
                 "over_slo_plus_20ms_from_send", "over_slo_plus_20ms_send_to_arrival", "max_send_to_arrival_ms",
                 "over_limit")
-        report["overload_repetitions"] = [{k: o[k] for k in keys} for o, _ in steps]
+        report["overload_repetitions"] = [{k: o[k] for k in keys} for o in summaries]
         report["overload_all"] = {
-            "callers": sum(o["answered"] + o["default"] + o["error"] + o["lost"] for o, _ in steps),
-            "over_slo_plus_20ms": sum(o["over_slo_plus_20ms"] for o, _ in steps),
-            "over_slo_plus_20ms_from_send": sum(o["over_slo_plus_20ms_from_send"] for o, _ in steps),
-            "over_slo_plus_20ms_send_to_arrival": sum(o["over_slo_plus_20ms_send_to_arrival"] for o, _ in steps),
-            "max_send_to_arrival_ms": max(o["max_send_to_arrival_ms"] for o, _ in steps),
-            "max_wait_ms": max(o["max_wait_ms"] for o, _ in steps)}
-    waited = steps[0][1]
+            "callers": sum(o["answered"] + o["default"] + o["error"] + o["lost"] for o in summaries),
+            "over_slo_plus_20ms": sum(o["over_slo_plus_20ms"] for o in summaries),
+            "over_slo_plus_20ms_from_send": sum(o["over_slo_plus_20ms_from_send"] for o in summaries),
+            "over_slo_plus_20ms_send_to_arrival": sum(o["over_slo_plus_20ms_send_to_arrival"] for o in summaries),
+            "max_send_to_arrival_ms": max(o["max_send_to_arrival_ms"] for o in summaries),
+            "max_wait_ms": max(o["max_wait_ms"] for o in summaries)}
     say(f"cache hit: p50 {report['cache_hit_ms']['p50']:.2f} ms, p99 {report['cache_hit_ms']['p99']:.2f} ms")
-    for rep, (o, _) in enumerate(steps):
+    for rep, o in enumerate(summaries):
         say(f"overload{f' #{rep + 1}' if args.repeat > 1 else ''}: offered {o['offered_qps']:.0f} q/s, answered "
             f"{o['answered']}, defaults {o['default']}, 503s {o['refused_503']}, other errors {o['other_errors']}, "
             f"lost {o['lost']}; longest wait {o['max_wait_ms']:.1f} ms ({o['over_slo_plus_20ms']} callers over "
@@ -109,19 +110,34 @@ def main() -> None:
             f"longest {a['max_send_to_arrival_ms']:.1f} ms), longest wait {a['max_wait_ms']:.1f} ms")
     settings = {**vars(args), "warm_up_step": {**WARM_UP, "seconds": args.warm_up_s}}
     write_json("gateway", {"machine": machine_info(), "settings": settings, "summary": report,
-                           "raw": {"cache_hit_ms": hits, "overload_wait_ms": waited.tolist(),
-                                   "overload_wait_ms_later_steps": [w.tolist() for _, w in steps[1:]]}})
+                           "raw": {"cache_hit_ms": hits, "overload_wait_ms": steps[0].waited.tolist(),
+                                   "overload_wait_ms_later_steps": [st.waited.tolist() for st in steps[1:]],
+                                   "overload_send_to_arrival_ms": [st.to_arrival.tolist() for st in steps]}})
     fig, axes = figure(1, 2)
     axes[0][0].hist(hits, bins=60)
     axes[0][0].set_xlabel("cache-hit round trip (ms), one caller")
-    axes[0][1].hist(np.concatenate([w for _, w in steps]), bins=60, color="tab:orange")  # every step
+    # every step: from when each query was due, and from its send to the answer's arrival
+    due, arrival = np.concatenate([st.waited for st in steps]), np.concatenate([st.to_arrival for st in steps])
+    bins = np.linspace(0.0, max(float(due.max(initial=0.0)), float(arrival.max(initial=0.0)), 1.0), 61)
+    axes[0][1].hist(due, bins=bins, color="tab:orange", alpha=0.7, label="from when due, to the generator's read")
+    axes[0][1].hist(arrival, bins=bins, color="tab:blue", alpha=0.5, label="from the send, to the arrival at its socket")
     axes[0][1].axvline(args.slo_ms + 20, color="k", ls="--", label="SLO + 20 ms")
     axes[0][1].set_xlabel(f"wait under {args.rate:.0f} q/s offered (ms)" + (f", {args.repeat} steps" if args.repeat > 1 else ""))
     axes[0][1].legend()
     save_figure(fig, "gateway")
 
 
-def _overload(pipe: Pipeline, args: argparse.Namespace, rep: int) -> tuple[dict[str, Any], np.ndarray]:
+@dataclass
+class Step:
+    """One overload step: its figures, and every answered caller's wait from when its query was
+    due and from its send to the answer's arrival at the generator's socket (ms)."""
+
+    summary: dict[str, Any]
+    waited: np.ndarray
+    to_arrival: np.ndarray
+
+
+def _overload(pipe: Pipeline, args: argparse.Namespace, rep: int) -> Step:
     """One open-loop step above capacity: how long every caller waited, and who waited too long."""
     say(f"overload{f' #{rep + 1}' if args.repeat > 1 else ''}: Poisson {args.rate:.0f} q/s for "
         f"{args.seconds:.0f}s with fresh inputs, SLO {args.slo_ms:.0f} ms")
@@ -135,7 +151,7 @@ def _overload(pipe: Pipeline, args: argparse.Namespace, rep: int) -> tuple[dict[
     done = [r for r in run.results if r.recv_us]
     waited = np.array([r.latency_ms for r in done])
     over = [r for r in done if r.latency_ms > args.slo_ms + 20]
-    return {
+    return Step({
         **{k: summary[k] for k in ("offered_qps", "throughput_qps", "goodput_qps", "answered", "default", "error", "lost")},
         # the contract's answer to overload: 503 with Retry-After; anything else is a failure
         "refused_503": sum(r.status == 503 for r in run.results),
@@ -159,7 +175,7 @@ def _overload(pipe: Pipeline, args: argparse.Namespace, rep: int) -> tuple[dict[
         # (its own lag), inside the gateway's handler (server_ms), or around it (accept
         # queue, HTTP parsing and writing, the client's loop)
         "over_limit": _over_limit(over),
-    }, waited
+    }, waited, np.array([(r.arrived_us - r.sent_us) / 1000 for r in done if r.arrived_us]))
 
 
 def _read_delay(done: list[Any]) -> dict[str, float]:

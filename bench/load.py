@@ -193,7 +193,7 @@ Progress = Callable[[str], None]
 
 
 def ticker(label: str, total: int, done: Callable[[], int], progress: Progress | None,
-            stop: threading.Event) -> threading.Thread:
+           stop: threading.Event) -> threading.Thread:
     def run() -> None:
         while not stop.wait(2.0):
             if progress:

@@ -22,8 +22,7 @@ class KafkaLoad:
     def __init__(self, settings: Any, keep_trace: bool = True) -> None:
         from confluent_kafka import Consumer, Producer, TopicPartition
 
-        from topics.admin import watermarks
-        from topics.admin import ensure_topics
+        from topics.admin import ensure_topics, watermarks
         from topics.catalogue import Catalogue
         from topics.client import consumer_config, producer_config
 

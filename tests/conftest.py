@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
     from clipstream.infra.launcher import InfraStatus
 
+# fixtures defined beside their helpers, for the tests that share them
+pytest_plugins = ["tests.integration.batcher_harness"]
+
 ENV_BOOTSTRAP = "CLIPSTREAM_KAFKA_BOOTSTRAP"
 ENV_REDIS = "CLIPSTREAM_REDIS_URL"
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from clipstream.settings import Settings
-from tests.integration.test_batcher import CLI, ROOT, preds_of, run_batcher, uniq, wire  # noqa: F401 (fixtures)
+from tests.integration.batcher_harness import CLI, ROOT, preds_of, uniq
 from tests.models import make_profile_model
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(15, 10))
     ax = axes[0][0]
-    for kind, e in report.get("throughput", {}).items():
+    for e in report.get("throughput", {}).values():
         labels = list(e["runs"])
         line, = ax.plot(range(len(labels)), [max(0.5, e["runs"][k]["goodput_qps"]) for k in labels], "o-",
                         label=f"{e['label']}: goodput")

@@ -138,12 +138,11 @@ class BatcherCore:
         """
         start = now_us + replica.wait_us(now_us) + self.hopeless_margin_us
         latest = self.queue.latest_deadlines(limit)
-        cutoff = start + int(replica.latency.service_us(1))
         for size in range(len(latest), 0, -1):
             cutoff = start + int(replica.latency.service_us(size))
             if latest[size - 1] > cutoff:
                 return size, cutoff
-        return 1, cutoff  # nothing makes it, even alone
+        return 1, start + int(replica.latency.service_us(1))  # nothing makes it, even alone
 
     def _expire(self, cutoff_us: int, now_us: int, step: Step) -> int:
         """Drop requests due by ``cutoff_us``; their coalesced twins get their own chance."""

@@ -97,17 +97,14 @@ def serve(arrivals_ms: Sequence[float], latency_ms: Callable[[int], float], slo_
             size = 1
             while size < min(cap, len(queue)) and now + latency_ms(size + 1) <= queue[0] + slo_ms:
                 size += 1
-            start = 0
         else:
             size, best = 1, 0.0
             for b in range(1, min(cap, len(queue)) + 1):
                 able = len(queue) - bisect.bisect_left(queue, now + latency_ms(b) - slo_ms)
                 if able >= b and b / latency_ms(b) > best:
                     size, best = b, b / latency_ms(b)
-            start = bisect.bisect_left(queue, now + latency_ms(size) - slo_ms)
-            del queue[:start]  # too old for this batch: given up
-            start = 0
-        del queue[start:start + size]
+            del queue[:bisect.bisect_left(queue, now + latency_ms(size) - slo_ms)]  # too old for this batch: given up
+        del queue[:size]  # the batch: the oldest of what is left
         service = latency_ms(size)
         good += size
         batches += 1

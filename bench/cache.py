@@ -108,7 +108,7 @@ def learner_rate(pipe: Pipeline, run: Any, timeout_s: float = 60.0) -> dict[str,
     """Publish feedback for every answered query of ``run``; time until the learner observed them."""
     import redis
 
-    from frontend.client import Producer
+    from frontend.producer import Producer
     from selector.store import state_key
 
     r = redis.Redis.from_url(pipe.redis)

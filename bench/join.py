@@ -83,7 +83,7 @@ class Tap(threading.Thread):
 
 
 def measure(pipe: Pipeline, queries: int, slo_ms: float, expect_all: bool) -> dict[str, Any]:
-    from frontend.client import Producer
+    from frontend.producer import Producer
 
     settings = pipe.settings()
     tap = Tap(settings)

@@ -24,10 +24,17 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # the client side is imported lazily: a worker process never needs httpx
-    if name in ("Client", "Producer"):
-        from frontend import client
+# the application side is imported lazily: a worker process never needs httpx or the registry
+_LAZY = {
+    "Client": "frontend.client",
+    "Producer": "frontend.producer",
+    "ResponseReader": "frontend.producer",
+}
 
-        return getattr(client, name)
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)

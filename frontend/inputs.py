@@ -118,3 +118,9 @@ def parse_untyped(value: Any) -> np.ndarray:
 def input_for(value: Any, spec: TensorSpec | None) -> np.ndarray:
     """``parse_input`` when the app's model declares an input, else ``parse_untyped``."""
     return parse_input(value, spec) if spec is not None else parse_untyped(value)
+
+
+def to_json(value: Any) -> Any:
+    """The way back for callers: a numpy array or scalar as plain JSON (lists, numbers), so the
+    Client and the Producer accept numpy inputs and labels; anything else is left as it is."""
+    return value.tolist() if isinstance(value, np.ndarray | np.generic) else value

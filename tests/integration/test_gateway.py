@@ -28,9 +28,10 @@ from tests.procs import stop_process, wait_until
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clipstream.settings import Settings
-from frontend.client import Client, ResponseReader
-from frontend.client import Producer as QueryProducer
+from frontend.client import Client
 from frontend.gateway_kafka import watermarks
+from frontend.producer import Producer as QueryProducer
+from frontend.producer import ResponseReader
 from frontend.registry import RegistryWriter
 from schemas import decode_as, encode, from_tensor
 from topics import Catalogue, consumer_config, producer_config

@@ -27,9 +27,11 @@ def client(bus: FakeBus):
 
 def test_public_names_are_re_exported():
     assert clipstream.Client is Client
-    from frontend.client import Producer
+    from frontend.producer import Producer, ResponseReader
 
-    assert clipstream.Producer is Producer
+    assert clipstream.Producer is Producer and clipstream.ResponseReader is ResponseReader
+    with pytest.raises(AttributeError):
+        clipstream.NoSuchName  # noqa: B018
 
 
 def test_predict_returns_the_json_and_accepts_numpy(client, bus):

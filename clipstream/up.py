@@ -20,11 +20,11 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 import click
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clipstream.errors import ClipstreamError
@@ -32,6 +32,7 @@ from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from clipstream.supervise import Supervisor
+from clipstream.warmup import warm_up
 from frontend.appfile import apply_file
 from frontend.registry import RegistryFollower, RegistryView
 
@@ -42,6 +43,8 @@ class UpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_UP_", extra="ignore")
 
     batchers: Literal["shared", "per-model"] = "shared"
+    # seconds of steady traffic before `ready` (clipstream/warmup.py): a fresh broker's JIT
+    warm_up_s: float = Field(20.0, ge=0)
 
 
 def _stage_argv(*args: str) -> list[str]:
@@ -126,7 +129,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
     """Run the whole pipeline for an app file until Ctrl-C."""
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     settings = get_settings(**overrides)
-    shared = settings_or_exit(UpSettings).batchers == "shared"
+    up_settings = settings_or_exit(UpSettings)
+    shared = up_settings.batchers == "shared"
     stop, serving = threading.Event(), threading.Event()
 
     def on_signal(*_: Any) -> None:
@@ -165,7 +169,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
         supervisor.wait_ready(READY_TIMEOUT_S)
-        warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m))
+        warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m),
+                seconds=up_settings.warm_up_s)
         serving.set()
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()
@@ -195,55 +200,6 @@ def _say(msg: str) -> None:
         click.echo(msg, err=True)
     except OSError:
         pass
-
-
-def warm_up(url: str, view: RegistryView, env: dict[str, str], report: Any = print,
-            timeout_s: float = 60.0, rounds: int = 5, burst: int = 300) -> None:
-    """Send a few queries through every app until all its models answer.
-
-    A fresh client's first record to a partition waits for metadata and connections; a
-    cold path that costs a hundred milliseconds once would turn the first callers' answers
-    into defaults. Warm-up queries use random inputs (no cache entry is left for a caller)
-    and a generous SLO, and no feedback is sent for them, so no policy learns from them.
-    """
-    import httpx
-    import numpy as np
-
-    keys = [k for k in env.get("CLIPSTREAM_GATEWAY_API_KEYS", "").split(",") if k]
-    headers = {"X-API-Key": keys[0]} if keys else {}
-    rng = np.random.default_rng()
-    limits = httpx.Limits(max_connections=16)
-    with httpx.Client(base_url=url, timeout=10.0, headers=headers, limits=limits) as http:
-        for app in view.apps.values():
-            model = view.models.get(app.models[0]) if app.models else None
-            if model is None or model.spec is None:
-                continue
-            spec = model.spec.input
-            deadline = time.monotonic() + timeout_s
-            good = 0
-            while good < rounds and time.monotonic() < deadline:
-                x = rng.uniform(0, 1, size=spec.shape).astype(spec.dtype)
-                r = http.post(f"/v1/apps/{app.name}/predict", json={"input": x.tolist(), "slo_ms": 2000})
-                answer = r.json() if r.status_code == 200 else {}
-                good = good + 1 if answer.get("models", {}).get("missing") == [] else 0
-            if good >= rounds:
-                # then a short burst: the broker's JIT and every stage's hot path warm up under
-                # load here, not during the first real callers' SLOs
-                _burst(http, app.name, spec, burst, slo_ms=min(2000.0, float(app.slo_ms or 2000.0)))
-            report(f"warmed up {app.name}" if good >= rounds else f"warning: {app.name} did not warm up in {timeout_s:.0f}s")
-
-
-def _burst(http: Any, app: str, spec: Any, n: int, callers: int = 8, slo_ms: float = 2000.0) -> None:
-    """At the app's own SLO: a straggling model must not make the burst wait seconds per call."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-
-    rng = np.random.default_rng()
-    bodies = [{"input": rng.uniform(0, 1, size=spec.shape).astype(spec.dtype).tolist(), "slo_ms": slo_ms}
-              for _ in range(n)]
-    with ThreadPoolExecutor(callers) as pool:
-        list(pool.map(lambda b: http.post(f"/v1/apps/{app}/predict", json=b).status_code, bodies))
 
 
 def _report_started(stages: list[str]) -> None:

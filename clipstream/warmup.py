@@ -1,0 +1,159 @@
+"""Warming the pipeline up before `clipstream up` says ready.
+
+Ready must mean that the first callers are answered by the models at their usual speed, not
+that the processes exist. Two things are cold at first. A fresh client's first record to a
+partition waits for metadata and connections, which a few single queries per app fix. And a
+fresh broker runs interpreted until its JIT has compiled the request paths: on the 2-core
+machine a new broker took about 30 s of traffic before a five-model ensemble's p50 settled
+(84 ms falling to ~42 ms for random inputs at four callers), and the demo's first few hundred
+queries met it, with a dozen defaults among them. So after the first answers come a few seconds
+of steady traffic: a few closed-loop callers at each app's own SLO, so the warm-up never floods
+the pipeline. (An open burst, the previous way, was mostly refused with 503s by the gateway's
+admission control and warmed little.)
+
+Warm-up queries use random inputs, so no cache entry is left for a caller, and no feedback is
+sent for them, so no policy learns from them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from frontend.registry import RegistryView
+
+Report = Callable[[str], None]
+
+
+@dataclass
+class Target:
+    """One app to warm: its name, one example's shape and dtype, its SLO."""
+
+    app: str
+    shape: tuple[int, ...]
+    dtype: str
+    slo_ms: float
+
+
+@dataclass
+class WarmStats:
+    """What the steady phase saw: answers, defaults, refusals and the latencies answered."""
+
+    answered: int = 0
+    defaults: int = 0
+    refused: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def add(self, status: int, body: dict[str, Any]) -> None:
+        if status != 200:
+            self.refused += 1
+            return
+        self.answered += 1
+        self.defaults += bool(body.get("default"))
+        self.latencies_ms.append(float(body.get("latency_ms", 0.0)))
+
+    def p50_ms(self, since: int = 0) -> float:
+        """The median latency of the answers from the ``since``-th on (the pipeline warms up
+        as it goes, so the recent ones say how warm it is now)."""
+        recent = self.latencies_ms[since:]
+        return float(np.median(recent)) if recent else float("nan")
+
+    def line(self, since: int = 0, recent: str = "") -> str:
+        p50 = f"p50 {self.p50_ms(since):.1f} ms" + (f" over the last {recent}" if recent else "")
+        return f"{self.answered} answered, {p50}, {self.defaults} defaults, {self.refused} refused"
+
+
+def targets_of(view: RegistryView) -> list[Target]:
+    """The apps that have a model with a declared input (the others cannot be sent a query)."""
+    out = []
+    for app in view.apps.values():
+        model = view.models.get(app.models[0]) if app.models else None
+        if model is None or model.spec is None:
+            continue
+        spec = model.spec.input
+        out.append(Target(app.name, tuple(spec.shape), spec.dtype, float(app.slo_ms or 2000.0)))
+    return out
+
+
+def _body(rng: np.random.Generator, target: Target, slo_ms: float) -> dict[str, Any]:
+    x = rng.uniform(0, 1, size=target.shape).astype(target.dtype)
+    return {"input": x.tolist(), "slo_ms": slo_ms}
+
+
+def first_answers(http: Any, target: Target, rounds: int, deadline: float) -> bool:
+    """Single queries with a generous SLO until ``rounds`` in a row are answered by every model."""
+    rng = np.random.default_rng()
+    good = 0
+    while good < rounds and time.monotonic() < deadline:
+        r = http.post(f"/v1/apps/{target.app}/predict", json=_body(rng, target, 2000.0))
+        answer = r.json() if r.status_code == 200 else {}
+        good = good + 1 if answer.get("models", {}).get("missing") == [] else 0
+    return good >= rounds
+
+
+def steady_load(http: Any, targets: list[Target], seconds: float, callers: int = 4,
+                report: Report | None = None, every_s: float = 5.0) -> WarmStats:
+    """``callers`` closed-loop callers for ``seconds``, round robin over the apps, each query at
+    its app's SLO; progress every ``every_s``. Closed loop: at most ``callers`` in flight."""
+    stats = WarmStats()
+    lock = threading.Lock()
+    start = time.monotonic()
+    end = start + seconds
+    order = itertools.cycle(targets)
+
+    def caller(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        while time.monotonic() < end:
+            with lock:
+                target = next(order)
+            r = http.post(f"/v1/apps/{target.app}/predict",
+                          json=_body(rng, target, min(2000.0, target.slo_ms)))
+            body = r.json() if r.status_code == 200 else {}
+            with lock:
+                stats.add(r.status_code, body)
+
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(callers)]
+    for t in threads:
+        t.start()
+    mark = 0  # the answers since the last report give its p50
+    while alive := [t for t in threads if t.is_alive()]:
+        alive[0].join(timeout=every_s)
+        now = time.monotonic()
+        if report is not None and now < end:
+            with lock:
+                line = stats.line(mark, f"{every_s:g} s")
+                report(f"warming up: {now - start:.0f} of {seconds:.0f} s, {line}")
+                mark = len(stats.latencies_ms)
+    return stats
+
+
+def warm_up(url: str, view: RegistryView, env: dict[str, str], report: Report = print,
+            seconds: float = 20.0, callers: int = 4, timeout_s: float = 60.0,
+            rounds: int = 5) -> None:
+    """First answers from every app, then ``seconds`` of steady traffic over all of them."""
+    import httpx
+
+    keys = [k for k in env.get("CLIPSTREAM_GATEWAY_API_KEYS", "").split(",") if k]
+    headers = {"X-API-Key": keys[0]} if keys else {}
+    targets = targets_of(view)
+    limits = httpx.Limits(max_connections=max(16, callers))
+    with httpx.Client(base_url=url, timeout=10.0, headers=headers, limits=limits) as http:
+        answering = []
+        for target in targets:
+            if first_answers(http, target, rounds, time.monotonic() + timeout_s):
+                answering.append(target)
+            else:
+                report(f"warning: {target.app} did not answer in {timeout_s:.0f}s")
+        if answering and seconds > 0:
+            stats = steady_load(http, answering, seconds, callers, report)
+            last = len(stats.latencies_ms) * 3 // 4  # p50 of the last quarter: how warm now
+            report(f"warmed up {', '.join(t.app for t in answering)} in {seconds:.0f} s: "
+                   f"{stats.line(last, f'{seconds / 4:g} s')}")
+        elif answering:
+            report(f"warmed up {', '.join(t.app for t in answering)}")

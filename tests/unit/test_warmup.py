@@ -1,0 +1,62 @@
+"""The warm-up's steady phase: closed loop, round robin over the apps, bounded in time."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+
+from clipstream.warmup import Target, WarmStats, steady_load
+
+
+def _gateway(in_flight_seen: list[int], per_app: dict[str, int]) -> httpx.MockTransport:
+    lock = threading.Lock()
+    in_flight = [0]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        app = request.url.path.split("/")[3]
+        body = json.loads(request.content)
+        with lock:
+            in_flight[0] += 1
+            in_flight_seen.append(in_flight[0])
+            per_app[app] = per_app.get(app, 0) + 1
+        time.sleep(0.005)
+        with lock:
+            in_flight[0] -= 1
+        if app == "busy":
+            return httpx.Response(503, json={"detail": "overloaded"})
+        assert len(body["input"]) == 3 and body["slo_ms"] <= 2000.0
+        return httpx.Response(200, json={"default": app == "late", "latency_ms": 7.0})
+
+    return httpx.MockTransport(handle)
+
+
+def test_steady_load_is_closed_loop_round_robin_and_stops_on_time() -> None:
+    seen: list[int] = []
+    per_app: dict[str, int] = {}
+    targets = [Target(a, (3,), "float32", 50.0) for a in ("digits", "late", "busy")]
+    lines: list[str] = []
+    with httpx.Client(transport=_gateway(seen, per_app), base_url="http://gw") as http:
+        t0 = time.monotonic()
+        stats = steady_load(http, targets, seconds=0.6, callers=3, report=lines.append, every_s=0.2)
+        took = time.monotonic() - t0
+    assert 0.6 <= took < 2.0
+    assert max(seen) <= 3  # never more in flight than callers
+    counts = [per_app[a] for a in ("digits", "late", "busy")]
+    assert min(counts) >= 5 and max(counts) - min(counts) <= 3  # every app, evenly
+    assert stats.answered == per_app["digits"] + per_app["late"]
+    assert stats.defaults == per_app["late"] and stats.refused == per_app["busy"]
+    assert stats.p50_ms() == 7.0
+    assert lines and all(line.startswith("warming up: ") for line in lines)
+
+
+def test_stats_count_refusals_apart_from_answers() -> None:
+    stats = WarmStats()
+    stats.add(200, {"default": False, "latency_ms": 10.0})
+    stats.add(200, {"default": True, "latency_ms": 60.0})
+    stats.add(503, {})
+    assert (stats.answered, stats.defaults, stats.refused) == (2, 1, 1)
+    assert stats.p50_ms() == 35.0 and stats.p50_ms(since=1) == 60.0
+    assert "2 answered, p50 35.0 ms, 1 defaults, 1 refused" == stats.line()

@@ -7,6 +7,7 @@ the replayed Exp3 curve need each model's own answer, which the predictions topi
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -21,13 +22,20 @@ from topics import Catalogue, consumer_config
 
 
 class Tap:
-    def __init__(self, settings: Settings, models: list[str], labels: list[Any]):
+    """Reads from the beginning, so nothing the demo causes is missed while the consumer joins,
+    but counts only records stamped from ``since_ms`` on (default: when the tap is made, after
+    `up` is ready): `up`'s warm-up traffic must not count in the demo's cache hit rate, its
+    expired predictions or its batch sizes."""
+
+    def __init__(self, settings: Settings, models: list[str], labels: list[Any],
+                 since_ms: int | None = None):
         cat = Catalogue.from_settings(settings)
         self._topics = [cat.predictions.name] + [cat.batch_stats(m).name for m in models]
         self._consumer = Consumer(
             consumer_config(settings, f"demo-tap-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"})
         )
         self.labels = labels
+        self.since_ms = since_ms if since_ms is not None else time.time_ns() // 1_000_000
         self.answers: dict[str, dict[str, Any]] = defaultdict(dict)  # query -> model -> label
         self.status_counts: dict[str, int] = defaultdict(int)
         self.batch_sizes: list[int] = []
@@ -50,7 +58,7 @@ class Tap:
             if self._consumer.assignment():
                 self._assigned.set()
             for msg in msgs:
-                if msg.error():
+                if msg.error() or msg.timestamp()[1] < self.since_ms:
                     continue
                 try:
                     name, record = decode(msg.value())

@@ -86,14 +86,25 @@ def _body(rng: np.random.Generator, target: Target, slo_ms: float) -> dict[str, 
     return {"input": x.tolist(), "slo_ms": slo_ms}
 
 
+def _post(http: Any, target: Target, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Status and JSON of one predict call; a transport error reads as status 0 (refused): the
+    warm-up goes on, and ``up`` reports an app that never answers."""
+    import httpx
+
+    try:
+        r = http.post(f"/v1/apps/{target.app}/predict", json=body)
+    except httpx.HTTPError:
+        return 0, {}
+    return r.status_code, (r.json() if r.status_code == 200 else {})
+
+
 def first_answers(http: Any, target: Target, rounds: int, deadline: float) -> bool:
     """Single queries with a generous SLO until ``rounds`` in a row are answered by every model."""
     rng = np.random.default_rng()
     good = 0
     while good < rounds and time.monotonic() < deadline:
-        r = http.post(f"/v1/apps/{target.app}/predict", json=_body(rng, target, 2000.0))
-        answer = r.json() if r.status_code == 200 else {}
-        good = good + 1 if answer.get("models", {}).get("missing") == [] else 0
+        status, answer = _post(http, target, _body(rng, target, 2000.0))
+        good = good + 1 if status == 200 and answer.get("models", {}).get("missing") == [] else 0
     return good >= rounds
 
 
@@ -112,11 +123,9 @@ def steady_load(http: Any, targets: list[Target], seconds: float, callers: int =
         while time.monotonic() < end:
             with lock:
                 target = next(order)
-            r = http.post(f"/v1/apps/{target.app}/predict",
-                          json=_body(rng, target, min(2000.0, target.slo_ms)))
-            body = r.json() if r.status_code == 200 else {}
+            status, body = _post(http, target, _body(rng, target, min(2000.0, target.slo_ms)))
             with lock:
-                stats.add(r.status_code, body)
+                stats.add(status, body)
 
     threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(callers)]
     for t in threads:

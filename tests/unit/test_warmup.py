@@ -26,6 +26,8 @@ def _gateway(in_flight_seen: list[int], per_app: dict[str, int]) -> httpx.MockTr
         with lock:
             in_flight[0] -= 1
         if app == "busy":
+            if per_app[app] % 2:  # a refusal, or no answer at all: both count as refused
+                raise httpx.ConnectError("connection refused", request=request)
             return httpx.Response(503, json={"detail": "overloaded"})
         assert len(body["input"]) == 3 and body["slo_ms"] <= 2000.0
         return httpx.Response(200, json={"default": app == "late", "latency_ms": 7.0})

@@ -86,8 +86,6 @@ class Pipeline:
             "CLIPSTREAM_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
             "CLIPSTREAM_GATEWAY_INSTANCE": self.GATEWAY_INSTANCE,
             "PYTHONUNBUFFERED": "1",
-            # each benchmark warms the pipeline up itself, at its own load, before it measures
-            "CLIPSTREAM_UP_WARM_UP_S": os.environ.get("CLIPSTREAM_UP_WARM_UP_S", "3"),
             **self.extra_env,
         }
         cmd = [sys.executable, "-m", "clipstream.cli", "up", "-f", str(self.app_file), "--free-ports",

@@ -118,8 +118,10 @@ def steady_load(http: Any, targets: list[Target], seconds: float, callers: int =
     end = start + seconds
     order = itertools.cycle(targets)
 
-    def caller(seed: int) -> None:
-        rng = np.random.default_rng(seed)
+    def caller() -> None:
+        # fresh entropy, never a fixed seed: a seeded warm-up would fill the cache with the
+        # very inputs a seeded client sends next (bench.join's did), and answer them from it
+        rng = np.random.default_rng()
         while time.monotonic() < end:
             with lock:
                 target = next(order)
@@ -127,7 +129,7 @@ def steady_load(http: Any, targets: list[Target], seconds: float, callers: int =
             with lock:
                 stats.add(status, body)
 
-    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(callers)]
+    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
     for t in threads:
         t.start()
     mark = 0  # the answers since the last report give its p50

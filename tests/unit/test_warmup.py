@@ -62,3 +62,21 @@ def test_stats_count_refusals_apart_from_answers() -> None:
     assert (stats.answered, stats.defaults, stats.refused) == (2, 1, 1)
     assert stats.p50_ms() == 35.0 and stats.p50_ms(since=1) == 60.0
     assert "2 answered, p50 35.0 ms, 1 defaults, 1 refused" == stats.line()
+
+
+def test_each_warm_up_sends_inputs_no_other_run_sends() -> None:
+    """A seeded warm-up would fill the cache with what a seeded client sends next."""
+    def run() -> set[tuple[float, ...]]:
+        sent: set[tuple[float, ...]] = set()
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            sent.add(tuple(json.loads(request.content)["input"]))
+            return httpx.Response(200, json={"default": False, "latency_ms": 1.0})
+
+        with httpx.Client(transport=httpx.MockTransport(handle), base_url="http://gw") as http:
+            steady_load(http, [Target("digits", (4,), "float32", 50.0)], seconds=0.1, callers=2)
+        return sent
+
+    first, second = run(), run()
+    assert len(first) > 10 and len(second) > 10
+    assert not first & second

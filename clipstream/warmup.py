@@ -45,16 +45,18 @@ class Target:
 class WarmStats:
     """What the steady phase saw: answers, defaults, refusals and the latencies answered."""
 
-    answered: int = 0
     defaults: int = 0
     refused: int = 0
-    latencies_ms: list[float] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)  # one per answer
+
+    @property
+    def answered(self) -> int:
+        return len(self.latencies_ms)
 
     def add(self, status: int, body: dict[str, Any]) -> None:
         if status != 200:
             self.refused += 1
             return
-        self.answered += 1
         self.defaults += bool(body.get("default"))
         self.latencies_ms.append(float(body.get("latency_ms", 0.0)))
 

@@ -146,3 +146,35 @@ def test_top_leaves_and_idle_categories() -> None:
     raw = ["a (x.py:1);EpollSelector.select (selectors.py:468) 5", "a (x.py:1);b (y.py:2) 2", "a (x.py:1);b (y.py:2) 1"]
     assert top_leaves(raw, 1) == [("EpollSelector.select (selectors.py:468)", 5)]
     assert categorise_stacks(raw) == {"epoll wait (idle or waking)": 5, "other": 3}
+
+
+def test_confirm_reruns_the_best_fixed_size_and_aimd_in_interleaved_pairs() -> None:
+    from types import SimpleNamespace
+
+    from bench.batching.sections import CONFIRM_PAIRS, _confirm
+
+    class Runs:
+        """Stands in for ``Bench.run``: records the order and returns the next scripted goodput."""
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int | None]] = []
+            self.fixed = iter([100.0, 80.0, 90.0])
+            self.aimd = iter([85.0, 95.0, 70.0])
+
+        def run(self, m: object, label: str, fixed: int | None = None, **_: object) -> SimpleNamespace:
+            self.calls.append((label, fixed))
+            qps = next(self.fixed) if fixed is not None else next(self.aimd)
+            return SimpleNamespace(summary={"goodput_qps": qps, "ok_qps": qps + 1})
+
+    b = Runs()
+    rows = {"no batching (1)": {"goodput_qps": 5.0}, "fixed 16": {"goodput_qps": 90.0},
+            "fixed 32": {"goodput_qps": 99.0}, "AIMD": {"goodput_qps": 60.0}}
+    out = _confirm(b, object(), rows, 1.0, 1.0)  # type: ignore[arg-type]
+    assert CONFIRM_PAIRS == 3
+    # the sweep's best fixed size (not AIMD's row), alternating with AIMD, fixed first
+    assert [f for _, f in b.calls] == [32, None, 32, None, 32, None]
+    assert out["best_fixed"] == "fixed 32"
+    g = out["goodput"]
+    assert (g["best_fixed_qps"], g["aimd_qps"]) == (90.0, 85.0)  # medians of the pairs, not maxima
+    assert g["aimd_vs_best_fixed"] == pytest.approx(85.0 / 90.0)
+    assert out["ok throughput"]["aimd_qps"] == 86.0

@@ -32,7 +32,7 @@ from bench.batching.runner import Bench, Model, RunResult
 
 
 SATURATED_DEADLINE_MS = 100.0
-CONFIRM_PAIRS = 3  # interleaved (best fixed, AIMD) pairs after each sweep
+CONFIRM_ROUNDS = 3  # interleaved (no batching, best fixed, AIMD) rounds after each sweep
 
 
 def models(quick: bool) -> dict[str, Model]:
@@ -97,31 +97,35 @@ def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -
 
 
 def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], warm: float, meas: float) -> dict[str, Any]:
-    """AIMD against the sweep's best fixed size, re-measured in interleaved pairs.
+    """AIMD against the sweep's best fixed size and no batching, re-measured in interleaved rounds.
 
     The sweep runs each size once, in order, and the best of eight noisy runs is biased
     upward (the winner's curse); on this shared 2-core machine one 3 s run of the same
-    configuration ranges over +-15%. Pairs taken back to back see the same machine, and
-    the medians of the pairs, not the sweep's maximum, are what the figure compares.
+    configuration ranges over +-15%. Runs taken back to back see the same machine, and the
+    medians over the rounds, not the sweep's maximum, are what the figures compare.
     """
     fixed_rows = {k: {"goodput_qps": v["goodput_qps"]} for k, v in rows.items() if k != "AIMD"}
     best_label, _ = best_of(fixed_rows, "")
     assert best_label is not None
     size = 1 if best_label.startswith("no batching") else int(best_label.split()[-1])
-    pairs: list[dict[str, float]] = []
-    for i in range(CONFIRM_PAIRS):
-        f = b.run(m, f"{best_label}, pair {i + 1}", fixed=size, warmup_s=warm, measure_s=meas).summary
-        a = b.run(m, f"AIMD, pair {i + 1}", warmup_s=warm, measure_s=meas).summary
-        pairs.append({"fixed_goodput_qps": f["goodput_qps"], "aimd_goodput_qps": a["goodput_qps"],
-                      "fixed_ok_qps": f["ok_qps"], "aimd_ok_qps": a["ok_qps"]})
-    out: dict[str, Any] = {"best_fixed": best_label, "pairs": pairs}
+    arms = {"none": ("no batching (1)", 1), "fixed": (best_label, size), "aimd": ("AIMD", None)}
+    rounds: list[dict[str, float]] = []
+    for i in range(CONFIRM_ROUNDS):
+        got: dict[str, float] = {}
+        for arm, (label, fixed) in arms.items():
+            s = b.run(m, f"{label}, round {i + 1}", fixed=fixed, warmup_s=warm, measure_s=meas).summary
+            got[f"{arm}_goodput_qps"], got[f"{arm}_ok_qps"] = s["goodput_qps"], s["ok_qps"]
+        rounds.append(got)
+    out: dict[str, Any] = {"best_fixed": best_label, "rounds": rounds}
     for metric, key in (("goodput", "goodput_qps"), ("ok throughput", "ok_qps")):
-        fixed = statistics.median(p[f"fixed_{key}"] for p in pairs)
-        aimd = statistics.median(p[f"aimd_{key}"] for p in pairs)
-        out[metric] = {"best_fixed_qps": fixed, "aimd_qps": aimd, "aimd_vs_best_fixed": aimd / fixed if fixed else None}
+        none, fixed, aimd = (statistics.median(r[f"{arm}_{key}"] for r in rounds) for arm in arms)
+        out[metric] = {"no_batching_qps": none, "best_fixed_qps": fixed, "aimd_qps": aimd,
+                       "aimd_vs_best_fixed": aimd / fixed if fixed else None,
+                       "aimd_vs_no_batching": aimd / none if none else None}
     g = out["goodput"]
-    log(f"  => confirmed in {CONFIRM_PAIRS} interleaved pairs: {best_label} median {g['best_fixed_qps']:.0f} qps, "
-        f"AIMD median {g['aimd_qps']:.0f} qps (x{_r(g['aimd_vs_best_fixed'])} of best fixed)")
+    log(f"  => medians of {CONFIRM_ROUNDS} interleaved rounds: no batching {g['no_batching_qps']:.0f}, "
+        f"{best_label} {g['best_fixed_qps']:.0f}, AIMD {g['aimd_qps']:.0f} qps (AIMD x{_r(g['aimd_vs_best_fixed'])} "
+        f"of best fixed, x{_r(g['aimd_vs_no_batching'])} of no batching)")
     return out
 
 

@@ -148,33 +148,34 @@ def test_top_leaves_and_idle_categories() -> None:
     assert categorise_stacks(raw) == {"epoll wait (idle or waking)": 5, "other": 3}
 
 
-def test_confirm_reruns_the_best_fixed_size_and_aimd_in_interleaved_pairs() -> None:
+def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() -> None:
     from types import SimpleNamespace
 
-    from bench.batching.sections import CONFIRM_PAIRS, _confirm
+    from bench.batching.sections import CONFIRM_ROUNDS, _confirm
 
     class Runs:
         """Stands in for ``Bench.run``: records the order and returns the next scripted goodput."""
 
         def __init__(self) -> None:
-            self.calls: list[tuple[str, int | None]] = []
-            self.fixed = iter([100.0, 80.0, 90.0])
-            self.aimd = iter([85.0, 95.0, 70.0])
+            self.calls: list[int | None] = []
+            self.qps = {1: iter([20.0, 30.0, 10.0]), 32: iter([100.0, 80.0, 90.0]), None: iter([85.0, 95.0, 70.0])}
 
         def run(self, m: object, label: str, fixed: int | None = None, **_: object) -> SimpleNamespace:
-            self.calls.append((label, fixed))
-            qps = next(self.fixed) if fixed is not None else next(self.aimd)
+            self.calls.append(fixed)
+            qps = next(self.qps[fixed])
             return SimpleNamespace(summary={"goodput_qps": qps, "ok_qps": qps + 1})
 
     b = Runs()
     rows = {"no batching (1)": {"goodput_qps": 5.0}, "fixed 16": {"goodput_qps": 90.0},
             "fixed 32": {"goodput_qps": 99.0}, "AIMD": {"goodput_qps": 60.0}}
     out = _confirm(b, object(), rows, 1.0, 1.0)  # type: ignore[arg-type]
-    assert CONFIRM_PAIRS == 3
-    # the sweep's best fixed size (not AIMD's row), alternating with AIMD, fixed first
-    assert [f for _, f in b.calls] == [32, None, 32, None, 32, None]
+    assert CONFIRM_ROUNDS == 3
+    # the sweep's best fixed size (not AIMD's row), interleaved with no batching and AIMD
+    assert b.calls == [1, 32, None] * 3
     assert out["best_fixed"] == "fixed 32"
     g = out["goodput"]
-    assert (g["best_fixed_qps"], g["aimd_qps"]) == (90.0, 85.0)  # medians of the pairs, not maxima
+    # medians of the rounds, not maxima
+    assert (g["no_batching_qps"], g["best_fixed_qps"], g["aimd_qps"]) == (20.0, 90.0, 85.0)
     assert g["aimd_vs_best_fixed"] == pytest.approx(85.0 / 90.0)
+    assert g["aimd_vs_no_batching"] == pytest.approx(85.0 / 20.0)
     assert out["ok throughput"]["aimd_qps"] == 86.0

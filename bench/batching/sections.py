@@ -32,7 +32,7 @@ from bench.batching.runner import Bench, Model, RunResult
 
 
 SATURATED_DEADLINE_MS = 100.0
-CONFIRM_ROUNDS = 3  # interleaved (no batching, best fixed, AIMD) rounds after each sweep
+CONFIRM_ROUNDS = 5  # interleaved (no batching, best fixed, AIMD) rounds after each sweep
 
 
 def models(quick: bool) -> dict[str, Model]:

@@ -158,7 +158,8 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
 
         def __init__(self) -> None:
             self.calls: list[int | None] = []
-            self.qps = {1: iter([20.0, 30.0, 10.0]), 32: iter([100.0, 80.0, 90.0]), None: iter([85.0, 95.0, 70.0])}
+            self.qps = {1: iter([20.0, 30.0, 10.0, 25.0, 5.0]), 32: iter([100.0, 80.0, 90.0, 95.0, 70.0]),
+                        None: iter([85.0, 95.0, 70.0, 99.0, 60.0])}
 
         def run(self, m: object, label: str, fixed: int | None = None, **_: object) -> SimpleNamespace:
             self.calls.append(fixed)
@@ -169,9 +170,9 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     rows = {"no batching (1)": {"goodput_qps": 5.0}, "fixed 16": {"goodput_qps": 90.0},
             "fixed 32": {"goodput_qps": 99.0}, "AIMD": {"goodput_qps": 60.0}}
     out = _confirm(b, object(), rows, 1.0, 1.0)  # type: ignore[arg-type]
-    assert CONFIRM_ROUNDS == 3
+    assert CONFIRM_ROUNDS == 5
     # the sweep's best fixed size (not AIMD's row), interleaved with no batching and AIMD
-    assert b.calls == [1, 32, None] * 3
+    assert b.calls == [1, 32, None] * 5
     assert out["best_fixed"] == "fixed 32"
     g = out["goodput"]
     # medians of the rounds, not maxima

@@ -19,10 +19,14 @@ also on Ctrl-C. Sections:
   scikit-learn digits logistic regression exported to ONNX. A *fixed* size N is the real
   batcher with ``--max-batch-size N``, AIMD started at N (``CLIPSTREAM_BATCHER_AIMD_START``)
   and an AIMD objective nothing misses (``--latency-objective-ms 1e6``): the size never moves.
-  The request deadline (20 ms) is set by the load generator, not by that flag. For the
+  The request deadline (20 ms) is set by the load generator, not by that flag. The sweep
+  runs each size once; then no batching, the sweep's best fixed size and AIMD are run again
+  in five interleaved rounds, and AIMD's ratios are the medians of those (the best of eight
+  single runs is biased up, and one 3 s run varies by +-15% on a shared machine). For the
   simulated accelerator one more run, *always work queued*: AIMD (objective 20 ms on the
   batch's service time, as in Clipper) offered 1.3x the device's best throughput with request
-  deadlines of 100 ms, so the queue never empties: how busy the layer keeps the device.
+  deadlines of 100 ms, so the queue never empties: how busy the layer keeps the device; and
+  no batching run the same way (Clipper's ratio: throughput at the objective).
   Beside it, what an ideal batcher could answer within the 20 ms end-to-end deadline
   (``bounds``, simulated): the bound of that stricter reading.
 * ``adapt``: AIMD on the Clockwork profile when the model becomes 2x slower mid-run
@@ -35,7 +39,7 @@ also on Ctrl-C. Sections:
 * ``cost``: the ONNX model's CPU cost per query, per process (/proc/<pid>/stat), and where the
   batcher's and the worker's Python time goes (py-spy, when installed).
 
-    .venv/bin/python -m bench.batching            # ~7 min; out/bench/batching.json and .png
+    .venv/bin/python -m bench.batching            # ~14 min; out/bench/batching.json and .png
     .venv/bin/python -m bench.batching --quick    # ~2-3 min smoke run (fewer sizes, shorter runs)
     .venv/bin/python -m bench.batching --sections throughput --models clockwork --deadline-ms 100 \
         --rate-scale 1.6 --out out/bench/d100     # a looser request deadline, more load
@@ -44,7 +48,8 @@ also on Ctrl-C. Sections:
 Offered load is open loop: a linear ramp over the first half of each run's warm-up (a step
 from nothing to the full rate puts a just-started batcher more than a deadline behind at
 once, and it never catches up), then the constant rate, whether or not answers come back.
-Every run has the same warm-up and measurement window; figures count answers made in the
+Before the first section a 20 s run at 500 q/s warms the broker (a cold one at full load
+expires nearly everything). Every run has the same warm-up and measurement window; figures count answers made in the
 window. ``goodput`` = ok answers made within the request deadline; ``ok throughput`` = ok
 answers, any latency (the batch latency is still bounded by the 20 ms AIMD objective).
 

@@ -132,17 +132,22 @@ def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], warm: fl
 def _saturated(b: Bench, m: Model, dev: dict[str, Any], warm: float, meas: float) -> dict[str, Any]:
     """How busy the layer keeps the device when there is always work: AIMD's objective stays
     20 ms on the batch's service time (Clipper's reading), offered 1.3x the device's maximum,
-    request deadlines loose (100 ms) so the queue never empties (the excess expires)."""
+    request deadlines loose (100 ms) so the queue never empties (the excess expires). No
+    batching is run the same way, for Clipper's ratio of the two throughputs at the objective."""
     rate = 1.3 * dev["qps"]
     r = b.run(m, "AIMD, always work queued", rate_qps=rate, deadline_ms=SATURATED_DEADLINE_MS,
               warmup_s=warm, measure_s=meas).summary
+    one = b.run(m, "no batching, always work queued", fixed=1, rate_qps=rate,
+                deadline_ms=SATURATED_DEADLINE_MS, warmup_s=warm, measure_s=meas).summary
     out = {"offered_qps": r["offered_qps"], "rate_qps_target": rate, "request_deadline_ms": SATURATED_DEADLINE_MS,
            "ok_qps": r["ok_qps"], "vs_device_max": r["ok_qps"] / dev["qps"], "mean_batch": r["mean_batch"],
            "service_ms_p50": r["service_ms_p50"], "service_ms_p99": r["service_ms_p99"],
-           "device_busy": r["device_busy"]}
+           "device_busy": r["device_busy"], "no_batching_ok_qps": one["ok_qps"],
+           "vs_no_batching": r["ok_qps"] / one["ok_qps"] if one["ok_qps"] else None}
     log(f"  => always work queued: AIMD {r['ok_qps']:.0f} qps = x{_r(out['vs_device_max'])} of device max "
         f"{dev['qps']:.0f} qps (batch {r['mean_batch']:.1f}, service p50 {r['service_ms_p50']:.1f} ms, "
-        f"device busy {r['device_busy']:.2f})")
+        f"device busy {r['device_busy']:.2f}); no batching {one['ok_qps']:.0f} qps, "
+        f"AIMD x{_r(out['vs_no_batching'])} of it")
     return out
 
 

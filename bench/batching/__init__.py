@@ -49,9 +49,10 @@ Offered load is open loop: a linear ramp over the first half of each run's warm-
 from nothing to the full rate puts a just-started batcher more than a deadline behind at
 once, and it never catches up), then the constant rate, whether or not answers come back.
 Before the first section a 20 s run at 500 q/s warms the broker (a cold one at full load
-expires nearly everything). Every run has the same warm-up and measurement window; figures count answers made in the
-window. ``goodput`` = ok answers made within the request deadline; ``ok throughput`` = ok
-answers, any latency (the batch latency is still bounded by the 20 ms AIMD objective).
+expires nearly everything). Every run has the same warm-up and measurement window; figures
+count answers made in the window. ``goodput`` = ok answers made within the request deadline;
+``ok throughput`` = ok answers, any latency (the batch latency is still bounded by the 20 ms
+AIMD objective).
 
 Modules: ``helpers`` (pure functions, unit-tested), ``bounds`` (the ideal batcher's
 simulation, unit-tested), ``procs`` (load generator and CLI

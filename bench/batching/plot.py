@@ -17,9 +17,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for e in report.get("throughput", {}).values():
         labels = list(e["runs"])
         c = e.get("confirmed", {}).get("goodput", {}).get("aimd_vs_best_fixed")
-        pairs = f" (interleaved rounds: AIMD x{c:.2f} of {e['confirmed']['best_fixed']})" if c else ""
+        rounds = f" (interleaved rounds: AIMD x{c:.2f} of {e['confirmed']['best_fixed']})" if c else ""
         line, = ax.plot(range(len(labels)), [max(0.5, e["runs"][k]["goodput_qps"]) for k in labels], "o-",
-                        label=f"{e['label']}: goodput{pairs}")
+                        label=f"{e['label']}: goodput{rounds}")
         ax.plot(range(len(labels)), [max(0.5, e["runs"][k]["ok_qps"]) for k in labels], "s--", color=line.get_color(),
                 label="  ok throughput (any latency)", alpha=0.6)
         for i, k in enumerate(labels):

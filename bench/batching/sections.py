@@ -57,15 +57,17 @@ def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -
         m = ms[kind]
         log(f"throughput: {m.label}, offered {m.rate_qps * b.args.rate_scale:g} qps open loop, objective {OBJECTIVE_MS:g} ms")
         runs: dict[str, RunResult] = {}
+        sizes: dict[str, int] = {}  # the sweep's labels and their batch sizes
         for size in sweep_sizes(kind, q):
             label = "no batching (1)" if size == 1 else f"fixed {size}"
+            sizes[label] = size
             runs[label] = b.run(m, label, fixed=size, warmup_s=warm, measure_s=meas)
         runs["AIMD"] = b.run(m, "AIMD", warmup_s=warm, measure_s=meas)
         out[kind] = runs
         rows = {k: r.summary for k, r in runs.items()}
         entry: dict[str, Any] = {"label": m.label, "offered_qps_target": m.rate_qps * b.args.rate_scale, "runs": rows}
         if not q:
-            entry["confirmed"] = _confirm(b, m, rows, warm, meas)
+            entry["confirmed"] = _confirm(b, m, rows, sizes, warm, meas)
         dev = None
         if kind in ("clockwork", "svm"):
             lat = latency_fn(CLOCKWORK) if kind == "clockwork" else latency_fn(fixed_ms=SVM_FIXED_MS,
@@ -96,7 +98,8 @@ def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -
     return out
 
 
-def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], warm: float, meas: float) -> dict[str, Any]:
+def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], sizes: Mapping[str, int],
+             warm: float, meas: float) -> dict[str, Any]:
     """AIMD against the sweep's best fixed size and no batching, re-measured in interleaved rounds.
 
     The sweep runs each size once, in order, and the best of eight noisy runs is biased
@@ -104,11 +107,8 @@ def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], warm: fl
     configuration ranges over +-15%. Runs taken back to back see the same machine, and the
     medians over the rounds, not the sweep's maximum, are what the figures compare.
     """
-    fixed_rows = {k: {"goodput_qps": v["goodput_qps"]} for k, v in rows.items() if k != "AIMD"}
-    best_label, _ = best_of(fixed_rows, "")
-    assert best_label is not None
-    size = 1 if best_label.startswith("no batching") else int(best_label.split()[-1])
-    arms = {"none": ("no batching (1)", 1), "fixed": (best_label, size), "aimd": ("AIMD", None)}
+    best_label = max(sizes, key=lambda label: rows[label]["goodput_qps"])
+    arms = {"none": ("no batching (1)", 1), "fixed": (best_label, sizes[best_label]), "aimd": ("AIMD", None)}
     rounds: list[dict[str, float]] = []
     for i in range(CONFIRM_ROUNDS):
         got: dict[str, float] = {}

@@ -169,7 +169,8 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     b = Runs()
     rows = {"no batching (1)": {"goodput_qps": 5.0}, "fixed 16": {"goodput_qps": 90.0},
             "fixed 32": {"goodput_qps": 99.0}, "AIMD": {"goodput_qps": 60.0}}
-    out = _confirm(b, object(), rows, 1.0, 1.0)  # type: ignore[arg-type]
+    sizes = {"no batching (1)": 1, "fixed 16": 16, "fixed 32": 32}
+    out = _confirm(b, object(), rows, sizes, 1.0, 1.0)  # type: ignore[arg-type]
     assert CONFIRM_ROUNDS == 5
     # the sweep's best fixed size (not AIMD's row), interleaved with no batching and AIMD
     assert b.calls == [1, 32, None] * 5

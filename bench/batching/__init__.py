@@ -34,12 +34,14 @@ also on Ctrl-C. Sections:
 * ``delayed``: delayed batching off (0 ms) vs on, AIMD, the high-fixed-cost profile, moderate
   bursty load, for two ways of dispatching (eager credit, just in time); ``--dispatch clipper``
   adds Clipper's own (one batch outstanding per replica, the next sent when it returns).
-  Beside them, an ideal batcher's gain from the same delays on the same loads (``bounds``).
+  Every configuration runs once per round, in three interleaved rounds; a ratio is the median
+  of the per-round ratios. Beside them, an ideal batcher's gain from the same delays on the
+  same loads (``bounds``).
 * ``cache``: cache hits: batcher in -> predictions topic out.
 * ``cost``: the ONNX model's CPU cost per query, per process (/proc/<pid>/stat), and where the
   batcher's and the worker's Python time goes (py-spy, when installed).
 
-    .venv/bin/python -m bench.batching            # ~14 min; out/bench/batching.json and .png
+    .venv/bin/python -m bench.batching            # ~20 min; out/bench/batching.json and .png
     .venv/bin/python -m bench.batching --quick    # ~2-3 min smoke run (fewer sizes, shorter runs)
     .venv/bin/python -m bench.batching --sections throughput --models clockwork --deadline-ms 100 \
         --rate-scale 1.6 --out out/bench/d100     # a looser request deadline, more load
@@ -50,7 +52,10 @@ from nothing to the full rate puts a just-started batcher more than a deadline b
 once, and it never catches up), then the constant rate, whether or not answers come back.
 Before the first section a 20 s run at 500 q/s warms the broker (a cold one at full load
 expires nearly everything). Every run has the same warm-up and measurement window; figures
-count answers made in the window. ``goodput`` = ok answers made within the request deadline;
+count answers made in the window. ``goodput`` = ok answers made within the request deadline,
+counted when the worker writes them to ``predictions``; the batchers therefore run with no
+margin for the hop on to the selector when they drop requests that cannot make their deadline
+(``--hopeless-margin-ms``, default 0 here; the pipeline's default is 3 ms);
 ``ok throughput`` = ok answers, any latency (the batch latency is still bounded by the 20 ms
 AIMD objective).
 

@@ -33,6 +33,7 @@ from bench.batching.runner import Bench, Model, RunResult
 
 SATURATED_DEADLINE_MS = 100.0
 CONFIRM_ROUNDS = 5  # interleaved (no batching, best fixed, AIMD) rounds after each sweep
+DELAYED_ROUNDS = 3  # interleaved rounds of every (dispatch, load, delay) in the delayed section
 
 
 def models(quick: bool) -> dict[str, Model]:
@@ -251,35 +252,46 @@ DEFAULT_DISPATCH = "eager credit,just in time"
 def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> None:
     """Delayed batching's gain, for both ways of dispatching: with eager credit it is Clipper's
     experiment; just-in-time dispatch already lets requests gather while the device is busy,
-    which leaves a delay less to add."""
+    which leaves a delay less to add.
+
+    Every (dispatch, load, delay) runs once per round, and the rounds are interleaved, so a
+    ratio compares runs taken minutes apart at most; the figures are medians over the rounds
+    (one 4 s run swings +-15% here, and a single pair of runs read anything from 0.7x to 2.8x).
+    """
     m = ms["svm"]
     rates = [500.0] if b.quick else [300.0, 600.0]
     delays = [0.0, 2.0] if b.quick else [0.0, 2.0, 5.0]
     modes = [m.strip() for m in b.args.dispatch.split(",")] if b.args.dispatch else (
         ["eager credit"] if b.quick else DEFAULT_DISPATCH.split(","))
+    n_rounds = 1 if b.quick else DELAYED_ROUNDS
     period, duty = 0.1, 0.5
     log(f"delayed batching: {m.label}, AIMD, bursty load (on {duty * period * 1000:g} ms / off "
-        f"{(1 - duty) * period * 1000:g} ms), dispatch: {', '.join(modes)}")
-    rows: dict[str, Any] = {}
+        f"{(1 - duty) * period * 1000:g} ms), dispatch: {', '.join(modes)}; {n_rounds} interleaved round(s)")
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    for i in range(n_rounds):
+        for mode in modes:
+            for rate in rates:
+                for delay in delays:
+                    label = f"{mode}, {rate:g} qps, delay {delay:g} ms"
+                    r = b.run(m, f"{label}, round {i + 1}", delay_ms=delay, rate_qps=rate, period_s=period,
+                              duty=duty, warmup_s=1.0 if b.quick else 1.5, measure_s=2.0 if b.quick else 4.0,
+                              batcher_env=DISPATCH_MODES[mode])
+                    rounds.setdefault(label, []).append(r.summary)
+    entry: dict[str, Any] = {"burst": {"period_s": period, "duty": duty}, "rounds": n_rounds,
+                             "runs": {k: _median_run(v) for k, v in rounds.items()},
+                             "goodput_qps_by_round": {k: [s["goodput_qps"] for s in v] for k, v in rounds.items()},
+                             "ratios": {}}
     for mode in modes:
         for rate in rates:
-            for delay in delays:
-                label = f"{mode}, {rate:g} qps, delay {delay:g} ms"
-                r = b.run(m, label, delay_ms=delay, rate_qps=rate, period_s=period, duty=duty,
-                          warmup_s=1.0 if b.quick else 1.5, measure_s=2.0 if b.quick else 4.0,
-                          batcher_env=DISPATCH_MODES[mode])
-                rows[label] = r.summary
-    entry: dict[str, Any] = {"burst": {"period_s": period, "duty": duty}, "runs": rows, "ratios": {}}
-    for mode in modes:
-        for rate in rates:
-            off = rows[f"{mode}, {rate:g} qps, delay 0 ms"]
+            offs = rounds[f"{mode}, {rate:g} qps, delay 0 ms"]
             for delay in delays[1:]:
-                on = rows[f"{mode}, {rate:g} qps, delay {delay:g} ms"]
+                ons = rounds[f"{mode}, {rate:g} qps, delay {delay:g} ms"]
                 entry["ratios"][f"{mode}, {rate:g} qps, delay {delay:g} vs 0 ms"] = {
-                    "goodput": on["goodput_qps"] / off["goodput_qps"] if off["goodput_qps"] else None,
-                    "batches_per_s": on["batches_per_s"] / off["batches_per_s"] if off["batches_per_s"] else None,
-                    "device_busy": on["device_busy"] / off["device_busy"] if off["device_busy"] else None,
-                    "goodput_qps": [off["goodput_qps"], on["goodput_qps"]],
+                    **{name: _median_ratio(offs, ons, key) for name, key in
+                       (("goodput", "goodput_qps"), ("batches_per_s", "batches_per_s"), ("device_busy", "device_busy"))},
+                    "goodput_by_round": [_ratio(off["goodput_qps"], on["goodput_qps"]) for off, on in zip(offs, ons)],
+                    "goodput_qps": [statistics.median(s["goodput_qps"] for s in offs),
+                                    statistics.median(s["goodput_qps"] for s in ons)],
                 }
     # the same loads served by an ideal batcher that forms the next batch as the device frees
     lat = latency_fn(fixed_ms=SVM_FIXED_MS, per_item_ms=SVM_PER_ITEM_MS)
@@ -289,11 +301,28 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
         for rate in rates}
     report["delayed"] = entry
     for k, v in entry["ratios"].items():
-        log(f"  => {k}: goodput x{_r(v['goodput'])} ({v['goodput_qps'][0]:.0f} -> {v['goodput_qps'][1]:.0f} q/s), "
-            f"batches/s x{_r(v['batches_per_s'])}, device busy x{_r(v['device_busy'])}")
+        log(f"  => {k}: goodput x{_r(v['goodput'])} ({v['goodput_qps'][0]:.0f} -> {v['goodput_qps'][1]:.0f} q/s; "
+            f"rounds {', '.join(_r(x) for x in v['goodput_by_round'])}), batches/s x{_r(v['batches_per_s'])}, "
+            f"device busy x{_r(v['device_busy'])}")
     for k, v in entry["ideal_dispatch_as_device_frees"].items():
         log(f"  => ideal batcher, next batch formed as the device frees, {k}: delay gain "
             + ", ".join(f"x{_r(x)} at {d}" for d, x in v["ratios"].items()) + " (a bound, simulated)")
+
+
+def _ratio(off: float, on: float) -> float | None:
+    return on / off if off else None
+
+
+def _median_ratio(offs: Sequence[Mapping[str, Any]], ons: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The median over rounds of on / off, each pair taken in the same round."""
+    xs = [x for off, on in zip(offs, ons) if (x := _ratio(off[key], on[key])) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _median_run(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The round whose goodput is the median (the lower one of an even count)."""
+    ordered = sorted(summaries, key=lambda s: s["goodput_qps"])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _r(x: float | None) -> str:

@@ -181,3 +181,47 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     assert g["aimd_vs_best_fixed"] == pytest.approx(85.0 / 90.0)
     assert g["aimd_vs_no_batching"] == pytest.approx(85.0 / 20.0)
     assert out["ok throughput"]["aimd_qps"] == 86.0
+
+
+def test_delayed_section_interleaves_rounds_and_reports_median_paired_ratios() -> None:
+    from types import SimpleNamespace
+
+    from bench.batching.sections import DELAYED_ROUNDS, section_delayed
+
+    class Runs:
+        """Stands in for ``Bench``: records each run's label and scripts its goodput by round."""
+
+        quick = False
+        args = SimpleNamespace(dispatch="just in time", deadline_ms=20.0)
+
+        def __init__(self) -> None:
+            self.labels: list[str] = []
+            # goodput of (rate, delay) in rounds 1..3; the 300 q/s delay-2 ms ratios by round are 1.5, 0.5, 2.0
+            self.qps = {(300.0, 0.0): [100.0, 200.0, 160.0], (300.0, 2.0): [150.0, 100.0, 320.0],
+                        (300.0, 5.0): [100.0, 200.0, 160.0], (600.0, 0.0): [300.0] * 3,
+                        (600.0, 2.0): [300.0] * 3, (600.0, 5.0): [450.0] * 3}
+
+        def run(self, m: object, label: str, *, delay_ms: float, rate_qps: float, batcher_env: dict[str, str],
+                **_: object) -> SimpleNamespace:
+            self.labels.append(label)
+            round_ = int(label.rsplit(" ", 1)[1]) - 1
+            qps = self.qps[(rate_qps, delay_ms)][round_]
+            return SimpleNamespace(summary={"goodput_qps": qps, "batches_per_s": 50.0, "device_busy": 0.5})
+
+    b = Runs()
+    report: dict[str, object] = {}
+    section_delayed(b, {"svm": SimpleNamespace(label="svm")}, report)  # type: ignore[arg-type]
+    assert DELAYED_ROUNDS == 3
+    # every configuration once per round, rounds one after another
+    assert len(b.labels) == 3 * 2 * 3
+    assert [lab.rsplit(" ", 1)[1] for lab in b.labels] == ["1"] * 6 + ["2"] * 6 + ["3"] * 6
+    de = report["delayed"]
+    r = de["ratios"]["just in time, 300 qps, delay 2 vs 0 ms"]  # type: ignore[index]
+    # the median of the paired per-round ratios, not the ratio of the medians (150 / 160)
+    assert r["goodput_by_round"] == [1.5, 0.5, 2.0]
+    assert r["goodput"] == 1.5
+    assert r["goodput_qps"] == [160.0, 150.0]
+    assert de["ratios"]["just in time, 600 qps, delay 5 vs 0 ms"]["goodput"] == 1.5  # type: ignore[index]
+    # the run shown for each configuration is its median round
+    assert de["runs"]["just in time, 300 qps, delay 0 ms"]["goodput_qps"] == 160.0  # type: ignore[index]
+    assert de["goodput_qps_by_round"]["just in time, 300 qps, delay 2 ms"] == [150.0, 100.0, 320.0]  # type: ignore[index]

@@ -140,12 +140,8 @@ class Dispatcher:
         credit_timeout_us: int = 5_000_000,
         credit_lead_us: int | None = 3000,
         credit_lead_fraction: float = 0.1,
-        max_trip_us: int = 5000,
     ) -> None:
-        """``credit_lead_us`` None: a free credit is used at once (no just-in-time gating).
-        ``max_trip_us``: a report's trip to the worker counts up to this; a longer one is a
-        stall (the first batch to a new topic takes ~200-300 ms), and counted in full it would
-        make every request look hopeless, so nothing would be sent and no report correct it."""
+        """``credit_lead_us`` None: a free credit is used at once (no just-in-time gating)."""
         if replicas < 1 or max_in_flight < 1:
             raise ValueError("need at least one replica and one batch in flight")
         self._factory = aimd_factory
@@ -154,7 +150,6 @@ class Dispatcher:
         self.credit_timeout_us = int(credit_timeout_us)
         self.credit_lead_us = credit_lead_us
         self.credit_lead_fraction = credit_lead_fraction
-        self.max_trip_us = max(0, int(max_trip_us))
         self.replicas: list[Replica] = []
         self._by_batch: dict[str, InFlight] = {}
         self._reclaimed: dict[str, InFlight] = {}
@@ -246,7 +241,7 @@ class Dispatcher:
         replica.suspect = False
         replica.latency.observe(batch_size, service_us)
         if queue_wait_us is not None and queue_wait_us >= 0:
-            replica.hops.append(min(int(queue_wait_us), self.max_trip_us))
+            replica.hops.append(int(queue_wait_us))
         if now_us is not None:  # the batches still out run one after another from about now
             replica.free_at_us = now_us + sum(replica.batch_us(f.size) for f in replica.in_flight.values())
         replica.aimd.observe(batch_size, service_us, flight.limit)
@@ -283,7 +278,6 @@ class Dispatcher:
                 "batches": r.batches,
                 "items": r.items,
                 "suspect": r.suspect,
-                "trip_us": int(r.hop_us),
             }
             for r in self.replicas
         ]

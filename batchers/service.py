@@ -72,7 +72,6 @@ class BatcherService:
             batch_delay_us=int(model.batch_delay_ms * 1000),
             credit_timeout_us=int(bs.credit_timeout_ms * 1000),
             credit_lead_us=int(bs.credit_lead_ms * 1000) if bs.just_in_time else None,
-            max_trip_us=int(bs.max_trip_ms * 1000),
         )
         self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
                                 drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))

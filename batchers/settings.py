@@ -32,8 +32,5 @@ class BatcherSettings(BaseSettings):
     drop_hopeless: bool = True
     # ... counting this for the prediction's trip from the worker back to the selector
     hopeless_margin_ms: float = 3.0
-    # ... and the batch's trip to the worker, learnt from the reports, up to this (a longer
-    # trip is a stall, and counting it would stop every send)
-    max_trip_ms: float = 5.0
     registry_timeout_s: float = 30.0
     stats_log_interval_s: float = 5.0  # 0 disables the periodic per-replica stats line

@@ -185,10 +185,8 @@ class BatcherCore:
         Keys nobody waits on are forgotten at once; the others stay pending until
         ``deliver`` so that identical requests arriving meanwhile still coalesce.
         """
-        wait = stats.get("queue_wait_us")
         flight = self.dispatcher.completed(
-            str(stats["batch_id"]), int(stats["batch_size"]), int(stats["service_us"]), now_us,
-            None if wait is None else int(wait),
+            str(stats["batch_id"]), int(stats["batch_size"]), int(stats["service_us"]), now_us
         )
         if flight is None:
             return []

@@ -14,9 +14,7 @@
   just-in-time alone kept it 63–77% busy: the hop's p50 of 3–6 ms exceeded the 3 ms lead).
   When the device frees is tracked per replica: each batch sent starts when the previous one
   ends and takes the service time of its size (``batchers/latency.py``); a worker's report
-  resets the estimate (the batches still out run one after another from then). A batch sent
-  to an idle device starts only when it reaches the worker: the trip is learnt from the
-  reports' ``queue_wait_us``.
+  resets the estimate (the batches still out run one after another from then).
 * Lost credit. If a worker dies, its stats never come: a batch outstanding longer than
   ``credit_timeout_us`` is reclaimed, and the replica is marked suspect so that healthy
   replicas are preferred until it reports again.
@@ -31,10 +29,8 @@ Each replica has its own AIMD state. Time is always passed in, so tests inject t
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from statistics import median
 
 from batchers.aimd import AIMD
 from batchers.latency import LatencyModel
@@ -67,9 +63,6 @@ class Replica:
     # neither stops the batcher sending (every request looking hopeless, and no report coming
     # to correct it) nor skews when the next batch is due
     latency: LatencyModel = field(default_factory=LatencyModel)
-    # the trip of a batch to its worker (``queue_wait_us`` of the recent reports): a batch
-    # sent to an idle device still starts only when it arrives
-    hops: deque[int] = field(default_factory=lambda: deque(maxlen=32))
 
     @property
     def service_us(self) -> float:
@@ -89,19 +82,11 @@ class Replica:
         """The expected service time of a batch of ``size`` (0 before any report)."""
         return int(self.latency.service_us(size))
 
-    @property
-    def hop_us(self) -> float:
-        """The median trip of a batch from here to the worker (0 before any report)."""
-        return float(median(self.hops)) if self.hops else 0.0
-
     def wait_us(self, now_us: int) -> int:
-        """How long until a batch sent now starts: the later of its arrival at the worker
-        and the end of the batches already sent (each timed by its size, from the sends and
-        the last report); the trip overlaps that wait. Overestimating this drops requests
-        that would have made their deadline, and the batch leaves short; underestimating it
-        serves requests that arrive late."""
-        behind = max(0, self.free_at_us - now_us) if self.in_flight else 0
-        return max(behind, int(self.hop_us))
+        """How long a batch sent now waits at the worker for the batches already sent (each
+        timed by its size, from the sends and the last report). Overestimating this drops
+        requests that would have made their deadline, and the batch leaves short."""
+        return max(0, self.free_at_us - now_us) if self.in_flight else 0
 
     @property
     def credit(self) -> int:
@@ -220,10 +205,8 @@ class Dispatcher:
         self._by_batch[batch_id] = flight
         return flight
 
-    def completed(self, batch_id: str, batch_size: int, service_us: int, now_us: int | None = None,
-                  queue_wait_us: int | None = None) -> InFlight | None:
-        """A worker reported a batch: return its credit and feed its replica's AIMD (and
-        its estimates of service time and of the trip to the worker, ``queue_wait_us``).
+    def completed(self, batch_id: str, batch_size: int, service_us: int, now_us: int | None = None) -> InFlight | None:
+        """A worker reported a batch: return its credit and feed its replica's AIMD.
 
         Stats for a batch reclaimed earlier still feed AIMD (a slow batch is exactly the
         evidence AIMD needs) but return no credit twice. Unknown batches (another batcher
@@ -240,8 +223,6 @@ class Dispatcher:
             replica = self.replicas[flight.replica]
         replica.suspect = False
         replica.latency.observe(batch_size, service_us)
-        if queue_wait_us is not None and queue_wait_us >= 0:
-            replica.hops.append(int(queue_wait_us))
         if now_us is not None:  # the batches still out run one after another from about now
             replica.free_at_us = now_us + sum(replica.batch_us(f.size) for f in replica.in_flight.values())
         replica.aimd.observe(batch_size, service_us, flight.limit)

@@ -165,21 +165,3 @@ def test_the_wait_behind_a_batch_in_flight_is_its_own_size_s_service_time():
     step = c.poll(9_000)
     assert [p.request["query_id"] for p in step.expired] == ["behind-late"]
     assert [it["query_id"] for it in step.batches[0].record["items"]] == ["behind-ok"]
-
-
-def test_the_trip_to_the_worker_counts_when_the_device_is_idle():
-    """An idle device does not start a batch sent now at once: it starts when the batch reaches
-    the worker, which the reports' queue_wait_us tell. A request that would finish 1 ms before
-    its deadline on arrival now is late once a 2 ms trip is counted."""
-    for wait, dropped in ((None, []), (0, []), (2_000, ["tight"])):
-        c = core(start=4, delay=0)
-        c.admit(req("warm", 100_000, x=1))
-        bid = c.poll(0).batches[0].record["batch_id"]
-        stats = {"batch_id": bid, "batch_size": 1, "service_us": 10_000}
-        if wait is not None:
-            stats["queue_wait_us"] = wait
-        c.on_stats(stats)
-        c.admit(req("tight", 31_000, x=2))  # at t=20 ms, idle: done at 30 ms, or 32 ms after the trip
-        step = c.poll(20_000)
-        assert [p.request["query_id"] for p in step.expired] == dropped
-        assert len(step.batches) == (0 if dropped else 1)

@@ -160,17 +160,3 @@ def test_a_batch_waits_for_the_device_then_takes_its_own_service_time():
     d.sent(0, "running", 4, now_us=100_000)  # device busy until 200 ms
     assert r.wait_us(now_us=190_000) == 10_000
     assert r.wait_us(now_us=250_000) == 0  # overdue: no negative wait
-
-
-def test_a_batch_starts_at_the_later_of_its_trip_and_the_batches_ahead():
-    d = Dispatcher(1, lambda: AIMD(20_000, start=4, cap=64), 2, 0, 1_000_000)
-    r = d.replicas[0]
-    assert r.wait_us(now_us=0) == 0  # nothing reported: no trip known
-    for i, trip in enumerate((1_000, 5_000, 2_000)):
-        d.sent(0, f"b{i}", 1, now_us=i)
-        d.completed(f"b{i}", 1, 4_000, now_us=10_000 + i, queue_wait_us=trip)
-    assert r.hop_us == 2_000  # the median trip, robust to the one slow report
-    assert r.wait_us(now_us=20_000) == 2_000  # idle: only the trip
-    d.sent(0, "busy", 1, now_us=20_000)  # free at 24 ms
-    assert r.wait_us(now_us=20_000) == 4_000  # behind it: the trip overlaps the wait
-    assert r.wait_us(now_us=23_000) == 2_000  # almost free: the trip again

@@ -3,6 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 EXTRAS ?= test,torch,models,bench
+# PyPI's torch is the CUDA build (~4 GB with its libraries); where download.pytorch.org is
+# reachable, `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs the CPU one first
+TORCH_INDEX ?=
 
 .PHONY: test unit integration demo bench deps venv jars up down clean
 
@@ -13,6 +16,7 @@ $(STAMP): pyproject.toml
 	@echo ">> creating $(VENV) and installing clipstream[$(EXTRAS)] (first time: a few minutes; torch is large)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q --upgrade pip
+	$(if $(TORCH_INDEX),$(VENV)/bin/pip install --disable-pip-version-check --progress-bar on --index-url $(TORCH_INDEX) torch)
 	$(VENV)/bin/pip install --disable-pip-version-check --progress-bar on -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 

@@ -72,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "what": "model abstraction layer alone on a real Kafka broker and Redis: requests.<model> -> batcher -> "
                 "worker -> predictions; goodput = ok predictions answered within the objective per second",
         "objective_ms": OBJECTIVE_MS, "request_deadline_ms": args.deadline_ms, "quick": args.quick,
-        "ramp": args.ramp, "hopeless_margin_ms": args.hopeless_margin_ms, "argv": list(argv) if argv is not None else sys.argv[1:], "host_cpus": os.cpu_count(),
+        "ramp": args.ramp, "hopeless_margin_ms": args.hopeless_margin_ms,
+        "argv": list(argv) if argv is not None else sys.argv[1:], "host_cpus": os.cpu_count(),
         "load_at_start": os.getloadavg(), "throughput": {},
     }
     b = Bench(args)

@@ -63,7 +63,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.bar([i + 0.2 for i in x], [de["runs"][k]["batches_per_s"] for k in labels], 0.4, label="batches/s")
         ax.set_xticks(list(x), labels, rotation=30, fontsize=7)
         ax.legend(fontsize=7)
-        ax.set_title(f"delayed batching, 5 ms + 0.05 ms/item, bursty load (AIMD; median of {de.get('rounds', 1)} rounds)")
+        ax.set_title("delayed batching, 5 ms + 0.05 ms/item, bursty load "
+                     f"(AIMD; median of {de.get('rounds', 1)} rounds)")
 
     co = report.get("cost")
     ax = axes[1][1]

@@ -287,8 +287,9 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
             for delay in delays[1:]:
                 ons = rounds[f"{mode}, {rate:g} qps, delay {delay:g} ms"]
                 entry["ratios"][f"{mode}, {rate:g} qps, delay {delay:g} vs 0 ms"] = {
-                    **{name: _median_ratio(offs, ons, key) for name, key in
-                       (("goodput", "goodput_qps"), ("batches_per_s", "batches_per_s"), ("device_busy", "device_busy"))},
+                    "goodput": _median_ratio(offs, ons, "goodput_qps"),
+                    "batches_per_s": _median_ratio(offs, ons, "batches_per_s"),
+                    "device_busy": _median_ratio(offs, ons, "device_busy"),
                     "goodput_by_round": [_ratio(off["goodput_qps"], on["goodput_qps"]) for off, on in zip(offs, ons)],
                     "goodput_qps": [statistics.median(s["goodput_qps"] for s in offs),
                                     statistics.median(s["goodput_qps"] for s in ons)],

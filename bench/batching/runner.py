@@ -87,7 +87,7 @@ class Bench:
                     # for the hop on to the selector would drop requests this benchmark counts as
                     # in time (3 ms: ~8% of goodput at 300 q/s bursty, and eager credit locked
                     # into batches of 1)
-                    "CLIPSTREAM_BATCHER_HOPELESS_MARGIN_MS": str(getattr(self.args, "hopeless_margin_ms", 0.0))}
+                    "CLIPSTREAM_BATCHER_HOPELESS_MARGIN_MS": str(self.args.hopeless_margin_ms)}
         ensure_core_topics(self.settings)
         self.loadgen = LoadGen()
 

@@ -81,9 +81,9 @@ def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -
             best_label, best = best_of(fixed_rows, "")
             aimd, none = rows["AIMD"][key], rows["no batching (1)"][key]
             e = {"best_fixed": best_label, "best_fixed_qps": best, "aimd_qps": aimd, "no_batching_qps": none,
-                 "aimd_vs_best_fixed": aimd / best if best else None,
-                 "aimd_vs_no_batching": aimd / none if none else None,
-                 "best_fixed_vs_no_batching": best / none if none else None}
+                 "aimd_vs_best_fixed": _ratio(best, aimd),
+                 "aimd_vs_no_batching": _ratio(none, aimd),
+                 "best_fixed_vs_no_batching": _ratio(none, best)}
             if dev is not None:
                 e["aimd_vs_device_max"] = aimd / dev["qps"]
                 e["best_fixed_vs_device_max"] = best / dev["qps"]
@@ -121,8 +121,8 @@ def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], sizes: M
     for metric, key in (("goodput", "goodput_qps"), ("ok throughput", "ok_qps")):
         none, fixed, aimd = (statistics.median(r[f"{arm}_{key}"] for r in rounds) for arm in arms)
         out[metric] = {"no_batching_qps": none, "best_fixed_qps": fixed, "aimd_qps": aimd,
-                       "aimd_vs_best_fixed": aimd / fixed if fixed else None,
-                       "aimd_vs_no_batching": aimd / none if none else None}
+                       "aimd_vs_best_fixed": _ratio(fixed, aimd),
+                       "aimd_vs_no_batching": _ratio(none, aimd)}
     g = out["goodput"]
     log(f"  => medians of {CONFIRM_ROUNDS} interleaved rounds: no batching {g['no_batching_qps']:.0f}, "
         f"{best_label} {g['best_fixed_qps']:.0f}, AIMD {g['aimd_qps']:.0f} qps (AIMD x{_r(g['aimd_vs_best_fixed'])} "
@@ -144,7 +144,7 @@ def _saturated(b: Bench, m: Model, dev: dict[str, Any], warm: float, meas: float
            "ok_qps": r["ok_qps"], "vs_device_max": r["ok_qps"] / dev["qps"], "mean_batch": r["mean_batch"],
            "service_ms_p50": r["service_ms_p50"], "service_ms_p99": r["service_ms_p99"],
            "device_busy": r["device_busy"], "no_batching_ok_qps": one["ok_qps"],
-           "vs_no_batching": r["ok_qps"] / one["ok_qps"] if one["ok_qps"] else None}
+           "vs_no_batching": _ratio(one["ok_qps"], r["ok_qps"])}
     log(f"  => always work queued: AIMD {r['ok_qps']:.0f} qps = x{_r(out['vs_device_max'])} of device max "
         f"{dev['qps']:.0f} qps (batch {r['mean_batch']:.1f}, service p50 {r['service_ms_p50']:.1f} ms, "
         f"device busy {r['device_busy']:.2f}); no batching {one['ok_qps']:.0f} qps, "
@@ -210,7 +210,7 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
         entry[metric] = {
             "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
             "aimd_before_qps": before[key], "aimd_after_qps": after[key],
-            "aimd_after_vs_new_best": after[key] / new_best if new_best else None,
+            "aimd_after_vs_new_best": _ratio(new_best, after[key]),
             "recovery_s": rec_s, "recovery_batches": rec_batches,
         }
         log(f"  => {metric}: before {before[key]:.0f} qps, after {after[key]:.0f} qps; new best {new_label} "
@@ -310,8 +310,9 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
             + ", ".join(f"x{_r(x)} at {d}" for d, x in v["ratios"].items()) + " (a bound, simulated)")
 
 
-def _ratio(off: float, on: float) -> float | None:
-    return on / off if off else None
+def _ratio(base: float | None, x: float | None) -> float | None:
+    """x / base, or None when either is missing or the base is 0."""
+    return x / base if base and x is not None else None
 
 
 def _median_ratio(offs: Sequence[Mapping[str, Any]], ons: Sequence[Mapping[str, Any]], key: str) -> float | None:

@@ -32,8 +32,10 @@ also on Ctrl-C. Sections:
 * ``adapt``: AIMD on the Clockwork profile when the model becomes 2x slower mid-run
   (``set_slowdown``), against fixed sizes measured at the slower speed.
 * ``delayed``: delayed batching off (0 ms) vs on, AIMD, the high-fixed-cost profile, moderate
-  bursty load, for two ways of dispatching (eager credit, just in time); ``--dispatch clipper``
-  adds Clipper's own (one batch outstanding per replica, the next sent when it returns).
+  bursty load, for two ways of dispatching: just in time (the default) and an open pipe (each
+  request sent the moment it comes, up to 16 batches outstanding: the regime of Clipper's
+  Figure 5, where without a delay the model cannot keep up); ``--dispatch`` also takes eager
+  credit and clipper (one batch outstanding per replica, the next sent when it returns).
   Every configuration runs once per round, in three interleaved rounds; a ratio is the median
   of the per-round ratios. Beside them, an ideal batcher's gain from the same delays on the
   same loads (``bounds``).

@@ -47,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rate-scale", type=float, default=1.0, help="scale the throughput runs' offered load")
     ap.add_argument("--no-cache", action="store_true", help="run every batcher with --no-cache")
     ap.add_argument("--dispatch", default=None,
-                    help="dispatch modes of the delayed section, comma-separated: eager credit, just in time, "
-                         "clipper (default: the first two; --quick: eager credit)")
+                    help="dispatch modes of the delayed section, comma-separated: just in time, open pipe, "
+                         "eager credit, clipper (default: the first two; --quick: open pipe)")
     ap.add_argument("--hopeless-margin-ms", type=float, default=0.0,
                     help="the batcher's margin for the prediction's trip on to the selector when it drops requests "
                          "that cannot make their deadline (pipeline default 3 ms); 0 here, since this benchmark "

@@ -15,11 +15,11 @@ from typing import Any
 
 from bench.batching.helpers import OBJECTIVE_MS, ROOT, log
 from bench.batching.plot import plot
+from bench.batching.adapt import section_adapt
 from bench.batching.runner import Bench, RunResult
 from bench.batching.sections import (
     DISPATCH_MODES,
     models,
-    section_adapt,
     section_cache,
     section_cost,
     section_delayed,

@@ -16,16 +16,12 @@ from bench.batching.helpers import (
     OBJECTIVE_MS,
     SVM_FIXED_MS,
     SVM_PER_ITEM_MS,
-    batches_between,
     best_of,
     device_max,
     fmt_ms,
-    goodput_series,
     latency_fn,
     log,
     percentile,
-    recovery,
-    summarise,
     sweep_sizes,
 )
 from bench.batching.runner import Bench, Model, RunResult
@@ -173,67 +169,6 @@ def _ideal_bound(lat: Callable[[int], float], dev: dict[str, Any], aimd: dict[st
         f"{out['no transport']['best']['efficient']:.2f}, {out['measured transport']['best']['efficient']:.2f} with the "
         f"measured {transport:.1f} ms of Kafka hops (measured here: {out['measured_vs_device']:.2f})")
     return out
-
-
-def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> RunResult:
-    m = ms["clockwork"]
-    half = 3.0 if b.quick else 5.0
-    log(f"adapt: {m.label}, AIMD, the model becomes 2x slower at t = {half:g} s")
-    fixed_slow: dict[str, dict[str, Any]] = {}
-    for size in ([8] if b.quick else [4, 8, 12]):
-        r = b.run(m, f"fixed {size} @ 2x slower", fixed=size, slowdown=2.0, warmup_s=1.0,
-                  measure_s=2.0 if b.quick else 3.0)
-        fixed_slow[f"fixed {size}"] = r.summary
-    r = b.run(m, "AIMD, slows down mid-run", warmup_s=half, measure_s=half, slowdown_at_s=half)
-    dl = b.deadline_us
-    slow_us = r.extra["slowdown_at_us"]
-    start_us = r.t0_us - int(half * 1e6)
-    win = int(min(2.0, half - 1.0) * 1e6)
-    before = summarise(r.obs, slow_us - win, slow_us, dl, r.batches)
-    after = summarise(r.obs, r.t1_us - win, r.t1_us, dl, r.batches)
-    bin_s, hold = 0.1, 5
-    entry: dict[str, Any] = {
-        "fixed_at_2x_slower": fixed_slow, "aimd_before": before, "aimd_after": after,
-        "windows_s": win / 1e6,
-        "recovery_rule": f"first {hold * bin_s:g} s window after the slowdown whose rate >= 90% of the new best "
-                         "fixed size's; batches = BatchStats created from the slowdown to the end of that window",
-        "device_max_before": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS),
-        "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
-        "max_batch_before_median": _median_between(r.max_batch, (slow_us - win) / 1e6, slow_us / 1e6),
-        "max_batch_after_median": _median_between(r.max_batch, (r.t1_us - win) / 1e6, r.t1_us / 1e6),
-    }
-    for metric, key, objective in (("goodput", "goodput_qps", dl), ("ok throughput", "ok_qps", None)):
-        new_label, new_best = best_of({k: {"goodput_qps": v[key]} for k, v in fixed_slow.items()})
-        series = goodput_series(r.obs, slow_us, r.t1_us, bin_s, objective)
-        rec_s = recovery(series, bin_s, 0.9 * new_best, hold) if new_best else None
-        rec_batches = batches_between(r.batches, slow_us, slow_us + int(rec_s * 1e6)) if rec_s is not None else None
-        entry[metric] = {
-            "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
-            "aimd_before_qps": before[key], "aimd_after_qps": after[key],
-            "aimd_after_vs_new_best": _ratio(new_best, after[key]),
-            "recovery_s": rec_s, "recovery_batches": rec_batches,
-        }
-        log(f"  => {metric}: before {before[key]:.0f} qps, after {after[key]:.0f} qps; new best {new_label} "
-            f"{new_best:.0f} qps (after/new best {_r(entry[metric]['aimd_after_vs_new_best'])}); "
-            f"back to 90% in {rec_s} s = {rec_batches} batches")
-    log(f"  => AIMD max batch size median before {entry['max_batch_before_median']}, "
-        f"after {entry['max_batch_after_median']}")
-    entry["trace"] = {
-        "t0_s": start_us / 1e6, "slowdown_s": (slow_us - start_us) / 1e6,
-        "max_batch": [(round(t - start_us / 1e6, 3), v) for t, v in r.max_batch],
-        "batches": [(round((c - start_us) / 1e6, 4), sz, round(sv / 1000, 2)) for c, sz, sv in r.batches
-                    if c >= start_us],
-        "goodput_bins": goodput_series(r.obs, start_us, r.t1_us, 0.25, dl),
-        "ok_bins": goodput_series(r.obs, start_us, r.t1_us, 0.25, None),
-        "bin_s": 0.25,
-    }
-    report["adapt"] = entry
-    return r
-
-
-def _median_between(trace: Sequence[tuple[float, int]], t0: float, t1: float) -> float | None:
-    vals = [v for t, v in trace if t0 <= t < t1]
-    return statistics.median(vals) if vals else None
 
 
 DISPATCH_MODES = {

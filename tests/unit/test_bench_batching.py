@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.batching.helpers import (
@@ -225,3 +227,60 @@ def test_delayed_section_interleaves_rounds_and_reports_median_paired_ratios() -
     # the run shown for each configuration is its median round
     assert de["runs"]["just in time, 300 qps, delay 0 ms"]["goodput_qps"] == 160.0  # type: ignore[index]
     assert de["goodput_qps_by_round"]["just in time, 300 qps, delay 2 ms"] == [150.0, 100.0, 320.0]  # type: ignore[index]
+
+
+def test_adapt_section_measures_recovery_per_round_against_the_median_baseline() -> None:
+    from types import SimpleNamespace
+
+    from bench.batching.adapt import ADAPT_ROUNDS, section_adapt
+    from bench.batching.runner import RunResult
+
+    s = 1_000_000  # us
+    slow_at, end = 5 * s, 10 * s
+
+    def aimd_run(recover_at_s: float) -> RunResult:
+        """100 q/s in time before the slowdown and after ``recover_at_s``, 10 q/s between;
+        one batch of 2 per 20 ms throughout."""
+        obs, t = [], 0
+        while t < end:
+            slow = slow_at <= t < slow_at + recover_at_s * s
+            obs.append(Obs("ok", t, t + 5_000, t + 6_000))
+            t += 100_000 if slow else 10_000
+        batches = [(c, 2, 5_000) for c in range(0, end, 20_000)]
+        return RunResult("aimd", {}, obs, batches, [(5.0, 8), (9.0, 4)], t0_us=slow_at, t1_us=end,
+                         extra={"slowdown_at_us": slow_at})
+
+    class Runs:
+        """Stands in for ``Bench``: the fixed sizes' goodput by round, AIMD recovering in 1 / 3 / 2 s."""
+
+        quick = False
+        deadline_us = 20_000
+
+        def __init__(self) -> None:
+            self.labels: list[str] = []
+            self.fixed = {4: iter([80.0, 200.0, 90.0]), 8: iter([100.0, 60.0, 95.0]), 12: iter([50.0] * 3)}
+            self.recover = iter([1.0, 3.0, 2.0])
+
+        def run(self, m: object, label: str, fixed: int | None = None, **_: object) -> object:
+            self.labels.append(label)
+            if fixed is not None:
+                qps = next(self.fixed[fixed])
+                return SimpleNamespace(summary={"goodput_qps": qps, "ok_qps": qps})
+            return aimd_run(next(self.recover))
+
+    b = Runs()
+    report: dict[str, Any] = {}
+    section_adapt(b, {"clockwork": SimpleNamespace(label="clockwork")}, report)  # type: ignore[arg-type]
+    assert ADAPT_ROUNDS == 3
+    # the three fixed sizes and AIMD once per round, rounds one after another
+    assert [lab.rsplit(" ", 1)[1] for lab in b.labels] == ["1"] * 4 + ["2"] * 4 + ["3"] * 4
+    ad = report["adapt"]
+    # each size's median over the rounds (fixed 4: 90, not its lucky 200; fixed 8: 95)
+    g = ad["goodput"]
+    assert (g["new_best_fixed"], g["new_best_fixed_qps"]) == ("fixed 8", 95.0)
+    # 90% of 95 q/s is first held over 0.5 s once the run is back at 100 q/s: 1.5 / 3.5 / 2.5 s
+    assert [r["recovery_s"] for r in g["by_round"]] == pytest.approx([1.5, 3.5, 2.5])
+    assert [r["recovery_batches"] for r in g["by_round"]] == [75, 175, 125]
+    assert g["recovery_batches"] == 125 and g["recovery_s"] == pytest.approx(2.5)
+    # the figure shows the median round
+    assert ad["trace_round"] == 3

@@ -1,0 +1,146 @@
+"""The adapt section: AIMD when the model's speed halves mid-run (see ``bench.batching``).
+
+The figure is a recovery time against a baseline measured apart, so both are noisy: a 3 s
+run of one fixed size swings +-15% here, and a new best read high by chance delays the
+recovery in that run by a hundred batches or more. So the fixed sizes and the AIMD run go in
+interleaved rounds; the baseline is each size's median over the rounds, and the figure the
+median of the rounds' recoveries against it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from bench.batching.helpers import (
+    CLOCKWORK,
+    OBJECTIVE_MS,
+    batches_between,
+    best_of,
+    device_max,
+    goodput_series,
+    latency_fn,
+    log,
+    recovery,
+    summarise,
+)
+from bench.batching.runner import Bench, Model, RunResult
+
+ADAPT_ROUNDS = 3  # interleaved rounds of (fixed sizes at 2x slower, AIMD slowing down mid-run)
+BIN_S, HOLD = 0.1, 5  # recovery: the first 0.5 s window at >= 90% of the new best
+METRICS = (("goodput", "goodput_qps", True), ("ok throughput", "ok_qps", False))
+
+
+def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> RunResult:
+    m = ms["clockwork"]
+    half = 3.0 if b.quick else 5.0
+    sizes = [8] if b.quick else [4, 8, 12]
+    n_rounds = 1 if b.quick else ADAPT_ROUNDS
+    log(f"adapt: {m.label}, AIMD, the model becomes 2x slower at t = {half:g} s; {n_rounds} interleaved round(s)")
+    fixed_rounds: dict[str, list[dict[str, Any]]] = {}
+    runs: list[RunResult] = []
+    for i in range(n_rounds):
+        for size in sizes:
+            r = b.run(m, f"fixed {size} @ 2x slower, round {i + 1}", fixed=size, slowdown=2.0, warmup_s=1.0,
+                      measure_s=2.0 if b.quick else 3.0)
+            fixed_rounds.setdefault(f"fixed {size}", []).append(r.summary)
+        runs.append(b.run(m, f"AIMD, slows down mid-run, round {i + 1}", warmup_s=half, measure_s=half,
+                          slowdown_at_s=half))
+    win = int(min(2.0, half - 1.0) * 1e6)
+    entry: dict[str, Any] = {
+        "rounds": n_rounds, "windows_s": win / 1e6,
+        "fixed_at_2x_slower": {k: {key: statistics.median(s[key] for s in v) for _, key, _ in METRICS}
+                               for k, v in fixed_rounds.items()},
+        "fixed_at_2x_slower_by_round": {k: [{key: s[key] for _, key, _ in METRICS} for s in v]
+                                        for k, v in fixed_rounds.items()},
+        "recovery_rule": f"first {HOLD * BIN_S:g} s window after the slowdown whose rate >= 90% of the new best "
+                         "fixed size's (each size's median over the rounds); batches = BatchStats created from the "
+                         "slowdown to the end of that window; the figure is the median over the rounds",
+        "device_max_before": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS),
+        "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
+    }
+    per_round = [_one_round(b, r, win, entry["fixed_at_2x_slower"]) for r in runs]
+    for metric, key, _ in METRICS:
+        rows = [p[metric] for p in per_round]
+        new_label, new_best = rows[0]["new_best_fixed"], rows[0]["new_best_fixed_qps"]
+        entry[metric] = {
+            "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
+            "recovery_batches": _median_or_none([x["recovery_batches"] for x in rows]),
+            "recovery_s": _median_or_none([x["recovery_s"] for x in rows]),
+            "aimd_after_vs_new_best": statistics.median(x["aimd_after_vs_new_best"] or 0.0 for x in rows),
+            "by_round": rows,
+        }
+        log(f"  => {metric}: new best {new_label} {new_best:.0f} qps (median of {n_rounds}); back to 90% in "
+            f"{', '.join(str(x['recovery_batches']) for x in rows)} batches (median "
+            f"{entry[metric]['recovery_batches']}); after/new best "
+            f"{', '.join(_r(x['aimd_after_vs_new_best']) for x in rows)}")
+    # the trace of the round whose goodput recovery is the median, for the figure
+    order = sorted(range(len(runs)), key=lambda i: _inf(per_round[i]["goodput"]["recovery_batches"]))
+    shown = order[(len(order) - 1) // 2]
+    entry["trace_round"] = shown + 1
+    entry.update({k: per_round[shown][k] for k in ("aimd_before", "aimd_after", "max_batch_before_median",
+                                                    "max_batch_after_median")})
+    entry["trace"] = _trace(runs[shown], half, b.deadline_us)
+    log(f"  => AIMD max batch size median before {entry['max_batch_before_median']}, "
+        f"after {entry['max_batch_after_median']} (round {shown + 1})")
+    report["adapt"] = entry
+    return runs[shown]
+
+
+def _one_round(b: Bench, r: RunResult, win: int, fixed: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """One AIMD run's figures against the baseline ``fixed`` (medians over the rounds)."""
+    dl = b.deadline_us
+    slow_us = r.extra["slowdown_at_us"]
+    before = summarise(r.obs, slow_us - win, slow_us, dl, r.batches)
+    after = summarise(r.obs, r.t1_us - win, r.t1_us, dl, r.batches)
+    out: dict[str, Any] = {
+        "aimd_before": before, "aimd_after": after,
+        "max_batch_before_median": _median_between(r.max_batch, (slow_us - win) / 1e6, slow_us / 1e6),
+        "max_batch_after_median": _median_between(r.max_batch, (r.t1_us - win) / 1e6, r.t1_us / 1e6),
+    }
+    for metric, key, in_time in METRICS:
+        new_label, new_best = best_of({k: {"goodput_qps": v[key]} for k, v in fixed.items()})
+        series = goodput_series(r.obs, slow_us, r.t1_us, BIN_S, dl if in_time else None)
+        rec_s = recovery(series, BIN_S, 0.9 * new_best, HOLD) if new_best else None
+        out[metric] = {
+            "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
+            "aimd_before_qps": before[key], "aimd_after_qps": after[key],
+            "aimd_after_vs_new_best": after[key] / new_best if new_best else None,
+            "recovery_s": rec_s,
+            "recovery_batches": (batches_between(r.batches, slow_us, slow_us + int(rec_s * 1e6))
+                                 if rec_s is not None else None),
+        }
+    return out
+
+
+def _trace(r: RunResult, half: float, dl: int) -> dict[str, Any]:
+    start_us = r.t0_us - int(half * 1e6)
+    return {
+        "t0_s": start_us / 1e6, "slowdown_s": (r.extra["slowdown_at_us"] - start_us) / 1e6,
+        "max_batch": [(round(t - start_us / 1e6, 3), v) for t, v in r.max_batch],
+        "batches": [(round((c - start_us) / 1e6, 4), sz, round(sv / 1000, 2)) for c, sz, sv in r.batches
+                    if c >= start_us],
+        "goodput_bins": goodput_series(r.obs, start_us, r.t1_us, 0.25, dl),
+        "ok_bins": goodput_series(r.obs, start_us, r.t1_us, 0.25, None),
+        "bin_s": 0.25,
+    }
+
+
+def _inf(x: float | None) -> float:
+    return float("inf") if x is None else x
+
+
+def _median_or_none(xs: Sequence[float | None]) -> float | None:
+    """The median, a recovery never reached counting as the longest; None if that is the median."""
+    ordered = sorted(xs, key=_inf)
+    return ordered[(len(ordered) - 1) // 2] if ordered else None
+
+
+def _median_between(trace: Sequence[tuple[float, int]], t0: float, t1: float) -> float | None:
+    vals = [v for t, v in trace if t0 <= t < t1]
+    return statistics.median(vals) if vals else None
+
+
+def _r(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import stop_process, wait_until
+from tests.procs import predict_admitted, stop_process, wait_until
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clipstream.settings import Settings
@@ -176,7 +176,7 @@ def gateway(gw_settings: Settings, selector: FakeSelector, tmp_path_factory: pyt
 
 def test_predict_returns_the_selectors_answer(gateway: GatewayProcess, selector: FakeSelector, gw_settings):
     with Client(gateway.url) as client:
-        got = client.predict("pets", GOOD, context="user-42")
+        got = predict_admitted(client, "pets", GOOD, context="user-42")
     assert got["output"] == "dog" and got["scores"] == [0.25, 0.75] and got["confidence"] == 0.5
     assert got["default"] is False and got["models"] == {"answered": ["m1"], "missing": ["m2"]}
     assert 0 < got["latency_ms"] < APP_SLO_MS + 20
@@ -206,7 +206,7 @@ def test_default_within_slo_plus_20ms_when_nothing_answers(gateway: GatewayProce
 
 def test_late_responses_are_discarded_and_counted(gateway: GatewayProcess):
     before = gateway.metric("clipstream_gateway_late_responses_total")
-    got = Client(gateway.url).predict("pets", GOOD, context="late", slo_ms=30)
+    got = predict_admitted(Client(gateway.url), "pets", GOOD, context="late", slo_ms=30)
     assert got["default"] is True
     wait_until(lambda: gateway.metric("clipstream_gateway_late_responses_total") >= before + 1)
 
@@ -239,7 +239,7 @@ def test_feedback_lands_on_the_feedback_topic(gateway: GatewayProcess, gw_settin
             parts.append(TopicPartition(topic, p, high))
         consumer.assign(parts)
         with Client(gateway.url) as client:
-            qid = client.predict("pets", GOOD)["query_id"]
+            qid = predict_admitted(client, "pets", GOOD)["query_id"]
             client.feedback(qid, "cat")  # app remembered from predict
         r = httpx.post(f"{gateway.url}/v1/apps/pets/feedback", json={"query_id": "q-r", "reward": 0.25})
         assert r.status_code == 202
@@ -261,7 +261,7 @@ def test_two_instances_each_get_only_their_own_replies(gateway, selector, gw_set
     try:
         urls = [gateway.url, other.url] * 10
         with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda u: Client(u).predict("pets", GOOD, slo_ms=500), urls))
+            answers = list(pool.map(lambda u: predict_admitted(Client(u), "pets", GOOD, slo_ms=500), urls))
         assert all(a["default"] is False and a["output"] == "dog" for a in answers)
         cat = Catalogue.from_settings(gw_settings)
         topics = {selector.event_of(a["query_id"])[0]["reply_topic"] for a in answers}
@@ -279,7 +279,7 @@ def test_api_keys_and_overload(gw_settings: Settings, selector: FakeSelector, tm
         url, body = f"{gw.url}/v1/apps/pets/predict", {"input": GOOD}
         assert httpx.post(url, json=body).status_code == 401
         assert httpx.post(url, json=body, headers={"X-API-Key": "k2"}).status_code == 200
-        assert Client(gw.url, api_key="k1").predict("pets", GOOD)["output"] == "dog"
+        assert predict_admitted(Client(gw.url, api_key="k1"), "pets", GOOD)["output"] == "dog"
         assert httpx.get(f"{gw.url}/healthz").status_code == 200
         slow = {"input": GOOD, "context": "silent", "slo_ms": 400}
         with ThreadPoolExecutor(6) as pool:

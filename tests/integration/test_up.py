@@ -20,7 +20,7 @@ import yaml
 from clipstream.infra.launcher import pick_free_ports
 from frontend.client import Client, GatewayInputError, NotFound
 from tests.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
-from tests.procs import wait_until
+from tests.procs import predict_admitted, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         # the first query after the ready line is answered by the model, not the default
         x, _ = digits()
         want = int(digits_logreg().predict(x[1600:1601])[0])
-        r = client.predict(app, x[1600].tolist())
+        r = predict_admitted(client, app, x[1600].tolist())
         assert r["default"] is False and r["models"] == {"answered": ["logreg"], "missing": []}
         assert r["output"] == want and 0 < r["confidence"] <= 1 and len(r["scores"]) == 10
         assert r["latency_ms"] > 0 and r["query_id"]
@@ -115,7 +115,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         _cli("link", app, "sevens", env=env)
 
         def answered_by_sevens() -> dict[str, Any] | None:
-            got = client.predict(app, (x[1601] + np.float32(time.monotonic() % 1)).tolist())
+            got = predict_admitted(client, app, (x[1601] + np.float32(time.monotonic() % 1)).tolist())
             return got if "sevens" in got["models"]["answered"] else None
 
         try:
@@ -129,7 +129,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             wait_until(lambda: len(_ours(settings.topic_prefix)) == 6, 30,
                        "up, gateway, selector, 1 batcher and 2 workers")
             # the new batcher serves logreg too
-            again = client.predict(app, (x[1602] + np.float32(time.monotonic() % 1)).tolist())
+            again = predict_admitted(client, app, (x[1602] + np.float32(time.monotonic() % 1)).tolist())
             assert sorted(again["models"]["answered"]) == ["logreg", "sevens"]
         else:
             assert "started batcher-sevens-v1 (registry change)" in lines

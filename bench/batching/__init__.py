@@ -30,7 +30,9 @@ also on Ctrl-C. Sections:
   Beside it, what an ideal batcher could answer within the 20 ms end-to-end deadline
   (``bounds``, simulated): the bound of that stricter reading.
 * ``adapt``: AIMD on the Clockwork profile when the model becomes 2x slower mid-run
-  (``set_slowdown``), against fixed sizes measured at the slower speed.
+  (``set_slowdown``), against fixed sizes measured at the slower speed, in three interleaved
+  rounds: the baseline is each size's median, the figure the median of the rounds'
+  recoveries (``bench/batching/adapt.py``).
 * ``delayed``: delayed batching off (0 ms) vs on, AIMD, the high-fixed-cost profile, moderate
   bursty load, for two ways of dispatching: just in time (the default) and an open pipe (each
   request sent the moment it comes, up to 16 batches outstanding: the regime of Clipper's

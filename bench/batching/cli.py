@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.batching.adapt import section_adapt
 from bench.batching.helpers import OBJECTIVE_MS, ROOT, log
 from bench.batching.plot import plot
-from bench.batching.adapt import section_adapt
 from bench.batching.runner import Bench, RunResult
 from bench.batching.sections import (
     DISPATCH_MODES,

@@ -19,9 +19,11 @@ from bench.batching.helpers import (
     batches_between,
     best_of,
     device_max,
+    fmt_ratio,
     goodput_series,
     latency_fn,
     log,
+    ratio,
     recovery,
     summarise,
 )
@@ -60,24 +62,25 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
         "device_max_before": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS),
         "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
     }
-    per_round = [_one_round(b, r, win, entry["fixed_at_2x_slower"]) for r in runs]
+    best = {metric: best_of({k: {"goodput_qps": v[key]} for k, v in entry["fixed_at_2x_slower"].items()})
+            for metric, key, _ in METRICS}
+    per_round = [_one_round(b, r, win, best) for r in runs]
     for metric, key, _ in METRICS:
         rows = [p[metric] for p in per_round]
-        new_label, new_best = rows[0]["new_best_fixed"], rows[0]["new_best_fixed_qps"]
+        new_label, new_best = best[metric]
         entry[metric] = {
             "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
-            "recovery_batches": _median_or_none([x["recovery_batches"] for x in rows]),
-            "recovery_s": _median_or_none([x["recovery_s"] for x in rows]),
+            "recovery_batches": rows[_median_index([x["recovery_batches"] for x in rows])]["recovery_batches"],
+            "recovery_s": rows[_median_index([x["recovery_s"] for x in rows])]["recovery_s"],
             "aimd_after_vs_new_best": statistics.median(x["aimd_after_vs_new_best"] or 0.0 for x in rows),
             "by_round": rows,
         }
         log(f"  => {metric}: new best {new_label} {new_best:.0f} qps (median of {n_rounds}); back to 90% in "
             f"{', '.join(str(x['recovery_batches']) for x in rows)} batches (median "
             f"{entry[metric]['recovery_batches']}); after/new best "
-            f"{', '.join(_r(x['aimd_after_vs_new_best']) for x in rows)}")
+            f"{', '.join(fmt_ratio(x['aimd_after_vs_new_best']) for x in rows)}")
     # the trace of the round whose goodput recovery is the median, for the figure
-    order = sorted(range(len(runs)), key=lambda i: _inf(per_round[i]["goodput"]["recovery_batches"]))
-    shown = order[(len(order) - 1) // 2]
+    shown = _median_index([p["goodput"]["recovery_batches"] for p in per_round])
     entry["trace_round"] = shown + 1
     entry.update({k: per_round[shown][k] for k in ("aimd_before", "aimd_after", "max_batch_before_median",
                                                     "max_batch_after_median")})
@@ -88,8 +91,9 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
     return runs[shown]
 
 
-def _one_round(b: Bench, r: RunResult, win: int, fixed: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """One AIMD run's figures against the baseline ``fixed`` (medians over the rounds)."""
+def _one_round(b: Bench, r: RunResult, win: int, best: dict[str, tuple[str | None, float]]) -> dict[str, Any]:
+    """One AIMD run's figures against ``best``: per metric, the best fixed size (label, rate) by
+    its median over the rounds."""
     dl = b.deadline_us
     slow_us = r.extra["slowdown_at_us"]
     before = summarise(r.obs, slow_us - win, slow_us, dl, r.batches)
@@ -100,13 +104,13 @@ def _one_round(b: Bench, r: RunResult, win: int, fixed: dict[str, dict[str, floa
         "max_batch_after_median": _median_between(r.max_batch, (r.t1_us - win) / 1e6, r.t1_us / 1e6),
     }
     for metric, key, in_time in METRICS:
-        new_label, new_best = best_of({k: {"goodput_qps": v[key]} for k, v in fixed.items()})
+        new_label, new_best = best[metric]
         series = goodput_series(r.obs, slow_us, r.t1_us, BIN_S, dl if in_time else None)
         rec_s = recovery(series, BIN_S, 0.9 * new_best, HOLD) if new_best else None
         out[metric] = {
             "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
             "aimd_before_qps": before[key], "aimd_after_qps": after[key],
-            "aimd_after_vs_new_best": after[key] / new_best if new_best else None,
+            "aimd_after_vs_new_best": ratio(new_best, after[key]),
             "recovery_s": rec_s,
             "recovery_batches": (batches_between(r.batches, slow_us, slow_us + int(rec_s * 1e6))
                                  if rec_s is not None else None),
@@ -127,20 +131,13 @@ def _trace(r: RunResult, half: float, dl: int) -> dict[str, Any]:
     }
 
 
-def _inf(x: float | None) -> float:
-    return float("inf") if x is None else x
-
-
-def _median_or_none(xs: Sequence[float | None]) -> float | None:
-    """The median, a recovery never reached counting as the longest; None if that is the median."""
-    ordered = sorted(xs, key=_inf)
-    return ordered[(len(ordered) - 1) // 2] if ordered else None
+def _median_index(xs: Sequence[float | None]) -> int:
+    """Where the median of ``xs`` is (the lower one of an even count), a recovery never
+    reached (None) counting as the longest."""
+    order = sorted(range(len(xs)), key=lambda i: float("inf") if xs[i] is None else xs[i])
+    return order[(len(order) - 1) // 2]
 
 
 def _median_between(trace: Sequence[tuple[float, int]], t0: float, t1: float) -> float | None:
     vals = [v for t, v in trace if t0 <= t < t1]
     return statistics.median(vals) if vals else None
-
-
-def _r(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"

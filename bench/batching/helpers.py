@@ -270,3 +270,12 @@ def best_of(rows: Mapping[str, Mapping[str, Any]], prefix: str = "fixed") -> tup
 
 def fmt_ms(x: float | None) -> str:
     return "  -  " if x is None else f"{x:5.1f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def ratio(base: float | None, x: float | None) -> float | None:
+    """x / base, or None when either is missing or the base is 0."""
+    return x / base if base and x is not None else None

@@ -19,9 +19,11 @@ from bench.batching.helpers import (
     best_of,
     device_max,
     fmt_ms,
+    fmt_ratio as _r,
     latency_fn,
     log,
     percentile,
+    ratio as _ratio,
     sweep_sizes,
 )
 from bench.batching.runner import Bench, Model, RunResult
@@ -251,11 +253,6 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
             + ", ".join(f"x{_r(x)} at {d}" for d, x in v["ratios"].items()) + " (a bound, simulated)")
 
 
-def _ratio(base: float | None, x: float | None) -> float | None:
-    """x / base, or None when either is missing or the base is 0."""
-    return x / base if base and x is not None else None
-
-
 def _median_ratio(offs: Sequence[Mapping[str, Any]], ons: Sequence[Mapping[str, Any]], key: str) -> float | None:
     """The median over rounds of on / off, each pair taken in the same round."""
     xs = [x for off, on in zip(offs, ons) if (x := _ratio(off[key], on[key])) is not None]
@@ -266,10 +263,6 @@ def _median_run(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The round whose goodput is the median (the lower one of an even count)."""
     ordered = sorted(summaries, key=lambda s: s["goodput_qps"])
     return ordered[(len(ordered) - 1) // 2]
-
-
-def _r(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
 
 
 def section_cache(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> None:

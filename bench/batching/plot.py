@@ -47,12 +47,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for key, color, name in (("goodput_bins", "r", "goodput"), ("ok_bins", "m", "ok throughput")):
             g = tr[key]
             ax2.plot([(i + 0.5) * tr["bin_s"] for i in range(len(g))], g, "-", color=color, lw=1, label=name)
-        best = ad["ok throughput"]["new_best_fixed_qps"]
+        best = ad["goodput"]["new_best_fixed_qps"]
         if best:
-            ax2.axhline(best, color="m", ls=":", lw=1)
+            ax2.axhline(best, color="r", ls=":", lw=1)
         ax2.set_ylabel("qps: goodput (red), ok throughput (magenta)")
         ax.legend(fontsize=7, loc="upper right")
-        ax.set_title("AIMD, Clockwork profile 2x slower at the dashed line (dotted: best fixed after)")
+        ax.set_title(f"AIMD ({ad['goodput']['aimd_objective_ms']:g} ms objective), Clockwork profile 2x slower "
+                     "at the dashed line (dotted: best fixed goodput after)", fontsize=8)
 
     de = report.get("delayed")
     ax = axes[1][0]

@@ -158,13 +158,18 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     class Runs:
         """Stands in for ``Bench.run``: records the order and returns the next scripted goodput."""
 
+        e2e_objective_ms = 10.0
+
         def __init__(self) -> None:
             self.calls: list[int | None] = []
+            self.objectives: set[object] = set()
             self.qps = {1: iter([20.0, 30.0, 10.0, 25.0, 5.0]), 32: iter([100.0, 80.0, 90.0, 95.0, 70.0]),
                         None: iter([85.0, 95.0, 70.0, 99.0, 60.0])}
 
-        def run(self, m: object, label: str, fixed: int | None = None, **_: object) -> SimpleNamespace:
+        def run(self, m: object, label: str, fixed: int | None = None, **kw: object) -> SimpleNamespace:
             self.calls.append(fixed)
+            if fixed is None:
+                self.objectives.add(kw.get("aimd_objective_ms"))
             qps = next(self.qps[fixed])
             return SimpleNamespace(summary={"goodput_qps": qps, "ok_qps": qps + 1})
 
@@ -176,6 +181,7 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     assert CONFIRM_ROUNDS == 5
     # the sweep's best fixed size (not AIMD's row), interleaved with no batching and AIMD
     assert b.calls == [1, 32, None] * 5
+    assert b.objectives == {10.0}  # AIMD's objective for goodput within the deadline
     assert out["best_fixed"] == "fixed 32"
     g = out["goodput"]
     # medians of the rounds, not maxima
@@ -251,36 +257,45 @@ def test_adapt_section_measures_recovery_per_round_against_the_median_baseline()
                          extra={"slowdown_at_us": slow_at})
 
     class Runs:
-        """Stands in for ``Bench``: the fixed sizes' goodput by round, AIMD recovering in 1 / 3 / 2 s."""
+        """Stands in for ``Bench``: the fixed sizes' goodput by round; AIMD for goodput recovering
+        in 1 / 3 / 2 s, AIMD for ok throughput in 1 s every round."""
 
         quick = False
         deadline_us = 20_000
+        e2e_objective_ms = 10.0
 
         def __init__(self) -> None:
             self.labels: list[str] = []
-            self.fixed = {4: iter([80.0, 200.0, 90.0]), 8: iter([100.0, 60.0, 95.0]), 12: iter([50.0] * 3)}
-            self.recover = iter([1.0, 3.0, 2.0])
+            self.objectives: list[object] = []
+            self.fixed = {2: iter([10.0] * 3), 3: iter([10.0] * 3), 4: iter([80.0, 200.0, 90.0]),
+                          8: iter([100.0, 60.0, 95.0]), 12: iter([50.0] * 3)}
+            self.recover = iter([1.0, 1.0, 3.0, 1.0, 2.0, 1.0])
 
-        def run(self, m: object, label: str, fixed: int | None = None, **_: object) -> object:
+        def run(self, m: object, label: str, fixed: int | None = None, **kw: object) -> object:
             self.labels.append(label)
             if fixed is not None:
                 qps = next(self.fixed[fixed])
                 return SimpleNamespace(summary={"goodput_qps": qps, "ok_qps": qps})
+            self.objectives.append(kw["aimd_objective_ms"])
             return aimd_run(next(self.recover))
 
     b = Runs()
     report: dict[str, Any] = {}
     section_adapt(b, {"clockwork": SimpleNamespace(label="clockwork")}, report)  # type: ignore[arg-type]
     assert ADAPT_ROUNDS == 3
-    # the three fixed sizes and AIMD once per round, rounds one after another
-    assert [lab.rsplit(" ", 1)[1] for lab in b.labels] == ["1"] * 4 + ["2"] * 4 + ["3"] * 4
+    # the five fixed sizes and AIMD once per reading in each round, rounds one after another
+    assert [lab.rsplit(" ", 1)[1] for lab in b.labels] == ["1"] * 7 + ["2"] * 7 + ["3"] * 7
+    # goodput's AIMD has half the deadline as its objective, ok throughput's Clipper's 20 ms
+    assert b.objectives == [10.0, 20.0] * 3
     ad = report["adapt"]
     # each size's median over the rounds (fixed 4: 90, not its lucky 200; fixed 8: 95)
     g = ad["goodput"]
     assert (g["new_best_fixed"], g["new_best_fixed_qps"]) == ("fixed 8", 95.0)
+    assert g["aimd_objective_ms"] == 10.0 and ad["ok throughput"]["aimd_objective_ms"] == 20.0
     # 90% of 95 q/s is first held over 0.5 s once the run is back at 100 q/s: 1.5 / 3.5 / 2.5 s
     assert [r["recovery_s"] for r in g["by_round"]] == pytest.approx([1.5, 3.5, 2.5])
     assert [r["recovery_batches"] for r in g["by_round"]] == [75, 175, 125]
     assert g["recovery_batches"] == 125 and g["recovery_s"] == pytest.approx(2.5)
+    assert [r["recovery_batches"] for r in ad["ok throughput"]["by_round"]] == [75, 75, 75]
     # the figure shows the median round
     assert ad["trace_round"] == 3

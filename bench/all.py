@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     index["total_s"] = round(time.monotonic() - t0, 1)
     (OUT / "index.json").write_text(json.dumps(index, indent=2, default=str))
     say(f"all done in {index['total_s'] / 60:.1f} min; summary in {OUT / 'index.json'}")
+    try:  # the headline table (FIGURES.md) from the reports just written; its failure fails no benchmark
+        importlib.import_module("bench.figures").main(["--out-dir", str(OUT)])
+    except Exception:
+        traceback.print_exc()
+        say("figures: failed (above); the reports themselves are in place")
     failed = [n for n, r in index["runs"].items() if r["status"] != "ok"]  # type: ignore[union-attr]
     return 1 if failed else 0
 

@@ -1,0 +1,146 @@
+"""The headline-figures table (bench.figures) from small synthetic reports: no broker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import figures
+from bench.figures import NO, NONE, YES, Row
+
+
+def _write(out: Path, name: str, report: dict[str, Any]) -> None:
+    (out / f"{name}.json").write_text(json.dumps(report))
+
+
+def _rows(out: Path) -> dict[str, Row]:
+    table, _ = figures.rows(out)
+    return {r.figure: r for r in table}
+
+
+def _row(out: Path, start: str) -> Row:
+    [row] = [r for name, r in _rows(out).items() if name.startswith(start)]
+    return row
+
+
+def _adapt(rec_goodput: int | None, rec_ok: int | None, settled: float = 0.95) -> dict[str, Any]:
+    def reading(rec: int | None) -> dict[str, Any]:
+        return {"aimd_objective_ms": 10.0, "new_best_fixed": "fixed 4", "new_best_fixed_qps": 260.0,
+                "recovery_batches": rec, "recovery_s": None if rec is None else 1.0,
+                "aimd_after_vs_new_best": settled,
+                "by_round": [{"recovery_batches": rec}, {"recovery_batches": 50}, {"recovery_batches": rec}]}
+    return {"adapt": {"goodput": reading(rec_goodput), "ok throughput": reading(rec_ok)}}
+
+
+def test_a_met_and_a_missed_target(tmp_path: Path) -> None:
+    _write(tmp_path, "scaling", {"summary": {"goodput_qps": {"1": 50.0, "2": 100.0, "4": 205.0},
+                                             "ratio_to_one": {"1": 1.0, "2": 2.0, "4": 4.1}}})
+    _write(tmp_path, "efficiency", {"summary": {"efficiency": 0.85, "best_goodput_qps": 102.9,
+                                                "device_max_qps": 121.0}})
+    scaling, eff = _row(tmp_path, "scaling"), _row(tmp_path, "efficiency")
+    assert scaling.met == YES and "4.10x" in scaling.measured and "205" in scaling.measured
+    assert eff.met == NO and "0.850" in eff.measured and "of 121 q/s" in eff.measured
+    # just under the target is a miss, just at it is met
+    _write(tmp_path, "scaling", {"summary": {"goodput_qps": {"1": 50.0, "2": 100.0, "4": 179.0},
+                                             "ratio_to_one": {"4": 3.58}}})
+    assert _row(tmp_path, "scaling").met == NO
+    _write(tmp_path, "efficiency", {"summary": {"efficiency": 0.9, "best_goodput_qps": 109.0,
+                                                "device_max_qps": 121.0}})
+    assert _row(tmp_path, "efficiency").met == YES
+
+
+def test_missing_reports_give_not_measured_rows_and_the_file_is_written(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "bench"
+    assert figures.main(["--out-dir", str(out)]) == 0
+    table = _rows(out)
+    assert len(table) == len(figures.FIGURES)
+    for row in table.values():
+        assert row.met == NONE
+        assert row.measured == f"not measured (no {out / row.report})"
+    text = (out / "FIGURES.md").read_text()
+    assert text == capsys.readouterr().out
+    assert "| figure | target | measured | met | report |" in text
+    assert text.count("not measured") == len(figures.FIGURES)
+
+
+def test_a_missing_key_or_an_unreadable_report_does_not_raise(tmp_path: Path) -> None:
+    _write(tmp_path, "scaling", {"summary": {"goodput_qps": {"1": 50.0}}})  # no ratio_to_one
+    (tmp_path / "join.json").write_text("{ not json")
+    assert _row(tmp_path, "scaling").measured == "not in report"
+    assert _row(tmp_path, "scaling").met == NONE
+    assert _row(tmp_path, "join overhead").measured.startswith("not measured (unreadable")
+
+
+def test_adapt_recovery_never_is_not_met(tmp_path: Path) -> None:
+    _write(tmp_path, "batching", _adapt(rec_goodput=None, rec_ok=35))
+    row = _row(tmp_path, "AIMD after")
+    assert row.met == NO
+    assert "goodput (AIMD 10 ms): never batches (never, 50, never)" in row.measured
+    _write(tmp_path, "batching", _adapt(rec_goodput=120, rec_ok=35))
+    assert _row(tmp_path, "AIMD after").met == YES
+    _write(tmp_path, "batching", _adapt(rec_goodput=201, rec_ok=35))
+    assert _row(tmp_path, "AIMD after").met == NO
+    _write(tmp_path, "batching", _adapt(rec_goodput=120, rec_ok=35, settled=0.85))
+    assert _row(tmp_path, "AIMD after").met == NO
+
+
+def test_adapt_of_the_older_shape_without_objective_or_rounds(tmp_path: Path) -> None:
+    _write(tmp_path, "batching", {"adapt": {"goodput": {"recovery_batches": 72, "aimd_after_vs_new_best": 0.93}}})
+    row = _row(tmp_path, "AIMD after")
+    assert row.met == YES and row.measured == "goodput: 72 batches, settled 0.93x of new best"
+
+
+def test_gateway_overload_is_met_only_when_none_is_late_from_when_due(tmp_path: Path) -> None:
+    overload = {"answered": 2668, "default": 11, "error": 6932, "lost": 0, "refused_503": 6932, "max_wait_ms": 70.5,
+                "over_slo_plus_20ms": 1, "over_slo_plus_20ms_from_send": 0, "over_slo_plus_20ms_send_to_arrival": 0,
+                "stamped": 9611}
+    report = {"summary": {"cache_hit_ms": {"p50": 4.4, "p99": 26.0, "n": 400}, "overload": overload}}
+    _write(tmp_path, "gateway", report)
+    row = _row(tmp_path, "gateway at overload")
+    assert row.met == NO
+    assert "1 from when due, 0 from the send, 0 at arrival" in row.measured and "6,932 503s" in row.measured
+    assert _row(tmp_path, "gateway round trip").met == NO  # p99 26 ms > 25
+    overload["over_slo_plus_20ms"] = 0
+    _write(tmp_path, "gateway", report)
+    assert _row(tmp_path, "gateway at overload").met == YES
+
+
+def test_answer_after_deadline_sign(tmp_path: Path) -> None:
+    summary = {"join_overhead_ms": {"p50": 0.2, "p99": 0.9}, "after_deadline_ms": {"p50": -3.0, "p99": -2.5, "max": -1.8}}
+    _write(tmp_path, "join", {"summary": summary})
+    row = _row(tmp_path, "answer time minus deadline")
+    assert row.met == YES and "p99 -2.50 ms" in row.measured
+    summary["after_deadline_ms"]["p99"] = 5.0  # 5 ms after the deadline: not below +5 ms
+    _write(tmp_path, "join", {"summary": summary})
+    assert _row(tmp_path, "answer time minus deadline").met == NO
+
+
+def test_delayed_reports_the_best_ratio_per_mode_and_delay(tmp_path: Path) -> None:
+    ratios = {"open pipe, 300 qps, delay 5 vs 0 ms": {"goodput": 2.76}, "open pipe, 600 qps, delay 5 vs 0 ms": {"goodput": 3.24},
+              "open pipe, 300 qps, delay 2 vs 0 ms": {"goodput": 1.51},
+              "just in time, 300 qps, delay 5 vs 0 ms": {"goodput": 1.03}}
+    _write(tmp_path, "batching", {"delayed": {"ratios": ratios}})
+    row = _row(tmp_path, "delayed batching")
+    assert row.met == YES
+    assert "open pipe: 2 ms 1.51x @300, 5 ms 3.24x @600" in row.measured
+    assert row.measured.endswith("2x reached by open pipe 5 ms")
+    for v in ratios.values():
+        v["goodput"] = min(v["goodput"], 1.99)
+    _write(tmp_path, "batching", {"delayed": {"ratios": ratios}})
+    assert _row(tmp_path, "delayed batching").met == NO
+
+
+def test_stragglers_each_size_must_be_within_slo_plus_5ms(tmp_path: Path) -> None:
+    def size(p99: float, loss: float) -> dict[str, float]:
+        return {"p99_cutoff_ms": p99, "accuracy_loss_points": loss}
+    report = {"settings": {"slo_ms": 50.0}, "summary": {"2": size(45.0, 0.2), "4": size(55.0, 0.3), "8": size(54.0, 0.9)}}
+    _write(tmp_path, "stragglers", report)
+    row = _row(tmp_path, "stragglers")
+    assert row.met == YES and "p99 45.0 / 55.0 / 54.0 ms (2 / 4 / 8 models)" in row.measured
+    report["summary"]["8"] = size(55.1, 0.1)
+    _write(tmp_path, "stragglers", report)
+    assert _row(tmp_path, "stragglers").met == NO
+    report["summary"]["8"] = size(50.0, 1.0)
+    _write(tmp_path, "stragglers", report)
+    assert _row(tmp_path, "stragglers").met == NO

@@ -7,8 +7,9 @@ interleaved rounds; the baseline is each size's median over the rounds, and the 
 median of the rounds' recoveries against it.
 
 Each reading gets its own AIMD run, with the objective that reading implies (``objectives``):
-with Clipper's 20 ms on the service time AIMD settles at 9 items after the slowdown (18 ms),
-and within a 20 ms end-to-end deadline the requests that queue behind such a batch are late.
+with Clipper's 20 ms on the service time AIMD settles at 8-10 items after the slowdown
+(16-20 ms of service), and within a 20 ms end-to-end deadline the requests that queue behind
+such a batch are late.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("gateway at overload", "none over SLO + 20 ms, counted from when due", "gateway", gateway_overload),
     ("join overhead: last prediction → response built", "p50 < 2 ms", "join", join_overhead),
     ("answer time minus deadline, a straggler always late", "p99 < +5 ms", "join", after_deadline),
-    ("end-to-end throughput within SLO", NONE, "e2e", e2e),
+    ("end-to-end: the highest goodput at a load whose p99 is within the SLO", NONE, "e2e", e2e),
     ("batching, accelerator, work always queued", "≥ 0.9 of device, ≥ 2.4x no batching", "batching", kept_busy),
     ("batching, accelerator, within the 20 ms deadline", "≥ 0.9x best fixed, ≥ 2.4x no batching", "batching",
      confirmed("clockwork", True)),

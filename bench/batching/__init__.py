@@ -49,7 +49,7 @@ also on Ctrl-C. Sections:
 * ``cost``: the ONNX model's CPU cost per query, per process (/proc/<pid>/stat), and where the
   batcher's and the worker's Python time goes (py-spy, when installed).
 
-    .venv/bin/python -m bench.batching            # ~18 min; out/bench/batching.json and .png
+    .venv/bin/python -m bench.batching            # ~21 min; out/bench/batching.json and .png
     .venv/bin/python -m bench.batching --quick    # ~2-3 min smoke run (fewer sizes, shorter runs)
     .venv/bin/python -m bench.batching --sections throughput --models clockwork --deadline-ms 100 \
         --rate-scale 1.6 --out out/bench/d100     # a looser request deadline, more load

@@ -80,7 +80,7 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
         "device_max_before": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS),
         "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
     }
-    shown = 0
+    shown, shown_row = 0, {}
     for metric, key, in_time in METRICS:
         new_label, new_best = best_of({k: {"goodput_qps": v[key]} for k, v in entry["fixed_at_2x_slower"].items()})
         rows = [_one_round(b, r, win, key, in_time, new_best) for r in runs[metric]]
@@ -98,11 +98,10 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
             f"{', '.join(str(x['max_batch_after_median']) for x in rows)}")
         if metric == "goodput":  # the figure's trace: the round whose goodput recovery is the median
             shown = _median_index([x["recovery_batches"] for x in rows])
+            shown_row = rows[shown]
     entry["trace_round"] = shown + 1
     r = runs["goodput"][shown]
-    slow_us = r.extra["slowdown_at_us"]
-    entry["aimd_before"] = summarise(r.obs, slow_us - win, slow_us, b.deadline_us, r.batches)
-    entry["aimd_after"] = summarise(r.obs, r.t1_us - win, r.t1_us, b.deadline_us, r.batches)
+    entry["aimd_before"], entry["aimd_after"] = shown_row["aimd_before"], shown_row["aimd_after"]
     entry["trace"] = _trace(r, half, b.deadline_us)
     report["adapt"] = entry
     return r
@@ -117,6 +116,7 @@ def _one_round(b: Bench, r: RunResult, win: int, key: str, in_time: bool, new_be
     series = goodput_series(r.obs, slow_us, r.t1_us, BIN_S, dl if in_time else None)
     rec_s = recovery(series, BIN_S, 0.9 * new_best, HOLD) if new_best else None
     return {
+        "aimd_before": before, "aimd_after": after,
         "aimd_before_qps": before[key], "aimd_after_qps": after[key],
         "aimd_after_vs_new_best": ratio(new_best, after[key]),
         "in_time_fraction_after": after["in_time_fraction"],

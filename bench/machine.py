@@ -94,6 +94,27 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return None if fields is None else (int(fields[1]), int(fields[11]) + int(fields[12]))
 
 
+def jit_cpu_s(pid: int) -> float | None:
+    """CPU seconds the JVM ``pid``'s compiler threads (C1, C2) have used so far; None when it is
+    gone or /proc has no threads to read. A broker is warm when these go quiet."""
+    hz = os.sysconf("SC_CLK_TCK")
+    total, seen = 0, False
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            if "Compiler" not in (task / "comm").read_text():
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+        seen = True
+    return total / hz if seen else None
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]

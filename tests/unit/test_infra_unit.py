@@ -73,6 +73,15 @@ def test_broker_files_and_command(tmp_path: Path) -> None:
     assert argv[argv.index("-cp") + 1] == str(tmp_path / "libs" / "*")
 
 
+def test_broker_jvm_options_follow_kafkas_own_variables() -> None:
+    assert kafka.broker_jvm_opts({}) == [*kafka.BROKER_HEAP_OPTS, *kafka.BROKER_PERFORMANCE_OPTS]
+    opts = kafka.broker_jvm_opts({"KAFKA_HEAP_OPTS": "-Xmx2g -Xms2g",
+                                  "KAFKA_JVM_PERFORMANCE_OPTS": "-XX:+UseG1GC -XX:MaxGCPauseMillis=20"})
+    assert opts == ["-Xmx2g", "-Xms2g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"]
+    # one set alone replaces only its own half
+    assert kafka.broker_jvm_opts({"KAFKA_HEAP_OPTS": "-Xmx1g"}) == ["-Xmx1g", *kafka.BROKER_PERFORMANCE_OPTS]
+
+
 def test_cluster_id_is_a_kafka_uuid() -> None:
     ids = {kafka.random_cluster_id() for _ in range(200)}
     assert len(ids) == 200

@@ -59,7 +59,10 @@ Offered load is open loop: a linear ramp over the first half of each run's warm-
 from nothing to the full rate puts a just-started batcher more than a deadline behind at
 once, and it never catches up), then the constant rate, whether or not answers come back.
 Before the first section a 20 s run at 500 q/s warms the broker (a cold one at full load
-expires nearly everything). Every run has the same warm-up and measurement window; figures
+expires nearly everything), then up to four 5.5 s runs on the simulated accelerator at its
+offered load, until the broker's JIT compiler threads use under a tenth of a core
+(``warm_until_jit_quiet``): after the 20 s alone the first runs of a section still met a
+broker that was compiling. Every run has the same warm-up and measurement window; figures
 count answers made in the window. ``goodput`` = ok answers made within the request deadline,
 counted when the worker writes them to ``predictions``; the batchers therefore run with no
 margin for the hop on to the selector when they drop requests that cannot make their deadline

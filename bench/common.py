@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from bench.machine import cmdline, cpu_delta, cpu_snapshot, descendants, label_of
+from bench.machine import cmdline, cpu_delta, cpu_snapshot, descendants, label_of, warm_until_jit_quiet
 
 OUT = Path("out/bench")
 
@@ -293,9 +293,15 @@ def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = 
     """A discarded open-loop step at moderate load: a fresh broker and fresh stages run cold
     (JIT, pools, caches) for seconds, which would otherwise land in the first measurement.
     The broker's JIT is the slow one: over a fresh broker's first two minutes of light load its
-    compiler threads used almost as much CPU as its request threads (``bench.intake``)."""
+    compiler threads used almost as much CPU as its request threads (``bench.intake``), so the
+    step is followed by more until they are quiet (``warm_until_jit_quiet``)."""
     load_step(pipe, app, rate, 50.0, seconds, mode=mode, kafka_load=kafka_load, inputs=inputs,
               seed=7, label=f"warm-up {app} (not reported) ").pop("_run")
+    # then on, 10 s at a time, while the broker is still compiling
+    broker = next((pid for pid, name in pipe.processes().items() if name == "kafka"), None)
+    warm_until_jit_quiet(broker, lambda i: load_step(
+        pipe, app, rate, 50.0, 10.0, mode=mode, kafka_load=kafka_load, inputs=inputs, seed=8 + i,
+        label=f"warm-up {app}, extra {i + 1} (not reported) ").pop("_run"), say)
 
 
 def sweep(pipe: Pipeline, app: str, rates: list[float], slo_ms: float, duration_s: float, *,

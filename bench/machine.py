@@ -12,7 +12,7 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,32 @@ def jit_cpu_s(pid: int) -> float | None:
         total += int(fields[11]) + int(fields[12])
         seen = True
     return total / hz if seen else None
+
+
+JIT_QUIET_CORES = 0.1  # the broker's compiler threads' share of a core below which it counts as warm
+
+
+def warm_until_jit_quiet(pid: int | None, step: Callable[[int], None], report: Callable[[str], None],
+                         max_steps: int = 4, quiet_cores: float = JIT_QUIET_CORES) -> list[float]:
+    """Run ``step(i)`` (more warm-up load) while the JVM ``pid``'s JIT still compiles, at most
+    ``max_steps`` times; the compiler threads' share of a core in each step. A fixed warm-up
+    left the broker compiling into the first measured runs (docs/FIGURES.md, 11-23): those
+    measured the broker warming up, not the system."""
+    shares: list[float] = []
+    if pid is None:
+        return shares
+    for i in range(max_steps):
+        before, t0 = jit_cpu_s(pid), time.monotonic()
+        if before is None:
+            return shares  # no /proc threads to read: the fixed warm-up is all there is
+        step(i)
+        share = ((jit_cpu_s(pid) or before) - before) / max(1e-9, time.monotonic() - t0)
+        shares.append(round(share, 3))
+        report(f"  broker JIT: {share:.2f} of a core during extra warm-up {i + 1}")
+        if share < quiet_cores:
+            return shares
+    report(f"  broker JIT still above {quiet_cores} of a core after {max_steps} extra warm-ups; going on")
+    return shares
 
 
 def cmdline(pid: int) -> list[str]:

@@ -118,27 +118,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return report
 
 
-JIT_QUIET_CORES = 0.1  # the broker's compiler threads' share of a core below which it counts as warm
-JIT_EXTRA_RUNS = 4
-
-
 def warm_until_jit_quiet(b: Bench, model: Model) -> None:
-    """More warm-up at the load the sections offer while the broker's JIT is still compiling.
-    After the 20 s warm-up its compiler threads still took 0.3 and then 0.16 of a core through
-    the next two 7 s runs (11-23), while the broker's own CPU was 0.9 against 0.6 later, and
-    those runs read a third of the goodput of the ones after: the first runs of a section
-    measured the broker warming up rather than the batcher."""
-    from bench.machine import jit_cpu_s
+    """More warm-up at the load the sections offer while the broker's JIT still compiles.
+    After the 20 s warm-up its compiler threads took 0.3 and then 0.16 of a core through the
+    next two 7 s runs (11-23), the broker 0.9 of a core against 0.6 later, and those runs read
+    a third of the goodput of the ones after."""
+    from bench.machine import warm_until_jit_quiet as warm
 
-    pid = b.status.kafka_pid
-    for i in range(JIT_EXTRA_RUNS):
-        before, t0 = jit_cpu_s(pid), time.monotonic()
-        if before is None:
-            return  # no /proc threads to read: the fixed warm-up is all there is
-        b.run(model, f"warm-up {i + 2}", warmup_s=0.5, measure_s=5.0)
-        used = (jit_cpu_s(pid) or before) - before
-        share = used / max(1e-9, time.monotonic() - t0)
-        log(f"  broker JIT: {share:.2f} of a core during warm-up {i + 2}")
-        if share < JIT_QUIET_CORES:
-            return
-    log(f"  broker JIT still above {JIT_QUIET_CORES} of a core after {JIT_EXTRA_RUNS} extra warm-ups; going on")
+    warm(b.status.kafka_pid, lambda i: b.run(model, f"warm-up {i + 2}", warmup_s=0.5, measure_s=5.0), log)

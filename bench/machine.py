@@ -119,7 +119,8 @@ JIT_QUIET_CORES = 0.1  # the broker's compiler threads' share of a core below wh
 
 
 def warm_until_jit_quiet(pid: int | None, step: Callable[[int], None], report: Callable[[str], None],
-                         max_steps: int = 4, quiet_cores: float = JIT_QUIET_CORES) -> list[float]:
+                         max_steps: int = 4, quiet_cores: float = JIT_QUIET_CORES,
+                         clock: Callable[[], float] = time.monotonic) -> list[float]:
     """Run ``step(i)`` (more warm-up load) while the JVM ``pid``'s JIT still compiles, at most
     ``max_steps`` times; the compiler threads' share of a core in each step. A fixed warm-up
     left the broker compiling into the first measured runs (docs/FIGURES.md, 11-23): those
@@ -128,11 +129,11 @@ def warm_until_jit_quiet(pid: int | None, step: Callable[[int], None], report: C
     if pid is None:
         return shares
     for i in range(max_steps):
-        before, t0 = jit_cpu_s(pid), time.monotonic()
+        before, t0 = jit_cpu_s(pid), clock()
         if before is None:
             return shares  # no /proc threads to read: the fixed warm-up is all there is
         step(i)
-        share = ((jit_cpu_s(pid) or before) - before) / max(1e-9, time.monotonic() - t0)
+        share = ((jit_cpu_s(pid) or before) - before) / max(1e-9, clock() - t0)
         shares.append(round(share, 3))
         report(f"  broker JIT: {share:.2f} of a core during extra warm-up {i + 1}")
         if share < quiet_cores:

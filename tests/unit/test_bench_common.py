@@ -60,3 +60,30 @@ def test_best_under_slo_picks_the_highest_compliant_goodput() -> None:
             {"goodput_qps": 30, "effective_ms": {"p99": float("inf")}}]
     assert best_under_slo(rows, 20.0)["goodput_qps"] == 20
     assert best_under_slo(rows, 1.0) is None
+
+
+def test_warm_up_goes_on_until_the_jit_is_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.machine as machine
+
+    # compiler CPU seconds read before and after each step, and a clock 10 s per step
+    jit = iter([0.0, 3.0, 3.0, 4.5, 4.5, 4.6])
+    clock = iter([0.0, 10.0, 10.0, 20.0, 20.0, 30.0])
+    monkeypatch.setattr(machine, "jit_cpu_s", lambda pid: next(jit))
+    steps: list[int] = []
+    shares = machine.warm_until_jit_quiet(1, steps.append, lambda m: None, max_steps=4, clock=lambda: next(clock))
+    assert shares == [0.3, 0.15, 0.01] and steps == [0, 1, 2]  # stops at the first step under 0.1
+
+
+def test_warm_up_is_bounded_and_skipped_without_proc(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.machine as machine
+
+    said: list[str] = []
+    ticks = iter(range(100))
+    monkeypatch.setattr(machine, "jit_cpu_s", lambda pid: float(next(ticks)) * 5)  # always busy
+    steps: list[int] = []
+    clock = lambda: float(next(ticks))  # noqa: E731
+    assert len(machine.warm_until_jit_quiet(1, steps.append, said.append, max_steps=2, clock=clock)) == 2
+    assert steps == [0, 1] and "still above" in said[-1]
+    monkeypatch.setattr(machine, "jit_cpu_s", lambda pid: None)  # no /proc threads to read
+    assert machine.warm_until_jit_quiet(1, steps.append, said.append) == [] and steps == [0, 1]
+    assert machine.warm_until_jit_quiet(None, steps.append, said.append) == []

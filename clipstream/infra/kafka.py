@@ -3,8 +3,8 @@
 Why Maven and not the release tarball: the network here reaches package registries only, and
 Maven Central carries the same jars. Why Kafka 3.9: it still speaks every old protocol version,
 which aiokafka (under faust-streaming) needs. The broker is tuned to be gentle on a small
-machine (small heap, a short-pause collector, few threads) and convenient for tests (topics are never created
-by accident, consumer groups start without the initial rebalance delay).
+machine (small heap, a short-pause collector, few threads) and convenient for tests (topics
+are never created by accident, consumer groups start without the initial rebalance delay).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ JAVA_HINT = "apt-get install -y openjdk-17-jre-headless (macOS: brew install ope
 MAVEN_HINT = "apt-get install -y openjdk-17-jre-headless maven (macOS: brew install maven)"
 
 # A small heap: the broker shares a 2-core machine with the pipeline and the tests. Every young
-# collection stops the broker, and each query crosses it four times, so the pause lands in the
-# latency tails. With bench.batching's load on the simulated accelerator (GC log, young pauses
-# after the first 30 s, one run each on 11-23): serial GC paused 12.9 ms (median) every 2.6 s,
-# 0.53% of the time; parallel GC on two threads 7.4 ms every 5.0 s, 0.17%; G1 with Kafka's own
-# defaults 18.1 ms every 4.2 s. Overridden, as with Kafka's own scripts, by KAFKA_HEAP_OPTS and
-# KAFKA_JVM_PERFORMANCE_OPTS.
+# collection stops the broker, and a query crosses it several times (query, request, batch,
+# prediction, response), so the pause lands in the latency tails. Under bench.batching's load
+# on the simulated accelerator (GC log, young pauses after the first 30 s, one run each on
+# 11-23): serial GC paused 12.9 ms (median) every 2.6 s, 0.53% of the time; parallel GC on two
+# threads 7.4 ms every 5.0 s, 0.17%; G1 with Kafka's own defaults 18.1 ms every 4.2 s.
+# KAFKA_HEAP_OPTS and KAFKA_JVM_PERFORMANCE_OPTS override these, as for Kafka's own scripts.
 BROKER_HEAP_OPTS = ["-Xmx512m", "-Xms256m"]
 BROKER_PERFORMANCE_OPTS = ["-XX:+UseParallelGC", "-XX:ParallelGCThreads=2", "-XX:+ExitOnOutOfMemoryError"]
 # StorageTool runs for a second: skip the optimising JIT, it only costs start-up time

@@ -1,6 +1,6 @@
 """`make bench`: every benchmark, one after another; none starts after 40 minutes. Reports in out/bench/.
 
-    .venv/bin/python -m bench.all            # the full run (~42 min on 2 cores)
+    .venv/bin/python -m bench.all            # the full run (~46 min on 2 cores)
     .venv/bin/python -m bench.all --quick    # a smoke run (~6-8 min)
     .venv/bin/python -m bench.all --only e2e,cache
 

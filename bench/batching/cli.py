@@ -122,7 +122,7 @@ def warm_until_jit_quiet(b: Bench, model: Model) -> None:
     """More warm-up at the load the sections offer while the broker's JIT still compiles.
     After the 20 s warm-up its compiler threads took 0.3 and then 0.16 of a core through the
     next two 7 s runs (11-23), the broker 0.9 of a core against 0.6 later, and those runs read
-    a third of the goodput of the ones after."""
+    a third to a half of the goodput of the ones after."""
     from bench.machine import warm_until_jit_quiet as warm
 
     warm(b.status.kafka_pid, lambda i: b.run(model, f"warm-up {i + 2}", warmup_s=0.5, measure_s=5.0), log)

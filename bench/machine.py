@@ -107,11 +107,12 @@ def jit_cpu_s(pid: int) -> float | None:
         try:
             if "Compiler" not in (task / "comm").read_text():
                 continue
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
-        seen = True
+        fields = proc_stat_fields(int(task.name))  # a thread's id is readable as /proc/<tid>
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])
+            seen = True
     return total / hz if seen else None
 
 

@@ -16,7 +16,8 @@ from typing import Any
 from bench.batching.adapt import section_adapt
 from bench.batching.helpers import OBJECTIVE_MS, ROOT, log
 from bench.batching.plot import plot
-from bench.batching.runner import Bench, Model, RunResult
+from bench.batching.runner import Bench, RunResult
+from bench.machine import warm_until_jit_quiet
 from bench.batching.sections import (
     DISPATCH_MODES,
     models,
@@ -89,8 +90,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # slowly, so it is warmed at half the load it will meet, for as long as `up` warms
         log("warm-up run (the broker's JIT; not reported)")
         b.run(ms["svm"], "warm-up", rate_qps=500.0, warmup_s=0.5, measure_s=1.0 if args.quick else 20.0)
-        if not args.quick:
-            warm_until_jit_quiet(b, ms["clockwork"])
+        if not args.quick:  # then on while the broker still compiles: after the 20 s alone the
+            # next two runs met it compiling and read a third to a half of the goodput of later ones
+            warm_until_jit_quiet(b.status.kafka_pid, lambda i: b.run(
+                ms["clockwork"], f"warm-up {i + 2}", warmup_s=0.5, measure_s=5.0), log)
         thr: dict[str, dict[str, RunResult]] = {}
         if "throughput" in sections:
             thr = section_throughput(b, ms, report)
@@ -117,12 +120,3 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     log(f"wrote {args.out / 'batching.json'} and batching.png in {report['wall_s']} s")
     return report
 
-
-def warm_until_jit_quiet(b: Bench, model: Model) -> None:
-    """More warm-up at the load the sections offer while the broker's JIT still compiles.
-    After the 20 s warm-up its compiler threads took 0.3 and then 0.16 of a core through the
-    next two 7 s runs (11-23), the broker 0.9 of a core against 0.6 later, and those runs read
-    a third to a half of the goodput of the ones after."""
-    from bench.machine import warm_until_jit_quiet as warm
-
-    warm(b.status.kafka_pid, lambda i: b.run(model, f"warm-up {i + 2}", warmup_s=0.5, measure_s=5.0), log)

@@ -43,8 +43,9 @@ METRICS = (("goodput", "goodput_qps", True), ("ok throughput", "ok_qps", False))
 def objectives(b: Bench) -> dict[str, float]:
     """AIMD's objective on the batch's service time for each reading. Clipper's (ok
     throughput) is the 20 ms objective itself. Within a 20 ms end-to-end deadline a request
-    can wait for the batch in progress before its own runs, so a batch may take about half
-    the deadline (the pipeline's own benchmarks set their models' objectives the same way)."""
+    can wait for the batch in progress before its own runs, so a batch may take about half of
+    what the deadline leaves after the hops (``helpers.e2e_objective_ms``; the pipeline's own
+    benchmarks set their models' objectives the same way)."""
     return {"goodput": b.e2e_objective_ms, "ok throughput": OBJECTIVE_MS}
 
 

@@ -14,6 +14,7 @@ from bench.batching.helpers import (
     best_of,
     categorise_stacks,
     device_max,
+    e2e_objective_ms,
     goodput_series,
     hop_medians,
     latency_fn,
@@ -23,6 +24,15 @@ from bench.batching.helpers import (
     summarise,
     sweep_sizes,
 )
+
+
+def test_e2e_objective_is_half_what_the_deadline_leaves_after_the_hops() -> None:
+    # (20 - 4) / 2: a request may wait for the batch in progress, then for its own
+    assert e2e_objective_ms(20.0) == 8.0
+    assert e2e_objective_ms(50.0) == 23.0
+    # an explicit objective wins; a deadline shorter than the hops still gets a positive one
+    assert e2e_objective_ms(20.0, 10.0) == 10.0
+    assert e2e_objective_ms(3.0) == 1.0
 
 
 def test_device_max_of_clockwork_at_20ms_is_the_largest_batch_that_fits() -> None:
@@ -158,7 +168,7 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     class Runs:
         """Stands in for ``Bench.run``: records the order and returns the next scripted goodput."""
 
-        e2e_objective_ms = 10.0
+        e2e_objective_ms = 8.0
 
         def __init__(self) -> None:
             self.calls: list[int | None] = []
@@ -181,7 +191,7 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     assert CONFIRM_ROUNDS == 5
     # the sweep's best fixed size (not AIMD's row), interleaved with no batching and AIMD
     assert b.calls == [1, 32, None] * 5
-    assert b.objectives == {10.0}  # AIMD's objective for goodput within the deadline
+    assert b.objectives == {8.0}  # AIMD's objective for goodput within the deadline
     assert out["best_fixed"] == "fixed 32"
     g = out["goodput"]
     # medians of the rounds, not maxima
@@ -262,7 +272,7 @@ def test_adapt_section_measures_recovery_per_round_against_the_median_baseline()
 
         quick = False
         deadline_us = 20_000
-        e2e_objective_ms = 10.0
+        e2e_objective_ms = 8.0
 
         def __init__(self) -> None:
             self.labels: list[str] = []
@@ -285,13 +295,13 @@ def test_adapt_section_measures_recovery_per_round_against_the_median_baseline()
     assert ADAPT_ROUNDS == 3
     # the five fixed sizes and AIMD once per reading in each round, rounds one after another
     assert [lab.rsplit(" ", 1)[1] for lab in b.labels] == ["1"] * 7 + ["2"] * 7 + ["3"] * 7
-    # goodput's AIMD has half the deadline as its objective, ok throughput's Clipper's 20 ms
-    assert b.objectives == [10.0, 20.0] * 3
+    # goodput's AIMD has the end-to-end objective, ok throughput's Clipper's 20 ms
+    assert b.objectives == [8.0, 20.0] * 3
     ad = report["adapt"]
     # each size's median over the rounds (fixed 4: 90, not its lucky 200; fixed 8: 95)
     g = ad["goodput"]
     assert (g["new_best_fixed"], g["new_best_fixed_qps"]) == ("fixed 8", 95.0)
-    assert g["aimd_objective_ms"] == 10.0 and ad["ok throughput"]["aimd_objective_ms"] == 20.0
+    assert g["aimd_objective_ms"] == 8.0 and ad["ok throughput"]["aimd_objective_ms"] == 20.0
     # 90% of 95 q/s is first held over 0.5 s once the run is back at 100 q/s: 1.5 / 3.5 / 2.5 s
     assert [r["recovery_s"] for r in g["by_round"]] == pytest.approx([1.5, 3.5, 2.5])
     assert [r["recovery_batches"] for r in g["by_round"]] == [75, 175, 125]

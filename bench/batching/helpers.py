@@ -22,7 +22,8 @@ CLOCKWORK: dict[int, float] = {1: 2.61, 2: 3.78, 4: 5.61, 8: 9.13, 16: 15.67}
 SVM_FIXED_MS, SVM_PER_ITEM_MS = 5.0, 0.05
 FIXED_AIMD_OBJECTIVE_MS = 1e6  # an AIMD objective nothing misses: a fixed batch size
 # the layer's own Kafka hops on a request's way (produced -> batcher, batched -> worker,
-# worker -> predictions topic): 4-6 ms at their medians in the AIMD runs (``hop_ms_p50``)
+# worker -> predictions topic): their medians add up to 4-6 ms in the AIMD runs of a quiet
+# machine (``hop_ms_p50``), up to 8 ms in a slow spell
 LAYER_HOPS_MS = 4.0
 
 
@@ -31,7 +32,7 @@ def e2e_objective_ms(deadline_ms: float, override: float | None = None) -> float
     end-to-end deadline. A request that arrives just after a batch starts waits for that
     batch, then for its own, and the hops take their share first: so a batch may take about
     half of what the deadline leaves after the hops (8 ms of a 20 ms deadline)."""
-    if override:
+    if override is not None and override > 0:
         return override
     return max(1.0, (deadline_ms - LAYER_HOPS_MS) / 2)
 

@@ -17,7 +17,6 @@ from bench.batching.adapt import section_adapt
 from bench.batching.helpers import OBJECTIVE_MS, ROOT, log
 from bench.batching.plot import plot
 from bench.batching.runner import Bench, RunResult
-from bench.machine import warm_until_jit_quiet
 from bench.batching.sections import (
     DISPATCH_MODES,
     models,
@@ -26,7 +25,7 @@ from bench.batching.sections import (
     section_delayed,
     section_throughput,
 )
-
+from bench.machine import warm_until_jit_quiet
 
 SECTIONS = ("throughput", "adapt", "delayed", "cache", "cost")
 

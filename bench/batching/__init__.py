@@ -34,9 +34,10 @@ also on Ctrl-C. Sections:
   Beside it, what an ideal batcher could answer within the 20 ms end-to-end deadline
   (``bounds``, simulated): the bound of that stricter reading.
 * ``adapt``: AIMD on the Clockwork profile when the model becomes 2x slower mid-run
-  (``set_slowdown``), against fixed sizes measured at the slower speed, in three interleaved
-  rounds: the baseline is each size's median, the figure the median of the rounds'
-  recoveries (``bench/batching/adapt.py``). Each reading has its own AIMD run: ok throughput
+  (``set_slowdown``), against fixed sizes measured at the slower speed: three interleaved
+  rounds of the sizes pick the new best (the highest median), then five rounds of that size
+  and AIMD give its rate (its median there, apart from the pick) and the figures (medians of
+  the rounds' recoveries and settled ratios; ``bench/batching/adapt.py``). Each reading has its own AIMD run: ok throughput
   with Clipper's 20 ms objective on the service time, goodput with the 8 ms above.
 * ``delayed``: delayed batching off (0 ms) vs on, AIMD, the high-fixed-cost profile, moderate
   bursty load, for two ways of dispatching: just in time (the default) and an open pipe (each

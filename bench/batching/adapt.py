@@ -2,9 +2,11 @@
 
 The figure is a recovery time against a baseline measured apart, so both are noisy: a 3 s
 run of one fixed size swings +-15% here, and a new best read high by chance delays the
-recovery in that run by a hundred batches or more. So the fixed sizes and the AIMD run go in
-interleaved rounds; the baseline is each size's median over the rounds, and the figure the
-median of the rounds' recoveries against it.
+recovery in that run by a hundred batches or more. So the fixed sizes first run in
+interleaved rounds, and each reading's new best is the size with the highest median; the
+best of five such medians is still biased up (the winner's curse), so that size is then run
+again in rounds of its own, interleaved with the AIMD runs, and its rate is its median over
+those. The figures are the medians over those rounds.
 
 Each reading gets its own AIMD run, with the objective that reading implies (``objectives``):
 with Clipper's 20 ms on the service time AIMD settles at 8-10 items after the slowdown
@@ -34,7 +36,8 @@ from bench.batching.helpers import (
 )
 from bench.batching.runner import Bench, Model, RunResult
 
-ADAPT_ROUNDS = 3  # interleaved rounds of (fixed sizes at 2x slower, AIMD slowing down mid-run)
+SELECT_ROUNDS = 3  # interleaved rounds of the fixed sizes at 2x slower, to pick each reading's new best
+CONFIRM_ROUNDS = 5  # then interleaved rounds of (the new best at 2x slower, AIMD slowing down mid-run)
 BIN_S, HOLD = 0.1, 5  # recovery: the first 0.5 s window at >= 90% of the new best
 # (reading, summary key, counted within the deadline); each reading has its own AIMD run
 METRICS = (("goodput", "goodput_qps", True), ("ok throughput", "ok_qps", False))
@@ -53,49 +56,71 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
     m = ms["clockwork"]
     half = 3.0 if b.quick else 5.0
     sizes = [4] if b.quick else [2, 3, 4, 8, 12]
-    n_rounds = 1 if b.quick else ADAPT_ROUNDS
+    n_select, n_confirm = (1, 1) if b.quick else (SELECT_ROUNDS, CONFIRM_ROUNDS)
+    fixed_s = 2.0 if b.quick else 3.0
     obj = objectives(b)
     log(f"adapt: {m.label}, AIMD (objective {obj['goodput']:g} ms for goodput, {obj['ok throughput']:g} ms for ok "
-        f"throughput), the model becomes 2x slower at t = {half:g} s; {n_rounds} interleaved round(s)")
+        f"throughput), the model becomes 2x slower at t = {half:g} s; {n_select} interleaved round(s) of the fixed "
+        f"sizes to pick the new best, then {n_confirm} of the new best and AIMD")
     fixed_rounds: dict[str, list[dict[str, Any]]] = {}
-    runs: dict[str, list[RunResult]] = {metric: [] for metric, _, _ in METRICS}
-    for i in range(n_rounds):
+    for i in range(n_select):
         for size in sizes:
             r = b.run(m, f"fixed {size} @ 2x slower, round {i + 1}", fixed=size, slowdown=2.0, warmup_s=1.0,
-                      measure_s=2.0 if b.quick else 3.0)
+                      measure_s=fixed_s)
             fixed_rounds.setdefault(f"fixed {size}", []).append(r.summary)
+    selected = {k: {key: statistics.median(s[key] for s in v) for _, key, _ in METRICS}
+                for k, v in fixed_rounds.items()}
+    picks = {metric: best_of({k: {"goodput_qps": v[key]} for k, v in selected.items()})[0] or f"fixed {sizes[0]}"
+             for metric, key, _ in METRICS}
+    confirmed: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[RunResult]] = {metric: [] for metric, _, _ in METRICS}
+    for i in range(n_confirm):
+        for label in dict.fromkeys(picks.values()):
+            r = b.run(m, f"{label} @ 2x slower, confirming, round {i + 1}", fixed=int(label.split()[1]),
+                      slowdown=2.0, warmup_s=1.0, measure_s=fixed_s)
+            confirmed.setdefault(label, []).append(r.summary)
         for metric, _, _ in METRICS:
             runs[metric].append(b.run(m, f"AIMD {obj[metric]:g} ms, slows down mid-run, round {i + 1}",
                                       warmup_s=half, measure_s=half, slowdown_at_s=half,
                                       aimd_objective_ms=obj[metric]))
     win = int(min(2.0, half - 1.0) * 1e6)
     entry: dict[str, Any] = {
-        "rounds": n_rounds, "windows_s": win / 1e6,
-        "fixed_at_2x_slower": {k: {key: statistics.median(s[key] for s in v) for _, key, _ in METRICS}
-                               for k, v in fixed_rounds.items()},
+        "rounds": n_confirm, "selection_rounds": n_select, "windows_s": win / 1e6,
+        "fixed_at_2x_slower": selected,
         "fixed_at_2x_slower_by_round": {k: [{key: s[key] for _, key, _ in METRICS} for s in v]
                                         for k, v in fixed_rounds.items()},
+        "confirmed_by_round": {k: [{key: s[key] for _, key, _ in METRICS} for s in v] for k, v in confirmed.items()},
+        "selection_rule": "each reading's new best is the fixed size with the highest median over the selection "
+                          "rounds; its rate is then its median over the confirming rounds, run apart from the "
+                          "selection (the best of five noisy medians is biased up), interleaved with AIMD",
         "recovery_rule": f"first {HOLD * BIN_S:g} s window after the slowdown whose rate >= 90% of the new best "
-                         "fixed size's (each size's median over the rounds); batches = BatchStats created from the "
-                         "slowdown to the end of that window; the figure is the median over the rounds",
+                         "fixed size's (its median over the confirming rounds); batches = BatchStats created from "
+                         "the slowdown to the end of that window; the figure is the median over the confirming rounds",
         "device_max_before": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS),
         "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
     }
     shown, shown_row = 0, {}
     for metric, key, in_time in METRICS:
-        new_label, new_best = best_of({k: {"goodput_qps": v[key]} for k, v in entry["fixed_at_2x_slower"].items()})
+        new_label = picks[metric]
+        by_round = [s[key] for s in confirmed[new_label]]
+        new_best = statistics.median(by_round)
         rows = [_one_round(b, r, win, key, in_time, new_best) for r in runs[metric]]
+        for row, same_round in zip(rows, by_round):
+            row["aimd_after_vs_fixed_same_round"] = ratio(same_round, row["aimd_after_qps"])
         entry[metric] = {
             "aimd_objective_ms": obj[metric], "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
+            "new_best_fixed_qps_selection": selected[new_label][key],
             "recovery_batches": rows[_median_index([x["recovery_batches"] for x in rows])]["recovery_batches"],
             "recovery_s": rows[_median_index([x["recovery_s"] for x in rows])]["recovery_s"],
             "aimd_after_vs_new_best": statistics.median(x["aimd_after_vs_new_best"] or 0.0 for x in rows),
             "by_round": rows,
         }
         log(f"  => {metric} (AIMD {obj[metric]:g} ms): new best {new_label} {new_best:.0f} qps (median of "
-            f"{n_rounds}); back to 90% in {', '.join(str(x['recovery_batches']) for x in rows)} batches (median "
+            f"{n_confirm} confirming rounds; {selected[new_label][key]:.0f} in the selection); back to 90% in "
+            f"{', '.join(str(x['recovery_batches']) for x in rows)} batches (median "
             f"{entry[metric]['recovery_batches']}); after/new best "
-            f"{', '.join(fmt_ratio(x['aimd_after_vs_new_best']) for x in rows)}; AIMD max after "
+            f"{', '.join(fmt_ratio(x['aimd_after_vs_new_best']) for x in rows)} (median "
+            f"{fmt_ratio(entry[metric]['aimd_after_vs_new_best'])}); AIMD max after "
             f"{', '.join(str(x['max_batch_after_median']) for x in rows)}")
         if metric == "goodput":  # the figure's trace: the round whose goodput recovery is the median
             shown = _median_index([x["recovery_batches"] for x in rows])

@@ -245,10 +245,10 @@ def test_delayed_section_interleaves_rounds_and_reports_median_paired_ratios() -
     assert de["goodput_qps_by_round"]["just in time, 300 qps, delay 2 ms"] == [150.0, 100.0, 320.0]  # type: ignore[index]
 
 
-def test_adapt_section_measures_recovery_per_round_against_the_median_baseline() -> None:
+def test_adapt_section_picks_the_new_best_then_measures_it_apart_from_the_pick() -> None:
     from types import SimpleNamespace
 
-    from bench.batching.adapt import ADAPT_ROUNDS, section_adapt
+    from bench.batching.adapt import CONFIRM_ROUNDS, SELECT_ROUNDS, section_adapt
     from bench.batching.runner import RunResult
 
     s = 1_000_000  # us
@@ -267,8 +267,9 @@ def test_adapt_section_measures_recovery_per_round_against_the_median_baseline()
                          extra={"slowdown_at_us": slow_at})
 
     class Runs:
-        """Stands in for ``Bench``: the fixed sizes' goodput by round; AIMD for goodput recovering
-        in 1 / 3 / 2 s, AIMD for ok throughput in 1 s every round."""
+        """Stands in for ``Bench``: the fixed sizes' goodput by round (the selection's three, then
+        fixed 8's five confirming ones); AIMD for goodput recovering in 1 / 3 / 2 / 1 / 4 s, AIMD
+        for ok throughput in 1 s every round."""
 
         quick = False
         deadline_us = 20_000
@@ -278,8 +279,8 @@ def test_adapt_section_measures_recovery_per_round_against_the_median_baseline()
             self.labels: list[str] = []
             self.objectives: list[object] = []
             self.fixed = {2: iter([10.0] * 3), 3: iter([10.0] * 3), 4: iter([80.0, 200.0, 90.0]),
-                          8: iter([100.0, 60.0, 95.0]), 12: iter([50.0] * 3)}
-            self.recover = iter([1.0, 1.0, 3.0, 1.0, 2.0, 1.0])
+                          8: iter([100.0, 60.0, 95.0] + [100.0, 60.0, 100.0, 100.0, 120.0]), 12: iter([50.0] * 3)}
+            self.recover = iter([1.0, 1.0, 3.0, 1.0, 2.0, 1.0, 1.0, 1.0, 4.0, 1.0])
 
         def run(self, m: object, label: str, fixed: int | None = None, **kw: object) -> object:
             self.labels.append(label)
@@ -292,20 +293,30 @@ def test_adapt_section_measures_recovery_per_round_against_the_median_baseline()
     b = Runs()
     report: dict[str, Any] = {}
     section_adapt(b, {"clockwork": SimpleNamespace(label="clockwork")}, report)  # type: ignore[arg-type]
-    assert ADAPT_ROUNDS == 3
-    # the five fixed sizes and AIMD once per reading in each round, rounds one after another
-    assert [lab.rsplit(" ", 1)[1] for lab in b.labels] == ["1"] * 7 + ["2"] * 7 + ["3"] * 7
+    assert (SELECT_ROUNDS, CONFIRM_ROUNDS) == (3, 5)
+    # the five sizes in each selection round; then per round the pick once (both readings
+    # picked fixed 8) and AIMD once per reading; every round after the one before
+    rounds = [lab.rsplit(" ", 1)[1] for lab in b.labels]
+    assert rounds == ["1"] * 5 + ["2"] * 5 + ["3"] * 5 + [str(i) for i in range(1, 6) for _ in range(3)]
+    assert all(lab.startswith("fixed 8 @ 2x slower, confirming") for lab in b.labels[15::3])
     # goodput's AIMD has the end-to-end objective, ok throughput's Clipper's 20 ms
-    assert b.objectives == [8.0, 20.0] * 3
+    assert b.objectives == [8.0, 20.0] * 5
     ad = report["adapt"]
-    # each size's median over the rounds (fixed 4: 90, not its lucky 200; fixed 8: 95)
+    # picked by each size's median over the selection (fixed 4: 90, not its lucky 200; fixed 8:
+    # 95); its rate is its median over the confirming rounds (100), not the selection's 95
     g = ad["goodput"]
-    assert (g["new_best_fixed"], g["new_best_fixed_qps"]) == ("fixed 8", 95.0)
+    assert (g["new_best_fixed"], g["new_best_fixed_qps"], g["new_best_fixed_qps_selection"]) == ("fixed 8", 100.0, 95.0)
     assert g["aimd_objective_ms"] == 8.0 and ad["ok throughput"]["aimd_objective_ms"] == 20.0
-    # 90% of 95 q/s is first held over 0.5 s once the run is back at 100 q/s: 1.5 / 3.5 / 2.5 s
-    assert [r["recovery_s"] for r in g["by_round"]] == pytest.approx([1.5, 3.5, 2.5])
-    assert [r["recovery_batches"] for r in g["by_round"]] == [75, 175, 125]
+    # 90% of 100 q/s is first held over 0.5 s once the run is back at 100 q/s
+    assert [r["recovery_s"] for r in g["by_round"]] == pytest.approx([1.5, 3.5, 2.5, 1.5, 4.5])
+    assert [r["recovery_batches"] for r in g["by_round"]] == [75, 175, 125, 75, 225]
     assert g["recovery_batches"] == 125 and g["recovery_s"] == pytest.approx(2.5)
-    assert [r["recovery_batches"] for r in ad["ok throughput"]["by_round"]] == [75, 75, 75]
+    assert [r["recovery_batches"] for r in ad["ok throughput"]["by_round"]] == [75] * 5
+    # settled: the last 2 s; the round that recovers at 9.5 s spent half of them slow
+    assert [r["aimd_after_vs_new_best"] for r in g["by_round"]] == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.55])
+    assert g["aimd_after_vs_new_best"] == pytest.approx(1.0)
+    # against the same round's run of the pick, too
+    assert [r["aimd_after_vs_fixed_same_round"] for r in g["by_round"]] == pytest.approx(
+        [1.0, 100 / 60, 1.0, 1.0, 55 / 120])
     # the figure shows the median round
     assert ad["trace_round"] == 3

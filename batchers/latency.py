@@ -12,8 +12,8 @@ the machine do not move it.
 
 A fixed cost small against the noise can make the fitted slope negative: the curve is then
 taken as flat (the median), which is what those reports say; a negative fixed cost, as a
-line through the origin. When the recent batches all had the same size, the slope is unknown;
-the estimate is then the conservative one: a smaller batch takes as long as the observed one
+line through the origin. When the recent batches all had the same size, or all but a few,
+the slope is unknown; the estimate is then the conservative one: a smaller batch takes as long as the observed one
 (it cannot take longer on a device that batches), a larger one proportionally longer.
 """
 
@@ -56,8 +56,13 @@ class LatencyModel:
             return
         half = len(obs) // 2
         low, high = obs[:half], obs[len(obs) - half:]
+        if median(s for s, _ in high) == median(s for s, _ in low):
+            split = _split_at_median_size(obs, self._median[0])
+            if split is None:
+                return  # too few batches off the median size to draw a line through: conservative
+            low, high = split
         run = median(s for s, _ in high) - median(s for s, _ in low)
-        slope = (median(t for _, t in high) - median(t for _, t in low)) / run if run > 0 else 0.0
+        slope = (median(t for _, t in high) - median(t for _, t in low)) / run
         if slope <= 0:  # within the noise, size does not matter here: a flat curve
             self._fit = (self._median[1], 0.0)
             return
@@ -84,3 +89,22 @@ class LatencyModel:
             return fixed + slope * size
         m_size, m_time = self._median
         return m_time if size <= m_size else m_time * size / m_size
+
+
+MIN_GROUP = 3  # batches on each side of a split by size before a slope is drawn from them
+
+
+def _split_at_median_size(obs: list[tuple[int, int]], m_size: float) -> tuple[list[tuple[int, int]], ...] | None:
+    """Split by size, not by count, when most batches have the median size.
+
+    AIMD moving between two sizes (2 and 3, say: a miss, then a full batch, then a miss)
+    leaves most reports at one size; halves by count then both have that size for their
+    median, and the line came out flat, so a batch of 3 was expected to take as long as one of
+    2 and the requests in it and behind it were late. The ties go to whichever side leaves the
+    smaller group larger; a side with fewer than ``MIN_GROUP`` batches is too open to one
+    slowed batch to tilt the line, and the caller keeps the conservative curve.
+    """
+    splits = ([o for o in obs if o[0] <= m_size], [o for o in obs if o[0] > m_size]), \
+             ([o for o in obs if o[0] < m_size], [o for o in obs if o[0] >= m_size])
+    low, high = max(splits, key=lambda lh: min(len(lh[0]), len(lh[1])))
+    return (low, high) if min(len(low), len(high)) >= MIN_GROUP else None

@@ -60,3 +60,25 @@ def test_only_the_recent_window_counts() -> None:
     for size in (2, 4, 2, 4):
         m.observe(size, 2_000 * size)  # the model became 2x slower
     assert m.service_us(4) == pytest.approx(8_000)
+
+
+def test_mostly_one_size_with_a_few_either_side_still_gets_its_slope() -> None:
+    """AIMD between 2 and 3 items (a miss at 3, back to 2, a full batch, 3 again): most
+    reports have size 2, so halves by count both have median size 2. Clockwork's ResNet-50
+    at half speed: 5.22 ms for 1, 7.56 for 2, 9.39 for 3."""
+    m = LatencyModel()
+    for i in range(32):
+        size = 3 if i % 5 == 0 else 1 if i % 7 == 0 else 2
+        m.observe(size, {1: 5_220, 2: 7_560, 3: 9_390}[size] + (i % 3 - 1) * 100)
+    assert m.service_us(2) == pytest.approx(7_560, abs=150)
+    assert m.service_us(3) == pytest.approx(9_390, abs=300)  # a flat line said 7.56 ms: late batches
+    assert m.service_us(1) < 6_000
+
+
+def test_one_batch_off_the_usual_size_does_not_draw_the_line() -> None:
+    m = LatencyModel()
+    for _ in range(20):
+        m.observe(2, 7_500)
+    m.observe(3, 30_000)  # the one batch of 3 was caught in a pause
+    assert m.service_us(3) == pytest.approx(7_500 * 3 / 2)  # the conservative curve, not 30 ms
+    assert m.service_us(1) == 7_500

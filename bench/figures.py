@@ -132,7 +132,9 @@ def gateway_overload(r: dict[str, Any]) -> Result:
     of = f" (of {o['stamped']:,})" if "stamped" in o else ""
     outcomes = "{:,} answered / {:,} defaults / {:,} 503s / {:,} lost".format(
         get(o, "answered"), get(o, "default"), o.get("refused_503", o.get("error", 0)), get(o, "lost"))
-    return f"over SLO + 20 ms: {counts}{of}; longest {ms(get(o, 'max_wait_ms'))} ms; {outcomes}", met(due == 0)
+    nice = o.get("generator_nice")
+    gen = f"; generator at nice {nice}" if nice else ""
+    return f"over SLO + 20 ms: {counts}{of}; longest {ms(get(o, 'max_wait_ms'))} ms; {outcomes}{gen}", met(due == 0)
 
 
 def join_overhead(r: dict[str, Any]) -> Result:
@@ -197,7 +199,7 @@ def onnx(r: dict[str, Any]) -> Result:
 
 def adapt(r: dict[str, Any]) -> Result:
     a = get(r, "adapt")
-    readings = [k for k in ("goodput", "ok throughput") if isinstance(a.get(k), dict)]
+    readings = [k for k in ("goodput", "ok throughput", "goodput, objective tightened") if isinstance(a.get(k), dict)]
     if not readings:
         raise KeyError("adapt")
     parts, oks = [], []
@@ -207,9 +209,11 @@ def adapt(r: dict[str, Any]) -> Result:
         obj = f" (AIMD {e['aimd_objective_ms']:g} ms)" if "aimd_objective_ms" in e else ""
         rounds = [b.get("recovery_batches") for b in e.get("by_round") or [] if isinstance(b, dict)]
         each = f" ({', '.join('never' if b is None else str(b) for b in rounds)})" if len(rounds) > 1 else ""
+        counts = e.get("counts_for_target", True)  # a tightened objective is shown, not judged
         parts.append(f"{k}{obj}: {'never' if rec is None else rec} batches{each}, settled {x(settled)} "
-                     f"of {e.get('new_best_fixed', 'new best')}")
-        oks.append(rec is not None and rec <= 200 and ge(settled, 0.9))
+                     f"of {e.get('new_best_fixed', 'new best')}{'' if counts else ' (not counted)'}")
+        if counts:
+            oks.append(rec is not None and rec <= 200 and ge(settled, 0.9))
     return "; ".join(parts), met(*oks)
 
 

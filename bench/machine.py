@@ -12,7 +12,8 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,27 @@ def cpu_snapshot(pids: Mapping[int, str]) -> dict[str, float]:
 
 def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+
+
+@contextmanager
+def raised_priority(nice: int) -> Iterator[int | None]:
+    """Run the block with the calling thread at scheduling priority ``nice`` (negative: ahead of
+    the pipeline's processes), then put the old one back; yields the value in effect, or None
+    where raising it is not permitted (not root, no CAP_SYS_NICE).
+
+    A load generator on the same 2 cores as the system it measures is descheduled by it, and
+    its late sends then count against the system; callers in production have CPUs of their own.
+    On Linux the priority is the calling thread's, which is where an asyncio generator runs."""
+    try:
+        old = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (OSError, AttributeError):
+        yield None
+        return
+    try:
+        yield nice
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, old)
+        except OSError:
+            pass

@@ -8,10 +8,15 @@ best of five such medians is still biased up (the winner's curse), so that size 
 again in rounds of its own, interleaved with the AIMD runs, and its rate is its median over
 those. The figures are the medians over those rounds.
 
-Each reading gets its own AIMD run, with the objective that reading implies (``objectives``):
-with Clipper's 20 ms on the service time AIMD settles at 8-10 items after the slowdown
-(16-20 ms of service), and within a 20 ms end-to-end deadline the requests that queue behind
-such a batch are late.
+Each reading names the AIMD objective of its runs (``objectives``). The target is read with
+the issue's 20 ms latency objective on the service time, in goodput (answered within the
+deadline) and in ok throughput; AIMD's runs at that objective serve both readings. A third
+reading, AIMD tightened to what the deadline leaves (``helpers.e2e_objective_ms``, 8 ms), is
+reported beside them and does not count: AIMD never grows a batch past its objective, so after
+the slowdown it stays at 2 items (7.6 ms; 3 take 9.4), while the new best fixed size answers
+about 4 at a time within the deadline. Since the batcher's latency curve fits the batch sizes
+it really runs (c95f7ac), the batches AIMD grows at 20 ms are cut to fit the oldest deadline,
+and its answers after the slowdown come in time.
 """
 
 from __future__ import annotations
@@ -39,17 +44,22 @@ from bench.batching.runner import Bench, Model, RunResult
 SELECT_ROUNDS = 3  # interleaved rounds of the fixed sizes at 2x slower, to pick each reading's new best
 CONFIRM_ROUNDS = 5  # then interleaved rounds of (the new best at 2x slower, AIMD slowing down mid-run)
 BIN_S, HOLD = 0.1, 5  # recovery: the first 0.5 s window at >= 90% of the new best
-# (reading, summary key, counted within the deadline); each reading has its own AIMD run
-METRICS = (("goodput", "goodput_qps", True), ("ok throughput", "ok_qps", False))
+# (reading, summary key, counted within the deadline, AIMD objective, counts for the target)
+READINGS = (("goodput", "goodput_qps", True, "target", True),
+            ("ok throughput", "ok_qps", False, "target", True),
+            ("goodput, objective tightened", "goodput_qps", True, "tightened", False))
+METRICS = tuple((reading, key) for reading, key, *_ in READINGS)
 
 
 def objectives(b: Bench) -> dict[str, float]:
-    """AIMD's objective on the batch's service time for each reading. Clipper's (ok
-    throughput) is the 20 ms objective itself. Within a 20 ms end-to-end deadline a request
-    can wait for the batch in progress before its own runs, so a batch may take about half of
-    what the deadline leaves after the hops (``helpers.e2e_objective_ms``; the pipeline's own
-    benchmarks set their models' objectives the same way)."""
-    return {"goodput": b.e2e_objective_ms, "ok throughput": OBJECTIVE_MS}
+    """AIMD's objective on the batch's service time for each reading: the target's readings
+    use the 20 ms latency objective itself, as Clipper does; the tightened one half of what a
+    20 ms end-to-end deadline leaves after the hops (``helpers.e2e_objective_ms``), which the
+    pipeline's own benchmarks give their models. A tightened objective equal to the target's
+    is not run twice: that reading is then left out."""
+    objs = {"target": OBJECTIVE_MS, "tightened": b.e2e_objective_ms}
+    return {reading: objs[which] for reading, _, _, which, _ in READINGS
+            if which == "target" or objs["tightened"] != objs["target"]}
 
 
 def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> RunResult:
@@ -59,37 +69,37 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
     n_select, n_confirm = (1, 1) if b.quick else (SELECT_ROUNDS, CONFIRM_ROUNDS)
     fixed_s = 2.0 if b.quick else 3.0
     obj = objectives(b)
-    log(f"adapt: {m.label}, AIMD (objective {obj['goodput']:g} ms for goodput, {obj['ok throughput']:g} ms for ok "
-        f"throughput), the model becomes 2x slower at t = {half:g} s; {n_select} interleaved round(s) of the fixed "
-        f"sizes to pick the new best, then {n_confirm} of the new best and AIMD")
+    readings = [(reading, key, in_time, counts) for reading, key, in_time, _, counts in READINGS if reading in obj]
+    log(f"adapt: {m.label}, AIMD at {' and '.join(f'{v:g} ms' for v in dict.fromkeys(obj.values()))} on the "
+        f"service time, the model becomes 2x slower at t = {half:g} s; {n_select} interleaved round(s) of the "
+        f"fixed sizes to pick the new best, then {n_confirm} of the new best and AIMD")
     fixed_rounds: dict[str, list[dict[str, Any]]] = {}
     for i in range(n_select):
         for size in sizes:
             r = b.run(m, f"fixed {size} @ 2x slower, round {i + 1}", fixed=size, slowdown=2.0, warmup_s=1.0,
                       measure_s=fixed_s)
             fixed_rounds.setdefault(f"fixed {size}", []).append(r.summary)
-    selected = {k: {key: statistics.median(s[key] for s in v) for _, key, _ in METRICS}
+    selected = {k: {key: statistics.median(s[key] for s in v) for _, key in METRICS}
                 for k, v in fixed_rounds.items()}
     picks = {metric: best_of({k: {"goodput_qps": v[key]} for k, v in selected.items()})[0] or f"fixed {sizes[0]}"
-             for metric, key, _ in METRICS}
+             for metric, key, *_ in readings}
     confirmed: dict[str, list[dict[str, Any]]] = {}
-    runs: dict[str, list[RunResult]] = {metric: [] for metric, _, _ in METRICS}
+    runs: dict[float, list[RunResult]] = {o: [] for o in dict.fromkeys(obj.values())}
     for i in range(n_confirm):
         for label in dict.fromkeys(picks.values()):
             r = b.run(m, f"{label} @ 2x slower, confirming, round {i + 1}", fixed=int(label.split()[1]),
                       slowdown=2.0, warmup_s=1.0, measure_s=fixed_s)
             confirmed.setdefault(label, []).append(r.summary)
-        for metric, _, _ in METRICS:
-            runs[metric].append(b.run(m, f"AIMD {obj[metric]:g} ms, slows down mid-run, round {i + 1}",
-                                      warmup_s=half, measure_s=half, slowdown_at_s=half,
-                                      aimd_objective_ms=obj[metric]))
+        for ms_, got in runs.items():
+            got.append(b.run(m, f"AIMD {ms_:g} ms, slows down mid-run, round {i + 1}", warmup_s=half,
+                             measure_s=half, slowdown_at_s=half, aimd_objective_ms=ms_))
     win = int(min(2.0, half - 1.0) * 1e6)
     entry: dict[str, Any] = {
         "rounds": n_confirm, "selection_rounds": n_select, "windows_s": win / 1e6,
         "fixed_at_2x_slower": selected,
-        "fixed_at_2x_slower_by_round": {k: [{key: s[key] for _, key, _ in METRICS} for s in v]
+        "fixed_at_2x_slower_by_round": {k: [{key: s[key] for _, key in METRICS} for s in v]
                                         for k, v in fixed_rounds.items()},
-        "confirmed_by_round": {k: [{key: s[key] for _, key, _ in METRICS} for s in v] for k, v in confirmed.items()},
+        "confirmed_by_round": {k: [{key: s[key] for _, key in METRICS} for s in v] for k, v in confirmed.items()},
         "selection_rule": "each reading's new best is the fixed size with the highest median over the selection "
                           "rounds; its rate is then its median over the confirming rounds, run apart from the "
                           "selection (the best of five noisy medians is biased up), interleaved with AIMD",
@@ -100,15 +110,16 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
         "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
     }
     shown, shown_row = 0, {}
-    for metric, key, in_time in METRICS:
+    for metric, key, in_time, counts in readings:
         new_label = picks[metric]
         by_round = [s[key] for s in confirmed[new_label]]
         new_best = statistics.median(by_round)
-        rows = [_one_round(b, r, win, key, in_time, new_best) for r in runs[metric]]
+        rows = [_one_round(b, r, win, key, in_time, new_best) for r in runs[obj[metric]]]
         for row, same_round in zip(rows, by_round):
             row["aimd_after_vs_fixed_same_round"] = ratio(same_round, row["aimd_after_qps"])
         entry[metric] = {
-            "aimd_objective_ms": obj[metric], "new_best_fixed": new_label, "new_best_fixed_qps": new_best,
+            "aimd_objective_ms": obj[metric], "counts_for_target": counts, "new_best_fixed": new_label,
+            "new_best_fixed_qps": new_best,
             "new_best_fixed_qps_selection": selected[new_label][key],
             "recovery_batches": rows[_median_index([x["recovery_batches"] for x in rows])]["recovery_batches"],
             "recovery_s": rows[_median_index([x["recovery_s"] for x in rows])]["recovery_s"],
@@ -126,7 +137,7 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
             shown = _median_index([x["recovery_batches"] for x in rows])
             shown_row = rows[shown]
     entry["trace_round"] = shown + 1
-    r = runs["goodput"][shown]
+    r = runs[obj["goodput"]][shown]
     entry["aimd_before"], entry["aimd_after"] = shown_row["aimd_before"], shown_row["aimd_after"]
     entry["trace"] = _trace(r, half, b.deadline_us)
     report["adapt"] = entry

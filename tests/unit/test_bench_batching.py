@@ -268,8 +268,8 @@ def test_adapt_section_picks_the_new_best_then_measures_it_apart_from_the_pick()
 
     class Runs:
         """Stands in for ``Bench``: the fixed sizes' goodput by round (the selection's three, then
-        fixed 8's five confirming ones); AIMD for goodput recovering in 1 / 3 / 2 / 1 / 4 s, AIMD
-        for ok throughput in 1 s every round."""
+        fixed 8's five confirming ones); AIMD at 20 ms recovering in 1 / 3 / 2 / 1 / 4 s, AIMD
+        tightened to 8 ms in 1 s every round."""
 
         quick = False
         deadline_us = 20_000
@@ -295,23 +295,27 @@ def test_adapt_section_picks_the_new_best_then_measures_it_apart_from_the_pick()
     section_adapt(b, {"clockwork": SimpleNamespace(label="clockwork")}, report)  # type: ignore[arg-type]
     assert (SELECT_ROUNDS, CONFIRM_ROUNDS) == (3, 5)
     # the five sizes in each selection round; then per round the pick once (both readings
-    # picked fixed 8) and AIMD once per reading; every round after the one before
+    # picked fixed 8) and AIMD once per objective; every round after the one before
     rounds = [lab.rsplit(" ", 1)[1] for lab in b.labels]
     assert rounds == ["1"] * 5 + ["2"] * 5 + ["3"] * 5 + [str(i) for i in range(1, 6) for _ in range(3)]
     assert all(lab.startswith("fixed 8 @ 2x slower, confirming") for lab in b.labels[15::3])
-    # goodput's AIMD has the end-to-end objective, ok throughput's Clipper's 20 ms
-    assert b.objectives == [8.0, 20.0] * 5
+    # the target's readings share AIMD's runs at the 20 ms objective; the tightened one has its own
+    assert b.objectives == [20.0, 8.0] * 5
     ad = report["adapt"]
     # picked by each size's median over the selection (fixed 4: 90, not its lucky 200; fixed 8:
     # 95); its rate is its median over the confirming rounds (100), not the selection's 95
     g = ad["goodput"]
     assert (g["new_best_fixed"], g["new_best_fixed_qps"], g["new_best_fixed_qps_selection"]) == ("fixed 8", 100.0, 95.0)
-    assert g["aimd_objective_ms"] == 8.0 and ad["ok throughput"]["aimd_objective_ms"] == 20.0
+    t = ad["goodput, objective tightened"]
+    assert g["aimd_objective_ms"] == 20.0 and ad["ok throughput"]["aimd_objective_ms"] == 20.0
+    assert t["aimd_objective_ms"] == 8.0
+    assert g["counts_for_target"] and ad["ok throughput"]["counts_for_target"] and not t["counts_for_target"]
     # 90% of 100 q/s is first held over 0.5 s once the run is back at 100 q/s
     assert [r["recovery_s"] for r in g["by_round"]] == pytest.approx([1.5, 3.5, 2.5, 1.5, 4.5])
     assert [r["recovery_batches"] for r in g["by_round"]] == [75, 175, 125, 75, 225]
     assert g["recovery_batches"] == 125 and g["recovery_s"] == pytest.approx(2.5)
-    assert [r["recovery_batches"] for r in ad["ok throughput"]["by_round"]] == [75] * 5
+    assert [r["recovery_batches"] for r in ad["ok throughput"]["by_round"]] == [75, 175, 125, 75, 225]
+    assert [r["recovery_batches"] for r in t["by_round"]] == [75] * 5
     # settled: the last 2 s; the round that recovers at 9.5 s spent half of them slow
     assert [r["aimd_after_vs_new_best"] for r in g["by_round"]] == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.55])
     assert g["aimd_after_vs_new_best"] == pytest.approx(1.0)
@@ -320,3 +324,35 @@ def test_adapt_section_picks_the_new_best_then_measures_it_apart_from_the_pick()
         [1.0, 100 / 60, 1.0, 1.0, 55 / 120])
     # the figure shows the median round
     assert ad["trace_round"] == 3
+
+
+def test_adapt_runs_aimd_once_per_round_when_the_tightened_objective_is_the_target() -> None:
+    from types import SimpleNamespace
+
+    from bench.batching.adapt import section_adapt
+    from bench.batching.runner import RunResult
+
+    s = 1_000_000
+
+    class Runs:
+        quick = True  # one selection round of fixed 4, one confirming round
+        deadline_us = 20_000
+        e2e_objective_ms = 20.0  # --aimd-objective-ms 20
+
+        def __init__(self) -> None:
+            self.objectives: list[object] = []
+
+        def run(self, m: object, label: str, fixed: int | None = None, **kw: object) -> object:
+            if fixed is not None:
+                return SimpleNamespace(summary={"goodput_qps": 100.0, "ok_qps": 100.0})
+            self.objectives.append(kw["aimd_objective_ms"])
+            obs = [Obs("ok", t, t + 5_000, t + 6_000) for t in range(0, 6 * s, 10_000)]
+            return RunResult("aimd", {}, obs, [(c, 2, 5_000) for c in range(0, 6 * s, 20_000)], [(3.0, 4)],
+                             t0_us=3 * s, t1_us=6 * s, extra={"slowdown_at_us": 3 * s})
+
+    b = Runs()
+    report: dict[str, Any] = {}
+    section_adapt(b, {"clockwork": SimpleNamespace(label="clockwork")}, report)  # type: ignore[arg-type]
+    assert b.objectives == [20.0]
+    assert "goodput, objective tightened" not in report["adapt"]
+    assert report["adapt"]["goodput"]["recovery_batches"] == report["adapt"]["ok throughput"]["recovery_batches"]

@@ -1,0 +1,59 @@
+"""``bench.machine.raised_priority``: the load generator's thread ahead of the pipeline, and back."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from bench.machine import raised_priority
+
+
+def _in_a_thread(fn: Any) -> dict[str, Any]:
+    """The priority is per thread on Linux: run the check in one of its own, so the test
+    process's priority is not touched whatever happens."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out.update(fn())
+        except BaseException as exc:  # surfaced by the caller
+            out["error"] = exc
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    if "error" in out:
+        raise out["error"]
+    return out
+
+
+def test_the_priority_is_raised_inside_and_put_back_after() -> None:
+    def check() -> dict[str, Any]:
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        with raised_priority(before - 3) as got:
+            inside = os.getpriority(os.PRIO_PROCESS, 0)
+        return {"before": before, "got": got, "inside": inside, "after": os.getpriority(os.PRIO_PROCESS, 0)}
+
+    r = _in_a_thread(check)
+    if r["got"] is None:  # not permitted here: nothing changed, and the caller is told
+        assert r["inside"] == r["before"] == r["after"]
+        assert os.geteuid() != 0
+    else:
+        assert r["got"] == r["inside"] == r["before"] - 3
+        assert r["after"] == r["before"]
+
+
+def test_the_old_priority_is_back_when_the_block_raises() -> None:
+    def check() -> dict[str, Any]:
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        try:
+            with raised_priority(before - 2):
+                raise RuntimeError("the run failed")
+        except RuntimeError:
+            pass
+        return {"before": before, "after": os.getpriority(os.PRIO_PROCESS, 0)}
+
+    r = _in_a_thread(check)
+    assert r["after"] == r["before"]

@@ -44,8 +44,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="request deadline = produce time + this (Clipper's reading keeps AIMD's objective at 20 ms)")
     ap.add_argument("--aimd-objective-ms", type=float, default=None,
                     help="AIMD's objective on a batch's service time in the runs that count goodput within the "
-                         "deadline (default: half of what the deadline leaves after the layer's ~4 ms of Kafka hops, "
-                         "8 ms of 20, since a request may wait for the batch in progress before its own)")
+                         "deadline (default: the 20 ms latency objective); the adapt section then also reports "
+                         "AIMD at this objective beside its target's readings at 20 ms")
     ap.add_argument("--no-ramp", dest="ramp", action="store_false",
                     help="step to the full offered load at once instead of a ramp over half the warm-up")
     ap.add_argument("--rate-scale", type=float, default=1.0, help="scale the throughput runs' offered load")
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "load_at_start": os.getloadavg(), "throughput": {},
     }
     b = Bench(args)
-    report["aimd_objective_ms_within_deadline"] = b.e2e_objective_ms
+    report["aimd_objective_ms_within_deadline"] = b.aimd_objective_ms
     ms = models(args.quick)
     try:
         b.start()

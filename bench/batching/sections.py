@@ -55,18 +55,18 @@ def section_throughput(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -
     for kind in b.args.models:
         m = ms[kind]
         log(f"throughput: {m.label}, offered {m.rate_qps * b.args.rate_scale:g} qps open loop, deadline "
-            f"{b.args.deadline_ms:g} ms, AIMD's objective {b.e2e_objective_ms:g} ms on the service time")
+            f"{b.args.deadline_ms:g} ms, AIMD's objective {b.aimd_objective_ms:g} ms on the service time")
         runs: dict[str, RunResult] = {}
         sizes: dict[str, int] = {}  # the sweep's labels and their batch sizes
         for size in sweep_sizes(kind, q):
             label = "no batching (1)" if size == 1 else f"fixed {size}"
             sizes[label] = size
             runs[label] = b.run(m, label, fixed=size, warmup_s=warm, measure_s=meas)
-        runs["AIMD"] = b.run(m, "AIMD", warmup_s=warm, measure_s=meas, aimd_objective_ms=b.e2e_objective_ms)
+        runs["AIMD"] = b.run(m, "AIMD", warmup_s=warm, measure_s=meas, aimd_objective_ms=b.aimd_objective_ms)
         out[kind] = runs
         rows = {k: r.summary for k, r in runs.items()}
         entry: dict[str, Any] = {"label": m.label, "offered_qps_target": m.rate_qps * b.args.rate_scale, "runs": rows,
-                                 "aimd_objective_ms": b.e2e_objective_ms}
+                                 "aimd_objective_ms": b.aimd_objective_ms}
         if not q:
             entry["confirmed"] = _confirm(b, m, rows, sizes, warm, meas)
         dev = None
@@ -115,7 +115,7 @@ def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], sizes: M
         got: dict[str, float] = {}
         for arm, (label, fixed) in arms.items():
             s = b.run(m, f"{label}, round {i + 1}", fixed=fixed, warmup_s=warm, measure_s=meas,
-                      aimd_objective_ms=b.e2e_objective_ms).summary
+                      aimd_objective_ms=b.aimd_objective_ms).summary
             got[f"{arm}_goodput_qps"], got[f"{arm}_ok_qps"] = s["goodput_qps"], s["ok_qps"]
         rounds.append(got)
     out: dict[str, Any] = {"best_fixed": best_label, "rounds": rounds}

@@ -14,7 +14,7 @@ from bench.batching.helpers import (
     best_of,
     categorise_stacks,
     device_max,
-    e2e_objective_ms,
+    within_deadline_objective_ms,
     goodput_series,
     hop_medians,
     latency_fn,
@@ -26,13 +26,10 @@ from bench.batching.helpers import (
 )
 
 
-def test_e2e_objective_is_half_what_the_deadline_leaves_after_the_hops() -> None:
-    # (20 - 4) / 2: a request may wait for the batch in progress, then for its own
-    assert e2e_objective_ms(20.0) == 8.0
-    assert e2e_objective_ms(50.0) == 23.0
-    # an explicit objective wins; a deadline shorter than the hops still gets a positive one
-    assert e2e_objective_ms(20.0, 10.0) == 10.0
-    assert e2e_objective_ms(3.0) == 1.0
+def test_the_within_deadline_objective_is_the_latency_objective_unless_given() -> None:
+    assert within_deadline_objective_ms() == 20.0
+    assert within_deadline_objective_ms(8.0) == 8.0
+    assert within_deadline_objective_ms(0.0) == 20.0  # not a usable objective
 
 
 def test_device_max_of_clockwork_at_20ms_is_the_largest_batch_that_fits() -> None:
@@ -168,7 +165,7 @@ def test_confirm_reruns_no_batching_best_fixed_and_aimd_in_interleaved_rounds() 
     class Runs:
         """Stands in for ``Bench.run``: records the order and returns the next scripted goodput."""
 
-        e2e_objective_ms = 8.0
+        aimd_objective_ms = 8.0
 
         def __init__(self) -> None:
             self.calls: list[int | None] = []
@@ -269,11 +266,11 @@ def test_adapt_section_picks_the_new_best_then_measures_it_apart_from_the_pick()
     class Runs:
         """Stands in for ``Bench``: the fixed sizes' goodput by round (the selection's three, then
         fixed 8's five confirming ones); AIMD at 20 ms recovering in 1 / 3 / 2 / 1 / 4 s, AIMD
-        tightened to 8 ms in 1 s every round."""
+        at the 8 ms given in 1 s every round."""
 
         quick = False
         deadline_us = 20_000
-        e2e_objective_ms = 8.0
+        aimd_objective_ms = 8.0
 
         def __init__(self) -> None:
             self.labels: list[str] = []
@@ -299,14 +296,14 @@ def test_adapt_section_picks_the_new_best_then_measures_it_apart_from_the_pick()
     rounds = [lab.rsplit(" ", 1)[1] for lab in b.labels]
     assert rounds == ["1"] * 5 + ["2"] * 5 + ["3"] * 5 + [str(i) for i in range(1, 6) for _ in range(3)]
     assert all(lab.startswith("fixed 8 @ 2x slower, confirming") for lab in b.labels[15::3])
-    # the target's readings share AIMD's runs at the 20 ms objective; the tightened one has its own
+    # the target's readings share AIMD's runs at the 20 ms objective; the one given has its own
     assert b.objectives == [20.0, 8.0] * 5
     ad = report["adapt"]
     # picked by each size's median over the selection (fixed 4: 90, not its lucky 200; fixed 8:
     # 95); its rate is its median over the confirming rounds (100), not the selection's 95
     g = ad["goodput"]
     assert (g["new_best_fixed"], g["new_best_fixed_qps"], g["new_best_fixed_qps_selection"]) == ("fixed 8", 100.0, 95.0)
-    t = ad["goodput, objective tightened"]
+    t = ad["goodput, objective as given"]
     assert g["aimd_objective_ms"] == 20.0 and ad["ok throughput"]["aimd_objective_ms"] == 20.0
     assert t["aimd_objective_ms"] == 8.0
     assert g["counts_for_target"] and ad["ok throughput"]["counts_for_target"] and not t["counts_for_target"]
@@ -326,7 +323,7 @@ def test_adapt_section_picks_the_new_best_then_measures_it_apart_from_the_pick()
     assert ad["trace_round"] == 3
 
 
-def test_adapt_runs_aimd_once_per_round_when_the_tightened_objective_is_the_target() -> None:
+def test_adapt_runs_aimd_once_per_round_when_the_objective_given_is_the_target() -> None:
     from types import SimpleNamespace
 
     from bench.batching.adapt import section_adapt
@@ -337,7 +334,7 @@ def test_adapt_runs_aimd_once_per_round_when_the_tightened_objective_is_the_targ
     class Runs:
         quick = True  # one selection round of fixed 4, one confirming round
         deadline_us = 20_000
-        e2e_objective_ms = 20.0  # --aimd-objective-ms 20
+        aimd_objective_ms = 20.0  # --aimd-objective-ms 20
 
         def __init__(self) -> None:
             self.objectives: list[object] = []
@@ -354,5 +351,5 @@ def test_adapt_runs_aimd_once_per_round_when_the_tightened_objective_is_the_targ
     report: dict[str, Any] = {}
     section_adapt(b, {"clockwork": SimpleNamespace(label="clockwork")}, report)  # type: ignore[arg-type]
     assert b.objectives == [20.0]
-    assert "goodput, objective tightened" not in report["adapt"]
+    assert "goodput, objective as given" not in report["adapt"]
     assert report["adapt"]["goodput"]["recovery_batches"] == report["adapt"]["ok throughput"]["recovery_batches"]

@@ -22,12 +22,12 @@ from bench.batching.helpers import (
     OBJECTIVE_MS,
     Obs,
     categorise_stacks,
-    within_deadline_objective_ms,
     fmt_ms,
     log,
     parse_stats_line,
     summarise,
     top_leaves,
+    within_deadline_objective_ms,
 )
 from bench.batching.procs import Child, LoadGen, cpu_ticks, stop_all, wait_ready
 

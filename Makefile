@@ -7,7 +7,7 @@ EXTRAS ?= test,torch,models,bench
 # reachable, `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs the CPU one first
 TORCH_INDEX ?=
 
-.PHONY: test unit integration demo bench deps venv jars up down clean
+.PHONY: test lint unit integration demo bench deps venv jars up down clean
 
 deps:
 	@bash scripts/system-deps.sh
@@ -25,8 +25,12 @@ venv: deps $(STAMP)
 jars: venv
 	@$(VENV)/bin/clipstream infra fetch
 
-test: jars
+test: jars lint
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# the one direction of imports (pyproject's [tool.importlinter]); a wrong import fails here
+lint: venv
+	$(VENV)/bin/lint-imports
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

@@ -34,6 +34,7 @@ from batchers.settings import BatcherSettings
 from clipstream.errors import ConfigError
 from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
+from topics.admin import ensure_core_topics, ensure_model_topics
 from topics.catalogue import Catalogue
 from topics.client import aiokafka_kwargs, producer_config
 
@@ -195,7 +196,6 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
     if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
         replicas = max(1, int(cfg.replicas))
         if replicas > len(svc.core.dispatcher.replicas):
-            from topics.admin import ensure_model_topics
 
             # topic creation blocks: keep it off the event loop
             await asyncio.get_running_loop().run_in_executor(
@@ -217,7 +217,6 @@ def _use_uvloop() -> None:
 
 def run(settings: Settings, bs: BatcherSettings, models: list[ModelSetup], follower: Any = None) -> None:
     """Run the batcher until SIGINT/SIGTERM."""
-    from topics.admin import ensure_core_topics, ensure_model_topics
 
     ensure_core_topics(settings)
     for model in models:

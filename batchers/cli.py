@@ -16,15 +16,17 @@ from typing import Any
 
 import click
 
+from batchers.app import run
+from batchers.service import ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import get_settings, settings_or_exit
+from registry.topic import RegistryFollower
 from topics.catalogue import check_name
 
 
 def _from_registry(settings: Any, models: list[str], timeout_s: float) -> tuple[Any, dict[str, Any]]:
     """(follower, model name -> ModelConfig or None); imported lazily: frontend is another stage."""
-    from frontend.registry import RegistryFollower
 
     follower = RegistryFollower(settings).start()
     view = follower.wait_ready(timeout_s)
@@ -50,8 +52,6 @@ def batcher(
     no_cache: bool,
 ) -> None:
     """Run the batcher of one model (or of several, --model repeated) until interrupted."""
-    from batchers.app import run
-    from batchers.service import ModelSetup
 
     settings, bs = settings_or_exit(get_settings), settings_or_exit(BatcherSettings)
     try:

@@ -49,7 +49,7 @@ class ModelSetup:
     max_batch_size: int
     batch_delay_ms: float
     cache: bool = True
-    spec: Any = None  # workers.spec.ModelSpec when the registry knows it
+    spec: Any = None  # registry.spec.ModelSpec when the registry knows it
 
 
 class BatcherService:

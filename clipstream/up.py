@@ -33,8 +33,8 @@ from clipstream.infra.kafka import kafka_answers
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from clipstream.supervise import Supervisor
 from clipstream.warmup import warm_up
-from frontend.appfile import apply_file
-from frontend.registry import RegistryFollower, RegistryView
+from registry.appfile import apply_file
+from registry.topic import RegistryFollower, RegistryView
 
 READY_TIMEOUT_S = 180.0
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from frontend.registry import RegistryView
+from registry.topic import RegistryView
 
 Report = Callable[[str], None]
 

@@ -15,8 +15,9 @@ import yaml
 
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings
-from frontend.appfile import apply_file
-from frontend.registry import RegistryWriter, read_view
+from registry.appfile import apply_file
+from registry.spec import load_spec
+from registry.topic import RegistryWriter, read_view
 from topics.admin import ensure_model_topics
 
 
@@ -72,7 +73,6 @@ def register_app(name: str, policy: str, slo_ms: float, default_output: str | No
 @_friendly
 def deploy_model(name: str, path: str, version: str, replicas: int) -> None:
     """Deploy a model version from a folder holding model.yaml."""
-    from workers.spec import load_spec
 
     settings = get_settings()
     load_spec(path)

@@ -30,20 +30,33 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings, get_settings
 from frontend.admission import AdmissionLimit
-from frontend.gateway_http import (RECEIVED_US, GatewayAPI, GuardMiddleware, HTTPProblem, PredictEndpoint,
-                                   parse_json, read_body)
+from frontend.gateway_http import (
+    RECEIVED_US,
+    GatewayAPI,
+    GuardMiddleware,
+    HTTPProblem,
+    PredictEndpoint,
+    parse_json,
+    read_body,
+)
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
-    Accepted, ErrorBody, FeedbackRequest, PredictRequest, PredictResponse, default_json,
-    response_json, validation_reason,
+    Accepted,
+    ErrorBody,
+    FeedbackRequest,
+    PredictRequest,
+    PredictResponse,
+    default_json,
+    response_json,
+    validation_reason,
 )
 from frontend.inputs import input_for
 from frontend.metrics import GatewayMetrics
-from frontend.registry import AppConfig, RegistryFollower, RegistryView
 from frontend.settings import GatewaySettings, get_gateway_settings
+from registry.spec import TensorSpec
+from registry.topic import AppConfig, RegistryFollower, RegistryView
 from schemas import to_tensor
 from schemas.reasons import NOTHING_ARRIVED
-from workers.spec import TensorSpec
 
 log = logging.getLogger(__name__)
 

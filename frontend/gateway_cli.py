@@ -18,7 +18,10 @@ import click
 from clipstream.errors import ClipstreamError
 from clipstream.heap import freeze_startup_heap
 from clipstream.settings import get_settings, settings_or_exit
+from frontend.gateway import create_app
+from frontend.gateway_http import stamped_protocol
 from frontend.settings import get_gateway_settings
+from topics.catalogue import Catalogue
 
 
 @click.command()
@@ -40,7 +43,6 @@ def gateway(
     gw = settings_or_exit(lambda: get_gateway_settings(**overrides))
     settings = settings_or_exit(get_settings)
     try:
-        from topics.catalogue import Catalogue
 
         Catalogue.from_settings(settings).replies(gw.instance)  # a bad instance id fails here
     except ClipstreamError as exc:
@@ -68,8 +70,6 @@ def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] |
 async def _serve(gw: Any, settings: Any) -> int:
     import uvicorn
 
-    from frontend.gateway import create_app
-    from frontend.gateway_http import stamped_protocol
 
     config = uvicorn.Config(
         create_app(gw, settings),

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.requests import Request
 
+from clipstream.clock import now_us
 from frontend.metrics import GatewayMetrics
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -41,7 +42,6 @@ def stamped_protocol() -> type | None:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return None
-    from clipstream.clock import now_us
 
     class StampedHttpToolsProtocol(HttpToolsProtocol):
         def on_message_begin(self) -> None:

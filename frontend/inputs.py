@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from clipstream.errors import InputError
-from workers.spec import TensorSpec
+from registry.spec import TensorSpec
 
 _BOOL: frozenset[type] = frozenset({bool})
 _INT: frozenset[type] = frozenset({int})

@@ -17,7 +17,12 @@ import numpy as np
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputError
 from clipstream.settings import Settings, get_settings
-from frontend.inputs import to_json
+from frontend.gateway_kafka import watermarks
+from frontend.inputs import input_for, to_json
+from registry.topic import RegistryFollower
+from schemas import decode_as, encode, to_tensor
+from topics.catalogue import Catalogue
+from topics.client import consumer_config, producer_config
 
 __all__ = ["DeliveryCallback", "Producer", "ResponseReader"]
 
@@ -39,8 +44,6 @@ class Producer:
     def __init__(self, bootstrap: str | None = None, settings: Settings | None = None) -> None:
         from confluent_kafka import Producer as KafkaProducer
 
-        from topics.catalogue import Catalogue
-        from topics.client import producer_config
 
         settings = settings or get_settings()
         if bootstrap:
@@ -64,7 +67,6 @@ class Producer:
         on_delivery: DeliveryCallback | None = None,
     ) -> str:
         """Publish one query; returns its query id (yours, or a fresh uuid4 hex)."""
-        from schemas import encode, to_tensor
 
         query_id = query_id or uuid.uuid4().hex
         array = self._array(app, input)
@@ -93,7 +95,6 @@ class Producer:
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Publish the true label of, or a reward in [0, 1] for, an earlier query."""
-        from schemas import encode
 
         if label is None and reward is None:
             raise InputError("feedback needs a label or a reward")
@@ -148,7 +149,6 @@ class Producer:
 
     def _app_config(self, app: str) -> Any:
         if self._registry is None:
-            from frontend.registry import RegistryFollower
 
             self._registry = RegistryFollower(self.settings).start()
             self._registry.wait_ready(30.0)
@@ -163,7 +163,6 @@ class Producer:
     def _array(self, app: str, input: Any) -> np.ndarray:
         if isinstance(input, np.ndarray):
             return input
-        from frontend.inputs import input_for
 
         cfg = self._app_config(app)
         spec = None
@@ -185,9 +184,6 @@ class ResponseReader:
                  topic: str | None = None, from_beginning: bool = False) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        from frontend.gateway_kafka import watermarks
-        from topics.catalogue import Catalogue
-        from topics.client import consumer_config
 
         settings = settings or get_settings()
         if bootstrap:
@@ -207,7 +203,6 @@ class ResponseReader:
 
     def poll(self, timeout_s: float = 1.0) -> dict[str, Any] | None:
         """The next Response, or None when none arrived within ``timeout_s``."""
-        from schemas import decode_as
 
         deadline = time.monotonic() + timeout_s
         while True:

@@ -11,6 +11,8 @@ import click
 
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
+from selector.service import serve
+from selector.settings import SelectorSettings
 
 
 @click.command()
@@ -20,8 +22,6 @@ from clipstream.settings import get_settings, settings_or_exit
 @click.option("--log-level", default="WARNING", show_default=True)
 def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -> None:
     """Select models for queries, join their predictions by the deadline, learn from feedback."""
-    from selector.service import serve
-    from selector.settings import SelectorSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ss = settings_or_exit(SelectorSettings)

@@ -24,6 +24,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
 from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
+from registry.topic import RegistryFollower
 from schemas import decode_as, encode, from_tensor
 from schemas.reasons import NOTHING_ARRIVED
 from selector.join import JoinState, Pending
@@ -38,7 +39,6 @@ from selector.types import Query
 from topics.admin import ensure_core_topics, ensure_model_topics
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
-
 
 # built-in policies whose select and combine never read learned state (``single`` counts
 # feedback only); any policy may say so itself with a ``stateless`` attribute
@@ -298,7 +298,6 @@ def _serve_reports(producer: Producer, stop: threading.Event) -> None:
 def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
           stop: threading.Event | None = None) -> None:
     """Run dispatch+join and/or learn until ``stop``; print ``ready: selector`` once serving."""
-    from frontend.registry import RegistryFollower
 
     stop = stop or threading.Event()
     catalogue = Catalogue.from_settings(settings)

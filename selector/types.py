@@ -8,11 +8,10 @@ Redis and is shared by every selector and learner process.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 # A policy's learned state: JSON-able (lists, floats, str), stored in Redis per (app, context).
 State = dict[str, Any]
-OutputKind = Literal["class_scores", "label", "regression"]
 
 
 def plain(value: Any) -> Any:

@@ -17,9 +17,9 @@ import numpy as np
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ModelError
+from registry.spec import OutputSpec
 from schemas import encode, from_tensor, to_tensor
 from workers.backends import BatchModel
-from workers.spec import OutputSpec
 
 STAGE = "worker"
 

@@ -14,6 +14,11 @@ import click
 
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import get_settings, settings_or_exit
+from registry.spec import load_spec
+from registry.topic import RegistryFollower
+from workers.backends import load_model
+from workers.settings import WorkerSettings
+from workers.worker import Worker
 
 
 def resolve_from_registry(
@@ -24,7 +29,6 @@ def resolve_from_registry(
     ``--version`` may name the current version, a previous one the registry remembers, or a
     sibling folder ``<repository>/<name>/<version>`` (the model repository layout).
     """
-    from frontend.registry import RegistryFollower  # written by the frontend stage; imported late
 
     deadline = time.monotonic() + timeout_s
     follower = RegistryFollower(settings)
@@ -65,10 +69,6 @@ def worker(
     device: str | None, registry_timeout: float,
 ) -> None:
     """Serve one replica of a model: consume batches.<model>[replica], emit predictions."""
-    from workers.backends import load_model
-    from workers.settings import WorkerSettings
-    from workers.spec import load_spec
-    from workers.worker import Worker
 
     settings, ws = settings_or_exit(get_settings), settings_or_exit(WorkerSettings)
     if device is not None:

@@ -39,7 +39,7 @@ from clipstream.settings import Settings
 from schemas import decode_as, encode
 from topics.admin import ensure_model_topics, ensure_topics
 from topics.catalogue import Catalogue
-from topics.client import consumer_config, producer_config
+from topics.client import admin_config, consumer_config, producer_config
 from workers.backends import BatchModel, warm_up
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
 from workers.offsets import OffsetTracker
@@ -125,7 +125,6 @@ class Worker:
         """Partitions the broker has for ``topic`` (the selector's parallelism), None if unknown."""
         from confluent_kafka.admin import AdminClient
 
-        from topics.client import admin_config
 
         meta = AdminClient(admin_config(self.settings)).list_topics(topic, timeout=self.ws.start_timeout_s)
         found = meta.topics.get(topic)

@@ -98,7 +98,7 @@ from pathlib import Path
 import numpy as np
 
 from workers.backends import load_model
-from workers.spec import load_spec
+from registry.spec import load_spec
 
 
 class Degraded:
@@ -133,8 +133,8 @@ def train_all(repo: Path, progress: Any = print) -> dict[str, float]:
     assert (*sklearn_models, "mlp") == MODELS, "keep MODELS (and docker-compose.yml) in step"
     pt = train_torch_mlp(x_train, y_train)
     _write(repo / "mlp" / "1", {"model.pt": pt}, _spec("torch", file="model.pt"))
+    from registry.spec import load_spec
     from workers.backends import load_model
-    from workers.spec import load_spec
 
     mlp = load_model(load_spec(repo / "mlp" / "1"), device="cpu")
     accuracy["mlp"] = float((mlp.predict_batch(x_test).argmax(1) == y_test).mean())

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from clipstream.errors import ConfigError
 from selector.types import Feedback, Output, Query, State
 
 
@@ -32,7 +33,6 @@ class SelectionPolicy(Protocol):
 
 def cfg_float(config: Mapping[str, Any], key: str, default: float, lo: float | None = None, hi: float | None = None) -> float:
     """A float knob from the app's policy_config, checked, so a typo fails at load and not mid-stream."""
-    from clipstream.errors import ConfigError
 
     try:
         value = float(config.get(key, default))

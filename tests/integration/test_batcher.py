@@ -130,7 +130,7 @@ def test_one_process_serves_several_models_each_with_its_own_queue_and_version(
 ) -> None:
     """``--model`` twice: one process, one ready line; each model's requests go to its own batch
     topic with its own version, its own credit, and a version deployed later is followed live."""
-    from frontend.registry import RegistryWriter, wait_for
+    from registry.topic import RegistryWriter, wait_for
     from tests.models import make_python_model
 
     a, b = uniq("sa"), uniq("sb")

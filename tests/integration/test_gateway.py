@@ -23,8 +23,6 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.procs import predict_admitted, stop_process, wait_until
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clipstream.settings import Settings
@@ -32,8 +30,9 @@ from frontend.client import Client
 from frontend.gateway_kafka import watermarks
 from frontend.producer import Producer as QueryProducer
 from frontend.producer import ResponseReader
-from frontend.registry import RegistryWriter
+from registry.topic import RegistryWriter
 from schemas import decode_as, encode, from_tensor
+from tests.procs import predict_admitted, stop_process, wait_until
 from topics import Catalogue, consumer_config, producer_config
 
 pytestmark = pytest.mark.integration

@@ -91,7 +91,7 @@ def python_models(tmp: Path, suffix: str = "", slow_s: float = 1.0, flip: bool =
 
 def publish_app(settings: Settings, models: dict[str, Path], app: str, policy: str = "exp4",
                 slo_ms: float = 400.0, config: dict[str, float] | None = None) -> None:
-    from frontend.registry import RegistryWriter, wait_for
+    from registry.topic import RegistryWriter, wait_for
 
     with RegistryWriter(settings) as w:
         for name, path in models.items():

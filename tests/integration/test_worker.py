@@ -22,14 +22,14 @@ from confluent_kafka.admin import AdminClient
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
+from registry.spec import load_spec
 from schemas import decode_as, encode, from_tensor, to_tensor
-from tests.procs import stop_process
 from tests.models import digits, digits_logreg, make_onnx_digits_model, make_profile_model
+from tests.procs import stop_process
 from topics import Catalogue
 from topics.admin import ensure_core_topics
 from topics.client import admin_config, consumer_config, producer_config
 from workers.backends import load_model
-from workers.spec import load_spec
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

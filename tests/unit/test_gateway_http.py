@@ -20,9 +20,9 @@ from clipstream.errors import InfraError
 from clipstream.settings import Settings
 from frontend.gateway import create_app
 from frontend.gateway_http import RECEIVED_US, predict_app, stamped_protocol
-from frontend.registry import AppConfig, ModelConfig, RegistryView
 from frontend.settings import GatewaySettings
-from workers.spec import ModelSpec, OutputSpec, TensorSpec
+from registry.spec import ModelSpec, OutputSpec, TensorSpec
+from registry.topic import AppConfig, ModelConfig, RegistryView
 
 SPEC = ModelSpec(Path("/m"), "python", TensorSpec("float32", (2, 3)),
                  OutputSpec("class_scores", ("cat", "dog")), cls="x:Y")

@@ -7,7 +7,7 @@ import pytest
 
 from clipstream.errors import InputError
 from frontend.inputs import input_for, parse_input, parse_untyped
-from workers.spec import TensorSpec
+from registry.spec import TensorSpec
 
 GRID = TensorSpec("float32", (2, 3))
 

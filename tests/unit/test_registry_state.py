@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from clipstream.errors import ConfigError
-from frontend.appfile import load_app_file
-from frontend.registry import RegistryState
+from registry.appfile import load_app_file
+from registry.topic import RegistryState
 from schemas import encode
 
 MODEL_YAML = """backend: python

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from registry.spec import OutputSpec
 from schemas import encode, to_tensor
 from selector.outputs import AppOutputs, app_outputs, response_record, to_output
 from selector.types import Output
-from workers.spec import OutputSpec
 
 
 def test_to_output_reads_scores_labels_and_values() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from clipstream.up import Pipeline, wanted_stages
-from frontend.registry import ModelConfig, RegistryView
+from registry.topic import ModelConfig, RegistryView
 
 SPEC: Any = object()  # any non-None spec: the model loaded
 

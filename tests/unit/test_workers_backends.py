@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from clipstream.errors import ConfigError, ModelError
+from registry.spec import load_spec
 from tests.models import (
     CLOCKWORK,
     DIGITS_LABELS,
@@ -22,7 +23,6 @@ from tests.models import (
 from workers.backends import BatchModel, load_model, warm_up
 from workers.backends.onnx_backend import pick_output
 from workers.backends.profile_backend import LatencyProfile
-from workers.spec import load_spec
 
 
 class Doubler:

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from clipstream.errors import ModelError
+from registry.spec import OutputSpec, load_spec
 from schemas import decode_as, encode, from_tensor, to_tensor
 from tests.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
 from workers.backends import load_model
 from workers.batch import handle_batch, output_rows
-from workers.spec import OutputSpec, load_spec
 
 
 class Flaky:

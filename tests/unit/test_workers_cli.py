@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,9 +47,7 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch, models: dict[str, FakeModelCo
         def stop(self) -> None:
             calls.append("stop")
 
-    module = types.ModuleType("frontend.registry")
-    module.RegistryFollower = RegistryFollower  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "frontend.registry", module)
+    monkeypatch.setattr(cli, "RegistryFollower", RegistryFollower)
     return calls
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from clipstream.settings import Settings
+from registry.spec import load_spec
 from schemas import decode_as, encode, to_tensor
 from tests.models import make_profile_model
 from workers.backends import load_model
-from workers.spec import load_spec
 from workers.worker import Worker
 
 

@@ -13,8 +13,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from clipstream.errors import ConfigError
+from registry.spec import ModelSpec
 from workers.backends.devices import cuda_usable, resolve_device
-from workers.spec import ModelSpec
 
 # backend name -> "module:factory"; each factory is (spec, device, threads) -> BatchModel
 BACKENDS: dict[str, str] = {

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from clipstream.errors import ConfigError, ModelError
+from registry.spec import ModelSpec
 from workers.backends.devices import CUDA_EP, onnx_providers, thread_count
-from workers.spec import ModelSpec
 
 # onnxruntime's type strings -> numpy dtypes, to feed the graph what it declares
 _ORT_TYPES = {

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from clipstream.errors import ConfigError
-from workers.spec import ModelSpec
+from registry.spec import ModelSpec
 
 # Clockwork (OSDI'20) ResNet-50 on a V100: batch size -> ms
 CLOCKWORK_RESNET50: dict[int, float] = {1: 2.61, 2: 3.78, 4: 5.61, 8: 9.13, 16: 15.67}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from clipstream.errors import ConfigError, ModelError
-from workers.spec import ModelSpec
+from registry.spec import ModelSpec
 
 
 def import_class(folder: Path, target: str) -> type:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from clipstream.errors import ConfigError, ModelError
+from registry.spec import ModelSpec
 from workers.backends.devices import thread_count
-from workers.spec import ModelSpec
 
 
 class TorchModel:

@@ -14,10 +14,10 @@ from typing import Any
 from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 from clipstream.yamlfile import read_mapping
-from frontend.registry import RegistryView, RegistryWriter, read_view
+from registry.spec import load_spec
+from registry.topic import RegistryView, RegistryWriter, read_view
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
-from workers.spec import load_spec
 
 POLICIES_BUILTIN = ("exp3", "exp4", "single")
 _MODEL_KNOBS = ("latency_objective_ms", "max_batch_size", "batch_delay_ms")

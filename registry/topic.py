@@ -22,11 +22,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from clipstream.clock import now_us
 from clipstream.errors import ConfigError, DecodeError, InfraError
 from clipstream.settings import Settings
+from registry.spec import ModelSpec, load_spec
 from schemas import decode, encode
 from topics.admin import ensure_core_topics, watermarks
 from topics.catalogue import Catalogue, check_name
 from topics.client import consumer_config, producer_config
-from workers.spec import ModelSpec, load_spec
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""batchers stage of clipstream (see DESIGN.md)."""
+"""batchers stage of clipstream: cache, deadline queue, AIMD, dispatch (see docs/design/)."""

@@ -5,8 +5,8 @@ lookups, the batching loops, delivery reports, readiness). Its own Kafka consume
 producer are switched off (faust's ``BootStrategy``): the batcher's Kafka I/O is one record
 per query at batch size 1, and librdkafka does it for a fraction of the CPU. Both kinds of
 topic it reads, ``requests.<model>`` and ``batch-stats.<model>`` (one record per batch), come
-in through librdkafka consumer threads (``intake.py`` says why: a fifth of a faust agent's CPU
-per record); what it writes goes out through a librdkafka producer (a third of faust's or less).
+in through ``topics.intake`` consumer threads (a fifth of a faust agent's CPU per record); what
+it writes goes out through a ``topics.emitter`` producer (a third of faust's or less).
 One process may serve several models (``create_app``); every decision lives in ``core.py`` and
 the modules under it, and the I/O of one model in ``service.py``.
 """
@@ -25,18 +25,18 @@ from typing import Any
 
 import faust
 import redis.asyncio as aioredis
-from confluent_kafka import Producer
 from faust.app.base import BootStrategy
 
-from batchers.intake import Intake, Record
-from batchers.service import BatcherService, ModelSetup, serve_deliveries
+from batchers.service import BatcherService, ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.errors import ConfigError
-from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
 from topics.admin import ensure_core_topics, ensure_model_topics
 from topics.catalogue import Catalogue
-from topics.client import aiokafka_kwargs, producer_config
+from topics.client import aiokafka_kwargs
+from topics.emitter import Emitter
+from topics.intake import Intake, Record
+from topics.stage import announce_ready
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -110,10 +110,10 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
     def services() -> dict[str, BatcherService]:
         # created inside the running loop (asyncio primitives and the Redis pool bind to it)
         if "s" not in holder:
-            producer = Producer(producer_config(settings))
+            emitter = Emitter(settings, name=f"batcher {label}")
             redis = aioredis.from_url(settings.redis_url)
-            holder["producer"] = producer
-            holder["s"] = {m.name: BatcherService(settings, bs, m, producer, redis) for m in models}
+            holder["emitter"] = emitter
+            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis) for m in models}
         return holder["s"]
 
     def route(accept: Callable[[BatcherService, list[Record]], None],
@@ -143,7 +143,7 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
     @app.task
     async def deliveries() -> None:
         services()
-        await serve_deliveries(holder["producer"], label)
+        await holder["emitter"].serve_reports()
 
     def model_loops(name: str) -> list[Callable[[], Coroutine[Any, Any, None]]]:
         async def lookups() -> None:
@@ -164,8 +164,7 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
     async def announce() -> None:
         while "intakes" not in holder or not all(i.ready.is_set() for i in holder["intakes"]):
             await asyncio.sleep(0.05)
-        freeze_startup_heap()
-        print(f"ready: batcher {label}", flush=True)
+        announce_ready("batcher", label)
         last: dict[str, str] = {}
         while True:
             await asyncio.sleep(max(0.2, min(1.0, bs.stats_log_interval_s or 1.0)))

@@ -13,8 +13,9 @@ result instead of occupying batch slots of their own. No Kafka or Redis here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from schemas import Tensor
 
 T = TypeVar("T")
 
@@ -22,16 +23,16 @@ KEY_PREFIX = "cs:cache:"
 NO_VERSION = "-"
 
 
-def input_digest(tensor: Mapping[str, Any]) -> str:
+def input_digest(tensor: Tensor) -> str:
     """sha1 hex of ``dtype|shape|raw bytes`` of a Tensor record."""
-    shape = ",".join(str(int(d)) for d in tensor["shape"])
+    shape = ",".join(str(int(d)) for d in tensor.shape)
     h = hashlib.sha1()
-    h.update(f"{tensor['dtype']}|{shape}|".encode())
-    h.update(tensor["data"])
+    h.update(f"{tensor.dtype}|{shape}|".encode())
+    h.update(tensor.data)
     return h.hexdigest()
 
 
-def cache_key(model: str, version: str | None, tensor: Mapping[str, Any]) -> str:
+def cache_key(model: str, version: str | None, tensor: Tensor) -> str:
     """``cs:cache:<model>:<version>:<sha1(dtype|shape|bytes)>``; version None is written ``-``."""
     return f"{KEY_PREFIX}{model}:{version or NO_VERSION}:{input_digest(tensor)}"
 

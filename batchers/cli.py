@@ -21,12 +21,13 @@ from batchers.service import ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import get_settings, settings_or_exit
-from registry.topic import RegistryFollower
+from registry.topic import ModelConfig, RegistryFollower
 from topics.catalogue import check_name
 
 
-def _from_registry(settings: Any, models: list[str], timeout_s: float) -> tuple[Any, dict[str, Any]]:
-    """(follower, model name -> ModelConfig or None); imported lazily: frontend is another stage."""
+def _from_registry(settings: Any, models: list[str],
+                   timeout_s: float) -> tuple[RegistryFollower, dict[str, ModelConfig | None]]:
+    """(follower, model name -> ModelConfig or None)."""
 
     follower = RegistryFollower(settings).start()
     view = follower.wait_ready(timeout_s)
@@ -62,7 +63,8 @@ def batcher(
         if len(model_names) > 1 and (version is not None or replicas is not None):
             raise ConfigError("--version and --replicas name one model's; with several --model the "
                               "registry gives each model's (deploy them first)")
-        follower, cfgs = None, {}
+        follower: RegistryFollower | None = None
+        cfgs: dict[str, ModelConfig | None] = {}
         if version is None or replicas is None:
             follower, cfgs = _from_registry(settings, list(model_names), bs.registry_timeout_s)
             missing = [n for n in model_names if cfgs.get(n) is None]

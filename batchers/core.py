@@ -12,34 +12,34 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from batchers.cache import Coalescer
 from batchers.dispatch import Dispatcher, InFlight, Replica
 from batchers.queue import DeadlineQueue
+from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Tensor
 
 
 @dataclass
 class Pending:
     """A request the batcher holds: the decoded ModelRequest and its cache key."""
 
-    request: dict[str, Any]
+    request: ModelRequest
     key: str | None
     arrival_us: int
 
     @property
     def deadline_us(self) -> int:
-        return int(self.request["deadline_us"])
+        return self.request.deadline_us
 
     @property
     def partition(self) -> int:
-        return int(self.request["selector_partition"])
+        return self.request.selector_partition
 
 
 @dataclass
 class SentBatch:
     replica: int
-    record: dict[str, Any]
+    record: Batch
     flight: InFlight
 
 
@@ -156,38 +156,36 @@ class BatcherCore:
     def _batch(self, replica: int, items: list[Pending], now_us: int) -> SentBatch:
         self._count += 1
         batch_id = f"{self._prefix}-{self._count}"
-        record = {
-            "batch_id": batch_id,
-            "model": self.model,
-            "version": self.version,
-            "replica": replica,
-            "created_us": now_us,
-            "items": [
-                {
-                    "query_id": p.request["query_id"],
-                    "selector_partition": p.partition,
-                    "deadline_us": p.deadline_us,
-                    "cache_key": p.key,
-                    "input": p.request["input"],
-                    "trace": {**p.request.get("trace", {}), "batched": now_us},
-                }
+        record = Batch(
+            batch_id=batch_id,
+            model=self.model,
+            version=self.version,
+            replica=replica,
+            created_us=now_us,
+            items=[
+                BatchItem(
+                    query_id=p.request.query_id,
+                    selector_partition=p.request.selector_partition,
+                    deadline_us=p.request.deadline_us,
+                    cache_key=p.key,
+                    input=p.request.input,
+                    trace={**p.request.trace, "batched": now_us},
+                )
                 for p in items
             ],
-        }
+        )
         keys = tuple(p.key for p in items if p.key is not None) if self.coalesce else ()
         flight = self.dispatcher.sent(replica, batch_id, len(items), now_us, keys)
         return SentBatch(replica, record, flight)
 
     # -- feedback from workers ----------------------------------------------------------
-    def on_stats(self, stats: dict[str, Any], now_us: int | None = None) -> list[str]:
+    def on_stats(self, stats: BatchStats, now_us: int | None = None) -> list[str]:
         """A worker's BatchStats: credit back, AIMD input. Returns keys whose waiters need values.
 
         Keys nobody waits on are forgotten at once; the others stay pending until
         ``deliver`` so that identical requests arriving meanwhile still coalesce.
         """
-        flight = self.dispatcher.completed(
-            str(stats["batch_id"]), int(stats["batch_size"]), int(stats["service_us"]), now_us
-        )
+        flight = self.dispatcher.completed(stats.batch_id, stats.batch_size, stats.service_us, now_us)
         if flight is None:
             return []
         wanted = []
@@ -198,7 +196,7 @@ class BatcherCore:
                 self.coalescer.resolve(key)
         return wanted
 
-    def deliver(self, key: str, value: Any | None, now_us: int) -> tuple[list[Pending], list[Pending]]:
+    def deliver(self, key: str, value: Tensor | None, now_us: int) -> tuple[list[Pending], list[Pending]]:
         """The cached value of ``key`` (None: not in the cache after all).
 
         Returns (served, expired): waiters to answer with ``value``, and waiters that could
@@ -215,25 +213,23 @@ class BatcherCore:
 
 def prediction(
     pending: Pending, model: str, version: str | None, status: str, now_us: int,
-    output: dict[str, Any] | None = None, error: str | None = None,
-) -> dict[str, Any]:
+    output: Tensor | None = None, error: str | None = None,
+) -> Prediction:
     """A Prediction record for a request the batcher answers itself (cached or expired)."""
-    trace = dict(pending.request.get("trace", {}))
-    trace["batched"] = now_us
-    return {
-        "query_id": pending.request["query_id"],
-        "model": model,
-        "version": version,
-        "status": status,
-        "output": output,
-        "error": error,
-        "trace": trace,
-    }
+    return Prediction(
+        query_id=pending.request.query_id,
+        model=model,
+        version=version,
+        status=status,
+        output=output,
+        error=error,
+        trace={**pending.request.trace, "batched": now_us},
+    )
 
 
-def by_partition(items: Iterable[tuple[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+def by_partition(items: Iterable[tuple[int, Prediction]]) -> dict[int, Predictions]:
     """Group predictions into one Predictions record per selector partition."""
-    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[int, list[Prediction]] = defaultdict(list)
     for partition, pred in items:
         groups[partition].append(pred)
-    return {p: {"selector_partition": p, "items": preds} for p, preds in groups.items()}
+    return {p: Predictions(selector_partition=p, items=preds) for p, preds in groups.items()}

@@ -27,14 +27,16 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
-from batchers.intake import Record
 from batchers.settings import BatcherSettings
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, DecodeError
 from clipstream.settings import Settings
-from schemas import decode_as, encode, from_tensor
+from registry.spec import ModelSpec
+from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
 from topics.catalogue import Catalogue
-from topics.client import producer_config
+from topics.deadletters import dead_letter_value
+from topics.emitter import Emitter
+from topics.intake import Record
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -49,7 +51,7 @@ class ModelSetup:
     max_batch_size: int
     batch_delay_ms: float
     cache: bool = True
-    spec: Any = None  # registry.spec.ModelSpec when the registry knows it
+    spec: ModelSpec | None = None  # when the registry knows it
 
 
 class BatcherService:
@@ -77,20 +79,20 @@ class BatcherService:
                                 drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))
         self.redis = (redis or aioredis.from_url(settings.redis_url)) if model.cache else None
         self.wake = asyncio.Event()
-        self.arrived: list[tuple[dict[str, Any], int]] = []
+        self.arrived: list[tuple[ModelRequest, int]] = []  # (request, arrival)
         self.arrived_event = asyncio.Event()
         self.outbox: list[tuple[str, bytes, int | None]] = []  # dead letters from ``accept``
-        self.failed: list[tuple[int, dict[str, Any]]] = []  # error predictions from ``accept``
+        self.failed: list[tuple[int, Prediction]] = []  # error predictions from ``accept``
         self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
         self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0,
                        "send_errors": 0}
-        self.producer = producer or Producer(producer_config(settings))
+        self.producer = producer or Emitter(settings, name=f"batcher {model.name}").producer
 
     # -- producing --------------------------------------------------------------------
     # librdkafka, not faust's aiokafka producer: a record sent one at a time cost ~260–430 µs of
     # CPU through faust against ~70–110 µs through librdkafka, whose own thread does the I/O
     # (``python -m bench.intake``), and at batch size 1 the batcher sends one record per
-    # query. ``produce`` only queues the record (acks=1); ``serve_deliveries`` polls for the delivery reports.
+    # query. ``produce`` only queues the record (acks=1); ``Emitter.serve_reports`` polls for the delivery reports.
     def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
         produce = self.producer.produce
         for topic, value, partition in records:
@@ -105,27 +107,18 @@ class BatcherService:
             self.counts["send_errors"] += 1
             log.warning("a record for %s was not delivered: %s", msg.topic(), err)
 
-    def _predictions(self, preds: list[tuple[int, dict[str, Any]]]) -> list[tuple[str, bytes, int | None]]:
+    def _predictions(self, preds: list[tuple[int, Prediction]]) -> list[tuple[str, bytes, int | None]]:
         """One ``Predictions`` record per selector partition."""
         topic = self.topic_predictions
-        return [(topic, encode("Predictions", record), partition) for partition, record in by_partition(preds).items()]
+        return [(topic, encode(record), partition) for partition, record in by_partition(preds).items()]
 
-    def _emit(self, preds: list[tuple[int, dict[str, Any]]]) -> None:
+    def _emit(self, preds: list[tuple[int, Prediction]]) -> None:
         self._send_all(self._predictions(preds))
 
     def _deadletter_record(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
                            query_id: str | None = None) -> tuple[str, bytes, int | None]:
-        record = {
-            "stage": "batcher",
-            "reason": reason,
-            "source_topic": where[0] if where else None,
-            "source_partition": where[1] if where else None,
-            "source_offset": where[2] if where else None,
-            "query_id": query_id,
-            "payload": payload,
-            "created_us": now_us(),
-        }
-        return self.topic_deadletter, encode("DeadLetter", record), None
+        value = dead_letter_value(stage="batcher", reason=reason, source=where, query_id=query_id, payload=payload)
+        return self.topic_deadletter, value, None
 
     # -- requests -----------------------------------------------------------------------
     def accept_group(self, records: list[Record]) -> None:
@@ -139,18 +132,18 @@ class BatcherService:
     def _accept(self, value: bytes | None, where: tuple[str, int, int]) -> None:
         arrival = now_us()
         try:
-            request = decode_as("ModelRequest", value)  # type: ignore[arg-type]  # None: DecodeError
+            request = decode_as(ModelRequest, value)  # type: ignore[arg-type]  # None: DecodeError
         except DecodeError as exc:
             self.outbox.append(self._deadletter_record(str(exc), value, where))
             return
-        request["trace"]["batcher_in"] = arrival
+        request.trace["batcher_in"] = arrival
         try:
-            array = from_tensor(request["input"])
+            array = request.input.array()
             if self.model.spec is not None:
                 self.model.spec.input.check(array)
         except ClipstreamError as exc:
             self.counts["errors"] += 1
-            self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request["query_id"]))
+            self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request.query_id))
             p = Pending(request, None, arrival)
             self.failed.append((p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
                                                         error=f"bad input: {exc}")))
@@ -174,7 +167,7 @@ class BatcherService:
                 continue
             version = self.core.version
             pendings = [
-                Pending(r, cache_key(self.model.name, version, r["input"]) if self.redis else None, t)
+                Pending(r, cache_key(self.model.name, version, r.input) if self.redis else None, t)
                 for r, t in group
             ]
             values: list[bytes | None] = [None] * len(pendings)
@@ -183,7 +176,7 @@ class BatcherService:
                     values = await self.redis.mget([p.key for p in pendings])
                 except Exception as exc:  # Redis down: serve from the models, not from nothing
                     log.warning("cache lookup failed (%s); treating %d requests as misses", exc, len(pendings))
-            hits: list[tuple[int, dict[str, Any]]] = []
+            hits: list[tuple[int, Prediction]] = []
             now = now_us()
             for p, raw in zip(pendings, values):
                 output = self._decode_cached(raw)
@@ -198,11 +191,11 @@ class BatcherService:
                 self.wake.set()
 
     @staticmethod
-    def _decode_cached(raw: bytes | None) -> dict[str, Any] | None:
+    def _decode_cached(raw: bytes | None) -> Tensor | None:
         if raw is None:
             return None
         try:
-            return decode_as("Tensor", raw)
+            return decode_as(Tensor, raw)
         except DecodeError:
             return None  # a foreign or corrupt entry: evaluate again (the worker overwrites it)
 
@@ -215,7 +208,7 @@ class BatcherService:
         now = now_us()
         for value, where in records:
             try:
-                stats = decode_as("BatchStats", value)  # type: ignore[arg-type]  # None: DecodeError
+                stats = decode_as(BatchStats, value)  # type: ignore[arg-type]  # None: DecodeError
             except DecodeError as exc:
                 self.outbox.append(self._deadletter_record(str(exc), value, where))
                 self.arrived_event.set()  # the lookup task sends the outbox
@@ -235,7 +228,7 @@ class BatcherService:
             except Exception as exc:
                 log.warning("cache fetch for coalesced requests failed: %s", exc)
         now = now_us()
-        out: list[tuple[int, dict[str, Any]]] = []
+        out: list[tuple[int, Prediction]] = []
         for key, raw in zip(keys, values):
             output = self._decode_cached(raw)
             served, expired = self.core.deliver(key, output, now)
@@ -243,11 +236,11 @@ class BatcherService:
                     for p in served]
             out += self._expired(expired, now)
         if out:
-            self.counts["cached"] += sum(1 for _, p in out if p["status"] == "cached")
+            self.counts["cached"] += sum(1 for _, p in out if p.status == "cached")
             self._emit(out)
         self.wake.set()  # requests sent back to the queue
 
-    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[int, dict[str, Any]]]:
+    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[int, Prediction]]:
         self.counts["expired"] += len(pendings)
         return [
             (p.partition, prediction(p, self.model.name, self.core.version, "expired", now,
@@ -264,8 +257,8 @@ class BatcherService:
             out = []
             for sent in step.batches:
                 self.counts["batches"] += 1
-                self.counts["batched"] += len(sent.record["items"])
-                out.append((self.topic_batches, encode("Batch", sent.record), sent.replica))
+                self.counts["batched"] += len(sent.record.items)
+                out.append((self.topic_batches, encode(sent.record), sent.replica))
             if step.expired:
                 out += self._predictions(self._expired(step.expired, now))
             if out:
@@ -283,7 +276,7 @@ class BatcherService:
         return json.dumps({"model": self.model.name, **self.counts, "queued": len(self.core.queue),
                            "replicas": self.core.dispatcher.stats()})
 
-    def resize(self, replicas: int, version: str | None, spec: Any = None) -> None:
+    def resize(self, replicas: int, version: str | None, spec: ModelSpec | None = None) -> None:
         """Follow the registry: a new replica count or a new version (new cache keys, and
         the new version's input check when the registry gives one)."""
         if replicas != len(self.core.dispatcher.replicas):
@@ -294,14 +287,3 @@ class BatcherService:
             self.model.spec = spec
         self.wake.set()
 
-
-async def serve_deliveries(producer: Producer, models: str) -> None:
-    """Delivery reports while nothing else polls the producer; at the end, wait for what is queued."""
-    try:
-        while True:
-            producer.poll(0)
-            await asyncio.sleep(0.1)
-    finally:
-        left = producer.flush(5)
-        if left:
-            log.warning("batcher %s stopped with %d records undelivered", models, left)

@@ -1,1 +1,1 @@
-"""bench stage of clipstream (see DESIGN.md)."""
+"""clipstream's benchmarks: ``make bench`` runs them all (see README.md, Benchmarks)."""

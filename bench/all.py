@@ -21,9 +21,9 @@ import traceback
 from bench.common import OUT, say
 from bench.machine import machine_info
 
-ORDER = ("intake", "breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "gateway", "join", "batching")
+ORDER = ("breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "gateway", "join", "batching")
 # run as their own process: name -> extra arguments of the quick mode
-SUBPROCESS = {"intake": ["--quick"], "batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
+SUBPROCESS = {"batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
 BUDGET_S = 40 * 60
 
 

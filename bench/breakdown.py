@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,9 @@ from bench import load
 from bench.load_kafka import KafkaLoad
 from bench.common import OUT, Pipeline, figure, load_step, save_figure, say, wait_warm, write_app_file, write_json
 from bench.machine import machine_info
+from bench.stats import percentiles
+from bench.tap import Tap
+from schemas import Record, Response
 
 SEGMENTS: list[tuple[str, str, str]] = [
     ("gateway", "sent", "produced"),
@@ -97,51 +99,25 @@ def table(parts: list[dict[str, float]]) -> dict[str, dict[str, float]]:
         names += [n for n, _, _ in REPLY_SPLIT]
     for name in names:
         v = np.array([p[name] for p in parts], dtype=np.float64)
-        out[name] = {"p50": float(np.median(v)), "mean": float(v.mean()), "p99": float(np.percentile(v, 99))} \
-            if v.size else {"p50": float("nan"), "mean": float("nan"), "p99": float("nan")}
+        pct = percentiles(v, (50, 99))
+        out[name] = {"p50": pct["p50"], "mean": float(v.mean()) if v.size else float("nan"), "p99": pct["p99"]}
     return out
 
 
-class ReplyTap:
-    """Reads the gateway's reply topic (assigned, no group): query id -> Response trace."""
+def reply_tap(settings: Any, instance: str, traces: dict[str, dict[str, int]]) -> Tap:
+    """Reads the gateway's reply topic into ``traces``: query id -> Response trace."""
+    from topics.catalogue import Catalogue
 
-    def __init__(self, settings: Any, instance: str) -> None:
-        from confluent_kafka import Consumer, TopicPartition
+    def on(rec: Record, msg: Any, arrived_us: int) -> None:
+        if isinstance(rec, Response):
+            traces[rec.query_id] = dict(rec.trace)
 
-        from schemas import decode_as
-        from topics.admin import watermarks
-        from topics.catalogue import Catalogue
-        from topics.client import consumer_config
-
-        self.decode = decode_as
-        topic = Catalogue.from_settings(settings).replies(instance).name
-        self.consumer = Consumer(consumer_config(settings, f"bench-tap-{instance}",
-                                                 **{"enable.auto.commit": False}))
-        _, high = watermarks(self.consumer, TopicPartition(topic, 0))
-        self.consumer.assign([TopicPartition(topic, 0, max(high, 0))])
-        self.traces: dict[str, dict[str, int]] = {}
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop_event.is_set():
-            first = self.consumer.poll(0.05)
-            if first is None:
-                continue
-            for m in [first, *self.consumer.consume(999, 0)]:
-                if not m.error():
-                    rec = self.decode("Response", m.value())
-                    self.traces[rec["query_id"]] = dict(rec.get("trace") or {})
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(5)
-        self.consumer.close()
+    return Tap(settings, [Catalogue.from_settings(settings).replies(instance)],
+               group=f"bench-tap-{instance}").start(on)
 
 
 def build(root: Path) -> Path:
-    from tests.models import make_onnx_digits_model, make_profile_model
+    from clipstream.testing.models import make_onnx_digits_model, make_profile_model
 
     onnx = make_onnx_digits_model(root / "models", "logreg")
     ens = [make_onnx_digits_model(root / "models", f"e{k}") for k in range(5)]
@@ -173,13 +149,14 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             for app in ("digits", "sim", "ens5"):
                 wait_warm(pipe.url, app, body)
             kl = KafkaLoad(pipe.settings(), keep_trace=True)
-            tap = ReplyTap(pipe.settings(), Pipeline.GATEWAY_INSTANCE)
+            traces: dict[str, dict[str, int]] = {}
+            tap = reply_tap(pipe.settings(), Pipeline.GATEWAY_INSTANCE, traces)
             try:
                 for i, (app, mode, rate) in enumerate(cases):
                     step = load_step(pipe, app, rate, SLO_MS, duration, mode=mode, kafka_load=kl, seed=i + 1,
                                      label=f"{app} ")
                     run = step.pop("_run")
-                    parts = parts_of(run.results, tap.traces if mode == "gateway" else None)
+                    parts = parts_of(run.results, traces if mode == "gateway" else None)
                     step["breakdown_ms"] = table(parts)
                     step["traced_queries"] = len(parts)
                     report["cases"][f"{app}/{mode}/{rate:g}"] = step
@@ -187,7 +164,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                         + f"  (medians, ms, {len(parts)} queries)")
                     say("    CPU ms/query: " + ", ".join(f"{k} {v}" for k, v in step["cpu_ms_per_query"].items()))
             finally:
-                tap.stop()
+                tap.close()
                 kl.close()
     write_json("breakdown", report, out_dir)
     fig, axes = figure(1, 2, size=(14, 5))

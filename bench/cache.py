@@ -44,8 +44,7 @@ ACCEL_SPEED = 1 / 8
 
 
 def build(root: Path, kind: str = "onnx") -> Path:
-    from bench.efficiency import CLOCKWORK
-    from tests.models import make_onnx_digits_model, make_profile_model
+    from clipstream.testing.models import CLOCKWORK, make_onnx_digits_model, make_profile_model
 
     def make(k: int) -> Path:
         if kind == "onnx":

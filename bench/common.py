@@ -1,4 +1,14 @@
-"""Shared helpers of the benchmarks: a private pipeline, per-process CPU, JSON and PNG reports.
+"""The benchmarks' harness: a private pipeline, load steps on it, JSON and PNG reports.
+
+The scenarios (``bench.e2e``, ``bench.efficiency``, ...) are built from the same parts:
+
+- the pipeline: ``Pipeline`` here (``bench.batching`` starts the batcher and worker alone);
+- the load generator: ``bench.load`` (arrivals, outcomes, their summary), driven through the
+  gateway (``bench.load_http``) or straight into Kafka (``bench.load_kafka``), one step at a
+  time by ``load_step`` / ``sweep`` / ``warm_up`` here;
+- the statistics: ``bench.stats`` (the one percentile definition), per-process CPU from
+  ``bench.machine``, and ``bench.tap`` to read what the pipeline writes to a topic;
+- the report: ``write_json`` and ``figure`` / ``save_figure`` here.
 
 ``Pipeline`` runs ``clipstream up -f app.yaml --free-ports --state-dir DIR --gateway-port P``
 with its own Kafka and Redis (the environment points at unused ports, so an infrastructure
@@ -21,8 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -168,24 +177,6 @@ class Pipeline:
         self.stop()
 
 
-@contextmanager
-def private_infra(log: Callable[[str], None] = say) -> Iterator[tuple[Any, dict[str, str], Any]]:
-    """A broker and Redis of our own on unused ports, for a benchmark that needs no pipeline:
-    yields the settings, the environment that points child processes at them, and the
-    launcher's status (pids)."""
-    from clipstream.infra import launcher
-    from clipstream.settings import Settings
-
-    with tempfile.TemporaryDirectory(prefix="clipstream-bench-") as tmp:
-        infra = Settings(state_dir=Path(tmp) / "state")
-        status = launcher.up(infra, free_ports=True, progress=lambda m: log(f"  infra: {m}"), die_with_parent=True)
-        try:
-            yield (Settings(kafka_bootstrap=status.kafka_bootstrap, redis_url=status.redis_url),
-                   {**os.environ, **status.env()}, status)
-        finally:
-            launcher.down(infra)
-
-
 def wait_warm(url: str, app: str, body: bytes, n: int = 20, timeout_s: float = 60.0) -> None:
     """A few sequential predictions, until real (non-default) answers come back: topics,
     consumer assignments and model warm-up are done before anything is measured."""
@@ -246,14 +237,6 @@ def save_figure(fig: Any, name: str, out_dir: Path = OUT) -> Path:
     return path
 
 
-def median(xs: Iterable[float]) -> float:
-    vals = sorted(xs)
-    if not vals:
-        return float("nan")
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-
-
 # --- load steps -------------------------------------------------------------------------------
 
 
@@ -293,8 +276,8 @@ def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = 
     """A discarded open-loop step at moderate load: a fresh broker and fresh stages run cold
     (JIT, pools, caches) for seconds, which would otherwise land in the first measurement.
     The broker's JIT is the slow one: over a fresh broker's first two minutes of light load its
-    compiler threads used almost as much CPU as its request threads (``bench.intake``), so the
-    step is followed by more until they are quiet (``warm_until_jit_quiet``)."""
+    compiler threads use almost as much CPU as its request threads, so the step is followed by
+    more until they are quiet (``warm_until_jit_quiet``)."""
     load_step(pipe, app, rate, 50.0, seconds, mode=mode, kafka_load=kafka_load, inputs=inputs,
               seed=7, label=f"warm-up {app} (not reported) ").pop("_run")
     # then on, 10 s at a time, while the broker is still compiling

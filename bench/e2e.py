@@ -28,7 +28,7 @@ RATES = [50, 75, 110, 160, 230, 330, 470, 670, 950, 1350]
 
 
 def build(root: Path) -> Path:
-    from tests.models import make_onnx_digits_model, make_profile_model
+    from clipstream.testing.models import make_onnx_digits_model, make_profile_model
 
     onnx = make_onnx_digits_model(root / "models", "logreg")
     sim = make_profile_model(root / "models", "accel")

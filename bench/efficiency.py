@@ -33,10 +33,14 @@ from bench import load
 from bench.load_kafka import KafkaLoad
 from bench.common import (OUT, Pipeline, figure, load_step, save_figure, say, strip_rows, wait_warm, write_app_file,
                           write_json)
+from bench.batching.helpers import device_max, latency_fn
 from bench.machine import machine_info
+from bench.stats import percentile
+from bench.tap import Tap
+from schemas import BatchStats, Record
 from clipstream.clock import now_us
+from clipstream.testing.models import CLOCKWORK
 
-CLOCKWORK: dict[int, float] = {1: 2.61, 2: 3.78, 4: 5.61, 8: 9.13, 16: 15.67}
 SPEED = 1 / 8  # the simulated device is 8x slower than the table: ~120 q/s at a 200 ms SLO
 SLO_MS = 200.0
 FRACTIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
@@ -44,19 +48,10 @@ FRACTIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
 
 def device_bound(table: Mapping[int, float], budget_ms: float, speed: float = 1.0,
                  max_batch: int = 1024) -> tuple[int, float, float]:
-    """(batch size, its latency ms, throughput q/s) of the best batch whose latency fits the budget."""
-    from workers.backends.profile_backend import LatencyProfile
-
-    prof = LatencyProfile(table)
-    best = (0, 0.0, 0.0)
-    for b in range(1, max_batch + 1):
-        ms = prof.latency_ms(b) / speed
-        if ms > budget_ms:
-            break
-        qps = b / ms * 1000.0
-        if qps > best[2]:
-            best = (b, ms, qps)
-    return best
+    """(batch size, its latency ms, throughput q/s) of the best batch whose latency fits the budget,
+    on the profile ``table`` run ``speed`` times as fast (``bench.batching.helpers.device_max``)."""
+    best = device_max(latency_fn(table), budget_ms, max_batch, slowdown=1 / speed)
+    return int(best["batch_size"]), best["latency_ms"], best["qps"]
 
 
 def ideal_goodput(times_s: Any, slo_ms: float, cap: int, table: Mapping[int, float], speed: float,
@@ -64,14 +59,12 @@ def ideal_goodput(times_s: Any, slo_ms: float, cap: int, table: Mapping[int, flo
     """Goodput (q/s within the SLO, arrivals after warm-up) of a zero-overhead greedy batcher:
     whenever the device is free it runs everything queued (up to ``cap``), after dropping the
     requests that could no longer finish in time."""
-    from workers.backends.profile_backend import LatencyProfile
-
-    prof = LatencyProfile(table)
+    latency_ms = latency_fn(table)
     arr = [t * 1000.0 for t in times_s]
     t, i, good, n = 0.0, 0, 0, len(arr)
     while i < n:
         t = max(t, arr[i])
-        while i < n and arr[i] + slo_ms < t + prof.latency_ms(1) / speed:
+        while i < n and arr[i] + slo_ms < t + latency_ms(1) / speed:
             i += 1  # hopeless: dropped, like the batcher does
         if i >= n:
             break
@@ -79,40 +72,28 @@ def ideal_goodput(times_s: Any, slo_ms: float, cap: int, table: Mapping[int, flo
         j = i
         while j < n and arr[j] <= t and j - i < cap:
             j += 1
-        done = t + prof.latency_ms(j - i) / speed
+        done = t + latency_ms(j - i) / speed
         good += sum(1 for a in arr[i:j] if a >= warmup_s * 1000 and done - a <= slo_ms)
         t, i = done, j
     return good / max(1e-9, duration_s - warmup_s)
 
 
 class BatchStatsTap:
-    """Reads the model's ``batch-stats`` topic: the device's busy time per step."""
+    """Reads the model's ``batch-stats`` topic (``bench.tap``): the device's busy time per step."""
 
     def __init__(self, settings: Any, model: str, expected_ms: Any = None) -> None:
-        import threading
-        import uuid
+        from topics import Catalogue
 
-        from confluent_kafka import Consumer
-
-        from topics import Catalogue, consumer_config
-
-        self.consumer = Consumer(consumer_config(settings, f"bench-eff-{uuid.uuid4().hex[:6]}"))
-        self.consumer.subscribe([Catalogue.from_settings(settings).batch_stats(model).name])
         self.rows: list[tuple[int, int, int]] = []  # (created_us, service_us, batch_size)
         self.expected_ms = expected_ms  # batch size -> the table's latency, to report the overshoot
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self.tap = Tap(settings, [Catalogue.from_settings(settings).batch_stats(model)]).start(self._on)
 
-    def _run(self) -> None:
-        from schemas import decode_as
+    def _on(self, r: Record, msg: Any, arrived_us: int) -> None:
+        if isinstance(r, BatchStats):
+            self.rows.append((r.created_us, r.service_us, r.batch_size))
 
-        while not self.stop.is_set():
-            for msg in self.consumer.consume(200, 0.1):
-                if msg.error() is None:
-                    r = decode_as("BatchStats", msg.value())
-                    self.rows.append((r["created_us"], r["service_us"], r["batch_size"]))
-        self.consumer.close()
+    def close(self) -> None:
+        self.tap.close()
 
     def between(self, t0_us: int, t1_us: int) -> dict[str, Any]:
         rows = [r for r in self.rows if t0_us <= r[0] < t1_us]
@@ -120,17 +101,14 @@ class BatchStatsTap:
         mean = sum(r[2] for r in rows) / len(rows) if rows else 0.0
         out: dict[str, Any] = {"device_busy": round(busy, 3), "mean_batch": round(mean, 2), "batches": len(rows)}
         if self.expected_ms is not None and rows:
-            import numpy as np
-
             # measured service time over the table's: what AIMD sees beyond the device itself
-            over = np.array([r[1] / 1000 - self.expected_ms(r[2]) for r in rows])
-            out["service_over_table_ms"] = {"p50": round(float(np.median(over)), 2),
-                                            "p99": round(float(np.percentile(over, 99)), 2)}
+            over = [r[1] / 1000 - self.expected_ms(r[2]) for r in rows]
+            out["service_over_table_ms"] = {"p50": round(percentile(over, 50), 2), "p99": round(percentile(over, 99), 2)}
         return out
 
 
 def build(root: Path, replicas: int = 1, name: str = "accel", speed: float = SPEED, slo_ms: float = SLO_MS) -> Path:
-    from tests.models import make_profile_model
+    from clipstream.testing.models import make_profile_model
 
     folder = make_profile_model(root / "models", name, table=CLOCKWORK, speed=speed)
     b, _, _ = device_bound(CLOCKWORK, slo_ms / 2, speed)
@@ -155,9 +133,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         fractions = tuple(float(f) for f in args.fractions.split(","))
     if args.in_flight:
         in_flights = tuple(int(k) for k in args.in_flight.split(","))
-    from workers.backends.profile_backend import LatencyProfile
-
-    table = LatencyProfile(CLOCKWORK)
+    table_ms = latency_fn(CLOCKWORK)
     b, ms, bound = device_bound(CLOCKWORK, SLO_MS / 2, SPEED)
     b_full, ms_full, bound_full = device_bound(CLOCKWORK, SLO_MS, SPEED)
     say(f"efficiency: device ceiling {bound:.1f} q/s (batch {b}, {ms:.1f} ms; budget SLO/2 = {SLO_MS / 2:g} ms)")
@@ -174,7 +150,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                 Pipeline(build(Path(tmp)), env={"CLIPSTREAM_BATCHER_MAX_IN_FLIGHT": str(in_flight)}) as pipe:
             wait_warm(pipe.url, "accel", load.json_bodies(load.unique_inputs(1))[0])
             kl = KafkaLoad(pipe.settings(), keep_trace=False)
-            tap = BatchStatsTap(pipe.settings(), "accel", lambda n: table.latency_ms(n) / SPEED)
+            tap = BatchStatsTap(pipe.settings(), "accel", lambda n: table_ms(n) / SPEED)
             try:
                 for i, f in enumerate(fractions):
                     t0 = now_us()
@@ -192,7 +168,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                     s["in_flight"] = in_flight
                     steps.append(s)
             finally:
-                tap.stop.set()
+                tap.close()
                 kl.close()
         rows_k = strip_rows(steps)
         best_k = max(rows_k, key=lambda r: r["goodput_qps"])

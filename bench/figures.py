@@ -246,21 +246,6 @@ def cache_hit(r: dict[str, Any]) -> Result:
             + (f" (answer made {ms(made)} ms after arrival)" if made is not None else ""), met(p50 < 2))
 
 
-def intake(r: dict[str, Any]) -> Result:
-    rows = get(r, "rows")
-    by = {(row.get("reader"), row.get("rate_qps")): row.get("cpu_us_per_record") for row in rows if isinstance(row, dict)}
-    rates = sorted({rate for (reader, rate) in by if reader == "librdkafka"})
-    if not rates:
-        raise KeyError("librdkafka")
-    text = f"reading: librdkafka (the batcher's intake) {j([by['librdkafka', t] for t in rates], q)} µs at {j(rates, q)} q/s"
-    if all(("faust", t) in by for t in rates):
-        text += f" (faust {j([by['faust', t] for t in rates], q)})"
-    net = {w.get("rate_qps"): w.get("net_cpu_us_per_record") for w in r.get("writes", []) if w.get("writer") == "librdkafka"}
-    if all(net.get(t) is not None for t in rates):
-        text += f"; writing {j([net[t] for t in rates], q)} µs net"
-    return text, NONE
-
-
 # (figure, target, report, function)
 FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("scaling: 1, 2, 4 replicas of the simulated accelerator", "≥ 3.6x", "scaling", scaling),
@@ -282,7 +267,6 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("AIMD after the model's speed halves: recovery, settled", "≤ 200 batches; ≥ 0.9x new best", "batching", adapt),
     ("delayed batching vs none, 5 ms profile, bursty load", "≥ 2x", "batching", delayed),
     ("cache hit, batcher in → predictions topic", "p50 < 2 ms", "batching", cache_hit),
-    ("the batcher's Kafka intake, CPU per record", NONE, "intake", intake),
 ]
 
 

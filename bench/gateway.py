@@ -18,7 +18,7 @@ machines of their own would: its late sends are then rarer, and when one still h
 counts against the system, as before.
 
 The broker is warmed for 30 s first: a fresh broker spends its first minutes compiling (JIT),
-and in a 6 s warm-up that CPU lands in the measured step (``bench.intake``).
+and in a 6 s warm-up that CPU lands in the measured step.
 
 ``--repeat N`` runs the overload step N times on the same pipeline (fresh inputs each time):
 whether a burst on the shared cores makes a caller late varies from run to run, so the report
@@ -46,6 +46,7 @@ from bench.common import WARM_UP, Pipeline, figure, save_figure, say, warm_up, w
 from bench.machine import cpu_delta, cpu_snapshot, machine_info, raised_priority
 from bench.load import arrival_times, json_bodies, unique_inputs
 from bench.load_http import run_gateway
+from bench.stats import percentile, percentiles
 
 
 def main() -> None:
@@ -62,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat needs at least 1")
-    from tests.models import digits, make_onnx_digits_model
+    from clipstream.testing.models import digits, make_onnx_digits_model
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -85,7 +86,7 @@ def main() -> None:
                         hits.append(dt)
             steps = [_overload(pipe, args, rep) for rep in range(args.repeat)]
     report: dict[str, Any] = {
-        "cache_hit_ms": {"p50": float(np.percentile(hits, 50)), "p99": float(np.percentile(hits, 99)), "n": len(hits)},
+        "cache_hit_ms": {**percentiles(hits, (50, 99)), "n": len(hits)},
         "overload": steps[0].summary,
     }
     summaries = [st.summary for st in steps]
@@ -195,8 +196,7 @@ def _read_delay(done: list[Any]) -> dict[str, float]:
     d = np.array([(r.recv_us - r.arrived_us) / 1000 for r in done])
     if not d.size:
         return {}
-    return {"p50": round(float(np.median(d)), 2), "p99": round(float(np.percentile(d, 99)), 2),
-            "max": round(float(d.max()), 2)}
+    return {"p50": round(percentile(d, 50), 2), "p99": round(percentile(d, 99), 2), "max": round(float(d.max()), 2)}
 
 
 def _over_limit(over: list[Any]) -> dict[str, Any]:
@@ -206,7 +206,7 @@ def _over_limit(over: list[Any]) -> dict[str, Any]:
     server = np.array([r.server_ms for r in over if r.server_ms == r.server_ms])
     around = np.array([r.latency_ms - (r.sent_us - r.sched_us) / 1000 - r.server_ms
                        for r in over if r.server_ms == r.server_ms])
-    med = (lambda a: round(float(np.median(a)), 1) if a.size else None)
+    med = (lambda a: round(percentile(a, 50), 1) if a.size else None)
     return {"n": len(over), "by_outcome": dict(Counter(r.outcome for r in over)),
             "send_lag_ms_p50": med(lag), "server_ms_p50": med(server), "around_handler_ms_p50": med(around),
             "read_delay_ms_p50": med(np.array([(r.recv_us - r.arrived_us) / 1000 for r in over if r.arrived_us]))}

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer
 
 from bench.common import Pipeline, figure, save_figure, say, write_app_file, write_json
 from bench.machine import machine_info
-from schemas import decode
-from topics import Catalogue, consumer_config
+from bench.stats import percentiles
+from bench.tap import Tap
+from schemas import Predictions, Record, Response
+from topics import Catalogue
 
 MODEL = """
 import time
@@ -45,7 +44,7 @@ class Model:
 
 
 def _models(root: Path, straggler_s: float) -> list[dict[str, Any]]:
-    from tests.models import make_python_model
+    from clipstream.testing.models import make_python_model
 
     out = []
     for i, sleep in enumerate((0.0, 0.0, straggler_s)):
@@ -55,41 +54,30 @@ def _models(root: Path, straggler_s: float) -> list[dict[str, Any]]:
     return out
 
 
-class Tap(threading.Thread):
+class JoinTap:
     """worker_out stamps per query (predictions topic) and responses (responses topic)."""
 
     def __init__(self, settings: Any) -> None:
-        super().__init__(daemon=True)
         cat = Catalogue.from_settings(settings)
-        self.consumer = Consumer(consumer_config(settings, f"bench-join-{uuid.uuid4().hex[:6]}"))
-        self.consumer.subscribe([cat.predictions.name, cat.responses.name])
         self.worker_out: dict[str, list[int]] = {}
-        self.responses: dict[str, dict[str, Any]] = {}
-        self.stop = threading.Event()
+        self.responses: dict[str, Response] = {}
+        self.tap = Tap(settings, [cat.predictions, cat.responses]).start(self._on)
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for msg in self.consumer.consume(500, 0.05):
-                if msg.error():
-                    continue
-                name, rec = decode(msg.value())
-                if name == "Predictions":
-                    for p in rec["items"]:
-                        if "worker_out" in p["trace"]:
-                            self.worker_out.setdefault(p["query_id"], []).append(p["trace"]["worker_out"])
-                elif name == "Response":
-                    self.responses[rec["query_id"]] = rec
-        self.consumer.close()
+    def _on(self, rec: Record, msg: Any, arrived_us: int) -> None:
+        if isinstance(rec, Predictions):
+            for p in rec.items:
+                if "worker_out" in p.trace:
+                    self.worker_out.setdefault(p.query_id, []).append(p.trace["worker_out"])
+        elif isinstance(rec, Response):
+            self.responses[rec.query_id] = rec
 
 
 def measure(pipe: Pipeline, queries: int, slo_ms: float, expect_all: bool) -> dict[str, Any]:
     from frontend.producer import Producer
 
     settings = pipe.settings()
-    tap = Tap(settings)
-    tap.start()
+    tap = JoinTap(settings)  # assigned at the topics' ends: it misses nothing sent from now on
     producer = Producer(settings=settings)
-    time.sleep(2)  # the tap's partitions
     rng = np.random.default_rng(0)
     sent = []
     for i in range(queries):
@@ -102,27 +90,23 @@ def measure(pipe: Pipeline, queries: int, slo_ms: float, expect_all: bool) -> di
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len([q for q in sent if q in tap.responses]) < len(sent):
         time.sleep(0.1)
-    tap.stop.set()
+    tap.tap.close()
     overhead, hop, produced_to_joined, after_deadline, missing = [], [], [], [], []
     for q in sent[5:]:  # the first few warm up fresh clients
         r = tap.responses.get(q)
         if r is None:
             continue
-        joined = r["trace"]["joined"]
+        joined = r.trace["joined"]
         outs = tap.worker_out.get(q, [])
-        if expect_all and len(r["answered"]) == 3 and outs and "selector_in" in r["trace"]:
-            arrived = r["trace"]["selector_in"]
+        if expect_all and len(r.answered) == 3 and outs and "selector_in" in r.trace:
+            arrived = r.trace["selector_in"]
             overhead.append((joined - arrived) / 1000)
             hop.append((arrived - max(outs)) / 1000)
             produced_to_joined.append((joined - max(outs)) / 1000)
-        after_deadline.append((joined - r["deadline_us"]) / 1000)
-        missing.append(len(r["missing"]))
+        after_deadline.append((joined - r.deadline_us) / 1000)
+        missing.append(len(r.missing))
     return {"overhead_ms": overhead, "hop_ms": hop, "produced_to_joined_ms": produced_to_joined,
             "after_deadline_ms": after_deadline, "missing": missing}
-
-
-def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
 
 
 def main() -> None:
@@ -142,20 +126,16 @@ def main() -> None:
             # answer would come early); keep them queued so the deadline timer does the cutoff
             with Pipeline(root / "app.yaml", env={"CLIPSTREAM_BATCHER_DROP_HOPELESS": "false"}) as pipe:
                 results[case] = measure(pipe, args.queries, slo_ms, expect_all=straggler_s == 0)
+    every, cut = results["all_arrive"], results["straggler_cut"]
     summary = {
-        "join_overhead_ms": {"p50": pct(results["all_arrive"]["overhead_ms"], 50),
-                             "p99": pct(results["all_arrive"]["overhead_ms"], 99),
-                             "n": len(results["all_arrive"]["overhead_ms"])},
-        "kafka_hop_ms": {"p50": pct(results["all_arrive"]["hop_ms"], 50),
-                         "p99": pct(results["all_arrive"]["hop_ms"], 99)},
-        "last_prediction_produced_to_joined_ms": {"p50": pct(results["all_arrive"]["produced_to_joined_ms"], 50),
-                                                  "p99": pct(results["all_arrive"]["produced_to_joined_ms"], 99)},
-        "after_deadline_ms": {"p50": pct(results["straggler_cut"]["after_deadline_ms"], 50),
-                              "p99": pct(results["straggler_cut"]["after_deadline_ms"], 99),
-                              "max": max(results["straggler_cut"]["after_deadline_ms"], default=float("nan")),
-                              "n": len(results["straggler_cut"]["after_deadline_ms"])},
-        "straggler_named_in_missing": float(np.mean([m >= 1 for m in results["straggler_cut"]["missing"]]))
-        if results["straggler_cut"]["missing"] else float("nan"),
+        "join_overhead_ms": {**percentiles(every["overhead_ms"], (50, 99)), "n": len(every["overhead_ms"])},
+        "kafka_hop_ms": percentiles(every["hop_ms"], (50, 99)),
+        "last_prediction_produced_to_joined_ms": percentiles(every["produced_to_joined_ms"], (50, 99)),
+        "after_deadline_ms": {**percentiles(cut["after_deadline_ms"], (50, 99)),
+                              "max": max(cut["after_deadline_ms"], default=float("nan")),
+                              "n": len(cut["after_deadline_ms"])},
+        "straggler_named_in_missing": float(np.mean([m >= 1 for m in cut["missing"]]))
+        if cut["missing"] else float("nan"),
     }
     say(f"join overhead (last prediction received by the selector -> response built): "
         f"p50 {summary['join_overhead_ms']['p50']:.2f} ms, p99 {summary['join_overhead_ms']['p99']:.2f} ms")

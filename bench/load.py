@@ -31,14 +31,18 @@ import gc
 import json
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+from bench.stats import percentiles
+from clipstream.clock import now_us
+
+if TYPE_CHECKING:
+    from schemas import Tensor
+
 OUTCOMES = ("answered", "default", "error", "lost")
 
 
@@ -103,20 +107,6 @@ class Outcome:
         return (self.recv_us - self.sched_us) / 1000.0 if self.recv_us else math.nan
 
 
-def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float] = PERCENTILES) -> dict[str, float]:
-    """{"p50": ..., "p99.9": ...}; NaN values are dropped, inf kept (a miss ranks last)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[~np.isnan(v)]
-    if v.size == 0:
-        return {_pname(q): math.nan for q in qs}
-    # "higher": a percentile is a latency some query really had (inf stays inf)
-    return {_pname(q): float(np.percentile(v, q, method="higher")) for q in qs}
-
-
-def _pname(q: float) -> str:
-    return f"p{q:g}"
-
-
 def summarize(results: Sequence[Outcome], slo_ms: float, duration_s: float, *, warmup_s: float = 0.0,
               start_us: int | None = None) -> dict[str, Any]:
     """Throughput, goodput, latency percentiles and SLO misses of the queries due after warm-up.
@@ -164,10 +154,6 @@ def summarize(results: Sequence[Outcome], slo_ms: float, duration_s: float, *, w
 
 
 # --- what both drivers share (bench.load_http, bench.load_kafka) ---------------------------------
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 @dataclass
@@ -239,10 +225,11 @@ def json_bodies(inputs: np.ndarray, slo_ms: float | None = None) -> list[bytes]:
              f'{extra}}}').encode() for row in inputs]
 
 
-def tensors(inputs: np.ndarray) -> list[dict[str, Any]]:
-    from schemas import to_tensor
+def tensors(inputs: np.ndarray) -> list[Tensor]:
+    """One ``Tensor`` record per row, for the Kafka way in."""
+    from schemas import Tensor
 
-    return [to_tensor(np.ascontiguousarray(row)) for row in inputs]
+    return [Tensor.of(np.ascontiguousarray(row)) for row in inputs]
 
 
 def format_summary(s: dict[str, Any]) -> str:

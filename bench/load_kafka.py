@@ -14,17 +14,19 @@ from typing import Any
 import numpy as np
 
 from bench.load import Outcome, Progress, RunResult, now_us, ticker, without_gc_pauses
+from bench.tap import Tap
+from schemas import QueryEvent, Record, Response, Tensor, encode
 
 
 class KafkaLoad:
     """QueryEvents straight into the queries topic; Responses from a private reply topic."""
 
     def __init__(self, settings: Any, keep_trace: bool = True) -> None:
-        from confluent_kafka import Consumer, Producer, TopicPartition
+        from confluent_kafka import Producer
 
-        from topics.admin import ensure_topics, watermarks
+        from topics.admin import ensure_topics
         from topics.catalogue import Catalogue
-        from topics.client import consumer_config, producer_config
+        from topics.client import producer_config
 
         self.settings = settings
         cat = Catalogue.from_settings(settings)
@@ -35,11 +37,7 @@ class KafkaLoad:
         self.queries_topic = cat.queries.name
         ensure_topics(settings, [self.reply, cat.queries])
         self.producer = Producer(producer_config(settings))
-        self.consumer = Consumer(consumer_config(settings, f"bench-{self.instance}",
-                                                 **{"enable.auto.commit": False}))
-        tp = TopicPartition(self.reply.name, 0)
-        _, high = watermarks(self.consumer, tp)
-        self.consumer.assign([TopicPartition(self.reply.name, 0, max(high, 0))])
+        self.tap = Tap(settings, [self.reply], group=f"bench-{self.instance}")
         self.keep_trace = keep_trace
 
     def close(self) -> None:
@@ -48,16 +46,16 @@ class KafkaLoad:
         from topics.client import admin_config
 
         self.producer.flush(5)
-        self.consumer.close()
+        self.tap.close()
         try:
             for fut in AdminClient(admin_config(self.settings)).delete_topics([self.reply.name]).values():
                 fut.result(timeout=10)
         except Exception:  # best effort: a private broker goes away anyway
             pass
         # drop the librdkafka handles now: one left for the GC keeps reconnecting to a stopped broker
-        del self.producer, self.consumer
+        del self.producer, self.tap
 
-    def run_closed(self, app: str, tensors: Sequence[dict[str, Any]], duration_s: float, slo_ms: float,
+    def run_closed(self, app: str, tensors: Sequence[Tensor], duration_s: float, slo_ms: float,
                    concurrency: int = 32, progress: Progress | None = None) -> RunResult:
         """Closed loop for capacity: keep ``concurrency`` queries outstanding for ``duration_s``.
 
@@ -76,56 +74,38 @@ class KafkaLoad:
     _release: Callable[[], None] | None = None
 
     @without_gc_pauses
-    def run(self, app: str, tensors: Sequence[dict[str, Any]], times: np.ndarray, slo_ms: float, *,
+    def run(self, app: str, tensors: Sequence[Tensor], times: np.ndarray, slo_ms: float, *,
             drain_s: float = 3.0, progress: Progress | None = None, gate: threading.Semaphore | None = None,
             stop_after_s: float | None = None) -> RunResult:
-        """Send ``tensors[i % len]`` (``schemas.to_tensor`` dicts) at ``times[i]``."""
+        """Send ``tensors[i % len]`` (``bench.load.tensors``) at ``times[i]``."""
         from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
-
-        from schemas import decode_as, encode
 
         prefix = uuid.uuid4().hex[:12]
         results = [Outcome(i, 0, query_id=f"{prefix}{i:09d}") for i in range(len(times))]
         slo_us = int(slo_ms * 1000)
-        stop = threading.Event()
         got = [0]
 
-        def receive() -> None:
-            while not stop.is_set():
-                # consume(n, timeout) waits for n records or the whole timeout: wait for one only
-                first = self.consumer.poll(0.05)
-                if first is None:
-                    continue
-                now = now_us()
-                msgs = [first, *self.consumer.consume(999, 0)]
-                for m in msgs:
-                    if m.error():
-                        continue
-                    try:
-                        rec = decode_as("Response", m.value())
-                    except Exception:
-                        continue
-                    qid = rec["query_id"]
-                    if not qid.startswith(prefix):
-                        continue
-                    r = results[int(qid[len(prefix):])]
-                    if r.recv_us:
-                        continue
-                    r.recv_us = now
-                    if self._release is not None:
-                        self._release()
-                    r.outcome = "default" if rec["is_default"] else "answered"
-                    r.output = rec.get("output")
-                    if self.keep_trace:
-                        r.trace = dict(rec.get("trace") or {})
-                        r.trace["_missing"] = len(rec.get("missing") or ())
-                        kind, ts_ms = m.timestamp()
-                        if kind == TIMESTAMP_LOG_APPEND_TIME:
-                            r.trace["_reply_appended"] = ts_ms * 1000
-                    got[0] += 1
+        def receive(rec: Record, m: Any, now: int) -> None:
+            if not isinstance(rec, Response) or not rec.query_id.startswith(prefix):
+                return
+            qid = rec.query_id
+            r = results[int(qid[len(prefix):])]
+            if r.recv_us:
+                return
+            r.recv_us = now
+            if self._release is not None:
+                self._release()
+            r.outcome = "default" if rec.is_default else "answered"
+            r.output = rec.output
+            if self.keep_trace:
+                r.trace = dict(rec.trace)
+                r.trace["_missing"] = len(rec.missing)
+                kind, ts_ms = m.timestamp()
+                if kind == TIMESTAMP_LOG_APPEND_TIME:
+                    r.trace["_reply_appended"] = ts_ms * 1000
+            got[0] += 1
 
-        rx = threading.Thread(target=receive, daemon=True)
-        rx.start()
+        self.tap.start(receive)
         tick_stop = threading.Event()
         ticker("kafka", len(times), lambda: got[0], progress, tick_stop)
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -149,12 +129,12 @@ class KafkaLoad:
             r.sched_us = start_us + int(t * 1e6)
             now = now_us()
             r.sent_us = now
-            event = {"query_id": r.query_id, "app": app, "context": None, "input": tensors[i % n_t],
-                     "created_us": now, "deadline_us": now + slo_us, "reply_topic": self.reply.name,
-                     "reply_partition": 0, "trace": {"produced": now}}
+            event = QueryEvent(query_id=r.query_id, app=app, context=None, input=tensors[i % n_t],
+                               created_us=now, deadline_us=now + slo_us, reply_topic=self.reply.name,
+                               reply_partition=0, trace={"produced": now})
             while True:
                 try:
-                    produce(topic, encode("QueryEvent", event), r.query_id.encode())
+                    produce(topic, encode(event), r.query_id.encode())
                     break
                 except BufferError:
                     poll(0.01)
@@ -163,9 +143,8 @@ class KafkaLoad:
         deadline = time.monotonic() + slo_ms / 1000 + drain_s
         while got[0] < sent and time.monotonic() < deadline:
             time.sleep(0.05)
-        stop.set()
+        self.tap.stop()
         tick_stop.set()
-        rx.join(5)
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
         results = results[:sent]
         if gate is not None:

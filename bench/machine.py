@@ -125,8 +125,8 @@ def warm_until_jit_quiet(pid: int | None, step: Callable[[int], None], report: C
                          clock: Callable[[], float] = time.monotonic) -> list[float]:
     """Run ``step(i)`` (more warm-up load) while the JVM ``pid``'s JIT still compiles, at most
     ``max_steps`` times; the compiler threads' share of a core in each step. A fixed warm-up
-    left the broker compiling into the first measured runs (docs/FIGURES.md, 11-23): those
-    measured the broker warming up, not the system."""
+    left the broker compiling into the first measured runs: those measured the broker
+    warming up, not the system."""
     shares: list[float] = []
     if pid is None:
         return shares

@@ -1,15 +1,12 @@
 """Warming the pipeline up before `clipstream up` says ready.
 
 Ready must mean that the first callers are answered by the models at their usual speed, not
-that the processes exist. Two things are cold at first. A fresh client's first record to a
-partition waits for metadata and connections, which a few single queries per app fix. And a
-fresh broker runs interpreted until its JIT has compiled the request paths: on the 2-core
-machine a new broker took about 30 s of traffic before a five-model ensemble's p50 settled
-(84 ms falling to ~42 ms for random inputs at four callers), and the demo's first few hundred
-queries met it, with a dozen defaults among them. So after the first answers come a few seconds
-of steady traffic: a few closed-loop callers at each app's own SLO, so the warm-up never floods
-the pipeline. (An open burst, the previous way, was mostly refused with 503s by the gateway's
-admission control and warmed little.)
+that the processes exist. Two things are cold at first: a fresh client's first record to a
+partition waits for metadata and connections, which a few single queries per app fix; and a
+fresh broker runs interpreted until its JIT has compiled the request paths, which takes some
+seconds of real traffic (docs/design/0012). So after the first answers come a few seconds of
+steady traffic: a few closed-loop callers at each app's own SLO, so the warm-up never floods
+the pipeline or trips the gateway's admission control.
 
 Warm-up queries use random inputs, so no cache entry is left for a caller, and no feedback is
 sent for them, so no policy learns from them.
@@ -122,7 +119,7 @@ def steady_load(http: Any, targets: list[Target], seconds: float, callers: int =
 
     def caller() -> None:
         # fresh entropy, never a fixed seed: a seeded warm-up would fill the cache with the
-        # very inputs a seeded client sends next (bench.join's did), and answer them from it
+        # very inputs a seeded client sends next, and answer them from it
         rng = np.random.default_rng()
         while time.monotonic() < end:
             with lock:

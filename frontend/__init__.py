@@ -1,1 +1,1 @@
-"""frontend stage of clipstream (see DESIGN.md)."""
+"""frontend stage of clipstream: the REST gateway and the Python client (see README.md)."""

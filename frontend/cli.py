@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings
 from registry.appfile import apply_file
 from registry.spec import load_spec
-from registry.topic import RegistryWriter, read_view
+from registry.topic import ModelConfig, RegistryWriter, read_view
 from topics.admin import ensure_model_topics
 
 
@@ -103,27 +103,23 @@ def link(app: str, model: str, unlink: bool) -> None:
     click.echo(f"{'unlinked' if unlink else 'linked'} {model} {'from' if unlink else 'to'} {app}")
 
 
-def _rewrite_model(name: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> ModelConfig:
     settings = get_settings()
     current = read_view(settings).model(name)
     if current is None:
         raise ClipstreamError(f"no model {name!r} in the registry; deploy it first")
-    record = {
-        "name": current.name,
-        "version": current.version,
-        "path": str(current.path),
-        "replicas": current.replicas,
-        "previous_versions": list(current.previous_versions),
-        "previous_paths": list(current.previous_paths),
-        "latency_objective_ms": current.latency_objective_ms,
-        "max_batch_size": current.max_batch_size,
-        "batch_delay_ms": current.batch_delay_ms,
-    }
-    record = change(record)
-    ensure_model_topics(settings, name, record["replicas"])
+    model = change(current)
+    ensure_model_topics(settings, name, model.replicas)
     with RegistryWriter(settings) as w:
-        w.model(**record)
-    return record
+        w.model(
+            model.name, model.version, model.path, model.replicas,
+            previous_versions=list(model.previous_versions),
+            previous_paths=list(model.previous_paths),
+            latency_objective_ms=model.latency_objective_ms,
+            max_batch_size=model.max_batch_size,
+            batch_delay_ms=model.batch_delay_ms,
+        )
+    return model
 
 
 @click.command("set-replicas")
@@ -132,7 +128,7 @@ def _rewrite_model(name: str, change: Callable[[dict[str, Any]], dict[str, Any]]
 @_friendly
 def set_replicas(model: str, replicas: int) -> None:
     """Change a model's number of replicas (the batcher spreads batches over them)."""
-    _rewrite_model(model, lambda r: {**r, "replicas": replicas})
+    _rewrite_model(model, lambda m: replace(m, replicas=replicas))
     click.echo(f"model {model}: {replicas} replicas")
 
 
@@ -142,19 +138,19 @@ def set_replicas(model: str, replicas: int) -> None:
 def rollback(model: str) -> None:
     """Go back to the model's previous version."""
 
-    def back(r: dict[str, Any]) -> dict[str, Any]:
-        if not r["previous_versions"]:
+    def back(m: ModelConfig) -> ModelConfig:
+        if not m.previous_versions:
             raise ClipstreamError(f"model {model} has no earlier version to roll back to")
-        return {
-            **r,
-            "version": r["previous_versions"][-1],
-            "path": r["previous_paths"][-1],
-            "previous_versions": r["previous_versions"][:-1],
-            "previous_paths": r["previous_paths"][:-1],
-        }
+        return replace(
+            m,
+            version=m.previous_versions[-1],
+            path=Path(m.previous_paths[-1]),
+            previous_versions=m.previous_versions[:-1],
+            previous_paths=m.previous_paths[:-1],
+        )
 
-    r = _rewrite_model(model, back)
-    click.echo(f"model {model} rolled back to version {r['version']}")
+    m = _rewrite_model(model, back)
+    click.echo(f"model {model} rolled back to version {m.version}")
 
 
 @click.command("inspect")

@@ -55,7 +55,7 @@ from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings, get_gateway_settings
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryFollower, RegistryView
-from schemas import to_tensor
+from schemas import Feedback, QueryEvent, Response, Tensor
 from schemas.reasons import NOTHING_ARRIVED
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,9 @@ class Bus(Protocol):
     on_late: Callable[[int], None]
     on_delivery_error: Callable[[], None]
 
-    def publish_query(self, event: dict[str, Any], key: bytes) -> asyncio.Future[dict[str, Any]]: ...
+    def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future[Response]: ...
     def forget(self, query_id: str) -> None: ...
-    async def publish_feedback(self, record: dict[str, Any], key: bytes, timeout_s: float) -> None: ...
+    async def publish_feedback(self, record: Feedback, key: bytes, timeout_s: float) -> None: ...
     def kafka_ok(self, timeout_s: float = 2.0) -> bool: ...
 
     @property
@@ -278,17 +278,17 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
             req, array = _parse_predict(raw, state.input_spec(cfg))
         slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
         deadline = created + int(slo_ms * 1000)
-        event = {
-            "query_id": query_id,
-            "app": cfg.name,
-            "context": req.context,
-            "input": to_tensor(array),
-            "created_us": created,
-            "deadline_us": deadline,
-            "reply_topic": state.bus.reply_topic,
-            "reply_partition": 0,
-            "trace": {"produced": created},
-        }
+        event = QueryEvent(
+            query_id=query_id,
+            app=cfg.name,
+            context=req.context,
+            input=Tensor.of(array),
+            created_us=created,
+            deadline_us=deadline,
+            reply_topic=state.bus.reply_topic,
+            reply_partition=0,
+            trace={"produced": created},
+        )
         try:
             fut = state.bus.publish_query(event, (req.context or query_id).encode())
         except Overloaded as exc:
@@ -297,7 +297,7 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
             raise state.overloaded(f"Kafka refused the query: {exc}") from None
         wait_s = max(0.0, (deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
         try:
-            record = await asyncio.wait_for(fut, wait_s)
+            record: Response | None = await asyncio.wait_for(fut, wait_s)
         except TimeoutError:
             record = None
         finally:
@@ -341,14 +341,14 @@ async def _feedback(state: GatewayState, app_name: str, request: Request) -> dic
         raise HTTPProblem(422, "feedback needs a `label` or a `reward` (in [0, 1])")
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
-    record = {
-        "query_id": req.query_id,
-        "app": cfg.name,
-        "context": req.context,
-        "label": req.label,
-        "reward": float(req.reward) if req.reward is not None else None,
-        "created_us": now_us(),
-    }
+    record = Feedback(
+        query_id=req.query_id,
+        app=cfg.name,
+        context=req.context,
+        label=req.label,
+        reward=float(req.reward) if req.reward is not None else None,
+        created_us=now_us(),
+    )
     key = (req.context or req.query_id).encode()
     try:
         await state.bus.publish_feedback(record, key, state.gw.feedback_ack_timeout_s)

@@ -16,12 +16,12 @@ from typing import Any
 import click
 
 from clipstream.errors import ClipstreamError
-from clipstream.heap import freeze_startup_heap
 from clipstream.settings import get_settings, settings_or_exit
 from frontend.gateway import create_app
 from frontend.gateway_http import stamped_protocol
 from frontend.settings import get_gateway_settings
 from topics.catalogue import Catalogue
+from topics.stage import announce_ready
 
 
 @click.command()
@@ -92,8 +92,7 @@ async def _serve(gw: Any, settings: Any) -> int:
             for sock in srv.sockets:
                 port = sock.getsockname()[1]
                 break
-        freeze_startup_heap()
-        print(f"ready: gateway http://{gw.host}:{port}", flush=True)
+        announce_ready("gateway", f"http://{gw.host}:{port}")
     await task
     # uvicorn reports a failed startup by exiting the serve loop without having started
     return 0 if server.started else 1

@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError
 
+from schemas import Response
+
 Label = StrictBool | StrictInt | StrictFloat | StrictStr
 
 # the longest SLO a caller may ask for: a slot in max_inflight is held that long
@@ -96,29 +98,29 @@ def _unit(x: Any) -> float:
     return min(1.0, max(0.0, v))
 
 
-def response_json(record: dict[str, Any], latency_ms: float, default_output: Any = None) -> dict[str, Any]:
+def response_json(record: Response, latency_ms: float, default_output: Any = None) -> dict[str, Any]:
     """The caller's JSON for a selector ``Response`` record.
 
     Confidence is clamped into [0, 1] and non-finite numbers become null, because JSON has no
     NaN and a caller must always be able to parse the answer. A default answer without an
     output takes the app's ``default_output``.
     """
-    is_default = bool(record.get("is_default"))
-    output = record.get("output")
+    is_default = bool(record.is_default)
+    output = record.output
     if is_default and output is None:
         output = default_output
-    scores = record.get("scores")
+    scores, labels = record.scores, record.labels
     return {
-        "query_id": record["query_id"],
+        "query_id": record.query_id,
         "output": _finite(output),
         "scores": [_finite(float(s)) for s in scores] if scores is not None else None,
-        "labels": list(record["labels"]) if record.get("labels") is not None else None,
-        "confidence": _unit(record.get("confidence", 0.0)),
+        "labels": list(labels) if labels is not None else None,
+        "confidence": _unit(record.confidence),
         "default": is_default,
-        "default_reason": record.get("default_reason"),
+        "default_reason": record.default_reason,
         "models": {
-            "answered": list(record.get("answered") or []),
-            "missing": list(record.get("missing") or []),
+            "answered": list(record.answered or []),
+            "missing": list(record.missing or []),
         },
         "latency_ms": round(latency_ms, 3),
     }
@@ -129,18 +131,14 @@ def default_json(
     reason: str = "timeout",
 ) -> dict[str, Any]:
     """The answer when no Response came in time: the app's default, every model missing."""
-    return response_json(
-        {
-            "query_id": query_id,
-            "output": None,
-            "scores": None,
-            "labels": None,
-            "confidence": 0.0,
-            "is_default": True,
-            "default_reason": reason,
-            "answered": [],
-            "missing": list(models),
-        },
-        latency_ms,
-        default_output,
-    )
+    return {
+        "query_id": query_id,
+        "output": _finite(default_output),
+        "scores": None,
+        "labels": None,
+        "confidence": 0.0,
+        "default": True,
+        "default_reason": reason,
+        "models": {"answered": [], "missing": list(models)},
+        "latency_ms": round(latency_ms, 3),
+    }

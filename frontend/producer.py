@@ -20,7 +20,7 @@ from clipstream.settings import Settings, get_settings
 from frontend.gateway_kafka import watermarks
 from frontend.inputs import input_for, to_json
 from registry.topic import RegistryFollower
-from schemas import decode_as, encode, to_tensor
+from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
 
@@ -75,13 +75,13 @@ class Producer:
         if slo_ms <= 0:
             raise InputError("slo_ms must be positive")
         created = now_us()
-        event = {
-            "query_id": query_id, "app": app, "context": context, "input": to_tensor(array),
-            "created_us": created, "deadline_us": created + int(slo_ms * 1000),
-            "reply_topic": reply_topic, "reply_partition": reply_partition,
-            "trace": {"produced": created},
-        }
-        self._send(self.queries_topic, encode("QueryEvent", event), context or query_id,
+        event = QueryEvent(
+            query_id=query_id, app=app, context=context, input=Tensor.of(array),
+            created_us=created, deadline_us=created + int(slo_ms * 1000),
+            reply_topic=reply_topic, reply_partition=reply_partition,
+            trace={"produced": created},
+        )
+        self._send(self.queries_topic, encode(event), context or query_id,
                    query_id, on_delivery)
         return query_id
 
@@ -100,11 +100,11 @@ class Producer:
             raise InputError("feedback needs a label or a reward")
         if reward is not None and not 0.0 <= float(reward) <= 1.0:
             raise InputError("reward must be in [0, 1]")
-        record = {
-            "query_id": query_id, "app": app, "context": context, "label": to_json(label),
-            "reward": float(reward) if reward is not None else None, "created_us": now_us(),
-        }
-        self._send(self.feedback_topic, encode("Feedback", record), context or query_id,
+        record = Feedback(
+            query_id=query_id, app=app, context=context, label=to_json(label),
+            reward=float(reward) if reward is not None else None, created_us=now_us(),
+        )
+        self._send(self.feedback_topic, encode(record), context or query_id,
                    query_id, on_delivery)
 
     def poll(self, timeout_s: float = 0.0) -> int:
@@ -173,7 +173,8 @@ class Producer:
 
 
 class ResponseReader:
-    """Decoded ``Response`` records from the responses topic (or any reply topic).
+    """Decoded ``Response`` records (``schemas.Response``) from the responses topic (or any
+    reply topic).
 
     Reads every partition from where it ends now (or from the beginning), assigned directly,
     without a consumer group: each reader sees every response, and none is skipped between
@@ -201,7 +202,7 @@ class ResponseReader:
             assignment.append(TopicPartition(self.topic, p, low if from_beginning else high))
         self._consumer.assign(assignment)
 
-    def poll(self, timeout_s: float = 1.0) -> dict[str, Any] | None:
+    def poll(self, timeout_s: float = 1.0) -> Response | None:
         """The next Response, or None when none arrived within ``timeout_s``."""
 
         deadline = time.monotonic() + timeout_s
@@ -211,28 +212,28 @@ class ResponseReader:
                 return None
             if not msg.error():
                 try:
-                    return decode_as("Response", msg.value())
+                    return decode_as(Response, msg.value())
                 except ClipstreamError:
                     continue  # not a Response (garbage on the topic): skip it, keep reading
             if time.monotonic() >= deadline:
                 return None
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Response]:
         """Every response as it arrives (blocks; stop with ``close`` or by leaving the loop)."""
         while True:
             record = self.poll(1.0)
             if record is not None:
                 yield record
 
-    def collect(self, query_ids: set[str] | list[str], timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+    def collect(self, query_ids: set[str] | list[str], timeout_s: float = 10.0) -> dict[str, Response]:
         """The responses to ``query_ids`` (others are skipped), as many as arrive in time."""
         want = set(query_ids)
-        got: dict[str, dict[str, Any]] = {}
+        got: dict[str, Response] = {}
         deadline = time.monotonic() + timeout_s
         while want - got.keys() and time.monotonic() < deadline:
             record = self.poll(max(0.0, deadline - time.monotonic()))
-            if record is not None and record["query_id"] in want:
-                got[record["query_id"]] = record
+            if record is not None and record.query_id in want:
+                got[record.query_id] = record
         return got
 
     def close(self) -> None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from clipstream.errors import ConfigError, InputError
 from clipstream.yamlfile import read_mapping
+from schemas.records import OutputKind
 from schemas.tensor import DTYPES
 
 BACKENDS = ("onnx", "torch", "python", "profile")
-OutputKind = Literal["class_scores", "label", "regression"]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ConfigError, DecodeError, InfraError
 from clipstream.settings import Settings
 from registry.spec import ModelSpec, load_spec
-from schemas import decode, encode
+from schemas import App, Link, Model, Record, decode_as, encode
 from topics.admin import ensure_core_topics, watermarks
 from topics.catalogue import Catalogue, check_name
 from topics.client import consumer_config, producer_config
@@ -68,32 +68,35 @@ class RegistryView:
         return self.models.get(name)
 
 
+# the record type each kind of registry key holds
+_KINDS: dict[str, type] = {"app": App, "model": Model, "link": Link}
+
+
 class RegistryState:
     """Folds registry records into a view; pure, so it is tested without a broker."""
 
     def __init__(self) -> None:
-        self._apps: dict[str, dict[str, Any]] = {}
-        self._models: dict[str, dict[str, Any]] = {}
-        self._links: dict[tuple[str, str], dict[str, Any]] = {}
+        self._apps: dict[str, App] = {}
+        self._models: dict[str, Model] = {}
+        self._links: dict[tuple[str, str], Link] = {}
         self._specs: dict[str, tuple[ModelSpec | None, str | None]] = {}
 
     def apply(self, key: str, value: bytes | None) -> None:
         kind, _, rest = key.partition(":")
-        record: dict[str, Any] | None = None
-        if value is not None:
-            _, record = decode(value)
+        expected = _KINDS.get(kind)
+        if expected is None:
+            raise DecodeError(f"unknown registry key {key!r}")
+        record = None if value is None else decode_as(expected, value)
         if kind == "app":
             self._put(self._apps, rest, record)
         elif kind == "model":
             self._put(self._models, rest, record)
         elif kind == "link":
             app, _, model = rest.partition(":")
-            self._put(self._links, (app, model), record)  # type: ignore[arg-type]
-        else:
-            raise DecodeError(f"unknown registry key {key!r}")
+            self._put(self._links, (app, model), record)
 
     @staticmethod
-    def _put(table: dict[Any, Any], key: Any, record: dict[str, Any] | None) -> None:
+    def _put(table: dict[Any, Any], key: Any, record: Record | None) -> None:
         if record is None:
             table.pop(key, None)
         else:
@@ -110,33 +113,33 @@ class RegistryState:
     def view(self) -> RegistryView:
         models = {}
         for name, m in self._models.items():
-            spec, err = self._spec(m["path"])
+            spec, err = self._spec(m.path)
             models[name] = ModelConfig(
                 name=name,
-                version=m["version"],
-                path=Path(m["path"]),
-                replicas=m["replicas"],
-                latency_objective_ms=m.get("latency_objective_ms"),
-                max_batch_size=m.get("max_batch_size"),
-                batch_delay_ms=m.get("batch_delay_ms"),
+                version=m.version,
+                path=Path(m.path),
+                replicas=m.replicas,
+                latency_objective_ms=m.latency_objective_ms,
+                max_batch_size=m.max_batch_size,
+                batch_delay_ms=m.batch_delay_ms,
                 spec=spec,
                 spec_error=err,
-                previous_versions=tuple(m.get("previous_versions", ())),
-                previous_paths=tuple(m.get("previous_paths", ())),
+                previous_versions=tuple(m.previous_versions),
+                previous_paths=tuple(m.previous_paths),
             )
         apps = {}
         for name, a in self._apps.items():
             links = sorted(
-                (r["updated_us"], model)
+                (r.updated_us, model)
                 for (app, model), r in self._links.items()
-                if app == name and r["linked"]
+                if app == name and r.linked
             )
             apps[name] = AppConfig(
                 name=name,
-                policy=a["policy"],
-                slo_ms=a["slo_ms"],
-                default_output=a.get("default_output"),
-                policy_config=dict(a.get("policy_config") or {}),
+                policy=a.policy,
+                slo_ms=a.slo_ms,
+                default_output=a.default_output,
+                policy_config=dict(a.policy_config or {}),
                 models=tuple(model for _, model in links),
             )
         return RegistryView(apps=apps, models=models)
@@ -246,8 +249,8 @@ class RegistryWriter:
         self._last_us = max(now_us(), self._last_us + 1)
         return self._last_us
 
-    def _put(self, key: str, name: str | None, record: dict[str, Any] | None) -> None:
-        value = encode(name, record) if name and record is not None else None
+    def _put(self, key: str, record: Record | None) -> None:
+        value = encode(record) if record is not None else None
         self._producer.produce(self._topic, key=key.encode(), value=value)
         self._producer.poll(0)
 
@@ -262,50 +265,42 @@ class RegistryWriter:
         check_name("app", name)
         if slo_ms <= 0:
             raise ConfigError(f"app {name}: slo_ms must be positive")
-        self._put(
-            f"app:{name}",
-            "App",
-            {
-                "name": name,
-                "policy": policy,
-                "slo_ms": float(slo_ms),
-                "default_output": default_output,
-                "policy_config": {k: float(v) for k, v in (policy_config or {}).items()},
-                "updated_us": self._now(),
-            },
-        )
+        self._put(f"app:{name}", App(
+            name=name,
+            policy=policy,
+            slo_ms=float(slo_ms),
+            default_output=default_output,
+            policy_config={k: float(v) for k, v in (policy_config or {}).items()},
+            updated_us=self._now(),
+        ))
 
     def model(self, name: str, version: str, path: str | Path, replicas: int = 1, **knobs: Any) -> None:
         check_name("model", name)
         if replicas < 1:
             raise ConfigError(f"model {name}: replicas must be at least 1")
-        record = {
-            "name": name,
-            "version": str(version),
-            "path": str(Path(path).resolve()),
-            "replicas": int(replicas),
-            "previous_versions": list(knobs.pop("previous_versions", [])),
-            "previous_paths": list(knobs.pop("previous_paths", [])),
-            "latency_objective_ms": knobs.pop("latency_objective_ms", None),
-            "max_batch_size": knobs.pop("max_batch_size", None),
-            "batch_delay_ms": knobs.pop("batch_delay_ms", None),
-            "updated_us": self._now(),
-        }
+        record = Model(
+            name=name,
+            version=str(version),
+            path=str(Path(path).resolve()),
+            replicas=int(replicas),
+            previous_versions=list(knobs.pop("previous_versions", [])),
+            previous_paths=list(knobs.pop("previous_paths", [])),
+            latency_objective_ms=knobs.pop("latency_objective_ms", None),
+            max_batch_size=knobs.pop("max_batch_size", None),
+            batch_delay_ms=knobs.pop("batch_delay_ms", None),
+            updated_us=self._now(),
+        )
         if knobs:
             raise ConfigError(f"model {name}: unknown settings {sorted(knobs)}")
-        self._put(f"model:{name}", "Model", record)
+        self._put(f"model:{name}", record)
 
     def link(self, app: str, model: str, linked: bool = True) -> None:
         check_name("app", app)
         check_name("model", model)
-        self._put(
-            f"link:{app}:{model}",
-            "Link",
-            {"app": app, "model": model, "linked": linked, "updated_us": self._now()},
-        )
+        self._put(f"link:{app}:{model}", Link(app=app, model=model, linked=linked, updated_us=self._now()))
 
     def delete(self, key: str) -> None:
-        self._put(key, None, None)
+        self._put(key, None)
 
     def flush(self, timeout_s: float = 10.0) -> None:
         left = self._producer.flush(timeout_s)

@@ -1,6 +1,29 @@
-"""Avro schemas of every record on every topic, and the codec that reads and writes them."""
+"""Avro schemas of every record on every topic, their typed records, and the codec."""
 
-from schemas.codec import Codec, decode, decode_as, default_codec, encode
+from schemas.codec import Codec, decode, decode_as, decode_dict, default_codec, encode
+from schemas.records import (
+    App,
+    Batch,
+    BatchItem,
+    BatchStats,
+    DeadLetter,
+    Feedback,
+    Link,
+    Model,
+    ModelRequest,
+    OutputKind,
+    Prediction,
+    Predictions,
+    Record,
+    Response,
+    Tensor,
+    QueryEvent,
+)
 from schemas.tensor import DTYPES, from_tensor, to_tensor
 
-__all__ = ["Codec", "DTYPES", "decode", "decode_as", "default_codec", "encode", "from_tensor", "to_tensor"]
+__all__ = [
+    "App", "Batch", "BatchItem", "BatchStats", "Codec", "DTYPES", "DeadLetter", "Feedback", "Link",
+    "Model", "ModelRequest", "OutputKind", "Prediction", "Predictions", "QueryEvent", "Record",
+    "Response", "Tensor", "decode", "decode_as", "decode_dict", "default_codec", "encode",
+    "from_tensor", "to_tensor",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,28 +18,14 @@ from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 
 from clipstream.errors import DecodeError
+from schemas.records import BY_NAME, RECORD_TYPES, R, Record, from_avro, to_avro
 
 SCHEMA_DIR = Path(__file__).parent
 MAGIC = b"\xc3\x01"
 HEADER_LEN = len(MAGIC) + 8
 
 # short name -> file; every record type of clipstream
-RECORD_NAMES: tuple[str, ...] = (
-    "Tensor",
-    "QueryEvent",
-    "ModelRequest",
-    "BatchItem",
-    "Batch",
-    "Prediction",
-    "Predictions",
-    "Response",
-    "Feedback",
-    "BatchStats",
-    "App",
-    "Model",
-    "Link",
-    "DeadLetter",
-)
+RECORD_NAMES: tuple[str, ...] = tuple(cls.__name__ for cls in RECORD_TYPES)
 
 
 @dataclass(frozen=True)
@@ -72,24 +59,38 @@ class Codec:
         except KeyError:
             raise KeyError(f"no record type {name!r}; known: {sorted(self._by_name)}") from None
 
-    def encode(self, name: str, record: dict[str, Any]) -> bytes:
+    def encode(self, record: Any, fields: Mapping[str, Any] | None = None) -> bytes:
+        """The bytes of a typed record (``schemas.records``); ``encode(name, dict)`` writes a
+        plain dict of the named type, as tools and old callers do."""
+        if fields is None:
+            name, fields = type(record).__name__, to_avro(record)
+        else:
+            name = record
         schema = self.schema(name)
         buf = io.BytesIO()
         buf.write(schema.header)
-        schemaless_writer(buf, schema.parsed, record)
+        schemaless_writer(buf, schema.parsed, fields)
         return buf.getvalue()
 
-    def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
-        """The record type's short name and the record; anything else is a DecodeError."""
+    def decode(self, data: bytes) -> Record:
+        """The typed record these bytes hold, whatever its type; anything else is a DecodeError."""
         schema = self._schema_of(data)
-        return schema.name, self._read(schema, data)
+        return from_avro(BY_NAME[schema.name], self._read(schema, data))
 
-    def decode_as(self, name: str, data: bytes) -> dict[str, Any]:
-        """Decode a record that must be of type ``name``."""
+    def decode_as(self, kind: type[R], data: bytes) -> R:
+        """Decode a record that must be of type ``kind`` (a class of ``schemas.records``)."""
         schema = self._schema_of(data)
+        name = kind if isinstance(kind, str) else kind.__name__
         if schema.name != name:
             raise DecodeError(f"expected a {name} record, got a {schema.name}")
-        return self._read(schema, data)
+        if isinstance(kind, str):  # MIGRATION: a name gives the plain dict
+            return self._read(schema, data)  # type: ignore[return-value]
+        return from_avro(kind, self._read(schema, data))
+
+    def decode_dict(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """The record type's short name and the plain dict fastavro reads (tools, taps)."""
+        schema = self._schema_of(data)
+        return schema.name, self._read(schema, data)
 
     def _schema_of(self, data: bytes) -> RecordSchema:
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -125,13 +126,17 @@ def default_codec() -> Codec:
     return _default
 
 
-def encode(name: str, record: dict[str, Any]) -> bytes:
-    return default_codec().encode(name, record)
+def encode(record: Any, fields: Mapping[str, Any] | None = None) -> bytes:
+    return default_codec().encode(record, fields)
 
 
-def decode(data: bytes) -> tuple[str, dict[str, Any]]:
+def decode(data: bytes) -> Record:
     return default_codec().decode(data)
 
 
-def decode_as(name: str, data: bytes) -> dict[str, Any]:
-    return default_codec().decode_as(name, data)
+def decode_as(kind: type[R], data: bytes) -> R:
+    return default_codec().decode_as(kind, data)
+
+
+def decode_dict(data: bytes) -> tuple[str, dict[str, Any]]:
+    return default_codec().decode_dict(data)

@@ -1,1 +1,1 @@
-"""selector stage of clipstream (see DESIGN.md)."""
+"""selector stage of clipstream: select, combine by the deadline, learn (see docs/design/)."""

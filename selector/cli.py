@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 import click
 
@@ -13,6 +11,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
 from selector.service import serve
 from selector.settings import SelectorSettings
+from topics.stage import stop_on_signals
 
 
 @click.command()
@@ -27,9 +26,7 @@ def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -
     ss = settings_or_exit(SelectorSettings)
     if group:
         ss = ss.model_copy(update={"group": group})
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         serve(get_settings(), ss, learn=learn or learn_only, join=not learn_only, stop=stop)
     except ClipstreamError as exc:

@@ -15,9 +15,25 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+
+from selector.types import Output, Query, State
 
 OK_STATUSES = frozenset({"ok", "cached"})
+
+
+@dataclass(slots=True)
+class Asked:
+    """What answering a query needs besides its predictions: where and by when the answer goes,
+    and what ``select`` saw, which ``combine`` sees too. The selector fills it in at dispatch."""
+
+    app: str = ""
+    deadline_us: int = 0  # the caller's deadline, which the Response carries (not the cutoff)
+    reply_topic: str | None = None  # None: the shared responses topic
+    reply_partition: int | None = None
+    context: str | None = None
+    trace: dict[str, int] = field(default_factory=dict)  # the query's stage stamps, then the last prediction's
+    query: Query | None = None
+    state: State | None = None  # the policy state select used
 
 
 @dataclass
@@ -27,8 +43,8 @@ class Pending:
     query_id: str
     expected: tuple[str, ...]
     deadline_us: int
-    meta: dict[str, Any] = field(default_factory=dict)
-    arrived: dict[str, Any] = field(default_factory=dict)  # model -> the prediction's output
+    asked: Asked = field(default_factory=Asked)
+    arrived: dict[str, Output] = field(default_factory=dict)  # model -> the prediction's output
     failed: dict[str, str] = field(default_factory=dict)  # model -> why (expired, error text)
     completed_us: int | None = None
     last_resort_us: int | None = None  # with nothing arrived by ``deadline_us``, wait to here
@@ -72,14 +88,14 @@ class JoinState:
         return self._pending.get(query_id)
 
     def register(self, query_id: str, expected: list[str] | tuple[str, ...], deadline_us: int,
-                 last_resort_us: int | None = None, **meta: Any) -> Pending:
-        pending = Pending(query_id, tuple(expected), int(deadline_us), dict(meta),
+                 last_resort_us: int | None = None, asked: Asked | None = None) -> Pending:
+        pending = Pending(query_id, tuple(expected), int(deadline_us), asked if asked is not None else Asked(),
                           last_resort_us=None if last_resort_us is None else int(last_resort_us))
         self._pending[query_id] = pending
         heapq.heappush(self._heap, (pending.deadline_us, query_id))
         return pending
 
-    def add(self, query_id: str, model: str, status: str, output: Any = None, error: str | None = None) -> Pending | None:
+    def add(self, query_id: str, model: str, status: str, output: Output | None = None, error: str | None = None) -> Pending | None:
         """Record one model's report; the pending query (now removed) if that completes it."""
         pending = self._pending.get(query_id)
         if pending is None:

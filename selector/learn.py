@@ -14,11 +14,13 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from clipstream.errors import ClipstreamError
+from schemas import Feedback as FeedbackRecord
 from schemas import decode_as
-from selector.kafka import Apps, DeadLetters, log
+from selector.kafka import Apps, log
 from selector.policies import align_state
 from selector.store import StateStore
 from selector.types import Feedback, Output, Query
+from topics.deadletters import DeadLetters
 
 
 class Learner:
@@ -38,15 +40,15 @@ class Learner:
 
     def handle(self, msg: Any, give_up_at: float | None = None) -> None:
         try:
-            fb = decode_as("Feedback", msg.value())
+            fb = decode_as(FeedbackRecord, msg.value())
         except ClipstreamError as exc:
             self.stats["bad_feedback"] += 1
-            self.dead.send(f"undecodable feedback: {exc}", msg)
+            self.dead.send(reason=f"undecodable feedback: {exc}", msg=msg)
             return
-        qid = fb["query_id"]
-        if fb.get("label") is None and fb.get("reward") is None:
+        qid = fb.query_id
+        if fb.label is None and fb.reward is None:
             self.stats["bad_feedback"] += 1
-            self.dead.send("feedback has neither a label nor a reward", msg, qid)
+            self.dead.send(reason="feedback has neither a label nor a reward", msg=msg, query_id=qid)
             return
         stored = self.store.load_predictions(qid)
         if stored is None:
@@ -56,19 +58,19 @@ class Learner:
                 self.retry.append((now + self.RETRY_EVERY_S, give_up_at, msg))
                 return
             self.stats["unknown_query"] += 1
-            self.dead.send("feedback for an unknown or expired query id", msg, qid)
+            self.dead.send(reason="feedback for an unknown or expired query id", msg=msg, query_id=qid)
             return
-        app_name = stored.get("app") or fb["app"]
+        app_name = stored.get("app") or fb.app
         try:
             app, policy, _ = self.apps.get(app_name)
         except ClipstreamError as exc:
             self.stats["bad_feedback"] += 1
-            self.dead.send(f"feedback for {app_name}: {exc}", msg, qid)
+            self.dead.send(reason=f"feedback for {app_name}: {exc}", msg=msg, query_id=qid)
             return
-        context = fb.get("context") or stored.get("context")
+        context = fb.context or stored.get("context")
         preds = {m: Output.from_json(o) for m, o in stored["predictions"].items()}
         answer = Output.from_json(stored["answer"]) if stored.get("answer") else None
-        feedback = Feedback(qid, label=fb.get("label"), reward=fb.get("reward"), answer=answer)
+        feedback = Feedback(qid, label=fb.label, reward=fb.reward, answer=answer)
         query = Query(qid, app_name, context)
 
         def observe(state: dict | None) -> dict:

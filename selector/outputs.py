@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from schemas import from_tensor
+from schemas import OutputKind, Response, Tensor
+from selector.join import Asked
 from selector.types import Output, plain
 
 WIRE_SCALARS = (bool, int, float, str)
@@ -18,7 +19,7 @@ WIRE_SCALARS = (bool, int, float, str)
 class AppOutputs:
     """What the app's linked models answer: their kind, and the label list scores align with."""
 
-    kind: str = "label"
+    kind: OutputKind = "label"
     labels: tuple[Any, ...] | None = None
 
 
@@ -35,9 +36,9 @@ def app_outputs(view: Any, models: tuple[str, ...]) -> AppOutputs:
     return AppOutputs(kinds[0] if kinds else "label", None)
 
 
-def to_output(tensor: dict[str, Any], kind: str | None, labels: tuple[Any, ...] | None) -> Output:
+def to_output(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None) -> Output:
     """A model's row as an Output: class scores -> (argmax label, scores); a 0-d tensor -> its value."""
-    arr = from_tensor(tensor)
+    arr = tensor.array()
     if arr.ndim == 0 or (arr.size == 1 and kind in ("label", "regression")):
         value = plain(arr.reshape(()))
         return Output(float(value) if kind == "regression" else value)
@@ -56,7 +57,8 @@ def wire_value(value: Any) -> Any:
 
 
 def response_record(
-    event: dict[str, Any],
+    query_id: str,
+    asked: Asked,
     output: Output | None,
     confidence: float,
     answered: list[str],
@@ -65,24 +67,24 @@ def response_record(
     now_us: int,
     default: Any = None,
     default_reason: str | None = None,
-) -> dict[str, Any]:
-    """The Response for a query event (or the parts of one the join kept)."""
-    trace = dict(event.get("trace") or {})
+) -> Response:
+    """The Response to query ``query_id``, from what the join kept of it."""
+    trace = dict(asked.trace)
     trace["joined"] = now_us
     scores = list(output.scores) if output is not None and output.scores is not None else None
     is_default = default_reason is not None
-    return {
-        "query_id": event["query_id"],
-        "app": event["app"],
-        "output": wire_value(default if is_default or output is None else output.value),
-        "scores": scores,
-        "labels": [str(lab) for lab in labels] if scores is not None and labels else None,
-        "confidence": 0.0 if is_default else float(confidence),
-        "is_default": is_default,
-        "default_reason": default_reason,
-        "answered": list(answered),
-        "missing": list(missing),
-        "created_us": now_us,
-        "deadline_us": int(event.get("deadline_us") or 0),
-        "trace": trace,
-    }
+    return Response(
+        query_id=query_id,
+        app=asked.app,
+        output=wire_value(default if is_default or output is None else output.value),
+        scores=scores,
+        labels=[str(lab) for lab in labels] if scores is not None and labels else None,
+        confidence=0.0 if is_default else float(confidence),
+        is_default=is_default,
+        default_reason=default_reason,
+        answered=list(answered),
+        missing=list(missing),
+        created_us=now_us,
+        deadline_us=int(asked.deadline_us or 0),
+        trace=trace,
+    )

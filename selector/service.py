@@ -18,27 +18,30 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
-from clipstream.heap import freeze_startup_heap
 from clipstream.settings import Settings
 from registry.topic import RegistryFollower
-from schemas import decode_as, encode, from_tensor
+from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
 from schemas.reasons import NOTHING_ARRIVED
-from selector.join import JoinState, Pending
-from selector.kafka import Apps, DeadLetters, log, pin_and_assign
+from selector.join import Asked, JoinState, Pending
+from selector.kafka import Apps, log
 from selector.learn import Learner
 from selector.outputs import response_record, to_output
 from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
 from selector.settings import SelectorSettings
 from selector.store import StateStore
-from selector.types import Query
+from selector.types import Query, State
 from topics.admin import ensure_core_topics, ensure_model_topics
 from topics.catalogue import Catalogue
-from topics.client import consumer_config, producer_config
+from topics.client import consumer_config
+from topics.deadletters import DeadLetters
+from topics.emitter import Emitter
+from topics.offsets import pin_and_assign
+from topics.stage import announce_ready
 
 # built-in policies whose select and combine never read learned state (``single`` counts
 # feedback only); any policy may say so itself with a ``stateless`` attribute
@@ -61,9 +64,9 @@ def is_stateless(policy: Any) -> bool:
 class Selector:
     """Dispatch and join for the partitions this member owns."""
 
-    def __init__(self, consumer: Consumer, producer: Producer, store: StateStore, apps: Apps,
+    def __init__(self, consumer: Consumer, producer: Emitter, store: StateStore, apps: Apps,
                  dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
-                 reply_budget: ReplyBudget | int = 0, reply_producer: Producer | None = None) -> None:
+                 reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
         self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
@@ -78,23 +81,23 @@ class Selector:
         self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0}
 
     # -- dispatch: select -----------------------------------------------------------
-    def dispatch(self, msg: Any, ev: dict[str, Any] | None = None,
-                 states: dict[tuple[str, str | None], Any] | None = None, poll: bool = True) -> None:
+    def dispatch(self, msg: Any, ev: QueryEvent | None = None,
+                 states: dict[tuple[str, str | None], State | None] | None = None, poll: bool = True) -> None:
         """Select models for one query and send its requests.
 
         ``ev`` is the decoded QueryEvent when the caller already has it; ``states`` holds the
         policy states ``StateStore.load_many`` fetched for the whole poll group."""
         if ev is None:
             try:
-                ev = decode_as("QueryEvent", msg.value())
+                ev = decode_as(QueryEvent, msg.value())
             except ClipstreamError as exc:
-                self.dead.send(f"undecodable query: {exc}", msg)
+                self.dead.send(reason=f"undecodable query: {exc}", msg=msg)
                 return
         self.stats["queries"] += 1
-        qid, now = ev["query_id"], now_us()
+        qid, now = ev.query_id, now_us()
         try:
-            app, policy, outputs = self.apps.get(ev["app"])
-            query = Query(qid, app.name, ev.get("context"), from_tensor(ev["input"]), ev["deadline_us"])
+            app, policy, outputs = self.apps.get(ev.app)
+            query = Query(qid, app.name, ev.context, ev.input.array(), ev.deadline_us)
             if is_stateless(policy):
                 stored = None
             else:
@@ -106,26 +109,27 @@ class Selector:
             state = align_state(policy, stored, app.models)
             chosen = [m for m in policy.select(state, query) if m in app.models]
         except ClipstreamError as exc:
-            self.dead.send(str(exc), msg, qid)
-            self._reply(ev, response_record(ev, None, 0.0, [], [], None, now_us(), None, str(exc)))
+            self.dead.send(reason=str(exc), msg=msg, query_id=qid)
+            asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace)
+            self._reply(asked, response_record(qid, asked, None, 0.0, [], [], None, now_us(), None, str(exc)))
             return
-        trace = dict(ev.get("trace") or {})
+        trace = dict(ev.trace)
         trace["dispatched"] = now
-        meta = {"event": {k: ev.get(k) for k in ("query_id", "app", "deadline_us", "reply_topic", "reply_partition")},
-                "trace": trace, "context": query.context, "state": state, "query": query}
+        asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, query.context, trace,
+                      query=query, state=state)
         # the join's cutoff leaves the reply its budget; a query with no prediction by then
         # waits to the budget's floor (its last resort) rather than take the default at once.
         # The models' deadline is that last resort: a prediction later than it is never used.
-        cutoff_us = ev["deadline_us"] - self.reply_budget.us
-        last_resort_us = ev["deadline_us"] - self.reply_budget.floor_us
-        self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us if chosen else None, **meta)
-        if not chosen or ev["deadline_us"] <= now:
+        cutoff_us = ev.deadline_us - self.reply_budget.us
+        last_resort_us = ev.deadline_us - self.reply_budget.floor_us
+        self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us if chosen else None, asked=asked)
+        if not chosen or ev.deadline_us <= now:
             return  # answered by the timer with the default
         for model in chosen:
             self._ensure_model_topic(model)
-            request = {"query_id": qid, "app": app.name, "model": model, "input": ev["input"],
-                       "deadline_us": last_resort_us, "selector_partition": msg.partition(), "trace": trace}
-            self.producer.produce(self.catalogue.requests(model).name, encode("ModelRequest", request), key=qid.encode())
+            request = ModelRequest(query_id=qid, app=app.name, model=model, input=ev.input, deadline_us=last_resort_us,
+                                   selector_partition=msg.partition(), trace=trace)
+            self.producer.produce(self.catalogue.requests(model).name, encode(request), key=qid.encode())
         if poll:
             self.producer.poll(0)
 
@@ -140,37 +144,37 @@ class Selector:
         ``selector_in`` stamp, so the join's own time is told apart from the Kafka hop)."""
         received_us = received_us or now_us()
         try:
-            batch = decode_as("Predictions", msg.value())
+            batch = decode_as(Predictions, msg.value())
         except ClipstreamError as exc:
-            self.dead.send(f"undecodable predictions: {exc}", msg)
+            self.dead.send(reason=f"undecodable predictions: {exc}", msg=msg)
             return
-        for item in batch["items"]:
-            pending = self.join.get(item["query_id"])
+        for item in batch.items:
+            pending = self.join.get(item.query_id)
             if pending is not None:  # the last prediction's stage stamps ride on the Response
-                pending.meta["trace"].update(item.get("trace") or {})
-                pending.meta["trace"]["selector_in"] = received_us
-            output = None
-            if pending is not None and item["status"] in ("ok", "cached") and item.get("output") is not None:
+                trace = pending.asked.trace
+                trace.update(item.trace)
+                trace["selector_in"] = received_us
+            output, status, error = None, item.status, item.error
+            if pending is not None and status in ("ok", "cached") and item.output is not None:
                 try:
-                    _, _, outs = self.apps.get(pending.meta["event"]["app"])
-                    spec = self.apps.view().models.get(item["model"])
+                    _, _, outs = self.apps.get(pending.asked.app)
+                    spec = self.apps.view().models.get(item.model)
                     kind = spec.spec.output.kind if spec and spec.spec else outs.kind
-                    output = to_output(item["output"], kind, outs.labels)
+                    output = to_output(item.output, kind, outs.labels)
                 except ClipstreamError as exc:
-                    item = dict(item, status="error", error=f"undecodable output: {exc}")
-            done = self.join.add(item["query_id"], item["model"], item["status"], output, item.get("error"))
+                    status, error = "error", f"undecodable output: {exc}"
+            done = self.join.add(item.query_id, item.model, status, output, error)
             if done is not None:
                 self.answer(done)
 
     def answer(self, pending: Pending, late_us: int | None = None) -> None:
         """combine with what arrived; the stragglers are named and lower the confidence.
         ``late_us``: for a query answered by the cutoff timer, how long after it was due."""
-        ev, now = pending.meta["event"], now_us()
-        ev = dict(ev, trace=pending.meta["trace"])
+        asked, now = pending.asked, now_us()
         missing = pending.missing
         self.stats["stragglers"] += sum(1 for m in missing if m not in pending.failed)
         try:
-            app, policy, outputs = self.apps.get(ev["app"])
+            app, policy, outputs = self.apps.get(asked.app)
             default = app.default_output
         except ClipstreamError:
             app, policy, outputs, default = None, None, None, None
@@ -181,27 +185,28 @@ class Selector:
             if not pending.expected:
                 reason = "the policy selected no model"
             self.stats["defaults"] += 1
-            record = response_record(ev, None, 0.0, [], missing, None, now, default, reason)
-            self._reply(ev, record, late_us)
+            record = response_record(pending.query_id, asked, None, 0.0, [], missing, None, now, default, reason)
+            self._reply(asked, record, late_us)
             return
-        answer, confidence = policy.combine(pending.meta["state"], pending.meta["query"], dict(pending.arrived))
-        record = response_record(ev, answer, confidence, list(pending.arrived), missing, outputs.labels, now)
-        self._reply(ev, record, late_us)  # the caller first; learn waits for the stored predictions if need be
+        answer, confidence = policy.combine(asked.state, asked.query, dict(pending.arrived))
+        record = response_record(pending.query_id, asked, answer, confidence, list(pending.arrived), missing,
+                                 outputs.labels, now)
+        self._reply(asked, record, late_us)  # the caller first; learn waits for the stored predictions if need be
         self.store.save_predictions(pending.query_id, {
-            "app": ev["app"], "context": pending.meta["context"], "answer": answer.to_json(),
+            "app": asked.app, "context": asked.context, "answer": answer.to_json(),
             "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
 
-    def _reply(self, ev: dict[str, Any], record: dict[str, Any], late_us: int | None = None) -> None:
-        topic = ev.get("reply_topic") or self.catalogue.responses.name
-        kwargs: dict[str, Any] = {"key": ev["query_id"].encode()}
-        if ev.get("reply_topic") and ev.get("reply_partition") is not None:
-            kwargs["partition"] = int(ev["reply_partition"])
+    def _reply(self, asked: Asked, record: Response, late_us: int | None = None) -> None:
+        topic = asked.reply_topic or self.catalogue.responses.name
+        kwargs: dict[str, Any] = {"key": record.query_id.encode()}
+        if asked.reply_topic and asked.reply_partition is not None:
+            kwargs["partition"] = int(asked.reply_partition)
         # only answers made at the cutoff teach the budget: it is for them (an answer complete
         # earlier has time to spare), and their trips come when every stage is busy with newer
         # queries. Reports are served by ``run``'s reply-acks thread.
         if self.reply_budget.adaptive and late_us is not None:
             kwargs["on_delivery"] = functools.partial(self._reply_acked, late_us=late_us)
-        self.reply_producer.produce(topic, encode("Response", record), **kwargs)
+        self.reply_producer.produce(topic, encode(record), **kwargs)
         if not self.reply_budget.adaptive:
             self.reply_producer.poll(0)
         self.stats["responses"] += 1
@@ -220,19 +225,19 @@ class Selector:
         (none at all for stateless policies), and the producer is polled once at the end."""
         queries = queries or self.catalogue.queries.name
         received_us = received_us or now_us()
-        events: list[Any] = [None] * len(msgs)
+        events: list[QueryEvent | None] = [None] * len(msgs)
         pairs: list[tuple[str, str | None]] = []
         for i, m in enumerate(msgs):
             if m.error() or m.topic() != queries:
                 continue
             try:
-                ev = events[i] = decode_as("QueryEvent", m.value())
-                _, policy, _ = self.apps.get(ev["app"])
+                ev = events[i] = decode_as(QueryEvent, m.value())
+                _, policy, _ = self.apps.get(ev.app)
                 if not is_stateless(policy):
-                    pairs.append((ev["app"], ev.get("context") or None))
+                    pairs.append((ev.app, ev.context or None))
             except Exception:  # dispatch reports it (dead letter or default answer)
                 continue
-        states: dict[tuple[str, str | None], Any] = {}
+        states: dict[tuple[str, str | None], State | None] = {}
         if pairs:
             try:
                 states = self.store.load_many(pairs)
@@ -270,13 +275,11 @@ class Selector:
 
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
         queries = self.catalogue.queries.name
-        acks: threading.Thread | None = None
         if self.reply_budget.adaptive:
             # a delivery report's latency runs until the report is served, so the reply
             # producer is polled by a thread of its own, which serves each one as it comes
-            acks = threading.Thread(target=_serve_reports, args=(self.reply_producer, stop),
-                                    name="reply-acks", daemon=True)
-            acks.start()
+            # (until the reply producer is closed)
+            self.reply_producer.start_polling(0.05)
         while not stop.is_set():
             due = self.join.next_deadline()
             timeout = max_poll_s if due is None else min(max_poll_s, max(0.0, (due - now_us()) / 1e6))
@@ -286,13 +289,6 @@ class Selector:
             if msgs:
                 self.handle(msgs, queries, received)
             self.answer_expired()
-        if acks is not None:
-            acks.join(timeout=1)  # before the caller flushes the reply producer on this thread
-
-
-def _serve_reports(producer: Producer, stop: threading.Event) -> None:
-    while not stop.is_set():
-        producer.poll(0.05)
 
 
 def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
@@ -304,11 +300,12 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
     ensure_core_topics(settings)
     follower = RegistryFollower(settings).start()
     follower.wait_ready(ss.registry_timeout_s)
-    producer = Producer(producer_config(settings))
-    reply_producer = Producer(producer_config(settings))
+    producer = Emitter(settings, name="selector")
+    reply_producer = Emitter(settings, name="selector replies")
     store = StateStore(redis.Redis.from_url(settings.redis_url), settings.stored_predictions_ttl_s)
     store.redis.ping()
-    apps, dead = Apps(follower.view), DeadLetters(producer, catalogue.deadletter.name)
+    apps = Apps(follower.view)
+    dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
     waiting = {"join"} if join else set()
     waiting |= {"learn"} if learn else set()
     lock = threading.Lock()
@@ -318,11 +315,13 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             if part in waiting:
                 waiting.discard(part)
                 if not waiting:
-                    freeze_startup_heap()
-                    print("ready: selector", flush=True)
+                    announce_ready("selector")
 
     def on_assign(name: str) -> Any:
-        return lambda c, parts: pin_and_assign(c, parts, lambda: assigned(name))
+        def assign(consumer: Consumer, partitions: list[Any]) -> None:
+            pin_and_assign(consumer, partitions)
+            assigned(name)
+        return assign
 
     consumers: list[Consumer] = []
     threads: list[threading.Thread] = []
@@ -352,7 +351,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             t.join(timeout=5)
         for c in consumers:
             c.close()
-        producer.flush(5)
-        reply_producer.flush(5)
+        producer.close(5)
+        reply_producer.close(5)
         follower.stop()
         print("selector stopped", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ import tempfile
 from batchers.app import faust_app
 from clipstream.clock import now_us
 from clipstream.settings import get_settings
-from schemas import decode_as, encode
+from schemas import QueryEvent, Response, decode_as, encode
 
 settings = get_settings()
 IN_TOPIC = os.environ["ECHO_IN"]
@@ -32,23 +32,23 @@ responses = app.topic(OUT_TOPIC, value_type=bytes, key_type=bytes)
 @app.agent(queries)
 async def answer(stream):  # type: ignore[no-untyped-def]
     async for value in stream:
-        q = decode_as("QueryEvent", value)
-        response = {
-            "query_id": q["query_id"],
-            "app": q["app"],
-            "output": int(len(q["input"]["data"])),
-            "scores": None,
-            "labels": None,
-            "confidence": 1.0,
-            "is_default": False,
-            "default_reason": None,
-            "answered": ["faust"],
-            "missing": [],
-            "created_us": now_us(),
-            "deadline_us": q["deadline_us"],
-            "trace": {},
-        }
-        await responses.send(key=q["query_id"].encode(), value=encode("Response", response))
+        q = decode_as(QueryEvent, value)
+        response = Response(
+            query_id=q.query_id,
+            app=q.app,
+            output=len(q.input.data),
+            scores=None,
+            labels=None,
+            confidence=1.0,
+            is_default=False,
+            default_reason=None,
+            answered=["faust"],
+            missing=[],
+            created_us=now_us(),
+            deadline_us=q.deadline_us,
+            trace={},
+        )
+        await responses.send(key=q.query_id.encode(), value=encode(response))
 
 
 if __name__ == "__main__":

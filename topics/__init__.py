@@ -1,4 +1,6 @@
-"""The topic catalogue, topic creation, and the Kafka client settings every stage uses."""
+"""The topic catalogue, topic creation, the Kafka client settings, and the Kafka runtime every
+stage uses: ``intake`` (consumer thread -> event loop), ``offsets`` (start offsets, commits),
+``emitter`` (producer and delivery reports), ``deadletters``, ``stage`` (the ``ready:`` line)."""
 
 from topics.catalogue import Catalogue, TopicSpec, check_name
 from topics.client import aiokafka_kwargs, consumer_config, producer_config

@@ -1,1 +1,1 @@
-"""workers stage of clipstream (see DESIGN.md)."""
+"""workers stage of clipstream: one model replica per process (see docs/CONTRACTS.md)."""

@@ -17,8 +17,9 @@ import numpy as np
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ModelError
-from registry.spec import OutputSpec
-from schemas import encode, from_tensor, to_tensor
+from registry.spec import ModelSpec, OutputSpec
+from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Tensor, encode
+from topics.deadletters import dead_letter_record
 from workers.backends import BatchModel
 
 STAGE = "worker"
@@ -28,14 +29,14 @@ STAGE = "worker"
 class BatchOutcome:
     """What one batch produces; the adapter only has to write it out."""
 
-    predictions: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    predictions: dict[int, list[Prediction]] = field(default_factory=dict)
     cache: list[tuple[str, bytes]] = field(default_factory=list)
-    dead_letters: list[dict[str, Any]] = field(default_factory=list)
-    stats: dict[str, Any] | None = None
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    stats: BatchStats | None = None
 
-    def predictions_records(self) -> list[tuple[int, dict[str, Any]]]:
+    def predictions_records(self) -> list[tuple[int, Predictions]]:
         """(selector partition, ``Predictions`` record) pairs: one record per partition."""
-        return [(p, {"selector_partition": p, "items": items}) for p, items in sorted(self.predictions.items())]
+        return [(p, Predictions(p, items)) for p, items in sorted(self.predictions.items())]
 
 
 def output_rows(spec: OutputSpec, outputs: Any, n: int) -> list[np.ndarray]:
@@ -66,19 +67,9 @@ def dead_letter(
     source: tuple[str, int, int] | None = None,
     query_id: str | None = None,
     payload: bytes | None = None,
-) -> dict[str, Any]:
+) -> DeadLetter:
     """A ``DeadLetter`` record from this stage."""
-    topic, partition, offset = source if source is not None else (None, None, None)
-    return {
-        "stage": STAGE,
-        "reason": reason,
-        "source_topic": topic,
-        "source_partition": partition,
-        "source_offset": offset,
-        "query_id": query_id,
-        "payload": payload,
-        "created_us": now_us(),
-    }
+    return dead_letter_record(stage=STAGE, reason=reason, source=source, query_id=query_id, payload=payload)
 
 
 @dataclass
@@ -87,11 +78,11 @@ class Prepared:
     ``finish_batch`` needs afterwards. Items that failed their checks are already answered
     in ``outcome``."""
 
-    batch: dict[str, Any]
+    batch: Batch
     version: str | None
     received_us: int
     source: tuple[str, int, int] | None
-    valid: list[dict[str, Any]] = field(default_factory=list)
+    valid: list[BatchItem] = field(default_factory=list)
     inputs: np.ndarray | None = None
     outcome: BatchOutcome = field(default_factory=BatchOutcome)
     errors: int = 0
@@ -107,20 +98,19 @@ class Ran:
     out_us: int
 
 
-def _prediction(p: Prepared, item: dict[str, Any], status: str, output: dict[str, Any] | None,
+def _prediction(p: Prepared, item: BatchItem, status: str, output: Tensor | None,
                 error: str | None, out_us: int) -> None:
-    trace = dict(item.get("trace") or {})
+    # a copy: the item itself may still be written whole into a dead letter
+    trace = dict(item.trace)
     trace["worker_in"] = p.received_us
     trace["worker_out"] = out_us
-    p.outcome.predictions.setdefault(int(item["selector_partition"]), []).append({
-        "query_id": item["query_id"], "model": p.batch["model"], "version": p.version,
-        "status": status, "output": output, "error": error, "trace": trace,
-    })
+    p.outcome.predictions.setdefault(item.selector_partition, []).append(
+        Prediction(item.query_id, p.batch.model, p.version, status, output, error, trace))
 
 
 def prepare_batch(
-    spec: Any,
-    batch: dict[str, Any],
+    spec: ModelSpec,
+    batch: Batch,
     *,
     version: str | None = None,
     received_us: int,
@@ -134,25 +124,25 @@ def prepare_batch(
     An item whose ``selector_partition`` is outside ``[0, selector_partitions)`` cannot be
     answered anywhere: it becomes a dead letter only (producing it would fail forever).
     """
-    p = Prepared(batch, batch.get("version") or version, received_us, source)
+    p = Prepared(batch, batch.version or version, received_us, source)
     arrays: list[np.ndarray] = []
-    for item in batch["items"]:
-        part = int(item["selector_partition"])
+    for item in batch.items:
+        part = item.selector_partition
         if part < 0 or (selector_partitions is not None and part >= selector_partitions):
             p.errors += 1
             p.outcome.dead_letters.append(dead_letter(
                 f"selector_partition {part} is outside [0, {selector_partitions})",
-                source=source, query_id=item["query_id"], payload=encode("BatchItem", item)))
+                source=source, query_id=item.query_id, payload=encode(item)))
             continue
         try:
-            array = from_tensor(item["input"])
+            array = item.input.array()
             spec.input.check(array)
         except ClipstreamError as exc:
             p.errors += 1
             reason = f"bad input: {exc}"
             _prediction(p, item, "error", None, reason, clock())
             p.outcome.dead_letters.append(
-                dead_letter(reason, source=source, query_id=item["query_id"], payload=encode("BatchItem", item)))
+                dead_letter(reason, source=source, query_id=item.query_id, payload=encode(item)))
             continue
         p.valid.append(item)
         arrays.append(array)
@@ -184,32 +174,32 @@ def finish_batch(p: Prepared, ran: Ran | None, *, worker_id: str,
     elif ran is not None:
         for item, row in zip(p.valid, ran.rows):
             try:
-                tensor = to_tensor(row)
+                tensor = Tensor.of(row)
             except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it
                 p.errors += 1
                 _prediction(p, item, "error", None, f"model error: output cannot travel: {exc}", ran.out_us)
                 continue
             _prediction(p, item, "ok", tensor, None, ran.out_us)
-            if item.get("cache_key"):
-                p.outcome.cache.append((item["cache_key"], encode("Tensor", tensor)))
+            if item.cache_key:
+                p.outcome.cache.append((item.cache_key, encode(tensor)))
     batch = p.batch
-    p.outcome.stats = {
-        "batch_id": batch["batch_id"],
-        "model": batch["model"],
-        "replica": int(batch["replica"]),
-        "batch_size": len(batch["items"]),
-        "service_us": ran.service_us if ran is not None else 0,
-        "queue_wait_us": max(0, p.received_us - int(batch["created_us"])),
-        "errors": p.errors,
-        "worker_id": worker_id,
-        "created_us": clock(),
-    }
+    p.outcome.stats = BatchStats(
+        batch_id=batch.batch_id,
+        model=batch.model,
+        replica=batch.replica,
+        batch_size=len(batch.items),
+        service_us=ran.service_us if ran is not None else 0,
+        queue_wait_us=max(0, p.received_us - batch.created_us),
+        errors=p.errors,
+        worker_id=worker_id,
+        created_us=clock(),
+    )
     return p.outcome
 
 
 def handle_batch(
     model: BatchModel,
-    batch: dict[str, Any],
+    batch: Batch,
     *,
     worker_id: str,
     version: str | None = None,

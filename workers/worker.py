@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import socket
 import sys
 import threading
@@ -22,24 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from clipstream.clock import now_us
-from clipstream.errors import ClipstreamError, InfraError
-from clipstream.heap import freeze_startup_heap
+from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
-from schemas import decode_as, encode
+from schemas import Batch, Record, decode_as, encode
 from topics.admin import ensure_model_topics, ensure_topics
 from topics.catalogue import Catalogue
-from topics.client import admin_config, consumer_config, producer_config
+from topics.client import admin_config, consumer_config
+from topics.emitter import Emitter
+from topics.offsets import SpacedCommits, committed_offset
+from topics.stage import announce_ready, stop_on_signals
 from workers.backends import BatchModel, warm_up
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
 from workers.offsets import OffsetTracker
@@ -84,7 +77,7 @@ class Worker:
         ensure_topics(self.settings, [self.cat.predictions, self.cat.deadletter])
         self.selector_partitions = self._partitions(self.predictions_topic)
         warm_up(self.model)
-        self.producer = Producer(producer_config(self.settings))
+        self.producer = Emitter(self.settings, name=f"worker {self.name}.{self.replica}")
         self.consumer = Consumer(
             consumer_config(
                 self.settings, self.group_id,
@@ -93,29 +86,12 @@ class Worker:
         )
         # resume from the group's committed offset, read by us (with retries) rather than by
         # librdkafka at assign time: on a fresh broker its one attempt can fail and stall the partition
-        self.consumer.assign([TopicPartition(self.batches_topic, self.replica, self._committed_offset())])
+        # (its committed offset, else the partition's start: ``topics.offsets.committed_offset``)
+        tp = TopicPartition(self.batches_topic, self.replica)
+        self.consumer.assign([TopicPartition(tp.topic, tp.partition,
+                                             committed_offset(self.consumer, tp, self.ws.start_timeout_s))])
         self.redis = redis.Redis.from_url(self.settings.redis_url)
-        freeze_startup_heap()
-        print(f"ready: worker {self.name} replica {self.replica} device {self.model.device}", flush=True)
-
-    def _committed_offset(self) -> int:
-        """Where this replica resumes: its group's committed offset, else the partition's start.
-
-        On a fresh broker the offsets topic is still being created (NOT_COORDINATOR,
-        COORDINATOR_LOAD_IN_PROGRESS): those are retried until ``start_timeout_s``.
-        """
-        deadline = time.monotonic() + self.ws.start_timeout_s
-        while True:
-            try:
-                (tp,) = self.consumer.committed([TopicPartition(self.batches_topic, self.replica)], timeout=5.0)
-                if tp.error is None:
-                    return tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                error: Any = tp.error
-            except KafkaException as exc:
-                error = exc
-            if time.monotonic() > deadline:
-                raise InfraError(f"cannot read the committed offset of {self.batches_topic}[{self.replica}]: {error}")
-            time.sleep(0.2)
+        announce_ready("worker", f"{self.name} replica {self.replica} device {self.model.device}")
 
     def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None:  # the batch will be redone after a restart: a duplicate, not a loss
@@ -135,8 +111,7 @@ class Worker:
 
     def run(self) -> None:
         """Start, then serve until SIGTERM/SIGINT; batches already read are finished first."""
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
+        stop_on_signals(self.stop)
         self.start()
         self.start_pipeline()
         try:
@@ -156,8 +131,7 @@ class Worker:
         self._to_device: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, self.ws.prefetch_batches))
         self._to_emit: queue.Queue[Job | None] = queue.Queue()
         self.tracker = OffsetTracker()
-        self._to_commit: int | None = None
-        self._committed_at = 0.0
+        self.commits = SpacedCommits(self.batches_topic, self.replica)
         self._threads = [threading.Thread(target=self._device_loop, name="device", daemon=True),
                          threading.Thread(target=self._emit_loop, name="emitter", daemon=True)]
         for t in self._threads:
@@ -195,7 +169,7 @@ class Worker:
         source = (msg.topic(), msg.partition(), msg.offset())
         job = Job(msg.offset())
         try:
-            batch = decode_as("Batch", msg.value())
+            batch = decode_as(Batch, msg.value())
             job.prepared = prepare_batch(self.model.spec, batch, version=self.version, received_us=now_us(),
                                          source=source, selector_partitions=self.selector_partitions)
         except ClipstreamError as exc:
@@ -256,30 +230,22 @@ class Worker:
                 time.sleep(1.0)  # do not spin against a failing broker
                 self.consumer.seek(TopicPartition(self.batches_topic, self.replica, resume))
             return True
-        offset = self.tracker.take_committable()
-        if offset is not None:
-            self._to_commit = offset
-        # an offset commit is a write to the broker's offsets log: at most one per interval
-        # (a crash redoes at most that much, as duplicates), and the last one when stopping
-        now = time.monotonic()
-        if self._to_commit is not None and (not asynchronous or now - self._committed_at >= self.ws.commit_interval_s):
-            self.consumer.commit(offsets=[TopicPartition(self.batches_topic, self.replica, self._to_commit)],
-                                 asynchronous=asynchronous)
-            self._to_commit, self._committed_at = None, now
+        # at most one commit per interval, and the last one when stopping (``SpacedCommits``)
+        self.commits.offer(self.tracker.take_committable())
+        self.commits.commit(self.consumer, self.ws.commit_interval_s, asynchronous)
         return False
 
     def emit(self, outcome: BatchOutcome, offset: int) -> None:
         """Predictions first (the caller is waiting), then the cache, stats and dead letters."""
-        records: list[tuple[str, int | None, str, dict[str, Any]]] = [
-            (self.predictions_topic, partition, "Predictions", record)
-            for partition, record in outcome.predictions_records()]
+        records: list[tuple[str, int | None, Record]] = [
+            (self.predictions_topic, partition, record) for partition, record in outcome.predictions_records()]
         if outcome.stats is not None:
-            records.append((self.stats_topic, None, "BatchStats", outcome.stats))
-        records += [(self.deadletter_topic, None, "DeadLetter", r) for r in outcome.dead_letters]
+            records.append((self.stats_topic, None, outcome.stats))
+        records += [(self.deadletter_topic, None, r) for r in outcome.dead_letters]
         # counted before the first produce, so an early ack cannot close the batch too soon
         self.tracker.produced(offset, len(records))
-        for topic, partition, name, record in records[:1]:
-            self.produce(topic, partition, name, record, offset)
+        for topic, partition, record in records[:1]:
+            self.produce(topic, partition, record, offset)
         if outcome.cache:
             try:
                 pipe = self.redis.pipeline(transaction=False)
@@ -288,11 +254,11 @@ class Worker:
                 pipe.execute()
             except redis.RedisError as exc:  # the cache is an optimisation: keep serving
                 log(f"cache fill failed: {exc}")
-        for topic, partition, name, record in records[1:]:
-            self.produce(topic, partition, name, record, offset)
+        for topic, partition, record in records[1:]:
+            self.produce(topic, partition, record, offset)
 
-    def produce(self, topic: str, partition: int | None, name: str, record: dict[str, Any], offset: int) -> None:
-        kwargs: dict[str, Any] = {"value": encode(name, record),
+    def produce(self, topic: str, partition: int | None, record: Record, offset: int) -> None:
+        kwargs: dict[str, Any] = {"value": encode(record),
                                   "on_delivery": lambda err, msg: self.tracker.acked(offset, None if err is None else f"{msg.topic()}: {err}")}
         if partition is not None:
             kwargs["partition"] = partition

@@ -75,8 +75,7 @@ objective).
 Modules: ``helpers`` (pure functions, unit-tested), ``bounds`` (the ideal batcher's
 simulation, unit-tested), ``procs`` (load generator and CLI
 children), ``runner`` (``Bench``: one run), ``sections`` (the five sections), ``plot`` (the
-figure), ``cli`` (``main``). The discrete-event simulation that used to live here is
-``bench/batching_sim.py``.
+figure), ``cli`` (``main``).
 """
 
 from __future__ import annotations

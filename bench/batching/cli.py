@@ -4,7 +4,6 @@ the package docstring, ``bench/batching/__init__.py``)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -25,7 +24,8 @@ from bench.batching.sections import (
     section_delayed,
     section_throughput,
 )
-from bench.machine import warm_until_jit_quiet
+from bench.common import write_json
+from bench.machine import machine_info, warm_until_jit_quiet
 
 SECTIONS = ("throughput", "adapt", "delayed", "cache", "cost")
 
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "objective_ms": OBJECTIVE_MS, "request_deadline_ms": args.deadline_ms, "quick": args.quick,
         "ramp": args.ramp, "hopeless_margin_ms": args.hopeless_margin_ms,
         "argv": list(argv) if argv is not None else sys.argv[1:], "host_cpus": os.cpu_count(),
-        "load_at_start": os.getloadavg(), "throughput": {},
+        "load_at_start": os.getloadavg(), "machine": machine_info(), "throughput": {},
     }
     b = Bench(args)
     report["aimd_objective_ms_within_deadline"] = b.aimd_objective_ms
@@ -111,11 +111,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         b.stop()
     report["load_at_end"] = os.getloadavg()
     report["wall_s"] = round(time.monotonic() - t0, 1)
-    (args.out / "batching.json").write_text(json.dumps(report, indent=1, default=str))
+    write_json("batching", report, args.out)
     try:
-        plot(report, args.out / "batching.png")
+        plot(report, args.out)
     except Exception as exc:  # a figure problem must not lose the numbers
         log(f"figure failed: {exc}")
-    log(f"wrote {args.out / 'batching.json'} and batching.png in {report['wall_s']} s")
+    log(f"done in {report['wall_s']} s")
     return report
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.stats import percentile
+from clipstream.testing.models import CLOCKWORK
+
 ROOT = Path(__file__).resolve().parents[2]
 OBJECTIVE_MS = 20.0
-CLOCKWORK: dict[int, float] = {1: 2.61, 2: 3.78, 4: 5.61, 8: 9.13, 16: 15.67}
-SVM_FIXED_MS, SVM_PER_ITEM_MS = 5.0, 0.05
 FIXED_AIMD_OBJECTIVE_MS = 1e6  # an AIMD objective nothing misses: a fixed batch size
 
 
@@ -28,9 +29,8 @@ def within_deadline_objective_ms(override: float | None = None) -> float:
     request deadline: the model's latency objective, 20 ms, as in Clipper and the batcher's
     default, unless ``--aimd-objective-ms`` tightens it. AIMD grows the batch up to it; the
     batcher cuts each batch to what its latency curve says fits the oldest deadline, so a
-    20 ms objective under a 20 ms deadline does not make answers late (it did before the
-    curve fitted the sizes AIMD really runs, c95f7ac: then half of what the deadline left
-    after the hops, 8 ms, was the default here; ``docs/FIGURES.md``, 11-24)."""
+    20 ms objective under a 20 ms deadline does not make answers late
+    (``docs/design/0002-aimd-at-the-20-ms-objective.md``)."""
     if override is not None and override > 0:
         return override
     return OBJECTIVE_MS
@@ -87,15 +87,6 @@ def arrivals_due(t_s: float, rate_qps: float, period_s: float = 0.0, duty: float
     full, frac = divmod(t_s, period_s)
     on = min(frac, duty * period_s)
     return int(rate_qps * (full * period_s) + rate_qps / duty * on)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return float(xs[lo] + (xs[hi] - xs[lo]) * (k - lo))
 
 
 @dataclass

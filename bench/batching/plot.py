@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.common import figure, save_figure
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+def plot(report: dict[str, Any], out_dir: Path) -> Path:
+    """Draw the report's sections into ``out_dir/batching.png``."""
+    fig, axes = figure(2, 2, (15, 10))
     ax = axes[0][0]
     for e in report.get("throughput", {}).values():
         labels = list(e["runs"])
@@ -80,5 +78,4 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for ax in row:
             if not ax.has_data():
                 ax.text(0.5, 0.5, "section not run", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    return save_figure(fig, "batching", out_dir)

@@ -1,5 +1,5 @@
 """The benchmark's processes: the load generator (its own process, spawned once; jobs over a
-pipe) and the clipstream CLI children (batcher, worker), with their CPU time from /proc."""
+pipe) and the clipstream CLI children (batcher, worker)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.batching.helpers import ROOT, arrivals_due, log
-from tests.procs import stop_process
+from clipstream.testing.procs import stop_process
 
 
 def _loadgen_main(conn: Any) -> None:
@@ -24,8 +24,8 @@ def _loadgen_main(conn: Any) -> None:
     from confluent_kafka import Producer
 
     from clipstream.settings import Settings
-    from schemas import encode, to_tensor
-    from tests.models import digits
+    from schemas import ModelRequest, Tensor, encode
+    from clipstream.testing.models import digits
     from topics.client import producer_config
 
     base = digits()[0]
@@ -58,12 +58,12 @@ def _loadgen_main(conn: Any) -> None:
                 x = base[i % len(base)].copy()
                 x[0] = float(i)  # unique input per request (pool: the same inputs again)
                 now_us = time.time_ns() // 1000
-                record = {"query_id": f"{prefix}{sent}", "app": "bench", "model": model,
-                          "input": to_tensor(np.asarray(x, np.float32)), "deadline_us": now_us + objective_us,
-                          "selector_partition": sent % n_parts, "trace": {"produced": now_us}}
+                record = ModelRequest(query_id=f"{prefix}{sent}", app="bench", model=model,
+                                      input=Tensor.of(np.asarray(x, np.float32)), deadline_us=now_us + objective_us,
+                                      selector_partition=sent % n_parts, trace={"produced": now_us})
                 while True:
                     try:
-                        producer.produce(topic, encode("ModelRequest", record))
+                        producer.produce(topic, encode(record))
                         break
                     except BufferError:
                         producer.poll(0.01)
@@ -169,13 +169,3 @@ def stop_all() -> None:
             c.stop()
         except Exception as exc:  # keep stopping the others
             log(f"stopping {c.name}: {exc}")
-
-
-def cpu_ticks(pid: int) -> int | None:
-    """utime + stime of ``pid`` (all its threads) in clock ticks, from /proc/<pid>/stat."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])

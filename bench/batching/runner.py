@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -29,7 +28,10 @@ from bench.batching.helpers import (
     top_leaves,
     within_deadline_objective_ms,
 )
-from bench.batching.procs import Child, LoadGen, cpu_ticks, stop_all, wait_ready
+from bench.batching.procs import Child, LoadGen, stop_all, wait_ready
+from bench.machine import cpu_delta, cpu_snapshot
+from bench.tap import Handler, Tap
+from schemas import BatchStats, Predictions, Record
 
 
 @dataclass
@@ -115,12 +117,9 @@ class Bench:
             deadline_ms: float | None = None, aimd_objective_ms: float = OBJECTIVE_MS) -> RunResult:
         """One batcher and worker of ``model`` under an open loop; ``aimd_objective_ms`` is AIMD's
         objective on the batch's service time (Clipper's 20 ms unless a reading says otherwise)."""
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
+        from clipstream.testing.models import set_slowdown
         from topics.admin import ensure_model_topics
         from topics.catalogue import Catalogue
-        from topics.client import consumer_config
-        from tests.models import set_slowdown
 
         self.n += 1
         name = f"{model.kind}-{self.n}"
@@ -144,25 +143,15 @@ class Bench:
         t_start = time.monotonic()
         obs: list[Obs] = []
         batches: list[tuple[int, int, int]] = []
-        consumer_stop = threading.Event()
-        consumer = th = None
+        tap = None
         batcher = Child(f"{name}-batcher", bargs, env, self.logs)
         worker = Child(f"{name}-worker", ["worker", "--model", name, "--path", str(folder), "--replica", "0",
                                            "--replicas", "1", "--version", "1", "--device", "cpu"], env, self.logs)
         try:
             startup_s = wait_ready([batcher, worker])
-            # the consumer: predictions from their current ends, this model's batch stats from the start
-            consumer = Consumer(consumer_config(self.settings, f"bench-{uuid.uuid4().hex[:8]}",
-                                                **{"enable.auto.commit": False}))
-            parts = []
-            for p in range(cat.predictions.partitions):
-                _, high = consumer.get_watermark_offsets(TopicPartition(cat.predictions.name, p), timeout=10)
-                parts.append(TopicPartition(cat.predictions.name, p, high))
-            parts.append(TopicPartition(cat.batch_stats(name).name, 0, OFFSET_BEGINNING))
-            consumer.assign(parts)
-            stop = consumer_stop
-            th = threading.Thread(target=_consume, args=(consumer, name, obs, batches, stop), daemon=True)
-            th.start()
+            # the tap: predictions from their current ends, this model's batch stats from the start
+            tap = Tap(self.settings, [cat.predictions], from_beginning=[cat.batch_stats(name)])
+            tap.start(_observer(name, obs, batches))
 
             assert self.loadgen is not None
             job = dict(bootstrap=self.status.kafka_bootstrap, topic=cat.requests(name).name, model=name,
@@ -191,7 +180,8 @@ class Bench:
                     "redis": self.status.redis_pid, "loadgen": self.loadgen.pid, "bench (consumer)": os.getpid()}
             spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
             _sleep_until(start + warmup_s)
-            cpu0 = {k: cpu_ticks(p) for k, p in pids.items() if p}
+            procs = {p: k for k, p in pids.items() if p}
+            cpu0 = cpu_snapshot(procs)
             if profile:
                 spies = self._spy({"batcher": batcher.pid, "worker": worker.pid}, measure_s)
             slow_wall = None
@@ -200,24 +190,19 @@ class Bench:
                 set_slowdown(folder, 2.0 * slowdown)
                 slow_wall = time.time()
             _sleep_until(start + duration)
-            cpu1 = {k: cpu_ticks(p) for k, p in pids.items() if p}
+            cpu1 = cpu_snapshot(procs)
             sent = self.loadgen.result()
             time.sleep(0.3)  # answers still on their way
         finally:
-            consumer_stop.set()
-            if th is not None:
-                th.join(5)
-            if consumer is not None:
-                consumer.close()
+            if tap is not None:
+                tap.close()
             batcher.stop()
             worker.stop()
         summary = summarise(obs, t0_us, t1_us, objective_us, batches)
         summary["offered_qps"] = sent["sent"] / max(1e-9, sent["elapsed_s"])
         summary["startup_s"] = round(startup_s, 2)
         summary["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
-        hz = os.sysconf("SC_CLK_TCK")
-        cpu_s = {k: (cpu1[k] - cpu0[k]) / hz for k in cpu0 if cpu0.get(k) is not None and cpu1.get(k) is not None}
-        summary["cpu_s"] = {k: round(v, 3) for k, v in cpu_s.items()}
+        summary["cpu_s"] = cpu_delta(cpu0, cpu1)
         max_batch_trace = [(t, max(r["max_batch_size"] for r in s["replicas"]))
                            for t, line in batcher.lines if (s := parse_stats_line(line)) and s.get("replicas")]
         res = RunResult(label, summary, obs, batches, max_batch_trace, t0_us, t1_us)
@@ -272,32 +257,21 @@ def _sleep_until(t: float) -> None:
         time.sleep(min(d, 0.05))
 
 
-def _consume(consumer: Any, model: str, obs: list[Obs], batches: list[tuple[int, int, int]],
-             stop: threading.Event) -> None:
-    from schemas import decode
+def _observer(model: str, obs: list[Obs], batches: list[tuple[int, int, int]]) -> Handler:
+    """The tap's handler: ``model``'s predictions into ``obs``, its BatchStats into ``batches``."""
 
-    while not stop.is_set():
-        # consume(n, t) waits for n messages or all of t: wait for the first only, then take the rest
-        first = consumer.poll(0.05)
-        if first is None:
-            continue
-        for msg in [first, *consumer.consume(1000, 0)]:
-            if msg.error() is not None:
-                continue
-            now = time.time_ns() // 1000
-            try:
-                kind, rec = decode(msg.value())
-            except Exception:
-                continue
-            if kind == "Predictions":
-                ts_type, ts_ms = msg.timestamp()
-                ts_us = ts_ms * 1000 if ts_type else None
-                for p in rec["items"]:
-                    if p["model"] != model:
-                        continue
-                    tr = p["trace"]
-                    out = tr.get("worker_out") or tr.get("batched") or now
-                    obs.append(Obs(p["status"], tr.get("produced", 0), out, now, tr.get("batcher_in"),
-                                   tr.get("batched"), ts_us, tr.get("worker_in")))
-            elif kind == "BatchStats" and rec["model"] == model:
-                batches.append((int(rec["created_us"]), int(rec["batch_size"]), int(rec["service_us"])))
+    def on(rec: Record, msg: Any, now: int) -> None:
+        if isinstance(rec, Predictions):
+            ts_type, ts_ms = msg.timestamp()
+            ts_us = ts_ms * 1000 if ts_type else None
+            for p in rec.items:
+                if p.model != model:
+                    continue
+                tr = p.trace
+                out = tr.get("worker_out") or tr.get("batched") or now
+                obs.append(Obs(p.status, tr.get("produced", 0), out, now, tr.get("batcher_in"),
+                               tr.get("batched"), ts_us, tr.get("worker_in")))
+        elif isinstance(rec, BatchStats) and rec.model == model:
+            batches.append((rec.created_us, rec.batch_size, rec.service_us))
+
+    return on

@@ -12,21 +12,25 @@ from typing import Any
 
 from bench.batching.bounds import delay_gain, end_to_end_bound
 from bench.batching.helpers import (
-    CLOCKWORK,
     OBJECTIVE_MS,
-    SVM_FIXED_MS,
-    SVM_PER_ITEM_MS,
     best_of,
     device_max,
     fmt_ms,
     fmt_ratio as _r,
     latency_fn,
     log,
-    percentile,
     ratio as _ratio,
     sweep_sizes,
 )
 from bench.batching.runner import Bench, Model, RunResult
+from bench.stats import percentiles
+from clipstream.testing.models import (
+    CLOCKWORK,
+    SVM_FIXED_MS,
+    SVM_PER_ITEM_MS,
+    make_onnx_digits_model,
+    make_profile_model,
+)
 
 
 SATURATED_DEADLINE_MS = 100.0
@@ -35,8 +39,6 @@ DELAYED_ROUNDS = 3  # interleaved rounds of every (dispatch, load, delay) in the
 
 
 def models(quick: bool) -> dict[str, Model]:
-    from tests.models import make_onnx_digits_model, make_profile_model
-
     return {
         "clockwork": Model("clockwork", "simulated accelerator (Clockwork ResNet-50 table)",
                            lambda root, name: make_profile_model(root, name, table=CLOCKWORK), 800.0),
@@ -275,7 +277,7 @@ def section_cache(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Non
               measure_s=1.5 if b.quick else 3.0)
     hits = [o for o in r.obs if o.status == "cached" and o.batcher_in_us]
     def ms_of(xs: list[float]) -> dict[str, float | None]:
-        return {"p50": percentile(xs, 50), "p90": percentile(xs, 90), "p99": percentile(xs, 99)}
+        return percentiles(xs, (50, 90, 99), empty=None)
     entry = {
         "hits": len(hits), "others": dict(Counter(o.status for o in r.obs if o.status != "cached")),
         "batcher_in_to_consumed_ms": ms_of([(o.consume_us - o.batcher_in_us) / 1000 for o in hits]),

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer
 
 from clipstream.errors import DecodeError
 from clipstream.settings import Settings
-from schemas import decode, from_tensor
+from schemas import BatchStats, Prediction, Predictions, decode
 from topics import Catalogue, consumer_config
 
 
@@ -61,24 +61,24 @@ class Tap:
                 if msg.error() or msg.timestamp()[1] < self.since_ms:
                     continue
                 try:
-                    name, record = decode(msg.value())
+                    record = decode(msg.value())
                 except DecodeError:
                     continue
                 with self._lock:
-                    if name == "Predictions":
-                        for p in record["items"]:
+                    if isinstance(record, Predictions):
+                        for p in record.items:
                             self._prediction(p)
-                    elif name == "BatchStats":
-                        self.batch_sizes.append(record["batch_size"])
+                    elif isinstance(record, BatchStats):
+                        self.batch_sizes.append(record.batch_size)
         self._consumer.close()
 
-    def _prediction(self, p: dict[str, Any]) -> None:
-        self.status_counts[p["status"]] += 1
-        if p["status"] not in ("ok", "cached") or p["output"] is None:
+    def _prediction(self, p: Prediction) -> None:
+        self.status_counts[p.status] += 1
+        if p.status not in ("ok", "cached") or p.output is None:
             return
-        out = from_tensor(p["output"])
+        out = p.output.array()
         label = self.labels[int(np.argmax(out))] if out.ndim == 1 else out.item()
-        self.answers[p["query_id"]][p["model"]] = label
+        self.answers[p.query_id][p.model] = label
 
     def snapshot(self) -> tuple[dict[str, dict[str, Any]], dict[str, int], list[int]]:
         with self._lock:

@@ -35,12 +35,8 @@ MARKER = "jars.ok"
 JAVA_HINT = "apt-get install -y openjdk-17-jre-headless (macOS: brew install openjdk@17)"
 MAVEN_HINT = "apt-get install -y openjdk-17-jre-headless maven (macOS: brew install maven)"
 
-# A small heap: the broker shares a 2-core machine with the pipeline and the tests. Every young
-# collection stops the broker, and a query crosses it several times (query, request, batch,
-# prediction, response), so the pause lands in the latency tails. Under bench.batching's load
-# on the simulated accelerator (GC log, young pauses after the first 30 s, one run each on
-# 11-23): serial GC paused 12.9 ms (median) every 2.6 s, 0.53% of the time; parallel GC on two
-# threads 7.4 ms every 5.0 s, 0.17%; G1 with Kafka's own defaults 18.1 ms every 4.2 s.
+# A small heap with a parallel young collector: every collection stops the broker, and a query
+# crosses it several times, so its pauses land in the latency tails (docs/design/0011).
 # KAFKA_HEAP_OPTS and KAFKA_JVM_PERFORMANCE_OPTS override these, as for Kafka's own scripts.
 BROKER_HEAP_OPTS = ["-Xmx512m", "-Xms256m"]
 BROKER_PERFORMANCE_OPTS = ["-XX:+UseParallelGC", "-XX:ParallelGCThreads=2", "-XX:+ExitOnOutOfMemoryError"]

@@ -19,10 +19,10 @@ from confluent_kafka import Consumer, Producer
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
-from schemas import decode_as, encode, to_tensor
+from schemas import Batch, BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
 from topics import Catalogue, consumer_config, producer_config
 from topics.admin import ensure_core_topics, ensure_model_topics
-from tests.procs import stop_process
+from clipstream.testing.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(ROOT / ".venv" / "bin" / "clipstream")
@@ -86,11 +86,11 @@ class Wire:
             c.subscribe([name])
             self.consumers[name] = c
 
-    def request(self, qid: str, x: np.ndarray, deadline_us: int | None = None, part: int = 1) -> dict[str, Any]:
-        r = {"query_id": qid, "app": "a", "model": self.model, "input": to_tensor(x),
-             "deadline_us": deadline_us or now_us() + 10_000_000, "selector_partition": part,
-             "trace": {"dispatched": now_us()}}
-        self.producer.produce(self.cat.requests(self.model).name, encode("ModelRequest", r))
+    def request(self, qid: str, x: np.ndarray, deadline_us: int | None = None, part: int = 1) -> ModelRequest:
+        r = ModelRequest(query_id=qid, app="a", model=self.model, input=Tensor.of(x),
+                         deadline_us=deadline_us or now_us() + 10_000_000, selector_partition=part,
+                         trace={"dispatched": now_us()})
+        self.producer.produce(self.cat.requests(self.model).name, encode(r))
         self.producer.poll(0)
         return r
 
@@ -98,16 +98,17 @@ class Wire:
         self.producer.produce(topic, value)
         self.producer.flush(10)
 
-    def stats(self, batch: dict[str, Any], service_us: int) -> None:
-        s = {"batch_id": batch["batch_id"], "model": self.model, "replica": batch["replica"],
-             "batch_size": len(batch["items"]), "service_us": service_us, "queue_wait_us": 0,
-             "errors": 0, "worker_id": "test", "created_us": now_us()}
-        self.producer.produce(self.cat.batch_stats(self.model).name, encode("BatchStats", s))
+    def stats(self, batch: Batch, service_us: int) -> None:
+        s = BatchStats(batch_id=batch.batch_id, model=self.model, replica=batch.replica,
+                       batch_size=len(batch.items), service_us=service_us, queue_wait_us=0,
+                       errors=0, worker_id="test", created_us=now_us())
+        self.producer.produce(self.cat.batch_stats(self.model).name, encode(s))
         self.producer.poll(0)
 
-    def take(self, topic: str, kind: str, until: Callable[[list[Any]], bool], timeout_s: float = 30,
+    def take(self, topic: str, kind: type, until: Callable[[list[Any]], bool], timeout_s: float = 30,
              on: Callable[[Any, Any], None] | None = None) -> list[Any]:
-        """Consume ``kind`` records (with their messages) until ``until(records)`` holds."""
+        """Consume ``kind`` records (a ``schemas`` record type), each with its message, until
+        ``until(records)`` holds."""
         self.producer.flush(10)
         got: list[Any] = []
         deadline = time.monotonic() + timeout_s
@@ -158,5 +159,6 @@ def uniq(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def preds_of(got: list[Any]) -> dict[str, tuple[dict[str, Any], int]]:
-    return {p["query_id"]: (p, msg.partition()) for rec, msg in got for p in rec["items"]}
+def preds_of(got: list[Any]) -> dict[str, tuple[Prediction, int]]:
+    """query id -> (its Prediction, the partition it came on), from taken ``Predictions``."""
+    return {p.query_id: (p, msg.partition()) for rec, msg in got for p in rec.items}

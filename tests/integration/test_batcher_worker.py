@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from clipstream.settings import Settings
+from schemas import Batch, Predictions
 from tests.integration.batcher_harness import CLI, ROOT, preds_of, uniq
-from tests.models import make_profile_model
+from clipstream.testing.models import make_profile_model
 
 pytestmark = pytest.mark.integration
 
@@ -50,23 +51,23 @@ def test_requests_flow_through_real_workers_and_repeats_hit_the_cache(
         inputs = [np.full(4, i, np.float32) for i in range(n)]
         for i, x in enumerate(inputs):
             w.request(f"q{i}", x, part=i % 4)
-        got = w.take(w.cat.predictions.name, "Predictions", lambda g: len(preds_of(g)) >= n, timeout_s=60)
+        got = w.take(w.cat.predictions.name, Predictions, lambda g: len(preds_of(g)) >= n, timeout_s=60)
         preds = preds_of(got)
-        assert {p["status"] for p, _ in preds.values()} == {"ok"}
+        assert {p.status for p, _ in preds.values()} == {"ok"}
         assert all(part == int(q[1:]) % 4 for q, (_, part) in preds.items())
-        assert all({"batcher_in", "batched", "worker_in", "worker_out"} <= set(p["trace"]) for p, _ in preds.values())
+        assert all({"batcher_in", "batched", "worker_in", "worker_out"} <= set(p.trace) for p, _ in preds.values())
 
         # every batch went to one replica's partition, and both replicas had some
-        batches = w.take(w.cat.batches(model).name, "Batch", lambda g: sum(len(b["items"]) for b, _ in g) >= n)
+        batches = w.take(w.cat.batches(model).name, Batch, lambda g: sum(len(b.items) for b, _ in g) >= n)
         assert {msg.partition() for _, msg in batches} == {0, 1}
-        assert all(b["replica"] == msg.partition() for b, msg in batches)
+        assert all(b.replica == msg.partition() for b, msg in batches)
 
         # the workers filled the cache: a repeat never reaches them
         w.request("again", inputs[7], part=3)
-        got = w.take(w.cat.predictions.name, "Predictions", lambda g: "again" in preds_of(g))
+        got = w.take(w.cat.predictions.name, Predictions, lambda g: "again" in preds_of(g))
         pred, part = preds_of(got)["again"]
-        assert pred["status"] == "cached" and part == 3 and "worker_in" not in pred["trace"]
-        assert pred["output"] == preds["q7"][0]["output"]
+        assert pred.status == "cached" and part == 3 and "worker_in" not in pred.trace
+        assert pred.output == preds["q7"][0].output
         assert w.quiet_for(w.cat.batches(model).name, 0.5) == []
     finally:
         for proc, _ in workers:

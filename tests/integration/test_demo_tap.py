@@ -11,8 +11,8 @@ from confluent_kafka import Producer
 
 from clipstream.demo.tap import Tap
 from clipstream.settings import Settings
-from schemas import encode, to_tensor
-from tests.procs import wait_until
+from clipstream.testing.procs import wait_until
+from schemas import BatchStats, Prediction, Predictions, Tensor, encode
 from topics import Catalogue, producer_config
 from topics.admin import ensure_core_topics, ensure_model_topics
 
@@ -20,16 +20,14 @@ pytestmark = pytest.mark.integration
 
 
 def _predictions(query: str, status: str) -> bytes:
-    out = to_tensor(np.array([0.1, 0.9], dtype=np.float32)) if status != "expired" else None
-    item = {"query_id": query, "model": "m", "version": "1", "status": status, "output": out,
-            "error": None, "trace": {}}
-    return encode("Predictions", {"selector_partition": 0, "items": [item]})
+    out = Tensor.of(np.array([0.1, 0.9], dtype=np.float32)) if status != "expired" else None
+    item = Prediction(query_id=query, model="m", version="1", status=status, output=out)
+    return encode(Predictions(selector_partition=0, items=[item]))
 
 
 def _stats(size: int) -> bytes:
-    return encode("BatchStats", {"batch_id": f"b{size}", "model": "m", "replica": 0,
-                                 "batch_size": size, "service_us": 100, "queue_wait_us": 0,
-                                 "errors": 0, "worker_id": "w", "created_us": 0})
+    return encode(BatchStats(batch_id=f"b{size}", model="m", replica=0, batch_size=size,
+                             service_us=100, queue_wait_us=0, errors=0, worker_id="w", created_us=0))
 
 
 def test_the_tap_skips_what_came_before_it_and_counts_what_follows(settings: Settings) -> None:

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from clipstream.clock import now_us
-from schemas import decode_as, encode, to_tensor
+from schemas import QueryEvent, Response, Tensor, decode_as, encode
 from topics import Catalogue, consumer_config, producer_config
 from topics.admin import ensure_topics
 
@@ -50,18 +50,18 @@ def test_faust_agent_answers_through_the_broker(settings, tmp_path):
     got: dict[str, int] = {}
     try:
         for i, qid in enumerate(want):
-            event = {
-                "query_id": qid,
-                "app": "echo",
-                "context": None,
-                "input": to_tensor(np.zeros(i + 1, np.float32)),
-                "created_us": now_us(),
-                "deadline_us": now_us() + 50_000,
-                "reply_topic": None,
-                "reply_partition": None,
-                "trace": {},
-            }
-            producer.produce(in_spec.name, value=encode("QueryEvent", event))
+            event = QueryEvent(
+                query_id=qid,
+                app="echo",
+                context=None,
+                input=Tensor.of(np.zeros(i + 1, np.float32)),
+                created_us=now_us(),
+                deadline_us=now_us() + 50_000,
+                reply_topic=None,
+                reply_partition=None,
+                trace={},
+            )
+            producer.produce(in_spec.name, value=encode(event))
         producer.flush(10)
         deadline = time.monotonic() + 90  # faust's first rebalance takes a few seconds
         while len(got) < len(want) and time.monotonic() < deadline:
@@ -69,8 +69,8 @@ def test_faust_agent_answers_through_the_broker(settings, tmp_path):
             msg = consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
-            r = decode_as("Response", msg.value())
-            got[r["query_id"]] = r["output"]
+            r = decode_as(Response, msg.value())
+            got[r.query_id] = r.output
     finally:
         consumer.close()
         proc.terminate()

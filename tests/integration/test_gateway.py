@@ -31,8 +31,8 @@ from frontend.gateway_kafka import watermarks
 from frontend.producer import Producer as QueryProducer
 from frontend.producer import ResponseReader
 from registry.topic import RegistryWriter
-from schemas import decode_as, encode, from_tensor
-from tests.procs import predict_admitted, stop_process, wait_until
+from schemas import Feedback, QueryEvent, Response, decode_as, encode
+from clipstream.testing.procs import predict_admitted, stop_process, wait_until
 from topics import Catalogue, consumer_config, producer_config
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ class FakeSelector:
     def __init__(self, settings: Settings) -> None:
         cat = Catalogue.from_settings(settings)
         self.responses_topic = cat.responses.name
-        self.seen: list[tuple[dict[str, Any], bytes]] = []
+        self.seen: list[tuple[QueryEvent, bytes]] = []
         self._consumer = Consumer(consumer_config(settings, f"fake-sel-{uuid.uuid4().hex}"))
         parts = []
         for p in range(cat.queries.partitions):
@@ -70,32 +70,32 @@ class FakeSelector:
             msg = self._consumer.poll(0.02)
             if msg is None or msg.error():
                 continue
-            event = decode_as("QueryEvent", msg.value())
+            event = decode_as(QueryEvent, msg.value())
             self.seen.append((event, msg.key()))
-            if event["context"] == "silent":
+            if event.context == "silent":
                 continue
             delay = 0.0
-            if event["context"] == "late":
-                delay = max(0.0, (event["deadline_us"] / 1e6 - time.time())) + 0.08
+            if event.context == "late":
+                delay = max(0.0, (event.deadline_us / 1e6 - time.time())) + 0.08
             threading.Timer(delay, self._reply, (event,)).start()
 
-    def _reply(self, event: dict[str, Any]) -> None:
-        x = from_tensor(event["input"])
-        record = {
-            "query_id": event["query_id"], "app": event["app"],
-            "output": "dog" if float(x.sum()) > 10 else "cat", "scores": [0.25, 0.75],
-            "labels": ["cat", "dog"], "confidence": 0.5, "is_default": False,
-            "default_reason": None, "answered": ["m1"], "missing": ["m2"],
-            "created_us": event["created_us"], "deadline_us": event["deadline_us"],
-            "trace": dict(event["trace"]),
-        }
-        topic = event["reply_topic"] or self.responses_topic
-        kwargs = {} if event["reply_partition"] is None else {"partition": event["reply_partition"]}
-        self._producer.produce(topic, value=encode("Response", record), key=event["query_id"].encode(), **kwargs)
+    def _reply(self, event: QueryEvent) -> None:
+        x = event.input.array()
+        record = Response(
+            query_id=event.query_id, app=event.app,
+            output="dog" if float(x.sum()) > 10 else "cat", scores=[0.25, 0.75],
+            labels=["cat", "dog"], confidence=0.5, is_default=False,
+            default_reason=None, answered=["m1"], missing=["m2"],
+            created_us=event.created_us, deadline_us=event.deadline_us,
+            trace=dict(event.trace),
+        )
+        topic = event.reply_topic or self.responses_topic
+        kwargs = {} if event.reply_partition is None else {"partition": event.reply_partition}
+        self._producer.produce(topic, value=encode(record), key=event.query_id.encode(), **kwargs)
         self._producer.poll(0)
 
-    def event_of(self, query_id: str) -> tuple[dict[str, Any], bytes]:
-        return next((e, k) for e, k in self.seen if e["query_id"] == query_id)
+    def event_of(self, query_id: str) -> tuple[QueryEvent, bytes]:
+        return next((e, k) for e, k in self.seen if e.query_id == query_id)
 
     def close(self) -> None:
         self._stop.set()
@@ -180,11 +180,11 @@ def test_predict_returns_the_selectors_answer(gateway: GatewayProcess, selector:
     assert got["default"] is False and got["models"] == {"answered": ["m1"], "missing": ["m2"]}
     assert 0 < got["latency_ms"] < APP_SLO_MS + 20
     event, key = selector.event_of(got["query_id"])
-    assert key == b"user-42" and event["app"] == "pets" and event["context"] == "user-42"
-    assert event["deadline_us"] - event["created_us"] == int(APP_SLO_MS * 1000)
-    assert event["trace"]["produced"] == event["created_us"]
-    assert event["reply_topic"] == Catalogue.from_settings(gw_settings).replies("gwa").name
-    assert from_tensor(event["input"]).dtype.name == "float32"
+    assert key == b"user-42" and event.app == "pets" and event.context == "user-42"
+    assert event.deadline_us - event.created_us == int(APP_SLO_MS * 1000)
+    assert event.trace["produced"] == event.created_us
+    assert event.reply_topic == Catalogue.from_settings(gw_settings).replies("gwa").name
+    assert event.input.array().dtype.name == "float32"
 
 
 def test_default_within_slo_plus_20ms_when_nothing_answers(gateway: GatewayProcess):
@@ -247,10 +247,10 @@ def test_feedback_lands_on_the_feedback_topic(gateway: GatewayProcess, gw_settin
         while len(got) < 2 and time.monotonic() < deadline:
             msg = consumer.poll(0.2)
             if msg is not None and not msg.error():
-                record = decode_as("Feedback", msg.value())
-                got[record["query_id"]] = record
-        assert got[qid]["label"] == "cat" and got[qid]["app"] == "pets" and got[qid]["reward"] is None
-        assert got["q-r"]["reward"] == 0.25 and got["q-r"]["label"] is None
+                record = decode_as(Feedback, msg.value())
+                got[record.query_id] = record
+        assert got[qid].label == "cat" and got[qid].app == "pets" and got[qid].reward is None
+        assert got["q-r"].reward == 0.25 and got["q-r"].label is None
     finally:
         consumer.close()
 
@@ -263,7 +263,7 @@ def test_two_instances_each_get_only_their_own_replies(gateway, selector, gw_set
             answers = list(pool.map(lambda u: predict_admitted(Client(u), "pets", GOOD, slo_ms=500), urls))
         assert all(a["default"] is False and a["output"] == "dog" for a in answers)
         cat = Catalogue.from_settings(gw_settings)
-        topics = {selector.event_of(a["query_id"])[0]["reply_topic"] for a in answers}
+        topics = {selector.event_of(a["query_id"])[0].reply_topic for a in answers}
         assert topics == {cat.replies("gwa").name, cat.replies("gwb").name}
         # a reply routed to the wrong instance would show up there as late/unknown
         assert other.metric("clipstream_gateway_late_responses_total") == 0
@@ -298,8 +298,8 @@ def test_producer_and_response_reader(gateway: GatewayProcess, selector: FakeSel
         producer.send_feedback("pets", ids[0], label="dog")
         producer.flush()
         got = reader.collect(ids, timeout_s=15)
-    assert set(got) == set(ids) and all(r["output"] == "dog" for r in got.values())
+    assert set(got) == set(ids) and all(isinstance(r, Response) and r.output == "dog" for r in got.values())
     assert sorted(q for q, e in delivered if e is None) == sorted(ids)
     event, key = selector.event_of(ids[0])
-    assert event["reply_topic"] is None and key == b"p0"
-    assert event["deadline_us"] - event["created_us"] == int(APP_SLO_MS * 1000)  # the app's SLO
+    assert event.reply_topic is None and key == b"p0"
+    assert event.deadline_us - event.created_us == int(APP_SLO_MS * 1000)  # the app's SLO

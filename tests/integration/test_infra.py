@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import wait_until
+from clipstream.testing.procs import wait_until
 
 from clipstream.errors import InfraError
 from clipstream.infra import launcher, pid_alive

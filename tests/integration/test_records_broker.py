@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from schemas import decode
+from schemas import decode_dict
 from schemas import encode as enc
 from topics import Catalogue, consumer_config, producer_config
 from topics.admin import ensure_core_topics, ensure_model_topics, ensure_topics
@@ -61,7 +61,7 @@ def test_every_record_type_round_trips_through_the_broker(settings):
             msg = consumer.poll(0.2)
             if msg is None or msg.error():
                 continue
-            name, record = decode(msg.value())
+            name, record = decode_dict(msg.value())
             assert msg.key().decode() == name
             got[name] = record
     finally:

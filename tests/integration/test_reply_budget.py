@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 import time
-
-from confluent_kafka import Producer
 
 from clipstream.settings import Settings
 from selector.reply_budget import ReplyBudget
-from selector.service import _serve_reports
 from topics.admin import ensure_core_topics
 from topics.catalogue import Catalogue
-from topics.client import producer_config
+from topics.emitter import Emitter
 
 
 def test_acknowledged_trips_are_measured_when_they_arrive_not_when_the_loop_next_polls(settings: Settings) -> None:
     ensure_core_topics(settings)
     topic = Catalogue.from_settings(settings).responses.name
-    producer = Producer(producer_config(settings))
+    producer = Emitter(settings, name="replies")
     budget = ReplyBudget(0, 10_000_000, quantile=1.0, window=64, every=1)  # the longest trip seen
     trips: list[int] = []
 
@@ -29,9 +25,7 @@ def test_acknowledged_trips_are_measured_when_they_arrive_not_when_the_loop_next
 
     producer.produce(topic, b"warm")  # the first produce also opens the connection
     producer.flush(10)
-    stop = threading.Event()
-    reports = threading.Thread(target=_serve_reports, args=(producer, stop), daemon=True)
-    reports.start()
+    producer.start_polling(0.05)  # as the selector serves its reply producer's reports
     try:
         for _ in range(20):
             producer.produce(topic, b"r", on_delivery=acked)
@@ -40,9 +34,7 @@ def test_acknowledged_trips_are_measured_when_they_arrive_not_when_the_loop_next
         while len(trips) < 20 and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
-        stop.set()
-        reports.join(5)
-        producer.flush(5)
+        producer.close(5)
     assert len(trips) == 20
     assert 0 < budget.us == max(trips), trips
     # the reports were served long before the next produce: a trip that ran until a later

@@ -45,20 +45,20 @@ def test_pipeline_answers_by_the_deadline_without_the_straggler(settings: Settin
             client.warm_up(app, lambda: [0.1, r()], slo_ms=5000)  # until every fresh client has joined
 
             fast = client.query([0.1, r()], app, slo_ms=1000)
-            resp, at = client.answer(fast["query_id"])
-            assert resp["missing"] == [] and resp["output"] == 1 and resp["confidence"] == pytest.approx(1.0)
-            assert at < fast["deadline_us"]
+            resp, at = client.answer(fast.query_id)
+            assert resp.missing == [] and resp.output == 1 and resp.confidence == pytest.approx(1.0)
+            assert at < fast.deadline_us
 
             slow = client.query([0.9, r()], app, slo_ms=600)
-            resp, at = client.answer(slow["query_id"])
-            assert resp["missing"] == [names[2]] and sorted(resp["answered"]) == sorted(names[:2])
-            assert resp["output"] == 1 and resp["confidence"] == pytest.approx(2 / 3)
+            resp, at = client.answer(slow.query_id)
+            assert resp.missing == [names[2]] and sorted(resp.answered) == sorted(names[:2])
+            assert resp.output == 1 and resp.confidence == pytest.approx(2 / 3)
             # cut off early by the reply budget: 3 to 10 ms by default, as the replies' trips go
-            assert slow["deadline_us"] - 12_000 <= at <= slow["deadline_us"] + 150_000
+            assert slow.deadline_us - 12_000 <= at <= slow.deadline_us + 150_000
             for stage in ("produced", "dispatched", "joined"):
-                assert stage in resp["trace"]
+                assert stage in resp.trace
 
-            client.feedback(slow["query_id"], 0, app)  # m1 and m2 were wrong; m3 said nothing
+            client.feedback(slow.query_id, 0, app)  # m1 and m2 were wrong; m3 said nothing
             key = f"cs:state:{app}:__global__"
             s = wait_until(lambda: (s := state(redis_client, key)) and s["n_observed"] >= 1 and s, 10, "feedback")
             assert s["models"] == names and s["log_w"] == pytest.approx([-0.5, -0.5, 0.0])

@@ -23,9 +23,10 @@ from confluent_kafka import Consumer, Producer
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
-from schemas import decode_as, encode, to_tensor
-from tests.models import make_python_model
-from tests.procs import wait_until
+from schemas import Feedback as FeedbackRecord
+from schemas import ModelRequest, Prediction, Predictions, QueryEvent, Response, Tensor, decode_as, encode
+from clipstream.testing.models import make_python_model
+from clipstream.testing.procs import wait_until
 from topics.admin import ensure_core_topics, ensure_topics
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
@@ -112,24 +113,24 @@ class Client:
         self.producer = Producer(producer_config(settings))
         self.consumer = Consumer(consumer_config(settings, uuid.uuid4().hex, **{"auto.offset.reset": "earliest"}))
         self.consumer.subscribe([self.reply.name])
-        self.answers: dict[str, tuple[dict, int]] = {}
+        self.answers: dict[str, tuple[Response, int]] = {}
 
-    def query(self, x: list[float], app: str, slo_ms: float = 400.0, context: str | None = None) -> dict:
+    def query(self, x: list[float], app: str, slo_ms: float = 400.0, context: str | None = None) -> QueryEvent:
         now = now_us()
-        ev = {"query_id": uuid.uuid4().hex, "app": app, "context": context,
-              "input": to_tensor(np.array(x, dtype=np.float32)), "created_us": now,
-              "deadline_us": now + int(slo_ms * 1000), "reply_topic": self.reply.name, "reply_partition": 0,
-              "trace": {"produced": now}}
-        self.producer.produce(self.cat.queries.name, encode("QueryEvent", ev), key=ev["query_id"].encode())
+        ev = QueryEvent(query_id=uuid.uuid4().hex, app=app, context=context,
+                        input=Tensor.of(np.array(x, dtype=np.float32)), created_us=now,
+                        deadline_us=now + int(slo_ms * 1000), reply_topic=self.reply.name, reply_partition=0,
+                        trace={"produced": now})
+        self.producer.produce(self.cat.queries.name, encode(ev), key=ev.query_id.encode())
         self.producer.flush(5)
         return ev
 
-    def answer(self, query_id: str, timeout_s: float = 10.0) -> tuple[dict, int]:
+    def answer(self, query_id: str, timeout_s: float = 10.0) -> tuple[Response, int]:
         def poll() -> Any:
             msg = self.consumer.poll(0.05)
             if msg is not None and not msg.error():
-                rec = decode_as("Response", msg.value())
-                self.answers[rec["query_id"]] = (rec, now_us())
+                rec = decode_as(Response, msg.value())
+                self.answers[rec.query_id] = (rec, now_us())
             return self.answers.get(query_id)
 
         return wait_until(poll, timeout_s, f"the answer to {query_id}")
@@ -139,17 +140,17 @@ class Client:
         """Query until every model answers in time: the first query of a cold pipeline may meet
         group joins and metadata fetches on a loaded machine, which is not what the tests check."""
         def full_answer() -> bool:
-            rec, _ = self.answer(self.query(x(), app, slo_ms=slo_ms)["query_id"], timeout_s=10 + slo_ms / 1000)
-            return not rec["missing"]
+            rec, _ = self.answer(self.query(x(), app, slo_ms=slo_ms).query_id, timeout_s=10 + slo_ms / 1000)
+            return not rec.missing
 
         wait_until(full_answer, timeout_s, "a query that every model answers (warm-up)")
 
     def feedback(self, query_id: str, label: Any, app: str, context: str | None = None,
                  partition: int | None = None) -> None:
-        rec = {"query_id": query_id, "app": app, "context": context, "label": label, "reward": None,
-               "created_us": now_us()}
+        rec = FeedbackRecord(query_id=query_id, app=app, context=context, label=label, reward=None,
+                             created_us=now_us())
         kw = {"partition": partition} if partition is not None else {}
-        self.producer.produce(self.cat.feedback.name, encode("Feedback", rec), **kw)
+        self.producer.produce(self.cat.feedback.name, encode(rec), **kw)
         self.producer.poll(0)
 
     def close(self) -> None:
@@ -167,16 +168,16 @@ def fake_models(settings: Settings, models: list[str], stop: threading.Event, st
         msg = consumer.poll(0.05)
         if msg is None or msg.error():
             continue
-        req = decode_as("ModelRequest", msg.value())
-        if req["model"] in stragglers:
+        req = decode_as(ModelRequest, msg.value())
+        if req.model in stragglers:
             continue
-        x = np.frombuffer(req["input"]["data"], dtype=np.float32)
+        x = req.input.array()
         p = float(np.clip(x[1], 0, 1))
-        scores = np.array([1 - p, p] if req["model"] != "m3" else [p, 1 - p], dtype=np.float32)
-        item = {"query_id": req["query_id"], "model": req["model"], "version": "1", "status": "ok",
-                "output": to_tensor(scores), "error": None, "trace": {"worker_out": now_us()}}
-        producer.produce(cat.predictions.name, encode("Predictions", {"selector_partition": req["selector_partition"],
-                         "items": [item]}), partition=req["selector_partition"])
+        scores = np.array([1 - p, p] if req.model != "m3" else [p, 1 - p], dtype=np.float32)
+        item = Prediction(query_id=req.query_id, model=req.model, version="1", status="ok",
+                          output=Tensor.of(scores), error=None, trace={"worker_out": now_us()})
+        producer.produce(cat.predictions.name, encode(Predictions(selector_partition=req.selector_partition,
+                         items=[item])), partition=req.selector_partition)
         producer.poll(0)
     producer.flush(5)
     consumer.close()
@@ -203,22 +204,22 @@ def test_straggler_cutoff_and_feedback_change_the_weights(settings: Settings, re
             client.warm_up(app)
             stragglers.add("m3")
             ev = client.query([0.9, 0.8], app)
-            resp, at = client.answer(ev["query_id"])
-            assert resp["missing"] == ["m3"] and sorted(resp["answered"]) == ["m1", "m2"]
-            assert resp["output"] == 1 and resp["labels"] == ["0", "1"] and not resp["is_default"]
-            assert resp["confidence"] == pytest.approx(2 / 3)
+            resp, at = client.answer(ev.query_id)
+            assert resp.missing == ["m3"] and sorted(resp.answered) == ["m1", "m2"]
+            assert resp.output == 1 and resp.labels == ["0", "1"] and not resp.is_default
+            assert resp.confidence == pytest.approx(2 / 3)
             # answered at the deadline less the reply budget (3 to 10 ms by default)
-            assert ev["deadline_us"] - 12_000 <= at <= ev["deadline_us"] + 150_000, "answered at the deadline"
-            assert "joined" in resp["trace"] and "dispatched" in resp["trace"]
+            assert ev.deadline_us - 12_000 <= at <= ev.deadline_us + 150_000, "answered at the deadline"
+            assert "joined" in resp.trace and "dispatched" in resp.trace
 
             stragglers.clear()  # everyone answers: no wait for the deadline; m3 disagrees
             ev2 = client.query([0.1, 0.9], app)
-            resp2, at2 = client.answer(ev2["query_id"])
-            assert resp2["missing"] == [] and at2 < ev2["deadline_us"]
-            assert resp2["output"] == 1 and resp2["confidence"] == pytest.approx(2 / 3)
+            resp2, at2 = client.answer(ev2.query_id)
+            assert resp2.missing == [] and at2 < ev2.deadline_us
+            assert resp2.output == 1 and resp2.confidence == pytest.approx(2 / 3)
 
             before = state(redis_client, f"cs:state:{app}:__global__")
-            client.feedback(ev2["query_id"], 1, app)
+            client.feedback(ev2.query_id, 1, app)
             after = wait_until(lambda: (s := state(redis_client, f"cs:state:{app}:__global__")) and
                                s["n_observed"] >= 1 and s, 10, "the feedback to be observed")
             assert before is None and after["models"] == ["m1", "m2", "m3"]
@@ -227,14 +228,14 @@ def test_straggler_cutoff_and_feedback_change_the_weights(settings: Settings, re
             client.feedback("no-such-query", 1, app)  # unknown query id: dead-lettered, the stage goes on
             stragglers.update(models)  # nobody answers: the default, by the deadline
             ev3 = client.query([0.9, 0.9], app, slo_ms=200)
-            resp3, at3 = client.answer(ev3["query_id"])
-            assert resp3["is_default"] and resp3["output"] == -1 and resp3["confidence"] == 0.0
-            assert resp3["default_reason"] == "no prediction arrived by the deadline"
-            assert sorted(resp3["missing"]) == ["m1", "m2", "m3"]
+            resp3, at3 = client.answer(ev3.query_id)
+            assert resp3.is_default and resp3.output == -1 and resp3.confidence == 0.0
+            assert resp3.default_reason == "no prediction arrived by the deadline"
+            assert sorted(resp3.missing) == ["m1", "m2", "m3"]
 
             ev4 = client.query([0.1, 0.9], app="nope")  # unknown app: default answer at once
-            resp4, _ = client.answer(ev4["query_id"])
-            assert resp4["is_default"] and "unknown app" in resp4["default_reason"]
+            resp4, _ = client.answer(ev4.query_id)
+            assert resp4.is_default and "unknown app" in resp4.default_reason
     finally:
         stop.set()
         fake.join(10)

@@ -19,8 +19,8 @@ import yaml
 
 from clipstream.infra.launcher import pick_free_ports
 from frontend.client import Client, GatewayInputError, NotFound
-from tests.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
-from tests.procs import predict_admitted, wait_until
+from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
+from clipstream.testing.procs import predict_admitted, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,9 +23,9 @@ from confluent_kafka.admin import AdminClient
 from clipstream.clock import now_us
 from clipstream.settings import Settings
 from registry.spec import load_spec
-from schemas import decode_as, encode, from_tensor, to_tensor
-from tests.models import digits, digits_logreg, make_onnx_digits_model, make_profile_model
-from tests.procs import stop_process
+from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Tensor, decode_as, encode
+from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_profile_model
+from clipstream.testing.procs import stop_process
 from topics import Catalogue
 from topics.admin import ensure_core_topics
 from topics.client import admin_config, consumer_config, producer_config
@@ -84,48 +84,54 @@ def run_worker(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Wor
 class Reader:
     """Reads every partition of one topic from the start and decodes records of one type."""
 
-    def __init__(self, settings: Settings, topic: str, partitions: int, name: str) -> None:
-        self.name = name
+    def __init__(self, settings: Settings, topic: str, partitions: int, kind: type) -> None:
+        self.kind = kind
         self.consumer = Consumer(consumer_config(settings, f"test-{uuid.uuid4().hex}",
                                                  **{"enable.auto.commit": False}))
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        self.records: list[tuple[int, dict[str, Any]]] = []
+        self.records: list[tuple[int, Any]] = []
 
-    def until(self, done: Callable[[list[tuple[int, dict[str, Any]]]], bool], timeout_s: float = 60) -> list[tuple[int, dict[str, Any]]]:
+    def until(self, done: Callable[[list[tuple[int, Any]]], bool], timeout_s: float = 60) -> list[tuple[int, Any]]:
         deadline = time.monotonic() + timeout_s
         while not done(self.records):
-            assert time.monotonic() < deadline, f"timed out; have {len(self.records)} {self.name} records"
+            assert time.monotonic() < deadline, f"timed out; have {len(self.records)} {self.kind.__name__} records"
             for msg in self.consumer.consume(100, 0.2):
                 if msg.error() is None:
-                    self.records.append((msg.partition(), decode_as(self.name, msg.value())))
+                    self.records.append((msg.partition(), decode_as(self.kind, msg.value())))
         return self.records
 
     def close(self) -> None:
         self.consumer.close()
 
 
-def make_item(qid: str, array: np.ndarray, part: int, cache_key: str | None = None) -> dict[str, Any]:
-    return {"query_id": qid, "selector_partition": part, "deadline_us": now_us() + 10**7,
-            "cache_key": cache_key, "input": to_tensor(array), "trace": {"batched": now_us()}}
+def make_item(qid: str, array: np.ndarray, part: int, cache_key: str | None = None) -> BatchItem:
+    return BatchItem(query_id=qid, selector_partition=part, deadline_us=now_us() + 10**7,
+                     cache_key=cache_key, input=Tensor.of(array), trace={"batched": now_us()})
 
 
-def send_batches(settings: Settings, topic: str, batches: list[list[dict[str, Any]]], model: str) -> None:
+def send_batches(settings: Settings, topic: str, batches: list[list[BatchItem]], model: str) -> None:
     producer = Producer(producer_config(settings))
     for n, items in enumerate(batches):
-        record = {"batch_id": f"b{n}-{uuid.uuid4().hex[:6]}", "model": model, "version": "1",
-                  "replica": 0, "created_us": now_us(), "items": items}
-        producer.produce(topic, encode("Batch", record), partition=0)
+        record = Batch(batch_id=f"b{n}-{uuid.uuid4().hex[:6]}", model=model, version="1",
+                       replica=0, created_us=now_us(), items=items)
+        producer.produce(topic, encode(record), partition=0)
     assert producer.flush(30) == 0
 
 
-def received(records: list[tuple[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """query id -> Prediction, checking each record sits at its own selector partition."""
+def received(records: list[tuple[int, Predictions]]) -> dict[str, tuple[int, Prediction]]:
+    """query id -> (partition it was read from, Prediction), checking each record sits at its
+    own selector partition."""
     out = {}
     for part, rec in records:
-        assert rec["selector_partition"] == part
-        for pred in rec["items"]:
-            out[pred["query_id"]] = {**pred, "_partition": part}
+        assert rec.selector_partition == part
+        for pred in rec.items:
+            out[pred.query_id] = (part, pred)
     return out
+
+
+def output_of(pred: Prediction) -> np.ndarray:
+    assert pred.output is not None, pred
+    return pred.output.array()
 
 
 def test_worker_serves_a_batch_and_fills_the_cache(settings: Settings, tmp_path: Path, run_worker, redis_client) -> None:
@@ -134,8 +140,8 @@ def test_worker_serves_a_batch_and_fills_the_cache(settings: Settings, tmp_path:
     assert worker.output().count("ready: worker") == 1
     assert worker.wait_ready() == "ready: worker logreg replica 0 device cpu"
     cat = Catalogue.from_settings(settings)
-    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, "Predictions")
-    stats = Reader(settings, cat.batch_stats("logreg").name, 1, "BatchStats")
+    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, Predictions)
+    stats = Reader(settings, cat.batch_stats("logreg").name, 1, BatchStats)
     x, _ = digits()
     keys = [f"cs:cache:logreg:1:{uuid.uuid4().hex}" for _ in range(8)]
     items = [make_item(f"q{i}", x[i], part=i % 4, cache_key=keys[i]) for i in range(8)]
@@ -144,19 +150,19 @@ def test_worker_serves_a_batch_and_fills_the_cache(settings: Settings, tmp_path:
     got = received(preds.until(lambda r: len(received(r)) == 8))
     expected = load_model(load_spec(folder)).predict_batch(x[:8])
     for i in range(8):
-        pred = got[f"q{i}"]
-        assert pred["_partition"] == i % 4 and pred["status"] == "ok" and pred["model"] == "logreg"
-        row = from_tensor(pred["output"])
+        part, pred = got[f"q{i}"]
+        assert part == i % 4 and pred.status == "ok" and pred.model == "logreg"
+        row = output_of(pred)
         np.testing.assert_allclose(row, expected[i], rtol=1e-5)
         assert row.argmax() == digits_logreg().predict(x[i : i + 1])[0]
-        assert pred["trace"]["batched"] <= pred["trace"]["worker_in"] <= pred["trace"]["worker_out"]
+        assert pred.trace["batched"] <= pred.trace["worker_in"] <= pred.trace["worker_out"]
         cached = redis_client.get(keys[i])
         assert cached is not None
-        np.testing.assert_array_equal(from_tensor(decode_as("Tensor", cached)), row)
+        np.testing.assert_array_equal(decode_as(Tensor, cached).array(), row)
         assert 0 < redis_client.ttl(keys[i]) <= settings.cache_ttl_s
     (_, stat), = stats.until(lambda r: len(r) >= 1)
-    assert stat["batch_size"] == 8 and stat["errors"] == 0 and stat["service_us"] > 0
-    assert stat["queue_wait_us"] >= 0 and stat["replica"] == 0
+    assert stat.batch_size == 8 and stat.errors == 0 and stat.service_us > 0
+    assert stat.queue_wait_us >= 0 and stat.replica == 0
     preds.close(), stats.close()
     assert worker.stop() == 0  # SIGTERM: a clean exit
 
@@ -165,8 +171,8 @@ def test_bad_items_and_garbage_go_to_dead_letters(settings: Settings, tmp_path: 
     folder = make_onnx_digits_model(tmp_path / "repo")
     run_worker("logreg", folder)
     cat = Catalogue.from_settings(settings)
-    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, "Predictions")
-    letters = Reader(settings, cat.deadletter.name, 1, "DeadLetter")
+    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, Predictions)
+    letters = Reader(settings, cat.deadletter.name, 1, DeadLetter)
     x, _ = digits()
     items = [make_item("ok0", x[0], 0), make_item("bad", x[1][:5], 1), make_item("ok2", x[2], 2)]
     producer = Producer(producer_config(settings))
@@ -174,14 +180,14 @@ def test_bad_items_and_garbage_go_to_dead_letters(settings: Settings, tmp_path: 
     assert producer.flush(30) == 0
     send_batches(settings, cat.batches("logreg").name, [items], "logreg")
 
-    got = received(preds.until(lambda r: len(received(r)) == 3))
-    assert got["ok0"]["status"] == "ok" and got["ok2"]["status"] == "ok"
-    assert got["bad"]["status"] == "error" and "shape [5]" in got["bad"]["error"]
+    got = {q: pred for q, (_, pred) in received(preds.until(lambda r: len(received(r)) == 3)).items()}
+    assert got["ok0"].status == "ok" and got["ok2"].status == "ok"
+    assert got["bad"].status == "error" and "shape [5]" in (got["bad"].error or "")
     dead = [rec for _, rec in letters.until(lambda r: len(r) >= 2)]
-    reasons = sorted(d["reason"] for d in dead)
+    reasons = sorted(d.reason for d in dead)
     assert any(r.startswith("undecodable batch") for r in reasons)
-    assert any(d["query_id"] == "bad" and "shape" in d["reason"] for d in dead)
-    assert all(d["stage"] == "worker" for d in dead)
+    assert any(d.query_id == "bad" and "shape" in d.reason for d in dead)
+    assert all(d.stage == "worker" for d in dead)
     preds.close(), letters.close()
 
 
@@ -189,11 +195,11 @@ def test_killed_worker_restarts_without_losing_a_request(settings: Settings, tmp
     folder = make_profile_model(tmp_path / "repo", "sim", fixed_ms=40.0, per_item_ms=0.5)
     worker = run_worker("sim", folder)
     cat = Catalogue.from_settings(settings)
-    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, "Predictions")
+    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, Predictions)
     rng = np.random.default_rng(0)
     batches = [[make_item(f"b{b}i{i}", rng.random(64, dtype=np.float32), part=(b + i) % 4) for i in range(5)]
                for b in range(40)]
-    wanted = {it["query_id"] for items in batches for it in items}
+    wanted = {it.query_id for items in batches for it in items}
     send_batches(settings, cat.batches("sim").name, batches, "sim")
 
     preds.until(lambda r: len(received(r)) >= 25)  # mid-stream: some batches answered, most not
@@ -204,7 +210,7 @@ def test_killed_worker_restarts_without_losing_a_request(settings: Settings, tmp
     restarted = run_worker("sim", folder)
     got = received(preds.until(lambda r: wanted <= set(received(r)), timeout_s=90))
     assert wanted <= set(got)
-    assert all(got[q]["status"] == "ok" for q in wanted)
+    assert all(got[q][1].status == "ok" for q in wanted)
     assert restarted.proc.poll() is None
     preds.close()
 
@@ -226,14 +232,14 @@ def test_worker_finds_its_model_in_the_registry(settings: Settings, tmp_path: Pa
     worker = run_worker("reg", None, "--replica", "1")  # no --path: the registry says where
     assert worker.wait_ready() == "ready: worker reg replica 1 device cpu"
     cat = Catalogue.from_settings(settings)
-    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, "Predictions")
+    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, Predictions)
     x = np.ones(64, dtype=np.float32)
     producer = Producer(producer_config(settings))
-    record = {"batch_id": "r1", "model": "reg", "version": None, "replica": 1, "created_us": now_us(),
-              "items": [make_item("only", x, 3)]}
-    producer.produce(cat.batches("reg", 2).name, encode("Batch", record), partition=1)
+    record = Batch(batch_id="r1", model="reg", version=None, replica=1, created_us=now_us(),
+                   items=[make_item("only", x, 3)])
+    producer.produce(cat.batches("reg", 2).name, encode(record), partition=1)
     assert producer.flush(30) == 0
-    got = received(preds.until(lambda r: "only" in received(r)))
+    _, only = received(preds.until(lambda r: "only" in received(r)))["only"]
     expected = load_model(load_spec(folder)).compute(x[None])[0]
-    assert got["only"]["version"] == "4" and int(from_tensor(got["only"]["output"])) == expected
+    assert only.version == "4" and int(output_of(only)) == expected
     preds.close()

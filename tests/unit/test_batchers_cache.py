@@ -5,11 +5,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchers.cache import Coalescer, cache_key
-from schemas import to_tensor
+from schemas import Tensor
 
 
 def key(arr, model="m", version="1"):
-    return cache_key(model, version, to_tensor(arr))
+    return cache_key(model, version, Tensor.of(arr))
 
 
 def test_same_input_same_key_and_format():
@@ -45,8 +45,8 @@ def test_every_shape_of_the_same_bytes_has_its_own_key():
 
 @given(st.binary(min_size=0, max_size=64), st.binary(min_size=0, max_size=64))
 def test_key_equal_iff_bytes_equal(x, y):
-    tx = {"dtype": "uint8", "shape": [len(x)], "data": x}
-    ty = {"dtype": "uint8", "shape": [len(y)], "data": y}
+    tx = Tensor("uint8", [len(x)], x)
+    ty = Tensor("uint8", [len(y)], y)
     assert (cache_key("m", "1", tx) == cache_key("m", "1", ty)) == (x == y)
 
 

@@ -6,7 +6,7 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
-from schemas import encode, to_tensor
+from schemas import BatchStats, ModelRequest, Tensor, decode_as, encode
 
 
 def core(replicas=1, start=4, delay=2_000, in_flight=1, coalesce=True):
@@ -15,10 +15,16 @@ def core(replicas=1, start=4, delay=2_000, in_flight=1, coalesce=True):
 
 
 def req(qid, deadline, x=0.0, part=0, arrival=0):
-    t = to_tensor(np.array([x], dtype=np.float32))
-    r = {"query_id": qid, "app": "a", "model": "m", "input": t, "deadline_us": deadline,
-         "selector_partition": part, "trace": {"batcher_in": arrival}}
+    t = Tensor.of(np.array([x], dtype=np.float32))
+    r = ModelRequest(query_id=qid, app="a", model="m", input=t, deadline_us=deadline,
+                     selector_partition=part, trace={"batcher_in": arrival})
     return Pending(r, cache_key("m", "1", t), arrival)
+
+
+def stats(batch_id, size, service_us):
+    """A worker's report of one batch."""
+    return BatchStats(batch_id=batch_id, model="m", replica=0, batch_size=size, service_us=service_us,
+                      queue_wait_us=0, errors=0, worker_id="w", created_us=0)
 
 
 def test_batches_edf_up_to_max_and_records_encode():
@@ -28,14 +34,14 @@ def test_batches_edf_up_to_max_and_records_encode():
     step = c.poll(now_us=0)
     assert len(step.batches) == 1
     rec = step.batches[0].record
-    assert [it["query_id"] for it in rec["items"]] == ["q1", "q2"]
-    assert rec["items"][0]["trace"] == {"batcher_in": 0, "batched": 0}
-    assert rec["items"][0]["cache_key"].startswith("cs:cache:m:1:")
-    encode("Batch", rec)
+    assert [it.query_id for it in rec.items] == ["q1", "q2"]
+    assert rec.items[0].trace == {"batcher_in": 0, "batched": 0}
+    assert rec.items[0].cache_key.startswith("cs:cache:m:1:")
+    assert decode_as(type(rec), encode(rec)) == rec
     # one left, no credit: wakes at its deadline to report it expired
     assert step.wake_us == 300
     step = c.poll(now_us=300)
-    assert [p.request["query_id"] for p in step.expired] == ["q0"]
+    assert [p.request.query_id for p in step.expired] == ["q0"]
 
 
 def test_delayed_batching_then_send_after_stats_return_credit():
@@ -45,9 +51,9 @@ def test_delayed_batching_then_send_after_stats_return_credit():
     assert step.batches == [] and step.wake_us == 2_100
     c.admit(req("b", 10_000, x=2, arrival=900))
     step = c.poll(now_us=2_100)
-    assert len(step.batches) == 1 and len(step.batches[0].record["items"]) == 2
-    bid = step.batches[0].record["batch_id"]
-    assert c.on_stats({"batch_id": bid, "batch_size": 2, "service_us": 500}) == []
+    assert len(step.batches) == 1 and len(step.batches[0].record.items) == 2
+    bid = step.batches[0].record.batch_id
+    assert c.on_stats(stats(bid, 2, 500)) == []
     assert c.dispatcher.replicas[0].credit == 1
 
 
@@ -56,13 +62,13 @@ def test_identical_misses_are_evaluated_once_and_waiters_get_the_value():
     assert c.admit(req("lead", 10_000, x=7)) is True
     assert c.admit(req("w1", 10_000, x=7)) is False
     step = c.poll(0)
-    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["lead"]
+    assert [it.query_id for it in step.batches[0].record.items] == ["lead"]
     assert c.admit(req("w2", 10_000, x=7)) is False  # still in flight: waits too
-    bid = step.batches[0].record["batch_id"]
-    key = step.batches[0].record["items"][0]["cache_key"]
-    assert c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10}) == [key]
-    served, expired = c.deliver(key, {"dtype": "float32", "shape": [], "data": b"\0" * 4}, 50)
-    assert [p.request["query_id"] for p in served] == ["w1", "w2"] and expired == []
+    bid = step.batches[0].record.batch_id
+    key = step.batches[0].record.items[0].cache_key
+    assert c.on_stats(stats(bid, 1, 10)) == [key]
+    served, expired = c.deliver(key, Tensor("float32", [], b"\0" * 4), 50)
+    assert [p.request.query_id for p in served] == ["w1", "w2"] and expired == []
     assert c.admit(req("again", 10_000, x=7)) is True
 
 
@@ -71,43 +77,44 @@ def test_missing_value_requeues_waiters_and_expired_leader_hands_over():
     c.admit(req("lead", 1_000, x=3))
     c.admit(req("w1", 5_000, x=3))
     step = c.poll(1_000)  # leader expired in the queue
-    assert [p.request["query_id"] for p in step.expired] == ["lead"]
-    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["w1"]
+    assert [p.request.query_id for p in step.expired] == ["lead"]
+    assert [it.query_id for it in step.batches[0].record.items] == ["w1"]
     c.admit(req("w2", 5_000, x=3))
-    bid = step.batches[0].record["batch_id"]
-    key = step.batches[0].record["items"][0]["cache_key"]
-    assert c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10}) == [key]
+    bid = step.batches[0].record.batch_id
+    key = step.batches[0].record.items[0].cache_key
+    assert c.on_stats(stats(bid, 1, 10)) == [key]
     served, expired = c.deliver(key, None, 2_000)  # the worker did not fill the cache
     assert served == [] and expired == []
     step = c.poll(2_000)
-    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["w2"]
+    assert [it.query_id for it in step.batches[0].record.items] == ["w2"]
 
 
 def test_no_coalescing_without_cache():
     c = core(start=8, delay=0, coalesce=False)
     assert c.admit(req("a", 10_000, x=1)) and c.admit(req("b", 10_000, x=1))
-    assert len(c.poll(0).batches[0].record["items"]) == 2
+    assert len(c.poll(0).batches[0].record.items) == 2
 
 
 def test_expired_predictions_group_by_partition_and_encode():
     preds = [(p.partition, prediction(p, "m", "1", "expired", 5, error="deadline passed"))
              for p in [req("a", 1, part=0), req("b", 1, part=3), req("c", 1, part=3)]]
     groups = by_partition(preds)
-    assert sorted(groups) == [0, 3] and len(groups[3]["items"]) == 2
+    assert sorted(groups) == [0, 3] and len(groups[3].items) == 2
+    assert groups[3].selector_partition == 3 and groups[3].items[0].trace == {"batcher_in": 0, "batched": 5}
     for rec in groups.values():
-        encode("Predictions", rec)
+        assert decode_as(type(rec), encode(rec)) == rec
 
 
 def test_requests_that_cannot_finish_in_time_are_dropped_before_batching():
     c = core(start=4, delay=0)
     c.admit(req("warm", 100_000, x=1))
-    bid = c.poll(0).batches[0].record["batch_id"]
-    c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10_000})  # this replica takes 10 ms
+    bid = c.poll(0).batches[0].record.batch_id
+    c.on_stats(stats(bid, 1, 10_000))  # this replica takes 10 ms
     c.admit(req("hopeless", 25_000, x=2))  # due in 5 ms at t=20 ms: cannot finish
     c.admit(req("fine", 60_000, x=3))
     step = c.poll(20_000)
-    assert [p.request["query_id"] for p in step.expired] == ["hopeless"]
-    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["fine"]
+    assert [p.request.query_id for p in step.expired] == ["hopeless"]
+    assert [it.query_id for it in step.batches[0].record.items] == ["fine"]
 
 
 def test_the_return_trip_counts_toward_a_requests_deadline():
@@ -117,11 +124,11 @@ def test_the_return_trip_counts_toward_a_requests_deadline():
         c = core(start=4, delay=0)
         c.hopeless_margin_us = margin
         c.admit(req("warm", 100_000, x=1))
-        bid = c.poll(0).batches[0].record["batch_id"]
-        c.on_stats({"batch_id": bid, "batch_size": 1, "service_us": 10_000})
+        bid = c.poll(0).batches[0].record.batch_id
+        c.on_stats(stats(bid, 1, 10_000))
         c.admit(req("tight", 32_000, x=2))  # at t=20 ms the device is done at 30 ms
         step = c.poll(20_000)
-        assert [p.request["query_id"] for p in step.expired] == dropped
+        assert [p.request.query_id for p in step.expired] == dropped
         assert len(step.batches) == (0 if dropped else 1)
 
 
@@ -135,13 +142,13 @@ def test_under_overload_the_oldest_is_given_up_for_a_batch_that_keeps_the_device
         for i in range(size):
             c.admit(req(f"w{size}-{i}", 10**9, x=100 + 10 * size + i))
         b = c.poll(0).batches[0].record
-        c.on_stats({"batch_id": b["batch_id"], "batch_size": size, "service_us": 2_000 + 1_000 * size})
+        c.on_stats(stats(b.batch_id, size, 2_000 + 1_000 * size))
     c.admit(req("old", 20_100, x=1))
     for i in range(8):
         c.admit(req(f"fresh{i}", 31_000, x=10 + i))
     step = c.poll(12_000)
-    assert [p.request["query_id"] for p in step.expired] == ["old"]
-    assert [it["query_id"] for it in step.batches[0].record["items"]] == [f"fresh{i}" for i in range(8)]
+    assert [p.request.query_id for p in step.expired] == ["old"]
+    assert [it.query_id for it in step.batches[0].record.items] == [f"fresh{i}" for i in range(8)]
 
 
 def test_the_wait_behind_a_batch_in_flight_is_its_own_size_s_service_time():
@@ -155,13 +162,13 @@ def test_the_wait_behind_a_batch_in_flight_is_its_own_size_s_service_time():
         for i in range(size):
             c.admit(req(f"w{size}-{i}", 10**9, x=100 + 10 * size + i))
         b = c.poll(0).batches[0].record
-        c.on_stats({"batch_id": b["batch_id"], "batch_size": size, "service_us": 2_000 + 1_000 * size}, now_us=0)
+        c.on_stats(stats(b.batch_id, size, 2_000 + 1_000 * size), now_us=0)
     for i in range(10):
         c.admit(req(f"full{i}", 10**9, x=10 + i))
-    assert len(c.poll(0).batches[0].record["items"]) == 10  # goes at once: nothing can join it
+    assert len(c.poll(0).batches[0].record.items) == 10  # goes at once: nothing can join it
     c.admit(req("behind-late", 14_000, x=1))
     c.admit(req("behind-ok", 30_000, x=2))
     assert c.poll(0).batches == []  # not yet due: requests may still join
     step = c.poll(9_000)
-    assert [p.request["query_id"] for p in step.expired] == ["behind-late"]
-    assert [it["query_id"] for it in step.batches[0].record["items"]] == ["behind-ok"]
+    assert [p.request.query_id for p in step.expired] == ["behind-late"]
+    assert [it.query_id for it in step.batches[0].record.items] == ["behind-ok"]

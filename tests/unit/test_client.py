@@ -38,7 +38,7 @@ def test_predict_returns_the_json_and_accepts_numpy(client, bus):
     got = client.predict("pets", np.array(GOOD, dtype=np.float64), context="u1", slo_ms=40)
     assert got["output"] == "dog" and got["default"] is False
     event, key = bus.queries[0]
-    assert key == b"u1" and event["deadline_us"] - event["created_us"] == 40_000
+    assert key == b"u1" and event.deadline_us - event.created_us == 40_000
 
 
 def test_errors_carry_the_server_reason(client):
@@ -57,7 +57,7 @@ def test_feedback_forms(client, bus):
     client.feedback("pets", "q-other", "cat")
     client.feedback("pets", "q-r", reward=0.5)
     client.feedback("q-k", label="cat", app="pets")
-    got = [(r["query_id"], r["app"], r["label"], r["reward"]) for r, _ in bus.feedback]
+    got = [(r.query_id, r.app, r.label, r.reward) for r, _ in bus.feedback]
     assert got == [(qid, "pets", "dog", None), ("q-other", "pets", "cat", None),
                    ("q-r", "pets", None, 0.5), ("q-k", "pets", "cat", None)]
     with pytest.raises(ConfigError):
@@ -71,7 +71,7 @@ def test_default_app_of_the_client(bus):
         c = Client(app="pets", http=http)
         assert c.predict(input=GOOD)["output"] == "dog"
         c.feedback("q-1", "cat")
-        assert bus.feedback[-1][0]["app"] == "pets"
+        assert bus.feedback[-1][0].app == "pets"
 
 
 def test_api_key_and_overload_statuses():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import numpy as np
@@ -11,8 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from clipstream.errors import DecodeError
-from schemas import DTYPES, decode, decode_as, default_codec, encode, from_tensor, to_tensor
+from schemas import DTYPES, App, Link, Tensor, decode, decode_as, decode_dict, default_codec, encode, from_tensor, to_tensor
 from schemas.codec import MAGIC
+from schemas.records import BY_NAME, RECORD_TYPES, from_avro
 from tests.records import samples
 
 
@@ -22,12 +24,47 @@ def test_every_record_type_has_a_sample():
 
 @pytest.mark.parametrize("name", sorted(samples()))
 def test_round_trip(name):
-    record = samples()[name]
-    data = encode(name, record)
+    record = from_avro(BY_NAME[name], samples()[name])
+    data = encode(record)
     assert data[:2] == MAGIC
-    got_name, got = decode(data)
-    assert got_name == name
+    got = decode(data)
+    assert type(got) is BY_NAME[name]
     assert got == record
+
+
+@pytest.mark.parametrize("name", sorted(samples()))
+def test_dicts_written_before_typed_records_still_decode(name):
+    """The wire format is the schema's: bytes written from a plain dict decode as the typed
+    record, and a typed record writes the same bytes."""
+    plain = samples()[name]
+    data = encode(name, plain)
+    assert decode_dict(data) == (name, plain)
+    typed = decode_as(BY_NAME[name], data)
+    assert encode(typed) == data
+
+
+@pytest.mark.parametrize("cls", RECORD_TYPES, ids=lambda c: c.__name__)
+def test_each_record_type_matches_its_schema(cls):
+    """Field names and order of each dataclass are those of its .avsc file, and a default the
+    dataclass gives is the schema's (a schema default before a required field has none in
+    Python, where defaults come last)."""
+    parsed = default_codec().schema(cls.__name__).parsed
+    avro = [(f["name"], f.get("default", dataclasses.MISSING)) for f in parsed["fields"]]
+    ours = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        ours.append((f.name, default))
+    assert [n for n, _ in ours] == [n for n, _ in avro]
+    for (name, default), (_, avro_default) in zip(ours, avro):
+        if default is not dataclasses.MISSING:
+            assert avro_default is not dataclasses.MISSING and default == avro_default, name
+    assert cls.__dataclass_params__.frozen
+
+
+def test_typed_tensor_round_trip():
+    arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+    back = decode_as(Tensor, encode(Tensor.of(arr))).array()
+    np.testing.assert_array_equal(back, arr)
 
 
 def test_fingerprints_differ_per_schema():
@@ -37,9 +74,9 @@ def test_fingerprints_differ_per_schema():
 
 
 def test_decode_as_rejects_another_type():
-    data = encode("Link", samples()["Link"])
+    data = encode(Link(app="a", model="m"))
     with pytest.raises(DecodeError, match="expected a App record, got a Link"):
-        decode_as("App", data)
+        decode_as(App, data)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +123,7 @@ def _arrays():
 @settings(max_examples=200, deadline=None)
 @given(_arrays())
 def test_tensor_round_trip(arr):
-    back = from_tensor(decode_as("Tensor", encode("Tensor", to_tensor(arr))))
+    back = decode_as(Tensor, encode(Tensor.of(arr))).array()
     assert back.dtype == arr.dtype
     assert back.shape == arr.shape
     assert back.tobytes() == np.ascontiguousarray(arr).tobytes()  # NaNs compare by bits

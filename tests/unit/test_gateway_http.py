@@ -23,6 +23,7 @@ from frontend.gateway_http import RECEIVED_US, predict_app, stamped_protocol
 from frontend.settings import GatewaySettings
 from registry.spec import ModelSpec, OutputSpec, TensorSpec
 from registry.topic import AppConfig, ModelConfig, RegistryView
+from schemas import Feedback, QueryEvent, Response
 
 SPEC = ModelSpec(Path("/m"), "python", TensorSpec("float32", (2, 3)),
                  OutputSpec("class_scores", ("cat", "dog")), cls="x:Y")
@@ -58,12 +59,12 @@ class FakeBus:
     def __init__(self, reply: Any = None, after_ms: float = 0.0) -> None:
         self.reply = reply
         self.after_ms = after_ms
-        self.queries: list[tuple[dict[str, Any], bytes]] = []
-        self.feedback: list[tuple[dict[str, Any], bytes]] = []
+        self.queries: list[tuple[QueryEvent, bytes]] = []
+        self.feedback: list[tuple[Feedback, bytes]] = []
         self.on_late = lambda n: None
         self.on_delivery_error = lambda: None
 
-    def publish_query(self, event: dict[str, Any], key: bytes) -> asyncio.Future:
+    def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future:
         self.queries.append((event, key))
         fut = asyncio.get_running_loop().create_future()
         if self.reply is not None and self.after_ms:
@@ -75,18 +76,18 @@ class FakeBus:
     def forget(self, query_id: str) -> None:
         pass
 
-    async def publish_feedback(self, record: dict[str, Any], key: bytes, timeout_s: float) -> None:
+    async def publish_feedback(self, record: Feedback, key: bytes, timeout_s: float) -> None:
         self.feedback.append((record, key))
 
     def kafka_ok(self, timeout_s: float = 2.0) -> bool:
         return True
 
 
-def answer(event: dict[str, Any]) -> dict[str, Any]:
-    return {"query_id": event["query_id"], "app": event["app"], "output": "dog",
-            "scores": [0.25, 0.75], "labels": ["cat", "dog"], "confidence": 1.0,
-            "is_default": False, "default_reason": None, "answered": ["m1"], "missing": [],
-            "created_us": event["created_us"], "deadline_us": event["deadline_us"], "trace": {}}
+def answer(event: QueryEvent) -> Response:
+    return Response(query_id=event.query_id, app=event.app, output="dog",
+                    scores=[0.25, 0.75], labels=["cat", "dog"], confidence=1.0,
+                    is_default=False, default_reason=None, answered=["m1"], missing=[],
+                    created_us=event.created_us, deadline_us=event.deadline_us, trace={})
 
 
 async def _pong() -> bool:
@@ -124,11 +125,11 @@ def test_predict_publishes_a_query_event_and_maps_the_reply(client, bus):
     assert body["models"] == {"answered": ["m1"], "missing": []}
     assert body["latency_ms"] >= 0
     (event, key), = bus.queries
-    assert key == b"user-42" and event["query_id"] == body["query_id"]
-    assert event["deadline_us"] - event["created_us"] == 80_000
-    assert event["trace"] == {"produced": event["created_us"]}
-    assert event["reply_topic"] == "t.replies.unit" and event["reply_partition"] == 0
-    assert event["input"]["dtype"] == "float32" and event["input"]["shape"] == [2, 3]
+    assert key == b"user-42" and event.query_id == body["query_id"]
+    assert event.deadline_us - event.created_us == 80_000
+    assert event.trace == {"produced": event.created_us}
+    assert event.reply_topic == "t.replies.unit" and event.reply_partition == 0
+    assert event.input.dtype == "float32" and event.input.shape == [2, 3]
 
 
 def test_no_reply_gives_the_default_at_the_app_slo():
@@ -283,7 +284,7 @@ def test_the_deadline_counts_from_when_the_server_began_reading_the_request():
     with TestClient(stamped) as c:
         body = c.post("/v1/apps/pets/predict", json={"input": GOOD}).json()
     event = bus.queries[0][0]
-    assert event["created_us"] == stamp and event["deadline_us"] == stamp + 30_000
+    assert event.created_us == stamp and event.deadline_us == stamp + 30_000
     assert body["latency_ms"] >= 20.0  # the caller's wait, not the handler's
 
 
@@ -328,8 +329,8 @@ def test_feedback_is_202_and_forwarded(client, bus):
     r = client.post("/v1/apps/pets/feedback", json={"query_id": "q2", "reward": 1, "context": "u1"})
     assert r.status_code == 202
     (first, k1), (second, k2) = bus.feedback
-    assert (first["label"], first["reward"], first["app"], k1) == ("dog", None, "pets", b"q1")
-    assert (second["label"], second["reward"], k2) == (None, 1.0, b"u1")
+    assert (first.label, first.reward, first.app, k1) == ("dog", None, "pets", b"q1")
+    assert (second.label, second.reward, k2) == (None, 1.0, b"u1")
     for bad in ({"query_id": "q3"}, {"label": 1}, {"query_id": "q", "reward": 2}, {"query_id": "q", "label": [1]}):
         assert client.post("/v1/apps/pets/feedback", json=bad).status_code == 422, bad
     assert len(bus.feedback) == 2
@@ -353,7 +354,7 @@ def test_readyz_metrics_and_openapi(client):
 def test_large_inputs_are_parsed_off_the_loop_with_the_same_rules(client, bus):
     rows = [[0.5] * 100 for _ in range(200)]  # ~100 KB of JSON: parsed in a worker thread
     r = client.post("/v1/apps/big/predict", json={"input": rows})
-    assert r.status_code == 200 and bus.queries[-1][0]["input"]["shape"] == [200, 100]
+    assert r.status_code == 200 and bus.queries[-1][0].input.shape == [200, 100]
     rows[150][7] = "x"
     r = client.post("/v1/apps/big/predict", json={"input": rows})
     assert r.status_code == 422 and "input[150][7] is a string" in r.json()["detail"]

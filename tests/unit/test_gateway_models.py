@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pydantic import ValidationError
 
@@ -10,12 +12,13 @@ from frontend.gateway_models import (
     validation_reason,
 )
 from frontend.gateway_http import key_allowed, key_of, route_label
+from schemas import Response
 
-RECORD = {
-    "query_id": "q1", "app": "pets", "output": 3, "scores": [0.1, 0.2, 0.7],
-    "labels": ["1", "2", "3"], "confidence": 0.6666, "is_default": False, "default_reason": None,
-    "answered": ["a", "b"], "missing": ["c"], "created_us": 1, "deadline_us": 2, "trace": {},
-}
+RECORD = Response(
+    query_id="q1", app="pets", output=3, scores=[0.1, 0.2, 0.7],
+    labels=["1", "2", "3"], confidence=0.6666, is_default=False, default_reason=None,
+    answered=["a", "b"], missing=["c"], created_us=1, deadline_us=2, trace={},
+)
 
 
 def test_response_maps_every_field():
@@ -29,22 +32,22 @@ def test_response_maps_every_field():
 
 
 def test_regression_output_and_no_scores():
-    got = response_json({**RECORD, "output": 2.5, "scores": None, "labels": None}, 1.0)
+    got = response_json(replace(RECORD, output=2.5, scores=None, labels=None), 1.0)
     assert got["output"] == 2.5 and got["scores"] is None and got["labels"] is None
 
 
 def test_json_safe_numbers_and_clamped_confidence():
-    rec = {**RECORD, "scores": [float("nan"), 1.0, float("inf")], "confidence": 1.5,
-           "output": float("nan")}
+    rec = replace(RECORD, scores=[float("nan"), 1.0, float("inf")], confidence=1.5,
+                  output=float("nan"))
     got = response_json(rec, 1.0)
     assert got["scores"] == [None, 1.0, None] and got["confidence"] == 1.0 and got["output"] is None
-    assert response_json({**RECORD, "confidence": float("nan")}, 1.0)["confidence"] == 0.0
-    assert response_json({**RECORD, "confidence": -0.2}, 1.0)["confidence"] == 0.0
+    assert response_json(replace(RECORD, confidence=float("nan")), 1.0)["confidence"] == 0.0
+    assert response_json(replace(RECORD, confidence=-0.2), 1.0)["confidence"] == 0.0
 
 
 def test_selector_default_without_output_takes_the_app_default():
-    rec = {**RECORD, "is_default": True, "default_reason": "no predictions", "output": None,
-           "answered": [], "missing": ["a"]}
+    rec = replace(RECORD, is_default=True, default_reason="no predictions", output=None,
+                  answered=[], missing=["a"])
     got = response_json(rec, 5.0, default_output="unknown")
     assert got["output"] == "unknown" and got["default"] is True
     assert got["default_reason"] == "no predictions"

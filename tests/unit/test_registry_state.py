@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from clipstream.errors import ConfigError
+from clipstream.errors import ConfigError, DecodeError
 from registry.appfile import load_app_file
 from registry.topic import RegistryState
-from schemas import encode
+from schemas import App, Link, Model, encode
 
 MODEL_YAML = """backend: python
 class: m:M
@@ -26,14 +26,11 @@ def _model_dir(tmp_path: Path, name: str) -> Path:
 
 
 def _app(name="digits", policy="exp4"):
-    return encode(
-        "App",
-        {"name": name, "policy": policy, "slo_ms": 50.0, "default_output": -1, "policy_config": {}, "updated_us": 1},
-    )
+    return encode(App(name=name, policy=policy, slo_ms=50.0, default_output=-1, updated_us=1))
 
 
 def _link(app, model, us, linked=True):
-    return encode("Link", {"app": app, "model": model, "linked": linked, "updated_us": us})
+    return encode(Link(app=app, model=model, linked=linked, updated_us=us))
 
 
 def test_links_keep_their_order_and_unlinking_removes(tmp_path):
@@ -54,7 +51,7 @@ def test_model_spec_is_loaded_and_errors_are_kept(tmp_path):
     for name, path in (("good", good), ("bad", tmp_path / "nowhere")):
         state.apply(
             f"model:{name}",
-            encode("Model", {"name": name, "version": "1", "path": str(path), "replicas": 2, "updated_us": 1}),
+            encode(Model(name=name, version="1", path=str(path), replicas=2, updated_us=1)),
         )
     view = state.view()
     assert view.models["good"].spec.output.labels == (0, 1)
@@ -89,3 +86,13 @@ def test_bad_app_files(tmp_path, text, reason):
     f.write_text(text)
     with pytest.raises(ConfigError, match=reason):
         load_app_file(f)
+
+
+def test_a_record_of_the_wrong_type_is_a_decode_error_and_changes_nothing():
+    state = RegistryState()
+    state.apply("app:digits", _app())
+    with pytest.raises(DecodeError, match="expected a App record, got a Link"):
+        state.apply("app:digits", _link("digits", "a", 2))
+    with pytest.raises(DecodeError, match="unknown registry key"):
+        state.apply("thing:x", _app())
+    assert state.view().apps["digits"].policy == "exp4"

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from selector.join import JoinState
+from selector.join import Asked, JoinState
 
 
 def test_completes_when_every_expected_model_has_reported() -> None:
     j = JoinState()
-    j.register("q1", ["a", "b"], deadline_us=1_000, reply_topic="r")
+    j.register("q1", ["a", "b"], deadline_us=1_000, asked=Asked(app="app", reply_topic="r"))
     assert j.add("q1", "a", "ok", output=1) is None
     done = j.add("q1", "b", "cached", output=2)
     assert done is not None and done.arrived == {"a": 1, "b": 2} and done.missing == []
-    assert done.meta["reply_topic"] == "r" and "q1" not in j and j.answered("q1")
+    assert done.asked.reply_topic == "r" and done.asked.app == "app" and "q1" not in j and j.answered("q1")
 
 
 def test_expired_and_error_reports_complete_but_count_as_missing() -> None:

@@ -8,16 +8,17 @@ import numpy as np
 import pytest
 
 from registry.spec import OutputSpec
-from schemas import encode, to_tensor
+from schemas import Response, Tensor, decode_as, encode
+from selector.join import Asked
 from selector.outputs import AppOutputs, app_outputs, response_record, to_output
 from selector.types import Output
 
 
 def test_to_output_reads_scores_labels_and_values() -> None:
-    out = to_output(to_tensor(np.array([0.2, 0.8], dtype=np.float32)), "class_scores", ("cat", "dog"))
+    out = to_output(Tensor.of(np.array([0.2, 0.8], dtype=np.float32)), "class_scores", ("cat", "dog"))
     assert out.value == "dog" and out.scores == pytest.approx((0.2, 0.8))
-    assert to_output(to_tensor(np.array(3, dtype=np.int64)), "label", None) == Output(3)
-    assert to_output(to_tensor(np.array(2.5)), "regression", None) == Output(2.5)
+    assert to_output(Tensor.of(np.array(3, dtype=np.int64)), "label", None) == Output(3)
+    assert to_output(Tensor.of(np.array(2.5)), "regression", None) == Output(2.5)
 
 
 def test_app_outputs_prefers_regression_then_class_scores() -> None:
@@ -31,11 +32,13 @@ def test_app_outputs_prefers_regression_then_class_scores() -> None:
 
 
 def test_response_record_encodes_answers_and_defaults() -> None:
-    ev = {"query_id": "q", "app": "a", "deadline_us": 10, "trace": {"produced": 1}}
-    rec = response_record(ev, Output(np.int64(1), (0.4, 0.6)), 2 / 3, ["m1", "m2"], ["m3"], (0, 1), 9)
-    assert rec["output"] == 1 and rec["labels"] == ["0", "1"] and rec["missing"] == ["m3"]
-    assert rec["trace"] == {"produced": 1, "joined": 9} and not rec["is_default"]
-    encode("Response", rec)
-    dflt = response_record(ev, None, 0.5, [], ["m1"], None, 9, default="none", default_reason="late")
-    assert dflt["is_default"] and dflt["output"] == "none" and dflt["confidence"] == 0.0
-    encode("Response", dflt)
+    asked = Asked(app="a", deadline_us=10, trace={"produced": 1})
+    rec = response_record("q", asked, Output(np.int64(1), (0.4, 0.6)), 2 / 3, ["m1", "m2"], ["m3"], (0, 1), 9)
+    assert rec.query_id == "q" and rec.app == "a" and rec.deadline_us == 10
+    assert rec.output == 1 and rec.labels == ["0", "1"] and rec.missing == ["m3"]
+    assert rec.trace == {"produced": 1, "joined": 9} and not rec.is_default
+    assert asked.trace == {"produced": 1}  # the join's trace is not stamped by the answer
+    assert decode_as(Response, encode(rec)) == rec
+    dflt = response_record("q", asked, None, 0.5, [], ["m1"], None, 9, default="none", default_reason="late")
+    assert dflt.is_default and dflt.output == "none" and dflt.confidence == 0.0
+    assert decode_as(Response, encode(dflt)) == dflt

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from schemas import decode_as, encode, to_tensor
+from schemas import ModelRequest, QueryEvent, Tensor, decode_as, encode
 from selector.policies import Single
 from selector.reply_budget import ReplyBudget
 from selector.service import Selector
@@ -72,9 +73,9 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     deadline = 2**60
 
     def query(qid: str) -> Msg:
-        ev = {"query_id": qid, "app": "app", "context": None, "input": to_tensor(np.zeros(2, np.float32)),
-              "deadline_us": deadline, "created_us": 0, "reply_topic": None, "reply_partition": None, "trace": {}}
-        return Msg(cat.queries.name, encode("QueryEvent", ev))
+        ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
+                        created_us=0, deadline_us=deadline)
+        return Msg(cat.queries.name, encode(ev))
 
     sel.dispatch(query("q0"))
     assert sel.join.get("q0").deadline_us == deadline - 3_000
@@ -87,7 +88,7 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     assert sel.join.get("q1").deadline_us == deadline - 7_000
     # with nothing arrived by then, the query waits to the floor: the models' deadline is that
     assert sel.join.get("q1").last_resort_us == deadline - 3_000
-    assert decode_as("ModelRequest", requests.sent[-1][1])["deadline_us"] == deadline - 3_000
+    assert decode_as(ModelRequest, requests.sent[-1][1]).deadline_us == deadline - 3_000
     app.models = ()  # the policy's choice is no model: nothing was sent, nothing to wait for
     sel.dispatch(query("q2"))
     assert sel.join.get("q2").expected == () and sel.join.get("q2").last_resort_us is None
@@ -109,13 +110,13 @@ def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too() -> None:
                    cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
     deadline = now_us() - 7_000  # its cutoff (3 ms before) was due 10 ms ago: the loop was busy
-    ev = {"query_id": "q", "app": "app", "context": None, "input": to_tensor(np.zeros(2, np.float32)),
-          "deadline_us": deadline, "created_us": 0, "reply_topic": None, "reply_partition": None, "trace": {}}
-    sel.dispatch(Msg(cat.queries.name, encode("QueryEvent", ev)))
+    ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
+                    created_us=0, deadline_us=deadline)
+    sel.dispatch(Msg(cat.queries.name, encode(ev)))
     sel.answer_expired()
     (kw,) = replies.options
     kw["on_delivery"](None, SimpleNamespace(latency=lambda: 0.001))  # 1 ms to the broker and back
     assert 11_000 <= budget.us < 20_000, budget.us
-    sel.dispatch(Msg(cat.queries.name, encode("QueryEvent", dict(ev, query_id="q2", deadline_us=2**60))))
+    sel.dispatch(Msg(cat.queries.name, encode(dataclasses.replace(ev, query_id="q2", deadline_us=2**60))))
     sel.answer(sel.join.get("q2"))  # complete before its cutoff: it teaches the budget nothing
     assert "on_delivery" not in replies.options[-1]

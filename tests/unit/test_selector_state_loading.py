@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import encode, to_tensor
+from schemas import ModelRequest, QueryEvent, Response, Tensor, decode_as, encode
 from selector.policies import Exp3, Single
 from selector.service import Selector, is_stateless
 from selector.store import StateStore, state_key
@@ -100,9 +100,9 @@ def _selector(policy: Any, redis: FakeRedis, settings: Any) -> tuple[Selector, F
 
 
 def _query(i: int, context: str | None) -> Msg:
-    ev = {"query_id": f"q{i}", "app": "app", "context": context, "input": to_tensor(np.zeros(2, np.float32)),
-          "deadline_us": 2**62, "created_us": 0, "reply_topic": None, "reply_partition": None, "trace": {}}
-    return Msg("queries", encode("QueryEvent", ev))
+    ev = QueryEvent(query_id=f"q{i}", app="app", context=context, input=Tensor.of(np.zeros(2, np.float32)),
+                    created_us=0, deadline_us=2**62)
+    return Msg("queries", encode(ev))
 
 
 def test_group_loads_state_once_and_single_never(monkeypatch: Any) -> None:
@@ -118,7 +118,7 @@ def test_group_loads_state_once_and_single_never(monkeypatch: Any) -> None:
     sel.handle(msgs, queries)
     assert [c[0] for c in r.calls] == ["mget"]
     assert len(producer.sent) == 4 and producer.polls == 1
-    states = [sel.join.get(f"q{i}").meta["state"] for i in range(4)]
+    states = [sel.join.get(f"q{i}").asked.state for i in range(4)]
     assert states[0] == states[2] and states[0] is not states[2]  # each query its own copy
     assert states[0]["models"] == ["m1", "m2"] and states[1]["n_observed"] == 0
 
@@ -155,7 +155,6 @@ def test_answers_now_due_go_before_the_new_queries_of_a_group() -> None:
 
     from clipstream.clock import now_us
     from clipstream.settings import get_settings
-    from schemas import decode_as
 
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
@@ -163,15 +162,14 @@ def test_answers_now_due_go_before_the_new_queries_of_a_group() -> None:
     due = now_us() + 20_000
 
     def query(i: int, deadline: int) -> Msg:
-        ev = {"query_id": f"q{i}", "app": "app", "context": None, "input": to_tensor(np.zeros(2, np.float32)),
-              "deadline_us": deadline, "created_us": now_us(), "reply_topic": None, "reply_partition": None,
-              "trace": {}}
-        return Msg(cat.queries.name, encode("QueryEvent", ev))
+        ev = QueryEvent(query_id=f"q{i}", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
+                        created_us=now_us(), deadline_us=deadline)
+        return Msg(cat.queries.name, encode(ev))
 
     sel.handle([query(0, due)], cat.queries.name)
     while now_us() < due:  # q0's deadline passes with its prediction still missing
         time.sleep(0.001)
     sel.handle([query(1, 2**62)], cat.queries.name)
-    order = [(t, decode_as("Response", v)["query_id"] if t == cat.responses.name else decode_as("ModelRequest", v)["query_id"])
+    order = [(t, decode_as(Response, v).query_id if t == cat.responses.name else decode_as(ModelRequest, v).query_id)
              for t, v in producer.sent]
     assert order == [(cat.requests("m1").name, "q0"), (cat.responses.name, "q0"), (cat.requests("m1").name, "q1")]

@@ -9,7 +9,7 @@ import pytest
 
 from clipstream.errors import ConfigError, ModelError
 from registry.spec import load_spec
-from tests.models import (
+from clipstream.testing.models import (
     CLOCKWORK,
     DIGITS_LABELS,
     digits,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,8 @@ import pytest
 
 from clipstream.errors import ModelError
 from registry.spec import OutputSpec, load_spec
-from schemas import decode_as, encode, from_tensor, to_tensor
-from tests.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
+from schemas import Batch, BatchItem, BatchStats, DeadLetter, Predictions, Tensor, decode_as, encode
+from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
 from workers.backends import load_model
 from workers.batch import handle_batch, output_rows
 
@@ -28,20 +29,20 @@ class Flaky:
         return np.tile([0.25, 0.75], (len(inputs), 1))
 
 
-def item(i: int, array: np.ndarray, part: int, cache: bool = True) -> dict[str, Any]:
-    return {
-        "query_id": f"q{i}",
-        "selector_partition": part,
-        "deadline_us": 10**18,
-        "cache_key": f"cs:cache:m:1:{i}" if cache else None,
-        "input": to_tensor(array),
-        "trace": {"batcher_in": 1, "batched": 2},
-    }
+def item(i: int, array: np.ndarray, part: int, cache: bool = True) -> BatchItem:
+    return BatchItem(
+        query_id=f"q{i}",
+        selector_partition=part,
+        deadline_us=10**18,
+        cache_key=f"cs:cache:m:1:{i}" if cache else None,
+        input=Tensor.of(array),
+        trace={"batcher_in": 1, "batched": 2},
+    )
 
 
-def batch(items: list[dict[str, Any]], created_us: int = 1_000) -> dict[str, Any]:
-    record = {"batch_id": "b1", "model": "logreg", "version": None, "replica": 0, "created_us": created_us, "items": items}
-    return decode_as("Batch", encode("Batch", record))  # exactly what the worker decodes
+def batch(items: list[BatchItem], created_us: int = 1_000) -> Batch:
+    record = Batch(batch_id="b1", model="logreg", version=None, replica=0, created_us=created_us, items=items)
+    return decode_as(Batch, encode(record))  # exactly what the worker decodes
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +60,15 @@ def test_outputs_grouped_by_selector_partition_and_correct(onnx_model: Any) -> N
     expected = onnx_model.predict_batch(x[:6])
     seen = {}
     for part, rec in records:
-        assert rec["selector_partition"] == part
-        decode_as("Predictions", encode("Predictions", rec))  # valid on the wire
-        for pred in rec["items"]:
-            i = int(pred["query_id"][1:])
-            assert i % 3 == part and pred["status"] == "ok" and pred["version"] == "7"
-            assert pred["trace"]["worker_in"] == 4_000 and pred["trace"]["worker_out"] >= 5_000
-            assert pred["trace"]["batched"] == 2
-            seen[i] = from_tensor(pred["output"])
+        assert isinstance(rec, Predictions) and rec.selector_partition == part
+        assert decode_as(Predictions, encode(rec)) == rec  # valid on the wire
+        for pred in rec.items:
+            i = int(pred.query_id[1:])
+            assert i % 3 == part and pred.status == "ok" and pred.version == "7"
+            assert pred.trace["worker_in"] == 4_000 and pred.trace["worker_out"] >= 5_000
+            assert pred.trace["batched"] == 2
+            assert pred.output is not None
+            seen[i] = pred.output.array()
     assert sorted(seen) == list(range(6))
     for i, row in seen.items():
         assert row.dtype == np.float32 and row.shape == (10,)
@@ -74,13 +76,13 @@ def test_outputs_grouped_by_selector_partition_and_correct(onnx_model: Any) -> N
         assert row.argmax() == digits_logreg().predict(x[i : i + 1])[0]
     keys = [k for k, _ in out.cache]
     assert keys == [f"cs:cache:m:1:{i}" for i in range(6) if i != 4]
-    np.testing.assert_array_equal(from_tensor(decode_as("Tensor", out.cache[0][1])), seen[0])
+    np.testing.assert_array_equal(decode_as(Tensor, out.cache[0][1]).array(), seen[0])
     assert out.dead_letters == []
     stats = out.stats
-    assert stats is not None
-    assert stats["batch_size"] == 6 and stats["errors"] == 0 and stats["queue_wait_us"] == 3_000
-    assert stats["service_us"] > 0 and stats["worker_id"] == "w"
-    decode_as("BatchStats", encode("BatchStats", stats))
+    assert isinstance(stats, BatchStats)
+    assert stats.batch_size == 6 and stats.errors == 0 and stats.queue_wait_us == 3_000
+    assert stats.service_us > 0 and stats.worker_id == "w"
+    assert decode_as(BatchStats, encode(stats)) == stats
 
 
 def test_bad_items_become_errors_and_dead_letters_without_failing_the_batch(onnx_model: Any) -> None:
@@ -91,19 +93,22 @@ def test_bad_items_become_errors_and_dead_letters_without_failing_the_batch(onnx
         item(2, x[2].astype(np.float64), 1),  # wrong dtype
         item(3, x[3], 1),
     ]
-    items[3]["input"] = {"dtype": "float32", "shape": [64], "data": b"\x00" * 7}  # does not decode
+    items[3] = replace(items[3], input=Tensor("float32", [64], b"\x00" * 7))  # does not decode
     items.append(item(4, x[4], 1))
     out = handle_batch(onnx_model, batch(items), worker_id="w", source=("t", 0, 42))
-    by_id = {p["query_id"]: p for recs in out.predictions.values() for p in recs}
-    assert {q: p["status"] for q, p in by_id.items()} == {"q0": "ok", "q1": "error", "q2": "error", "q3": "error", "q4": "ok"}
-    assert "shape [10]" in by_id["q1"]["error"] and "float64" in by_id["q2"]["error"]
-    assert by_id["q1"]["output"] is None
-    assert [d["query_id"] for d in out.dead_letters] == ["q1", "q2", "q3"]
+    by_id = {p.query_id: p for recs in out.predictions.values() for p in recs}
+    assert {q: p.status for q, p in by_id.items()} == {"q0": "ok", "q1": "error", "q2": "error", "q3": "error", "q4": "ok"}
+    assert "shape [10]" in (by_id["q1"].error or "") and "float64" in (by_id["q2"].error or "")
+    assert by_id["q1"].output is None
+    assert [d.query_id for d in out.dead_letters] == ["q1", "q2", "q3"]
     letter = out.dead_letters[0]
-    assert letter["stage"] == "worker" and letter["source_offset"] == 42 and "shape" in letter["reason"]
-    assert decode_as("BatchItem", letter["payload"])["query_id"] == "q1"
-    decode_as("DeadLetter", encode("DeadLetter", letter))
-    assert out.stats is not None and out.stats["errors"] == 3 and out.stats["batch_size"] == 5
+    assert isinstance(letter, DeadLetter)
+    assert letter.stage == "worker" and letter.source_offset == 42 and "shape" in letter.reason
+    assert letter.payload is not None
+    dead_item = decode_as(BatchItem, letter.payload)
+    assert dead_item.query_id == "q1" and dead_item.trace == {"batcher_in": 1, "batched": 2}  # as it came
+    assert decode_as(DeadLetter, encode(letter)) == letter
+    assert out.stats is not None and out.stats.errors == 3 and out.stats.batch_size == 5
     assert [k for k, _ in out.cache] == ["cs:cache:m:1:0", "cs:cache:m:1:4"]
 
 
@@ -112,18 +117,20 @@ def test_model_exception_turns_the_batch_into_errors(tmp_path: Path) -> None:
     good = np.ones(2, dtype=np.float32)
     out = handle_batch(model, batch([item(0, good, 0), item(1, -good, 0)]), worker_id="w")
     preds = out.predictions[0]
-    assert [p["status"] for p in preds] == ["error", "error"]
-    assert "RuntimeError: negative input" in preds[0]["error"]
-    assert out.cache == [] and out.stats is not None and out.stats["errors"] == 2
+    assert [p.status for p in preds] == ["error", "error"]
+    assert "RuntimeError: negative input" in (preds[0].error or "")
+    assert out.cache == [] and out.stats is not None and out.stats.errors == 2
     ok = handle_batch(model, batch([item(0, good, 0)]), worker_id="w")  # the next batch is fine
-    np.testing.assert_allclose(from_tensor(ok.predictions[0][0]["output"]), [0.25, 0.75])
+    output = ok.predictions[0][0].output
+    assert output is not None
+    np.testing.assert_allclose(output.array(), [0.25, 0.75])
 
 
 def test_out_of_range_selector_partition_is_a_dead_letter_only(onnx_model: Any) -> None:
     x, _ = digits()
     out = handle_batch(onnx_model, batch([item(0, x[0], 9), item(1, x[1], 1)]), worker_id="w", selector_partitions=4)
     assert list(out.predictions) == [1]
-    assert [d["query_id"] for d in out.dead_letters] == ["q0"]
+    assert [d.query_id for d in out.dead_letters] == ["q0"]
 
 
 def test_output_rows_shapes() -> None:
@@ -145,4 +152,5 @@ def test_string_labels_cannot_travel_and_become_errors(tmp_path: Path) -> None:
           "    def predict_batch(self, x): return np.array(['cat'] * len(x))\n"
     model = load_model(load_spec(make_python_model(tmp_path, "strlab", src, labels=["cat"], kind="label", shape=[1])))
     out = handle_batch(model, batch([item(0, np.zeros(1, dtype=np.float32), 0)]), worker_id="w")
-    assert out.predictions[0][0]["status"] == "error" and "cannot travel" in out.predictions[0][0]["error"]
+    pred = out.predictions[0][0]
+    assert pred.status == "error" and "cannot travel" in (pred.error or "")

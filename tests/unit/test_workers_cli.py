@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from clipstream.errors import ConfigError
-from tests.models import make_profile_model
+from clipstream.testing.models import make_profile_model
 from workers import cli
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from clipstream.settings import Settings
 from registry.spec import load_spec
-from schemas import decode_as, encode, to_tensor
-from tests.models import make_profile_model
+from schemas import Batch, BatchItem, BatchStats, DeadLetter, Predictions, Tensor, decode_as, encode
+from clipstream.testing.models import make_profile_model
 from workers.backends import load_model
 from workers.worker import Worker
 
@@ -96,11 +96,10 @@ class FakeRedis:
 
 
 def batch_bytes(n: int, items: int = 3) -> bytes:
-    its = [{"query_id": f"b{n}q{i}", "selector_partition": i % 2, "deadline_us": 10**18,
-            "cache_key": f"k{n}.{i}", "input": to_tensor(np.full(4, i, dtype=np.float32)), "trace": {}}
+    its = [BatchItem(query_id=f"b{n}q{i}", selector_partition=i % 2, deadline_us=10**18,
+                     cache_key=f"k{n}.{i}", input=Tensor.of(np.full(4, i, dtype=np.float32)))
            for i in range(items)]
-    return encode("Batch", {"batch_id": f"b{n}", "model": "sim", "version": "1", "replica": 0,
-                            "created_us": 1, "items": its})
+    return encode(Batch(batch_id=f"b{n}", model="sim", version="1", replica=0, created_us=1, items=its))
 
 
 def make_worker(tmp_path: Path, fail: bool = False, table: dict[int, float] | None = None,
@@ -129,8 +128,8 @@ def test_outputs_are_acknowledged_before_the_offset_is_committed(tmp_path: Path)
     topics = [(t, p) for t, p, _ in producer.sent]
     assert topics.count(("p.predictions", 0)) == 2 and topics.count(("p.predictions", 1)) == 2
     assert topics.count(("p.batch-stats.sim", None)) == 2
-    first = decode_as("Predictions", producer.sent[0][2])
-    assert first["selector_partition"] == 0 and [p["query_id"] for p in first["items"]] == ["b0q0", "b0q2"]
+    first = decode_as(Predictions, producer.sent[0][2])
+    assert first.selector_partition == 0 and [p.query_id for p in first.items] == ["b0q0", "b0q2"]
     assert cache.store["round_trips"] == 2 and cache.store["k1.2"][1] == w.settings.cache_ttl_s
 
 
@@ -142,8 +141,8 @@ def test_the_device_runs_a_batch_while_the_next_is_read(tmp_path: Path) -> None:
     w.feed(Msg(batch_bytes(1), 1))  # returns while batch 0 is still on the device
     assert not any(t == "p.batch-stats.sim" for t, _, _ in producer.sent)
     assert w.drain(5.0)
-    stats = [decode_as("BatchStats", v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
-    assert [s["batch_id"] for s in stats] == ["b0", "b1"] and all(s["service_us"] >= 190_000 for s in stats)
+    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    assert [s.batch_id for s in stats] == ["b0", "b1"] and all(s.service_us >= 190_000 for s in stats)
 
 
 def test_undelivered_outputs_mean_no_commit_and_a_redo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,8 +164,8 @@ def test_garbage_batch_is_a_dead_letter_and_is_committed(tmp_path: Path) -> None
     producer.flush(0)
     w.housekeep()
     ((topic, _, value),) = producer.sent
-    letter = decode_as("DeadLetter", value)
-    assert topic == "p.deadletter" and letter["source_offset"] == 3 and letter["payload"] == b"\x00garbage"
+    letter = decode_as(DeadLetter, value)
+    assert topic == "p.deadletter" and letter.source_offset == 3 and letter.payload == b"\x00garbage"
     assert consumer.commits == [4]
 
 
@@ -182,7 +181,7 @@ def test_a_crashing_batch_is_dead_lettered_not_a_crash_loop(tmp_path: Path, monk
     producer.flush(0)
     w.housekeep()
     ((topic, _, value),) = producer.sent
-    assert topic == "p.deadletter" and "KeyError" in decode_as("DeadLetter", value)["reason"]
+    assert topic == "p.deadletter" and "KeyError" in decode_as(DeadLetter, value).reason
     assert consumer.commits == [9]
 
 

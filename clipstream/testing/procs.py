@@ -1,5 +1,5 @@
-"""Helpers the integration tests share: stopping the stage processes they start, and waiting
-on a condition with a deadline (never a bare sleep)."""
+"""Helpers the integration tests and the benchmarks share: stopping the stage processes they
+start, and waiting on a condition with a deadline (never a bare sleep)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,132 @@
+"""The way in for an asyncio stage: a librdkafka consumer in a thread that hands each fetch to
+the event loop with one ``call_soon_threadsafe``.
+
+librdkafka calls block in C, so none runs on the loop. A confluent-kafka consumer in a thread
+that wakes the loop once per fetch costs a fraction of the CPU per record of faust's
+per-event path (aiokafka, an Event with acks and sensors per record), with lower latency too
+(docs/design/0009-batcher-intake-on-librdkafka.md). One intake may read several topics: one
+fetch then brings every topic's records and wakes the process once; each record carries its
+topic.
+
+Two ways to get partitions:
+
+- ``group_id`` with subscribe (the default): start offsets are pinned at assignment
+  (``topics.offsets.pin_and_assign``); a record's offset is stored when it is handed to the
+  loop and auto-commit sends it, so a record queued in a process that dies is not replayed.
+- ``assign=[TopicPartition, ...]``: those partitions directly, from their end now, no group
+  and no commits (a gateway's own reply topic: no rebalance ever delays a reply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from clipstream.errors import DecodeError
+from clipstream.settings import Settings
+from topics.client import consumer_config
+from topics.offsets import assign_at_end, pin_and_assign
+
+log = logging.getLogger("clipstream.topics")
+
+Source = tuple[str, int, int]  # (topic, partition, offset)
+Record = tuple[bytes | None, Source]  # value, where it came from
+
+
+def raw_record(msg: Message) -> Record:
+    """The default conversion: the value and where it came from."""
+    return msg.value(), (msg.topic(), msg.partition(), msg.offset())
+
+
+class Intake:
+    """A consumer thread that hands each fetched group of records to ``deliver`` with one loop
+    call (``deliver`` runs on the loop thread).
+
+    ``convert`` turns each message into what ``deliver`` gets, on the consumer thread (a
+    ``DecodeError`` there drops the record with a warning); ``on_ready`` is called on the
+    consumer thread once every topic has partitions and start offsets (``ready`` is set then
+    too). ``fetch_max_wait_ms`` bounds an idle fetch (None: ``topics.client``'s default);
+    ``overrides`` are more consumer settings.
+    """
+
+    def __init__(self, settings: Settings, topics: str | list[str], group_id: str,
+                 deliver: Callable[[list[Any]], None], *, max_group: int = 1000,
+                 fetch_max_wait_ms: int | None = None, convert: Callable[[Message], Any] = raw_record,
+                 assign: list[TopicPartition] | None = None, on_ready: Callable[[], None] | None = None,
+                 name: str | None = None, **overrides: Any) -> None:
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        self.topic = ",".join(self.topics)  # for log lines
+        self._deliver, self._convert, self._on_ready = deliver, convert, on_ready
+        self._max_group = max_group
+        self._assign = assign
+        if fetch_max_wait_ms is not None:
+            overrides["fetch.wait.max.ms"] = fetch_max_wait_ms
+        if assign is not None:
+            overrides.setdefault("enable.auto.commit", False)
+        self._consumer = Consumer(consumer_config(settings, group_id, **overrides))
+        self._name = name or f"intake-{self.topics[0]}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.ready = threading.Event()  # partitions assigned and start offsets fixed
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Subscribe (or assign, blocking: InfraError if the broker cannot say where the
+        partitions end) and start the thread."""
+        self._loop = loop
+        if self._assign is None:
+            self._consumer.subscribe(self.topics, on_assign=self._on_assign)
+        else:
+            assign_at_end(self._consumer, self._assign)
+            self._set_ready()
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self._consumer.close()  # commits the stored offsets and leaves the group
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the consumer of %s: %s", self.topic, exc)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        pin_and_assign(consumer, partitions)
+        if {tp.topic for tp in partitions} >= set(self.topics):
+            self._set_ready()
+
+    def _set_ready(self) -> None:
+        if not self.ready.is_set():
+            self.ready.set()
+            if self._on_ready is not None:
+                self._on_ready()
+
+    def _run(self) -> None:
+        consumer, loop, deliver, convert = self._consumer, self._loop, self._deliver, self._convert
+        assert loop is not None
+        while not self._stop.is_set():
+            first = consumer.poll(0.1)  # returns as soon as one record is there
+            if first is None:
+                continue
+            group: list[Any] = []
+            for msg in [first, *consumer.consume(self._max_group, timeout=0)]:
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("%s: consumer error: %s", self.topic, err)
+                    continue
+                try:
+                    group.append(convert(msg))
+                except DecodeError as exc:
+                    log.warning("undecodable record %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), exc)
+            if group:
+                try:
+                    loop.call_soon_threadsafe(deliver, group)
+                except RuntimeError:  # the loop closed under us: shutting down
+                    return

@@ -3,10 +3,10 @@
 Faust runs the process: its lifecycle, signals and logging, and its tasks (intake, cache
 lookups, the batching loops, delivery reports, readiness). Its own Kafka consumer and
 producer are switched off (faust's ``BootStrategy``): the batcher's Kafka I/O is one record
-per query at batch size 1, and librdkafka does it for a fraction of the CPU. Both kinds of
-topic it reads, ``requests.<model>`` and ``batch-stats.<model>`` (one record per batch), come
-in through ``topics.intake`` consumer threads (a fifth of a faust agent's CPU per record); what
-it writes goes out through a ``topics.emitter`` producer (a third of faust's or less).
+per query at batch size 1, and librdkafka's own threads do it with far less Python per record
+(docs/design/0009). Both kinds of topic it reads, ``requests.<model>`` and
+``batch-stats.<model>`` (one record per batch), come in through ``topics.intake`` consumer
+threads; what it writes goes out through a ``topics.emitter`` producer.
 One process may serve several models (``create_app``); every decision lives in ``core.py`` and
 the modules under it, and the I/O of one model in ``service.py``.
 """
@@ -97,8 +97,8 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
     Every model keeps its own queue, AIMD state and credit (its own ``BatcherService``); what
     the models share is the process: one consumer for all their request topics, one for all
     their worker reports, one producer, one Redis client. On a small machine that is the
-    point: eight one-model batchers meant eight processes woken for each query of an eight-model
-    ensemble; one batcher for the eight is woken once."""
+    point: one process per model would wake every one of them for each query of an ensemble;
+    one batcher for all of them is woken once (docs/design/0010)."""
     if not models or len({m.name for m in models}) != len(models):
         raise ConfigError(f"a batcher needs distinct models, got {[m.name for m in models]}")
     cat = Catalogue.from_settings(settings)

@@ -134,7 +134,7 @@ class BatcherCore:
         The largest such batch is also the most efficient one (the device's fixed cost per
         batch is shared by more requests), so under overload the oldest requests are given
         up rather than served in small batches that leave the device short of its best
-        throughput (``bench/batching/bounds.py`` shows both policies on an ideal device).
+        throughput (docs/design/0004).
         """
         start = now_us + replica.wait_us(now_us) + self.hopeless_margin_us
         latest = self.queue.latest_deadlines(limit)

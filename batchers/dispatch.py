@@ -10,8 +10,8 @@
   arriving meanwhile wait here, ordered by deadline, and can still join it, rather than
   behind a batch already parked at the worker. A full batch is the exception: nothing can
   join it, so it goes as soon as credit allows and waits at the worker, and under a backlog
-  the Kafka hop never leaves the device idle (with a backlog on the simulated accelerator,
-  just-in-time alone kept it 63–77% busy: the hop's p50 of 3–6 ms exceeded the 3 ms lead).
+  the Kafka hop never leaves the device idle (just in time alone would, whenever the hop takes
+  longer than ``lead``; docs/design/0003).
   When the device frees is tracked per replica: each batch sent starts when the previous one
   ends and takes the service time of its size (``batchers/latency.py``); a worker's report
   resets the estimate (the batches still out run one after another from then).

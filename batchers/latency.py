@@ -45,8 +45,8 @@ class LatencyModel:
     def _refit(self) -> None:
         """Tukey's resistant line: the slope joins the medians of the smaller and the larger
         half of the batches, the fixed cost is the median residual. Medians, not means: one
-        batch slowed by a pause elsewhere on the machine must not tilt the line (a least-
-        squares fit did, and made the batcher drop requests that would have made it)."""
+        batch slowed by a pause elsewhere on the machine must not tilt the line (a least-squares
+        line would, and the batcher would drop requests that could still make it)."""
         self._dirty = False
         obs = sorted(self._obs)
         sizes = [s for s, _ in obs]
@@ -99,8 +99,8 @@ def _split_at_median_size(obs: list[tuple[int, int]], m_size: float) -> tuple[li
 
     AIMD moving between two sizes (2 and 3, say: a miss, then a full batch, then a miss)
     leaves most reports at one size; halves by count then both have that size for their
-    median, and the line came out flat, so a batch of 3 was expected to take as long as one of
-    2 and the requests in it and behind it were late. The ties go to whichever side leaves the
+    median, and the line comes out flat, so a batch of 3 is expected to take as long as one of
+    2 and the requests in it and behind it are late. The ties go to whichever side leaves the
     smaller group larger; a side with fewer than ``MIN_GROUP`` batches is too open to one
     slowed batch to tilt the line, and the caller keeps the conservative curve.
     """

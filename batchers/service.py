@@ -89,10 +89,10 @@ class BatcherService:
         self.producer = producer or Emitter(settings, name=f"batcher {model.name}").producer
 
     # -- producing --------------------------------------------------------------------
-    # librdkafka, not faust's aiokafka producer: a record sent one at a time cost ~260–430 µs of
-    # CPU through faust against ~70–110 µs through librdkafka, whose own thread does the I/O
-    # (``python -m bench.intake``), and at batch size 1 the batcher sends one record per
-    # query. ``produce`` only queues the record (acks=1); ``Emitter.serve_reports`` polls for the delivery reports.
+    # librdkafka, not faust's aiokafka producer: at batch size 1 the batcher sends one record per
+    # query, and librdkafka's own thread does the I/O with far less Python per record
+    # (docs/design/0009). ``produce`` only queues the record (acks=1); ``Emitter.serve_reports``
+    # polls for the delivery reports.
     def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
         produce = self.producer.produce
         for topic, value, partition in records:

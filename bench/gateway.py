@@ -1,4 +1,4 @@
-"""Gateway figures (issue: frontend), on the real pipeline with the digits ONNX model.
+"""Gateway figures on the real pipeline with the digits ONNX model.
 
 * cache-hit round trip under light load: one caller, the same digit again and again (every
   answer after the first comes from the prediction cache), timed by the caller;

@@ -3,11 +3,10 @@
 A stage's start-up leaves hundreds of thousands of objects that live as long as the process:
 modules, classes, pydantic and Avro schemas, model sessions, faust's app. CPython collects its
 oldest generation when enough objects have survived the younger ones, and each such
-collection walks every one of those objects. With ``gc.callbacks`` timing the collections
-during ``bench.gateway``, single pauses of 15-60 ms showed up in the selector, the batcher,
-the worker and the gateway: long enough to push a caller past its deadline. ``gc.freeze()``
-moves everything alive at that moment into a permanent generation that collections skip; what
-the stage allocates while serving is still collected as before.
+collection walks every one of those objects, in a pause that can push a caller past its
+deadline in any stage (docs/design/0011). ``gc.freeze()`` moves everything alive at that
+moment into a permanent generation that collections skip; what the stage allocates while
+serving is still collected as before.
 """
 
 from __future__ import annotations

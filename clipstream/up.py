@@ -7,8 +7,8 @@ without a restart. Ctrl-C or SIGTERM stops everything it started, the infrastruc
 
 The batchers of all models run in one process by default (``CLIPSTREAM_UP_BATCHERS=shared``),
 as Clipper keeps every model's batching queue in one process: each model still has its own
-queue, AIMD state and credit, but an ensemble's query wakes one batcher, not one per model (on
-this project's 2-core machine that halved the batchers' CPU per query of an 8-model ensemble).
+queue, AIMD state and credit, but an ensemble's query wakes one batcher, not one per model,
+and the models share one set of Kafka and Redis clients (docs/design/0010).
 A change in the set of models starts a new batcher for all of them; the old one stops once the
 new one is ready, so no request falls between them. ``per-model`` runs one process per model
 (isolation: a model's batcher can crash or restart alone).

@@ -1,7 +1,7 @@
 """The REST side for applications: ``Client`` waits for the answer over HTTP (the Kafka side,
 ``Producer`` and ``ResponseReader``, is ``frontend.producer``).
 
-``Client.feedback`` takes the app in any of three ways, so the issue's short form
+``Client.feedback`` takes the app in any of three ways, so the short form
 ``client.feedback(query_id, label)`` works: (1) ``app=`` keyword; (2) the app of an earlier
 ``predict`` made by this client for that query id (remembered, bounded); (3) the client's
 default app, ``Client(url, app="digits")``. Positionally, ``feedback(app, query_id, label)``

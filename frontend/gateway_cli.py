@@ -57,7 +57,7 @@ def gateway(
 def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """libuv's loop when asked for and installed, else asyncio's own (None). The event loop is
     where the gateway's callers queue: every request is a few socket calls, timers and
-    wake-ups, and uvloop makes each cheaper (`bench.gateway` reports the gateway's CPU)."""
+    wake-ups, and uvloop makes each cheaper (docs/design/0008)."""
     if not use_uvloop:
         return None
     try:

@@ -130,12 +130,11 @@ class PredictEndpoint:
     FastAPI with the app's name in the scope (``PREDICT_APP``).
 
     The predict route is the gateway's hot path, and under load its event loop is where callers
-    queue. py-spy on the gateway at 600 q/s offered put about a third of the loop's busy time in
-    FastAPI's per-request machinery (its telemetry check, dependency solving, the router,
-    exception-wrapping middlewares, Request and Response objects) rather than in the handler or
-    the socket. Here the handler gets the app name and a Starlette ``Request`` and returns the
-    answer's JSON, or raises ``HTTPProblem``; FastAPI keeps every other route, and the predict
-    route stays declared there so the OpenAPI schema still lists it.
+    queue, so FastAPI's per-request machinery (its telemetry check, dependency solving, the
+    router, exception-wrapping middlewares, Request and Response objects) is kept off it
+    (docs/design/0008). Here the handler gets the app name and a Starlette ``Request`` and
+    returns the answer's JSON, or raises ``HTTPProblem``; FastAPI keeps every other route, and
+    the predict route stays declared there so the OpenAPI schema still lists it.
     """
 
     def __init__(self, handler: Callable[[str, Request], Awaitable[dict[str, Any]]]) -> None:

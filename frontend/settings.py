@@ -38,12 +38,11 @@ class GatewaySettings(BaseSettings):
     # an answer in time but slower than this share of the SLO also cuts the limit: queueing
     admission_slow_fraction: float = Field(0.6, gt=0)
     # how long past the deadline a reply may still be taken: the selector answers 3-10 ms before
-    # it (its reply budget), and the reply hop's p99 at light load is ~5 ms (bench.breakdown)
+    # it (its reply budget), so this only covers a reply hop that runs long (docs/design/0006)
     reply_margin_ms: float = Field(5.0, ge=0)
     # a wake-up this much later than asked cuts the admission limit (while it is in use); three
-    # in a row refuse new predictions (503) until the loop catches up. 10 ms let the 2-core
-    # machine saturate under 2x overload (14-133 of 9,600 callers past SLO + 20 ms in
-    # bench.gateway); 5 ms sheds sooner: none late in three runs, and more answered in time
+    # in a row refuse new predictions (503) until the loop catches up. Kept small, so the gateway
+    # sheds load before a saturated machine makes callers wait past their SLO (docs/design/0008)
     max_loop_lag_ms: float = Field(5.0, gt=0)
     instance: str = Field(default_factory=_random_instance)
     retry_after_s: int = Field(1, ge=0)

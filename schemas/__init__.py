@@ -1,6 +1,6 @@
 """Avro schemas of every record on every topic, their typed records, and the codec."""
 
-from schemas.codec import Codec, decode, decode_as, decode_dict, default_codec, encode
+from schemas.codec import Codec, decode, decode_as, decode_dict, default_codec, encode, encode_dict
 from schemas.records import (
     App,
     Batch,
@@ -25,5 +25,5 @@ __all__ = [
     "App", "Batch", "BatchItem", "BatchStats", "Codec", "DTYPES", "DeadLetter", "Feedback", "Link",
     "Model", "ModelRequest", "OutputKind", "Prediction", "Predictions", "QueryEvent", "Record",
     "Response", "Tensor", "decode", "decode_as", "decode_dict", "default_codec", "encode",
-    "from_tensor", "to_tensor",
+    "encode_dict", "from_tensor", "to_tensor",
 ]

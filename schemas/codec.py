@@ -59,13 +59,13 @@ class Codec:
         except KeyError:
             raise KeyError(f"no record type {name!r}; known: {sorted(self._by_name)}") from None
 
-    def encode(self, record: Any, fields: Mapping[str, Any] | None = None) -> bytes:
-        """The bytes of a typed record (``schemas.records``); ``encode(name, dict)`` writes a
-        plain dict of the named type, as tools and old callers do."""
-        if fields is None:
-            name, fields = type(record).__name__, to_avro(record)
-        else:
-            name = record
+    def encode(self, record: Record) -> bytes:
+        """The bytes of a typed record (``schemas.records``)."""
+        return self.encode_dict(type(record).__name__, to_avro(record))
+
+    def encode_dict(self, name: str, fields: Mapping[str, Any]) -> bytes:
+        """The bytes of a record of type ``name`` given as the plain dict fastavro writes (tools,
+        and the proof that the typed records keep the wire format)."""
         schema = self.schema(name)
         buf = io.BytesIO()
         buf.write(schema.header)
@@ -80,11 +80,8 @@ class Codec:
     def decode_as(self, kind: type[R], data: bytes) -> R:
         """Decode a record that must be of type ``kind`` (a class of ``schemas.records``)."""
         schema = self._schema_of(data)
-        name = kind if isinstance(kind, str) else kind.__name__
-        if schema.name != name:
-            raise DecodeError(f"expected a {name} record, got a {schema.name}")
-        if isinstance(kind, str):  # MIGRATION: a name gives the plain dict
-            return self._read(schema, data)  # type: ignore[return-value]
+        if schema.name != kind.__name__:
+            raise DecodeError(f"expected a {kind.__name__} record, got a {schema.name}")
         return from_avro(kind, self._read(schema, data))
 
     def decode_dict(self, data: bytes) -> tuple[str, dict[str, Any]]:
@@ -126,8 +123,12 @@ def default_codec() -> Codec:
     return _default
 
 
-def encode(record: Any, fields: Mapping[str, Any] | None = None) -> bytes:
-    return default_codec().encode(record, fields)
+def encode(record: Record) -> bytes:
+    return default_codec().encode(record)
+
+
+def encode_dict(name: str, fields: Mapping[str, Any]) -> bytes:
+    return default_codec().encode_dict(name, fields)
 
 
 def decode(data: bytes) -> Record:

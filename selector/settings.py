@@ -21,7 +21,8 @@ class SelectorSettings(BaseSettings):
     # this floor and the cap below; a cap at or under the floor fixes it at the floor
     reply_budget_ms: float = Field(3.0, ge=0)
     reply_budget_max_ms: float = Field(10.0, ge=0)
-    # the budget learns from the answers made at the cutoff alone (a quarter of all answers in
-    # the 8-model straggler benchmark, a twentieth with 2 models): the 95th percentile of their
+    # the budget learns from the answers made at the cutoff alone (most answers complete early,
+    # at quiet moments, and say little about the cutoff's trips): the 95th percentile of their
     # trips, from when they were due, keeps all but their slowest twentieth within the SLO
+    # (docs/design/0006)
     reply_budget_quantile: float = Field(0.95, gt=0, le=1)

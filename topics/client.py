@@ -55,9 +55,8 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         {
             "group.id": group_id,
             # a long poll: the broker answers as soon as data arrives, so a long wait costs no
-            # latency, while idle fetches cost the broker CPU (eight idle consumers took it 0.08
-            # of a core at 100 ms, 0.02 at 500, on this project's 2-core machine; a pipeline
-            # has dozens of consumers)
+            # latency, while every idle fetch costs the broker CPU, and a pipeline has dozens of
+            # consumers
             "fetch.wait.max.ms": 500,
             "fetch.min.bytes": 1,
             "enable.auto.commit": True,

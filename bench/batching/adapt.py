@@ -1,21 +1,17 @@
 """The adapt section: AIMD when the model's speed halves mid-run (see ``bench.batching``).
 
-The figure is a recovery time against a baseline measured apart, so both are noisy: a 3 s
-run of one fixed size swings +-15% here, and a new best read high by chance delays the
-recovery in that run by a hundred batches or more. So the fixed sizes first run in
-interleaved rounds, and each reading's new best is the size with the highest median; the
-best of five such medians is still biased up (the winner's curse), so that size is then run
-again in rounds of its own, interleaved with the AIMD runs, and its rate is its median over
-those. The figures are the medians over those rounds.
+The figure is a recovery time against a baseline measured apart, so both are noisy, and a
+new best read high by chance delays the recovery by many batches. So the fixed sizes first run
+in interleaved rounds, and each reading's new best is the size with the highest median; the
+best of those medians is still biased up (the winner's curse), so that size is then run again
+in rounds of its own, interleaved with the AIMD runs, and its rate is its median over those.
+The figures are the medians over those rounds.
 
 The target is read with the 20 ms latency objective on the service time, in goodput
 (answered within the deadline) and in ok throughput; AIMD's runs at that objective serve both
-readings. Since the batcher's latency curve fits the batch sizes it really runs (c95f7ac), the
-batches AIMD grows at 20 ms are cut to fit the oldest deadline, and its answers after the
-slowdown come in time. With ``--aimd-objective-ms`` a third reading, goodput with AIMD at that
-objective, is reported beside them and does not count: a tightened objective caps the batch
-(at 8 ms AIMD stays at 2 items after the slowdown, 7.6 ms, where 3 take 9.4, while the new
-best fixed size answers about 4 at a time within the deadline: 0.76x, 11-24).
+readings (docs/design/0002). With ``--aimd-objective-ms`` a third reading, goodput with AIMD at
+that objective, is reported beside them and does not count: a tightened objective caps the
+batch below what the deadline allows.
 """
 
 from __future__ import annotations

@@ -106,8 +106,7 @@ def _confirm(b: Bench, m: Model, rows: Mapping[str, Mapping[str, Any]], sizes: M
     """AIMD against the sweep's best fixed size and no batching, re-measured in interleaved rounds.
 
     The sweep runs each size once, in order, and the best of eight noisy runs is biased
-    upward (the winner's curse); on this shared 2-core machine one 3 s run of the same
-    configuration ranges over +-15%. Runs taken back to back see the same machine, and the
+    upward (the winner's curse). Runs taken back to back see the same machine, and the
     medians over the rounds, not the sweep's maximum, are what the figures compare.
     """
     best_label = max(sizes, key=lambda label: rows[label]["goodput_qps"])

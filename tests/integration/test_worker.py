@@ -218,7 +218,7 @@ def test_killed_worker_restarts_without_losing_a_request(settings: Settings, tmp
 def test_worker_finds_its_model_in_the_registry(settings: Settings, tmp_path: Path, run_worker) -> None:
     folder = make_profile_model(tmp_path / "repo", "reg", "4", table={1: 1.0}, kind="label", labels=[0, 1, 2])
     # a fresh registry topic briefly has no leader, and the registry follower does not retry
-    # that yet: create the topic and wait for its leader first (frontend issue, reported)
+    # that: create the topic and wait for its leader first
     ensure_core_topics(settings)
     admin, registry = AdminClient(admin_config(settings)), Catalogue.from_settings(settings).registry.name
     deadline = time.monotonic() + 30

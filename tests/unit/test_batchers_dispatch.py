@@ -150,8 +150,8 @@ def test_one_straggling_batch_does_not_change_the_replicas_speed():
 
 def test_a_batch_waits_for_the_device_then_takes_its_own_service_time():
     """A batch sent while another runs finishes when the device is free plus its own service
-    time; it must not be judged by a blanket multiple of the service time (that dropped
-    requests that would have made it, and left batches short under overload)."""
+    time; it must not be judged by a blanket multiple of the service time (that would drop
+    requests that could still make it, and leave batches short under overload)."""
     d = make(replicas=1, in_flight=2)
     d.sent(0, "warm", 4, now_us=0)
     d.completed("warm", 4, 100_000, now_us=100_000)  # speed known: 100 ms a batch

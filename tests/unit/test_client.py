@@ -53,7 +53,7 @@ def test_errors_carry_the_server_reason(client):
 
 def test_feedback_forms(client, bus):
     qid = client.predict("pets", GOOD)["query_id"]
-    client.feedback(qid, "dog")  # the short form: app remembered from predict
+    client.feedback(qid, "dog")  # the short form: app remembered from predict
     client.feedback("pets", "q-other", "cat")
     client.feedback("pets", "q-r", reward=0.5)
     client.feedback("q-k", label="cat", app="pets")

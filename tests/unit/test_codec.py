@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from clipstream.errors import DecodeError
-from schemas import DTYPES, App, Link, Tensor, decode, decode_as, decode_dict, default_codec, encode, from_tensor, to_tensor
+from schemas import DTYPES, App, Link, Tensor, decode, decode_as, decode_dict, default_codec, encode, encode_dict, from_tensor, to_tensor
 from schemas.codec import MAGIC
 from schemas.records import BY_NAME, RECORD_TYPES, from_avro
 from tests.records import samples
@@ -37,7 +37,7 @@ def test_dicts_written_before_typed_records_still_decode(name):
     """The wire format is the schema's: bytes written from a plain dict decode as the typed
     record, and a typed record writes the same bytes."""
     plain = samples()[name]
-    data = encode(name, plain)
+    data = encode_dict(name, plain)
     assert decode_dict(data) == (name, plain)
     typed = decode_as(BY_NAME[name], data)
     assert encode(typed) == data
@@ -94,14 +94,14 @@ def test_unknown_fingerprint():
 
 
 def test_truncated_record():
-    data = encode("QueryEvent", samples()["QueryEvent"])
+    data = encode_dict("QueryEvent", samples()["QueryEvent"])
     for cut in (11, len(data) // 2, len(data) - 1):
         with pytest.raises(DecodeError):
             decode(data[:cut])
 
 
 def test_trailing_bytes_are_refused():
-    data = encode("Link", samples()["Link"])
+    data = encode_dict("Link", samples()["Link"])
     with pytest.raises(DecodeError, match="trailing"):
         decode(data + b"\x00")
 

@@ -1,4 +1,4 @@
-"""Every backend on a real model folder built by tests/models.py, through ``load_model``."""
+"""Every backend on a real model folder built by clipstream/testing/models.py, through ``load_model``."""
 
 from __future__ import annotations
 

@@ -24,19 +24,19 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import faust
-import redis.asyncio as aioredis
 from faust.app.base import BootStrategy
 
 from batchers.service import BatcherService, ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.errors import ConfigError
+from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.settings import Settings
 from topics.admin import ensure_core_topics, ensure_model_topics
 from topics.catalogue import Catalogue
 from topics.client import aiokafka_kwargs
 from topics.emitter import Emitter
 from topics.intake import Intake, Record
-from topics.stage import announce_ready
+from topics.stage import announce_ready, beat_on_loop
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -111,9 +111,10 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
         # created inside the running loop (asyncio primitives and the Redis pool bind to it)
         if "s" not in holder:
             emitter = Emitter(settings, name=f"batcher {label}")
-            redis = aioredis.from_url(settings.redis_url)
+            redis = async_client(settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
+            guard = RedisGuard(sync_client(settings).ping, name="batcher")
             holder["emitter"] = emitter
-            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis) for m in models}
+            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard) for m in models}
         return holder["s"]
 
     def route(accept: Callable[[BatcherService, list[Record]], None],
@@ -165,6 +166,7 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
         while "intakes" not in holder or not all(i.ready.is_set() for i in holder["intakes"]):
             await asyncio.sleep(0.05)
         announce_ready("batcher", label)
+        beat_on_loop("batcher")  # the event loop's proof of life for `up`
         last: dict[str, str] = {}
         while True:
             await asyncio.sleep(max(0.2, min(1.0, bs.stats_log_interval_s or 1.0)))

@@ -30,6 +30,7 @@ from batchers.dispatch import Dispatcher
 from batchers.settings import BatcherSettings
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, DecodeError
+from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_client
 from clipstream.settings import Settings
 from registry.spec import ModelSpec
 from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
@@ -58,8 +59,11 @@ class BatcherService:
     """Decode, look up, queue, batch, produce: the I/O around one model's ``BatcherCore``."""
 
     def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup,
-                 producer: Producer | None = None, redis: aioredis.Redis | None = None) -> None:
-        """``producer`` and ``redis``: the process's shared clients (made here when not given)."""
+                 producer: Producer | None = None, redis: aioredis.Redis | None = None,
+                 guard: RedisGuard | None = None) -> None:
+        """``producer``, ``redis`` and its ``guard``: the process's shared clients (made here when
+        not given). While the guard says Redis is away, every lookup is a miss: the request goes
+        to the model rather than wait on the cache."""
         self.settings = settings
         self.model = model
         self.cat = Catalogue.from_settings(settings)
@@ -77,7 +81,8 @@ class BatcherService:
         )
         self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
                                 drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))
-        self.redis = (redis or aioredis.from_url(settings.redis_url)) if model.cache else None
+        self.redis = (redis or async_client(settings)) if model.cache else None
+        self.guard = guard or RedisGuard(sync_client(settings).ping, name="batcher")
         self.wake = asyncio.Event()
         self.arrived: list[tuple[ModelRequest, int]] = []  # (request, arrival)
         self.arrived_event = asyncio.Event()
@@ -91,7 +96,7 @@ class BatcherService:
     # -- producing --------------------------------------------------------------------
     # librdkafka, not faust's aiokafka producer: at batch size 1 the batcher sends one record per
     # query, and librdkafka's own thread does the I/O with far less Python per record
-    # (docs/design/0009). ``produce`` only queues the record (acks=1); ``Emitter.serve_reports``
+    # (docs/design/0009). ``produce`` only queues the record (acks=all); ``Emitter.serve_reports``
     # polls for the delivery reports.
     def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
         produce = self.producer.produce
@@ -170,12 +175,7 @@ class BatcherService:
                 Pending(r, cache_key(self.model.name, version, r.input) if self.redis else None, t)
                 for r, t in group
             ]
-            values: list[bytes | None] = [None] * len(pendings)
-            if self.redis is not None:
-                try:
-                    values = await self.redis.mget([p.key for p in pendings])
-                except Exception as exc:  # Redis down: serve from the models, not from nothing
-                    log.warning("cache lookup failed (%s); treating %d requests as misses", exc, len(pendings))
+            values = await self._mget([p.key for p in pendings])  # type: ignore[arg-type]
             hits: list[tuple[int, Prediction]] = []
             now = now_us()
             for p, raw in zip(pendings, values):
@@ -220,13 +220,21 @@ class BatcherService:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def _mget(self, keys: list[str]) -> list[bytes | None]:
+        """The cached values of ``keys``; all misses when there is no cache, when Redis is away
+        (one bounded wait finds that out, then none until it answers again) or fails."""
+        if self.redis is None or not self.guard.available():
+            return [None] * len(keys)
+        try:
+            return await self.redis.mget(keys)
+        except Exception as exc:  # Redis down: serve from the models, not from nothing
+            if isinstance(exc, REDIS_AWAY):
+                self.guard.failed(exc)
+            log.warning("cache lookup failed (%s); treating %d requests as misses", exc, len(keys))
+            return [None] * len(keys)
+
     async def _serve_coalesced(self, keys: list[str]) -> None:
-        values: list[bytes | None] = [None] * len(keys)
-        if self.redis is not None:
-            try:
-                values = await self.redis.mget(keys)
-            except Exception as exc:
-                log.warning("cache fetch for coalesced requests failed: %s", exc)
+        values = await self._mget(keys)
         now = now_us()
         out: list[tuple[int, Prediction]] = []
         for key, raw in zip(keys, values):

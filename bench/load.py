@@ -101,6 +101,7 @@ class Outcome:
     # when the answer reached the generator's socket, by the kernel's stamp (gateway runs with
     # the raw client; 0: none): recv_us minus the generator's own delay in reading it
     arrived_us: int = 0
+    detail: str = ""  # the gateway's reason for an error status (gateway runs)
 
     @property
     def latency_ms(self) -> float:

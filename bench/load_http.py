@@ -221,6 +221,7 @@ async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarra
                     r.server_ms = float(body.get("latency_ms", math.nan))
                 else:
                     r.outcome = "error"
+                    r.detail = content[:200].decode("utf-8", "replace")
             except Exception:  # timeouts, refused connections: an error, keep going
                 r.recv_us = now_us()
                 r.outcome = "error"

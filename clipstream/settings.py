@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,7 +36,9 @@ class Settings(BaseSettings):
     topic_prefix: str = "clipstream."
     # partitions of the queries/predictions/feedback topics: the selector's parallelism
     selector_partitions: int = 4
-    replication_factor: int = 1
+    # copies of each topic clipstream creates; unset: min(3, the brokers the cluster lists),
+    # so one local broker gets 1 and a cluster 3 (with min.insync.replicas 2)
+    replication_factor: int | None = Field(default=None, ge=1)
 
     # passed through to every Kafka client (librdkafka names) when set
     kafka_security_protocol: str | None = None
@@ -56,6 +59,9 @@ class Settings(BaseSettings):
     # prediction cache and stored predictions (Redis TTLs, seconds)
     cache_ttl_s: int = 3600
     stored_predictions_ttl_s: int = 3600
+    # socket timeout of every Redis command and connect: a frozen Redis costs a stage this
+    # once, then it serves without Redis until a probe finds it back (clipstream.redisclient)
+    redis_timeout_ms: float = Field(100.0, gt=0)
 
 
 def get_settings(**overrides: object) -> Settings:

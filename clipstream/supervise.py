@@ -3,6 +3,11 @@
 Each stage prints exactly one line starting with ``ready:`` when it can serve (models loaded,
 partitions assigned). Waiting on that line, not on a sleep, is what lets ``up`` promise that
 the first query after its own ready line is answered by the models.
+
+A stage that dies is restarted, always: after a pause that doubles with each death in a row
+(``Backoff``) and starts over once the stage has served for a healthy while. A stage whose
+heartbeat file (``topics.stage.heartbeat``) goes stale is hung: it gets SIGTERM, then SIGKILL,
+and is restarted the same way (docs/design/0014).
 """
 
 from __future__ import annotations
@@ -17,8 +22,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipstream.errors import ClipstreamError
+from topics.stage import HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
 
 Report = Callable[[str], None]
+MIN_HEARTBEAT_TIMEOUT_S = 2 * HEARTBEAT_EVERY_S  # a beat on time is up to one interval old
+
+
+class Backoff:
+    """The pause before a restart: ``first_s`` doubling with each death in a row up to
+    ``max_s``, never a give-up (a stage that cannot start keeps being tried, slowly, and says
+    why each time). A stage that served ``healthy_s`` before it died starts over at ``first_s``."""
+
+    def __init__(self, first_s: float = 0.5, max_s: float = 30.0, healthy_s: float = 60.0):
+        if not 0 < first_s <= max_s or healthy_s <= 0:
+            raise ValueError(f"backoff needs 0 < first_s <= max_s and healthy_s > 0, "
+                             f"got {first_s}, {max_s}, {healthy_s}")
+        self.first_s, self.max_s, self.healthy_s = first_s, max_s, healthy_s
+        self.streak = 0  # deaths in a row without a healthy while between them
+
+    def next_delay(self, healthy_for_s: float) -> float:
+        """The pause before restarting a stage that served ``healthy_for_s`` before it died."""
+        if healthy_for_s >= self.healthy_s:
+            self.streak = 0
+        delay = min(self.max_s, self.first_s * 2.0 ** min(self.streak, 64))
+        self.streak += 1
+        return delay
 
 
 @dataclass
@@ -27,29 +55,51 @@ class Stage:
     argv: list[str]
     env: dict[str, str]
     log_path: Path
+    backoff: Backoff = field(default_factory=Backoff)
     proc: subprocess.Popen[bytes] | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     restarts: int = 0
-    failed: bool = False
     next_start: float = 0.0
     started_at: float = 0.0
+    ready_at: float = 0.0
     ready_line: str = ""
+    hung: str = ""  # why it is being killed, while it is
+    hung_for_s: float = 0.0
+    kill_at: float = 0.0  # SIGKILL then, if SIGTERM has not ended it
+    removed: bool = False
+
+    @property
+    def heartbeat_path(self) -> Path:
+        return self.log_path.with_suffix(".heartbeat")
 
 
 class Supervisor:
-    """Starts stages as subprocesses, tees their output to logs and restarts the ones that die."""
+    """Starts stages as subprocesses, tees their output to logs, restarts the ones that die and
+    kills (then restarts) the ones whose heartbeat stops.
 
-    def __init__(self, log_dir: Path, report: Report = print, max_restarts: int = 5):
+    ``heartbeat_timeout_s`` 0 turns hang detection off; ``kill_grace_s`` is how long a hung
+    stage gets to act on SIGTERM before SIGKILL."""
+
+    def __init__(self, log_dir: Path, report: Report = print, heartbeat_timeout_s: float = 15.0,
+                 healthy_s: float = 60.0, backoff_first_s: float = 0.5, backoff_max_s: float = 30.0,
+                 kill_grace_s: float = 5.0):
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.report = report
-        self.max_restarts = max_restarts
+        if 0 < heartbeat_timeout_s <= MIN_HEARTBEAT_TIMEOUT_S:
+            raise ValueError(f"a heartbeat timeout must be 0 (off) or above {MIN_HEARTBEAT_TIMEOUT_S:g} s, "
+                             f"got {heartbeat_timeout_s:g}: stages write their heartbeat every "
+                             f"{HEARTBEAT_EVERY_S:g} s")
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.kill_grace_s = kill_grace_s
+        Backoff(backoff_first_s, backoff_max_s, healthy_s)  # bad values fail here, not at a death
+        self._backoff = (backoff_first_s, backoff_max_s, healthy_s)
         self.stages: dict[str, Stage] = {}
         self._lock = threading.Lock()
         self._stopping = False
 
     def add(self, name: str, argv: list[str], env: dict[str, str]) -> Stage:
-        stage = Stage(name, argv, env, self.log_dir / f"{name}.log")
+        stage = Stage(name, argv, env, self.log_dir / f"{name}.log", Backoff(*self._backoff))
         with self._lock:
             self.stages[name] = stage
         self._spawn(stage)
@@ -57,10 +107,12 @@ class Supervisor:
 
     def _spawn(self, stage: Stage) -> None:
         stage.ready.clear()
-        stage.started_at = time.monotonic()
+        stage.started_at, stage.ready_at = time.monotonic(), 0.0
+        stage.hung, stage.hung_for_s, stage.kill_at = "", 0.0, 0.0
+        stage.heartbeat_path.unlink(missing_ok=True)  # the last run's beats are not this one's
         stage.proc = subprocess.Popen(
             stage.argv,
-            env=stage.env,
+            env={**stage.env, HEARTBEAT_FILE_ENV: str(stage.heartbeat_path)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -73,8 +125,9 @@ class Supervisor:
             for raw in proc.stdout:
                 log.write(raw)
                 log.flush()
-                if raw.startswith(b"ready:") and not stage.ready.is_set():
+                if raw.startswith(b"ready:") and proc is stage.proc and not stage.ready.is_set():
                     stage.ready_line = raw.decode(errors="replace").strip()
+                    stage.ready_at = time.monotonic()
                     stage.ready.set()
 
     def wait_ready(self, timeout_s: float, names: list[str] | None = None) -> None:
@@ -99,38 +152,56 @@ class Supervisor:
             time.sleep(0.05)
 
     def check(self) -> None:
-        """Restart stages that died (reported, with their exit code), with a growing pause.
-
-        A stage that keeps dying is given up on and reported; the others keep serving (a
-        broken model must not take the whole pipeline down with it).
-        """
+        """Restart stages that died, after their backoff, and kill the ones that hung; each
+        restart is reported with its reason. Called every half second or so by ``up``."""
         if self._stopping:
             return
         now = time.monotonic()
         for stage in list(self.stages.values()):
-            if stage.failed or stage.proc is None or stage.proc.poll() is None:
+            if stage.removed or stage.proc is None:
                 continue
-            code = stage.proc.returncode
-            if stage.restarts >= self.max_restarts:
-                stage.failed = True
-                self.report(
-                    f"stage {stage.name} died {stage.restarts + 1} times (last exit {code}); "
-                    f"giving up on it, see {stage.log_path}:\n{tail(stage.log_path, 5)}"
-                )
+            if stage.proc.poll() is None:
+                self._watch(stage, now)
                 continue
             if stage.next_start == 0.0:
-                stage.next_start = now + min(10.0, 0.5 * 2**stage.restarts)
-            if now < stage.next_start:
-                continue
-            stage.restarts += 1
-            stage.next_start = 0.0
-            self.report(f"stage {stage.name} exited with code {code}; restarting ({stage.restarts})")
-            self._spawn(stage)
+                code = stage.proc.returncode
+                why = stage.hung or f"exit code {code}" + (f", {_signame(-code)}" if code < 0 else "")
+                served = max(0.0, now - stage.hung_for_s - stage.ready_at) if stage.ready_at else 0.0
+                delay = stage.backoff.next_delay(served)
+                stage.next_start = now + delay
+                self.report(f"restarting {stage.name} in {delay:g}s ({why}); log: {stage.log_path}")
+            if now >= stage.next_start and not self._stopping:
+                stage.restarts += 1
+                stage.next_start = 0.0
+                self._spawn(stage)
+
+    def _watch(self, stage: Stage, now: float) -> None:
+        """A live stage: SIGKILL it if its SIGTERM grace is over; SIGTERM it if it hung."""
+        if stage.kill_at:
+            if now >= stage.kill_at:
+                _signal(stage, signal.SIGKILL)
+            return
+        if not self.heartbeat_timeout_s:
+            return
+        beats = read_heartbeat(stage.heartbeat_path)  # None until its loops first beat
+        if beats is None:
+            return
+        age = now - min(beats.values())
+        if age > self.heartbeat_timeout_s:
+            loops = ", ".join(f"{name} {now - t:.0f}s" for name, t in sorted(beats.items(), key=lambda b: b[1]))
+            stage.hung = f"hung: no heartbeat for {age:.0f}s ({loops})"
+            stage.hung_for_s = age
+            stage.kill_at = now + self.kill_grace_s
+            self.report(f"stage {stage.name} is {stage.hung}; stopping it (SIGTERM, "
+                        f"SIGKILL after {self.kill_grace_s:g}s)")
+            _signal(stage, signal.SIGTERM)
+            _signal(stage, signal.SIGCONT)  # a stopped stage acts on its SIGTERM (as systemd does)
 
     def remove(self, name: str) -> None:
         with self._lock:
             stage = self.stages.pop(name, None)
         if stage is not None:
+            stage.removed = True  # ``check`` must not restart it
             _terminate([stage])
 
     def stop_all(self) -> None:
@@ -142,6 +213,7 @@ def _terminate(stages: list[Stage], grace_s: float = 10.0) -> None:
     live = [s for s in stages if s.proc is not None and s.proc.poll() is None]
     for s in live:
         _signal(s, signal.SIGTERM)
+        _signal(s, signal.SIGCONT)  # a stopped stage acts on its SIGTERM
     deadline = time.monotonic() + grace_s
     for s in live:
         assert s.proc is not None
@@ -158,6 +230,13 @@ def _signal(stage: Stage, sig: signal.Signals) -> None:
         os.killpg(stage.proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _signame(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def tail(path: Path, lines: int = 15) -> str:

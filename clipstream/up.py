@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import click
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clipstream.errors import ClipstreamError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.settings import Settings, get_settings, settings_or_exit
-from clipstream.supervise import Supervisor
+from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Supervisor
 from clipstream.warmup import warm_up
 from registry.appfile import apply_file
 from registry.topic import RegistryFollower, RegistryView
@@ -45,6 +45,17 @@ class UpSettings(BaseSettings):
     batchers: Literal["shared", "per-model"] = "shared"
     # seconds of steady traffic before `ready` (clipstream/warmup.py): a fresh broker's JIT
     warm_up_s: float = Field(20.0, ge=0)
+    # a stage whose heartbeat is older is hung: killed and restarted (0: never; docs/design/0014)
+    heartbeat_timeout_s: float = Field(15.0, ge=0)
+    # a stage that served this long before it died starts its restart backoff over (0.5 s)
+    healthy_s: float = Field(60.0, gt=0)
+
+    @field_validator("heartbeat_timeout_s")
+    @classmethod
+    def _beats_fit(cls, value: float) -> float:
+        if 0 < value <= MIN_HEARTBEAT_TIMEOUT_S:
+            raise ValueError(f"must be 0 (off) or above {MIN_HEARTBEAT_TIMEOUT_S:g} s: stages beat once a second")
+        return value
 
 
 def _stage_argv(*args: str) -> list[str]:
@@ -160,7 +171,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
-        supervisor = Supervisor(log_dir, report=_say)
+        supervisor = Supervisor(log_dir, report=_say, heartbeat_timeout_s=up_settings.heartbeat_timeout_s,
+                                healthy_s=up_settings.healthy_s)
         pipeline = Pipeline(supervisor, env, shared_batcher=shared)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)

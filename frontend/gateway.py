@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings, get_settings
-from frontend.admission import AdmissionLimit
+from frontend.admission import AdmissionLimit, verdict
 from frontend.gateway_http import (
     RECEIVED_US,
     GatewayAPI,
@@ -56,7 +56,6 @@ from frontend.settings import GatewaySettings, get_gateway_settings
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryFollower, RegistryView
 from schemas import Feedback, QueryEvent, Response, Tensor
-from schemas.reasons import NOTHING_ARRIVED
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +123,7 @@ class GatewayState:
             self.loop_lag_ms = (loop.time() - t0 - every_s) * 1000.0
             # one late wake-up is a hiccup (a GC, an import); three in a row is a queue
             late_in_a_row = late_in_a_row + 1 if self.loop_lag_ms > self.gw.max_loop_lag_ms else 0
-            if late_in_a_row:
+            if late_in_a_row >= 2:  # late again: not one pause but work waiting for the CPU
                 self.cut_for_lag(now_us())
             self.loop_late = late_in_a_row >= 3
 
@@ -133,13 +132,13 @@ class GatewayState:
 
         The answers' latency, which teaches the limit otherwise, is timed from when the server
         began reading a request; on a saturated machine the wait before that (the socket, the
-        caller's own process) grows first, unseen. So a late wake-up also cuts the limit, at
-        most once per LAG_CUT_EVERY_US (about a round trip at a usual SLO, as TCP cuts once
-        per window), and only while the limit is in use: a hiccup of an idle gateway (a GC,
-        an import) says nothing about how much it lets in.
+        caller's own process) grows first, unseen. So a loop late on two wake-ups in a row
+        also cuts the limit, at most once per LAG_CUT_EVERY_US (about a round trip at a usual
+        SLO, as TCP cuts once per window), and only while the limit is in use. One late wake-up
+        is one pause (a GC, an import), which says nothing about how much the gateway lets in.
         """
         if self.gw.adaptive_admission and 2 * self.inflight >= self.limit:
-            self.admission.late(now, now - LAG_CUT_EVERY_US)
+            self.admission.cut(now, now - LAG_CUT_EVERY_US)
 
     @property
     def limit(self) -> int:
@@ -149,12 +148,14 @@ class GatewayState:
     def observe(self, answer: dict[str, Any], timed_out: bool, admitted_us: int, inflight: int,
                 slo_ms: float) -> None:
         """Teach the admission limit whether the pipeline kept up with this answer (admitted at
-        ``admitted_us`` with ``inflight`` others in flight)."""
-        if (timed_out or (answer["default"] and answer.get("default_reason") == NOTHING_ARRIVED)
-                or answer["latency_ms"] > slo_ms * self.gw.admission_slow_fraction):
+        ``admitted_us`` with ``inflight`` others in flight): ``frontend.admission.verdict``."""
+        said = verdict(answer, timed_out, slo_ms, self.gw.admission_slow_fraction)
+        if said == "late":
             self.admission.late(now_us(), admitted_us)
-        elif not answer["default"]:
-            self.admission.on_time(inflight)
+        elif said == "slow":
+            self.admission.slow(now_us(), admitted_us)
+        elif said == "on_time":
+            self.admission.on_time(inflight, admitted_us)
 
     def app_config(self, name: str) -> AppConfig:
         view = self.registry.view() if self.registry is not None else RegistryView()

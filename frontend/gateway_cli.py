@@ -21,7 +21,7 @@ from frontend.gateway import create_app
 from frontend.gateway_http import stamped_protocol
 from frontend.settings import get_gateway_settings
 from topics.catalogue import Catalogue
-from topics.stage import announce_ready
+from topics.stage import announce_ready, beat_on_loop
 
 
 @click.command()
@@ -93,6 +93,7 @@ async def _serve(gw: Any, settings: Any) -> int:
                 port = sock.getsockname()[1]
                 break
         announce_ready("gateway", f"http://{gw.host}:{port}")
+        beat_on_loop("gateway")  # the serving loop's proof of life for `up`
     await task
     # uvicorn reports a failed startup by exiting the serve loop without having started
     return 0 if server.started else 1

@@ -35,13 +35,14 @@ class GatewaySettings(BaseSettings):
     adaptive_admission: bool = True
     admission_initial: int = Field(16, gt=0)
     admission_floor: int = Field(4, gt=0)
-    # an answer in time but slower than this share of the SLO also cuts the limit: queueing
+    # an answer in time with every model's prediction but slower than this share of the SLO
+    # counts towards a cut (queueing); a straggler cutoff's answer never does (docs/design/0015)
     admission_slow_fraction: float = Field(0.6, gt=0)
     # how long past the deadline a reply may still be taken: the selector answers 3-10 ms before
     # it (its reply budget), so this only covers a reply hop that runs long (docs/design/0006)
     reply_margin_ms: float = Field(5.0, ge=0)
-    # a wake-up this much later than asked cuts the admission limit (while it is in use); three
-    # in a row refuse new predictions (503) until the loop catches up. Kept small, so the gateway
+    # two wake-ups in a row this much later than asked cut the admission limit (while it is in
+    # use); three in a row refuse new predictions (503) until the loop catches up. Kept small, so the gateway
     # sheds load before a saturated machine makes callers wait past their SLO (docs/design/0008)
     max_loop_lag_ms: float = Field(5.0, gt=0)
     instance: str = Field(default_factory=_random_instance)

@@ -2,6 +2,12 @@
 
 Runs in its own consumer group (``<group>.learn``) so learners scale apart from the join, and
 a ``--learn-only`` process shares the feedback partitions with the full selectors.
+
+Feedback is applied at least once: the consumer's offsets are stored by hand
+(``enable.auto.offset.store`` off), one past each record done with, and never past a record
+parked for a retry. When Redis is away the learner stores nothing more, pauses its
+partitions, and once Redis answers again seeks each back to its first record not applied
+and goes on from there, so feedback sent during an outage is applied after it.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ import time
 from collections import deque
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from clipstream.errors import ClipstreamError
+from clipstream.redisclient import REDIS_AWAY, RedisGuard
 from schemas import Feedback as FeedbackRecord
 from schemas import decode_as
 from selector.kafka import Apps, log
@@ -21,6 +28,7 @@ from selector.policies import align_state
 from selector.store import StateStore
 from selector.types import Feedback, Output, Query
 from topics.deadletters import DeadLetters
+from topics.stage import heartbeat
 
 
 class Learner:
@@ -29,44 +37,50 @@ class Learner:
     UNKNOWN_RETRY_S = 5.0
     RETRY_EVERY_S = 0.25
 
-    def __init__(self, consumer: Consumer, store: StateStore, apps: Apps, dead: DeadLetters, learn_global: bool = True) -> None:
+    def __init__(self, consumer: Consumer, store: StateStore, apps: Apps, dead: DeadLetters, learn_global: bool = True,
+                 guard: RedisGuard | None = None) -> None:
         self.retry: deque[tuple[float, float, Any]] = deque()  # (next try, give up at, message)
+        self.guard = guard or RedisGuard(lambda: store.redis.ping(), name="learn")
+        self.offsets = FeedbackOffsets()
+        self._rewind: dict[tuple[str, int], int] = {}  # while paused: where each partition resumes
         self.consumer = consumer
         self.store = store
         self.apps = apps
         self.dead = dead
         self.learn_global = learn_global
-        self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0}
+        self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0, "held_for_redis": 0}
 
-    def handle(self, msg: Any, give_up_at: float | None = None) -> None:
+    def handle(self, msg: Any, give_up_at: float | None = None) -> bool:
+        """Apply one feedback record: True when done with it (applied or dead-lettered), False
+        when parked in ``retry``. A Redis that is away raises (one of ``REDIS_AWAY``)."""
         try:
             fb = decode_as(FeedbackRecord, msg.value())
         except ClipstreamError as exc:
             self.stats["bad_feedback"] += 1
             self.dead.send(reason=f"undecodable feedback: {exc}", msg=msg)
-            return
+            return True
         qid = fb.query_id
         if fb.label is None and fb.reward is None:
             self.stats["bad_feedback"] += 1
             self.dead.send(reason="feedback has neither a label nor a reward", msg=msg, query_id=qid)
-            return
+            return True
         stored = self.store.load_predictions(qid)
         if stored is None:
             now = time.monotonic()
             give_up_at = give_up_at if give_up_at is not None else now + self.UNKNOWN_RETRY_S
             if now < give_up_at:
                 self.retry.append((now + self.RETRY_EVERY_S, give_up_at, msg))
-                return
+                return False
             self.stats["unknown_query"] += 1
             self.dead.send(reason="feedback for an unknown or expired query id", msg=msg, query_id=qid)
-            return
+            return True
         app_name = stored.get("app") or fb.app
         try:
             app, policy, _ = self.apps.get(app_name)
         except ClipstreamError as exc:
             self.stats["bad_feedback"] += 1
             self.dead.send(reason=f"feedback for {app_name}: {exc}", msg=msg, query_id=qid)
-            return
+            return True
         context = fb.context or stored.get("context")
         preds = {m: Output.from_json(o) for m, o in stored["predictions"].items()}
         answer = Output.from_json(stored["answer"]) if stored.get("answer") else None
@@ -80,29 +94,119 @@ class Learner:
         if context and self.learn_global:
             self.store.update(app_name, None, observe)
         self.stats["observed"] += 1
+        return True
 
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
         while not stop.is_set():
+            heartbeat("learn")  # proof of life for `up`: a wedged learn loop stops it
+            if self._rewind:  # Redis was away: keep the group alive, resume once it answers
+                if self.guard.wait_available(max_poll_s):
+                    self._resume()
+                else:
+                    self._hold(self.consumer.consume(drain_max, 0))
+                continue
             self._retry_due()
             msg = self.consumer.poll(max_poll_s if not self.retry else min(max_poll_s, self.RETRY_EVERY_S))
             if msg is None:
                 continue
-            for m in [msg, *self.consumer.consume(drain_max, 0)]:
-                if m.error():
-                    log.warning("feedback consumer: %s", m.error())
-                    continue
-                try:
-                    self.handle(m)
-                except Exception:  # a learner must outlive one bad record or a Redis hiccup
-                    log.exception("feedback at offset %s failed", m.offset())
+            self._apply([msg, *self.consumer.consume(drain_max, 0)])
+
+    def _apply(self, msgs: list[Any]) -> None:
+        for i, m in enumerate(msgs):
+            if m.error():
+                log.warning("feedback consumer: %s", m.error())
+                continue
+            try:
+                done = self.handle(m)
+            except REDIS_AWAY as exc:
+                self.guard.failed(exc)
+                self._hold(msgs[i:])
+                return
+            except Exception:  # a learner must outlive one bad record; it would fail again
+                log.exception("feedback at offset %s failed", m.offset())
+                done = True
+            self._store(self.offsets.done(m) if done else self.offsets.park(m))
+
+    def _hold(self, msgs: list[Any]) -> None:
+        """Keep ``msgs`` for after the outage: pause every partition and remember, for each, the
+        first record not applied (fetched records of paused partitions are dropped)."""
+        for m in msgs:
+            if not m.error():
+                self._rewind.setdefault((m.topic(), m.partition()), m.offset())
+                self.stats["held_for_redis"] += 1
+        if not self._rewind:
+            return
+        try:
+            self.consumer.pause(self.consumer.assignment())
+        except KafkaException as exc:
+            log.warning("pausing the feedback partitions: %s", exc)
+
+    def _resume(self) -> None:
+        """Redis answers again: seek each held partition back to its first record not applied."""
+        assignment = self.consumer.assignment()
+        owned = {(tp.topic, tp.partition) for tp in assignment}
+        for (topic, partition), offset in self._rewind.items():
+            if (topic, partition) not in owned:
+                continue  # revoked meanwhile: its new owner starts at the committed offset
+            try:
+                self.consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as exc:
+                log.warning("rewinding %s[%s] to %s: %s", topic, partition, offset, exc)
+        self._rewind.clear()
+        self.consumer.resume(assignment)
+
+    def _store(self, tp: TopicPartition | None) -> None:
+        if tp is None:
+            return
+        try:
+            self.consumer.store_offsets(offsets=[tp])
+        except KafkaException as exc:  # not assigned any more: its new owner redoes it
+            log.debug("storing the offset %s: %s", tp, exc)
 
     def _retry_due(self) -> None:
         now = time.monotonic()
         for _ in range(len(self.retry)):
-            if self.retry[0][0] > now:
+            if self.retry[0][0] > now or not self.guard.available():
                 break
             _, give_up_at, msg = self.retry.popleft()
             try:
-                self.handle(msg, give_up_at)
+                done = self.handle(msg, give_up_at)
+            except REDIS_AWAY as exc:  # still parked; its wait for the join starts again after
+                self.guard.failed(exc)
+                self.retry.appendleft((now + self.RETRY_EVERY_S, now + self.UNKNOWN_RETRY_S, msg))
+                break
             except Exception:
                 log.exception("feedback retry for offset %s failed", msg.offset())
+                done = True
+            if done:
+                self._store(self.offsets.finish_parked(msg))
+
+
+class FeedbackOffsets:
+    """The offset each feedback partition may commit: one past the last record done with, but
+    never past a record parked for a retry (a crash then redoes it, not loses it)."""
+
+    def __init__(self) -> None:
+        self._next: dict[tuple[str, int], int] = {}  # one past the last record seen
+        self._parked: dict[tuple[str, int], set[int]] = {}
+
+    def done(self, msg: Any) -> TopicPartition | None:
+        key = (msg.topic(), msg.partition())
+        self._next[key] = max(self._next.get(key, 0), msg.offset() + 1)
+        return self._commit(key)
+
+    def park(self, msg: Any) -> TopicPartition | None:
+        key = (msg.topic(), msg.partition())
+        self._parked.setdefault(key, set()).add(msg.offset())
+        self._next[key] = max(self._next.get(key, 0), msg.offset() + 1)
+        return self._commit(key)
+
+    def finish_parked(self, msg: Any) -> TopicPartition | None:
+        key = (msg.topic(), msg.partition())
+        self._parked.get(key, set()).discard(msg.offset())
+        return self._commit(key)
+
+    def _commit(self, key: tuple[str, int]) -> TopicPartition | None:
+        parked = self._parked.get(key)
+        offset = min(parked) if parked else self._next.get(key)
+        return None if offset is None else TopicPartition(key[0], key[1], offset)

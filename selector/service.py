@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from confluent_kafka import Consumer
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
+from clipstream.redisclient import REDIS_AWAY, RedisGuard, sync_client
 from clipstream.settings import Settings
 from registry.topic import RegistryFollower
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
@@ -32,6 +32,7 @@ from selector.learn import Learner
 from selector.outputs import response_record, to_output
 from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
+from selector.saver import PredictionSaver
 from selector.settings import SelectorSettings
 from selector.store import StateStore
 from selector.types import Query, State
@@ -41,7 +42,7 @@ from topics.client import consumer_config
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
 from topics.offsets import pin_and_assign
-from topics.stage import announce_ready
+from topics.stage import announce_ready, heartbeat
 
 # built-in policies whose select and combine never read learned state (``single`` counts
 # feedback only); any policy may say so itself with a ``stateless`` attribute
@@ -66,7 +67,8 @@ class Selector:
 
     def __init__(self, consumer: Consumer, producer: Emitter, store: StateStore, apps: Apps,
                  dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
-                 reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None) -> None:
+                 reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None,
+                 guard: RedisGuard | None = None, save: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
         self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
@@ -78,7 +80,12 @@ class Selector:
         self.catalogue, self.settings = catalogue, settings
         self.join = JoinState(answered_capacity)
         self._model_topics: set[str] = set()
-        self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0}
+        self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0, "recalled_states": 0}
+        # while Redis is away, states come from the store's memory (no wait on Redis per group);
+        # ``save`` stores what the join combined (``serve`` gives a PredictionSaver's: off the
+        # answer path)
+        self.guard = guard or RedisGuard(lambda: store.redis.ping(), name="selector")
+        self.save = save or store.save_predictions
 
     # -- dispatch: select -----------------------------------------------------------
     def dispatch(self, msg: Any, ev: QueryEvent | None = None,
@@ -101,9 +108,10 @@ class Selector:
             if is_stateless(policy):
                 stored = None
             else:
-                stored = _NOT_LOADED if states is None else states.get((app.name, query.context or None), _NOT_LOADED)
+                pair = (app.name, query.context or None)
+                stored = _NOT_LOADED if states is None else states.get(pair, _NOT_LOADED)
                 if stored is _NOT_LOADED:
-                    stored = self.store.load(app.name, query.context)
+                    stored = self.states([pair])[pair]
                 elif stored is not None:
                     stored = copy.deepcopy(stored)  # each query its own dict, as a load gives it
             state = align_state(policy, stored, app.models)
@@ -192,7 +200,7 @@ class Selector:
         record = response_record(pending.query_id, asked, answer, confidence, list(pending.arrived), missing,
                                  outputs.labels, now)
         self._reply(asked, record, late_us)  # the caller first; learn waits for the stored predictions if need be
-        self.store.save_predictions(pending.query_id, {
+        self.save(pending.query_id, {
             "app": asked.app, "context": asked.context, "answer": answer.to_json(),
             "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
 
@@ -237,12 +245,7 @@ class Selector:
                     pairs.append((ev.app, ev.context or None))
             except Exception:  # dispatch reports it (dead letter or default answer)
                 continue
-        states: dict[tuple[str, str | None], State | None] = {}
-        if pairs:
-            try:
-                states = self.store.load_many(pairs)
-            except Exception:  # Redis hiccup: each query tries on its own and reports its error
-                log.exception("loading policy states for %d queries failed", len(pairs))
+        states = self.states(pairs) if pairs else {}
         # predictions first, then the answers now due, then the new queries: a group can hold
         # many queries, each a fan-out of requests, and a straggler cutoff that waits behind
         # them fires late (the predictions in the group arrived before it, so they still count)
@@ -256,6 +259,19 @@ class Selector:
             if not m.error() and m.topic() == queries:
                 self._guarded(m, self.dispatch, m, events[i], states, False)  # poll=False: once below
         self.producer.poll(0)
+
+    def states(self, pairs: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
+        """The policy states of ``pairs``: one MGET while Redis answers, else (and when that
+        MGET fails) the last states read, so a query still gets a combined prediction."""
+        if self.guard.available():
+            try:
+                return self.store.load_many(pairs)
+            except REDIS_AWAY as exc:
+                self.guard.failed(exc)
+            except Exception:  # a bad entry, say: serve from memory rather than fail the group
+                log.exception("loading policy states for %d queries failed", len(pairs))
+        self.stats["recalled_states"] += len(pairs)
+        return self.store.recall(pairs)
 
     def _guarded(self, m: Any, work: Callable[..., None], *args: Any) -> None:
         try:
@@ -281,6 +297,7 @@ class Selector:
             # (until the reply producer is closed)
             self.reply_producer.start_polling(0.05)
         while not stop.is_set():
+            heartbeat("join")  # proof of life for `up`: a wedged join loop stops it
             due = self.join.next_deadline()
             timeout = max_poll_s if due is None else min(max_poll_s, max(0.0, (due - now_us()) / 1e6))
             msg = self.consumer.poll(timeout)
@@ -302,8 +319,10 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
     follower.wait_ready(ss.registry_timeout_s)
     producer = Emitter(settings, name="selector")
     reply_producer = Emitter(settings, name="selector replies")
-    store = StateStore(redis.Redis.from_url(settings.redis_url), settings.stored_predictions_ttl_s)
+    store = StateStore(sync_client(settings), settings.stored_predictions_ttl_s)
     store.redis.ping()
+    guard = RedisGuard(store.redis.ping, name="selector")  # join and learn share what they find
+    saver = PredictionSaver(store, guard).start() if join else None
     apps = Apps(follower.view)
     dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
     waiting = {"join"} if join else set()
@@ -327,10 +346,12 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
     threads: list[threading.Thread] = []
     try:
         if learn:
-            lc = Consumer(consumer_config(settings, f"{ss.group}.learn"))
+            # offsets are stored by the learner as feedback is done with: never past one that
+            # waits for Redis (``selector.learn``)
+            lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False}))
             consumers.append(lc)
             lc.subscribe([catalogue.feedback.name], on_assign=on_assign("learn"))
-            learner = Learner(lc, store, apps, dead, ss.learn_global)
+            learner = Learner(lc, store, apps, dead, ss.learn_global, guard=guard)
             threads.append(threading.Thread(target=learner.run, args=(stop, ss.max_poll_s, ss.drain_max),
                                             name="learn", daemon=True))
             threads[-1].start()
@@ -341,7 +362,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
                                  ss.reply_budget_quantile)
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
-                           budget, reply_producer)
+                           budget, reply_producer, guard=guard, save=saver.put if saver else None)
             sel.run(stop, ss.max_poll_s, ss.drain_max)
         else:
             stop.wait()
@@ -349,6 +370,9 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
         stop.set()
         for t in threads:
             t.join(timeout=5)
+        if saver is not None:
+            saver.close()
+        guard.close()
         for c in consumers:
             c.close()
         producer.close(5)

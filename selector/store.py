@@ -7,11 +7,17 @@
   the feedback join (feedback arrives seconds to minutes later).
 State keys have no TTL and stored predictions do: under ``volatile-lru`` memory pressure evicts
 predictions and cache entries, never a context's weights.
+
+Redis is a cache of the weights, not their only home while serving: every state ``load_many``
+reads is remembered (a bounded LRU), and ``recall`` answers from that memory while Redis is
+away, so queries still get a combined prediction from the last weights seen.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -31,9 +37,11 @@ def pred_key(query_id: str) -> str:
 
 
 class StateStore:
-    def __init__(self, client: redis.Redis, predictions_ttl_s: int = 3600) -> None:
+    def __init__(self, client: redis.Redis, predictions_ttl_s: int = 3600, remember: int = 100_000) -> None:
         self.redis = client
         self.ttl_s = predictions_ttl_s
+        self._memory: OrderedDict[tuple[str, str | None], State | None] = OrderedDict()
+        self._remember = remember  # (app, context) states kept for ``recall``
 
     def load(self, app: str, context: str | None) -> State | None:
         """The context's state, else the app's global state, else None; one round trip."""
@@ -60,6 +68,29 @@ class StateStore:
         for app, ctx in wanted:
             value = (raw.get(state_key(app, ctx)) if ctx else None) or raw.get(state_key(app, None))
             out[(app, ctx)] = json.loads(value) if value else None
+        # every app's global state was read too: a context never read falls back to it
+        globs = {(app, None): out.get((app, None)) if (app, None) in out else
+                 (json.loads(g) if (g := raw.get(state_key(app, None))) else None) for app, _ in wanted}
+        self._keep({**globs, **out})
+        return out
+
+    def _keep(self, states: dict[tuple[str, str | None], State | None]) -> None:
+        memory = self._memory
+        for pair, state in states.items():
+            memory[pair] = copy.deepcopy(state)  # callers may change theirs in place
+            memory.move_to_end(pair)
+        while len(memory) > self._remember:
+            memory.popitem(last=False)
+
+    def recall(self, pairs: Iterable[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
+        """What ``load_many`` last read for each pair, without Redis: a context never read gets
+        the app's global state if that was read, else None (the policy's initial state)."""
+        memory = self._memory
+        out: dict[tuple[str, str | None], State | None] = {}
+        for app, ctx in pairs:
+            pair = (app, ctx or None)
+            state = memory.get(pair, memory.get((app, None)))
+            out[pair] = copy.deepcopy(state)
         return out
 
     def update(self, app: str, context: str | None, fn: Callable[[State | None], State]) -> State:

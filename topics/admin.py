@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from clipstream.errors import InfraError
 from clipstream.settings import Settings
-from topics.catalogue import Catalogue, TopicSpec
+from topics.catalogue import Catalogue, TopicSpec, durability_config, replication_for
 from topics.client import admin_config
 
 
@@ -20,20 +20,24 @@ def ensure_topics(
     """Create the topics that do not exist and grow ones with too few partitions.
 
     Returns the names created or grown. Waits until the broker's metadata shows every topic
-    with its partitions, so a producer that starts right after finds them.
+    with its partitions, so a producer that starts right after finds them. New topics get
+    ``CLIPSTREAM_REPLICATION_FACTOR`` copies, or by default ``min(3, brokers)`` for the
+    brokers the cluster lists now, with ``min.insync.replicas`` to match.
     """
     specs = list(specs)
     admin = AdminClient(admin_config(settings))
     try:
-        existing = admin.list_topics(timeout=timeout_s).topics
+        metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise InfraError(
             f"Kafka at {settings.kafka_bootstrap} does not answer ({exc}); "
             "start it with `clipstream infra up` or set CLIPSTREAM_KAFKA_BOOTSTRAP"
         ) from exc
+    existing = metadata.topics
     changed: list[str] = []
+    rf = replication_factor(settings, len(metadata.brokers))
     new = [
-        NewTopic(s.name, s.partitions, settings.replication_factor, config=dict(s.config))
+        NewTopic(s.name, s.partitions, rf, config={**durability_config(rf), **s.config})
         for s in specs
         if s.name not in existing
     ]
@@ -43,7 +47,14 @@ def ensure_topics(
                 fut.result()
                 changed.append(name)
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                code = exc.args[0].code()
+                if code == KafkaError.INVALID_REPLICATION_FACTOR:
+                    raise InfraError(
+                        f"cannot create topic {name} with {rf} replicas on "
+                        f"{len(metadata.brokers)} live broker(s): start the missing brokers or "
+                        "set CLIPSTREAM_REPLICATION_FACTOR to at most the broker count"
+                    ) from exc
+                if code != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise InfraError(f"cannot create topic {name}: {exc}") from exc
     grow = [
         NewPartitions(s.name, s.partitions)
@@ -60,6 +71,11 @@ def ensure_topics(
                     raise InfraError(f"cannot grow topic {name}: {exc}") from exc
     _wait_for(admin, specs, timeout_s)
     return changed
+
+
+def replication_factor(settings: Settings, brokers: int) -> int:
+    """``CLIPSTREAM_REPLICATION_FACTOR`` when set, else what the cluster's size allows."""
+    return settings.replication_factor or replication_for(brokers)
 
 
 def _wait_for(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> None:

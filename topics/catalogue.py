@@ -27,6 +27,30 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
+# On a cluster every topic survives the loss of one broker without refusing writes: three
+# copies, of which two must take a record before an acks=all producer is told it is stored.
+CLUSTER_REPLICATION = 3
+
+
+def replication_for(brokers: int) -> int:
+    """The replication factor of topics created on a cluster of ``brokers`` brokers."""
+    return max(1, min(CLUSTER_REPLICATION, brokers))
+
+
+def min_insync_for(replication_factor: int) -> int:
+    """``min.insync.replicas`` for a replication factor: one copy may be lost (and no more than
+    one need be waited for), so RF 3 gives 2; a single copy gives 1."""
+    return max(1, min(2, replication_factor - 1))
+
+
+def durability_config(replication_factor: int) -> dict[str, str]:
+    """Topic settings that follow from the replication factor (none for a single copy, where
+    the broker's own defaults apply)."""
+    if replication_factor <= 1:
+        return {}
+    return {"min.insync.replicas": str(min_insync_for(replication_factor))}
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     name: str

@@ -35,12 +35,16 @@ def common_config(settings: Settings) -> dict[str, Any]:
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """Every stage's producer: a record is acknowledged only once every in-sync replica has it
+    (``acks=all``; with ``min.insync.replicas=2`` on a cluster, two copies), and idempotence
+    lets librdkafka retry through a leader change without writing a record twice or out of
+    order. On one broker acks=all costs nothing, as the leader is the only replica."""
     conf = common_config(settings)
     conf.update(
         {
             "linger.ms": 0,
-            "acks": 1,
-            "enable.idempotence": False,
+            "acks": "all",
+            "enable.idempotence": True,
             "compression.type": "none",
             "queue.buffering.max.messages": 1_000_000,
         }

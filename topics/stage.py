@@ -5,13 +5,21 @@ serve (partitions assigned and start offsets fixed, models loaded, socket bound)
 ``clipstream up``'s supervisor, the tests and the benchmarks wait for that line instead of a
 sleep, which is what lets ``up`` promise that the first query after its own ready line is
 answered by the models.
+
+Each working loop of a stage also beats a heartbeat (``heartbeat``, ``beat_on_loop``) into the
+file the supervisor names in ``CLIPSTREAM_HEARTBEAT_FILE``: a stage whose loop is wedged stops
+beating, and ``clipstream up`` kills and restarts it (docs/design/0014).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from clipstream.heap import freeze_startup_heap
@@ -43,3 +51,84 @@ def stop_on_signals(stop: threading.Event | Callable[..., Any] | None = None) ->
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return event
+
+
+HEARTBEAT_FILE_ENV = "CLIPSTREAM_HEARTBEAT_FILE"
+HEARTBEAT_EVERY_S = 1.0
+
+
+class Heartbeat:
+    """Proof of life for a supervisor, beaten by each working loop of the stage from the loop
+    itself (never from a side thread, which would keep beating while the work is wedged).
+
+    The file holds one ``<loop> <seconds>`` line per loop, written at most every ``every_s``
+    by whichever loop beats then, so the supervisor sees the stalest loop: a wedged learner
+    thread makes a hung selector even while its join loop still turns. The seconds are
+    CLOCK_MONOTONIC (``time.monotonic``), one clock for every process on the host."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, every_s: float = HEARTBEAT_EVERY_S):
+        self.path = Path(path) if path else None
+        self.every_s = every_s
+        self.last: dict[str, float] = {}
+        self._written = float("-inf")
+        self._writing = threading.Lock()
+
+    def beat(self, loop: str = "main") -> None:
+        """Cheap enough for every turn of a hot loop: a clock read unless a write is due."""
+        if self.path is None:
+            return
+        now = time.monotonic()
+        self.last[loop] = now
+        if now - self._written < self.every_s or not self._writing.acquire(blocking=False):
+            return
+        try:
+            self._written = now
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(f"{name} {t:.3f}\n" for name, t in self.last.copy().items()))
+            os.replace(tmp, self.path)  # the reader never sees half a file
+        except OSError:
+            pass  # the supervisor will see a stale beat and say so; the stage keeps serving
+        finally:
+            self._writing.release()
+
+
+def read_heartbeat(path: str | os.PathLike[str]) -> dict[str, float] | None:
+    """Each loop's last beat (monotonic seconds); None while there is no readable file yet."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    beats: dict[str, float] = {}
+    for line in lines:
+        name, _, when = line.rpartition(" ")
+        try:
+            beats[name] = float(when)
+        except ValueError:
+            return None
+    return beats or None
+
+
+_HEARTBEAT = Heartbeat(os.environ.get(HEARTBEAT_FILE_ENV))
+_BEATING: set[asyncio.Task[None]] = set()  # the loops' beat tasks, kept from the garbage collector
+
+
+def heartbeat(loop: str = "main") -> None:
+    """Beat for ``loop`` (a name per working loop of the stage); a no-op when no supervisor
+    asked for heartbeats. Call it on each turn of the loop that does the work."""
+    _HEARTBEAT.beat(loop)
+
+
+def beat_on_loop(loop: str) -> None:
+    """Beat for ``loop`` from a task on the running asyncio loop, so an event loop that stops
+    turning (a blocking call, a busy callback) stops the beat. Call it from a coroutine."""
+    if _HEARTBEAT.path is None:
+        return
+
+    async def beating() -> None:
+        while True:
+            _HEARTBEAT.beat(loop)
+            await asyncio.sleep(_HEARTBEAT.every_s / 2)
+
+    task = asyncio.get_running_loop().create_task(beating(), name=f"heartbeat {loop}")
+    _BEATING.add(task)
+    task.add_done_callback(_BEATING.discard)

@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
+from clipstream.redisclient import REDIS_AWAY, RedisGuard, sync_client
 from clipstream.settings import Settings
 from schemas import Batch, Record, decode_as, encode
 from topics.admin import ensure_model_topics, ensure_topics
@@ -32,7 +33,7 @@ from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
 from topics.emitter import Emitter
 from topics.offsets import SpacedCommits, committed_offset
-from topics.stage import announce_ready, stop_on_signals
+from topics.stage import announce_ready, heartbeat, stop_on_signals
 from workers.backends import BatchModel, warm_up
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
 from workers.offsets import OffsetTracker
@@ -69,6 +70,7 @@ class Worker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}.{replica}"
         self.group_id = f"{settings.topic_prefix}worker.{name}.{replica}"
         self.running = True
+        self.redis_guard = RedisGuard(lambda: self.redis.ping(), name=f"worker {name}.{replica}")
 
     # -- life cycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -90,7 +92,9 @@ class Worker:
         tp = TopicPartition(self.batches_topic, self.replica)
         self.consumer.assign([TopicPartition(tp.topic, tp.partition,
                                              committed_offset(self.consumer, tp, self.ws.start_timeout_s))])
-        self.redis = redis.Redis.from_url(self.settings.redis_url)
+        # bounded waits, and no cache writes at all while Redis is away: the cache is an
+        # optimisation, and a batch's answers must not wait on it
+        self.redis = sync_client(self.settings)
         announce_ready("worker", f"{self.name} replica {self.replica} device {self.model.device}")
 
     def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
@@ -116,6 +120,7 @@ class Worker:
         self.start_pipeline()
         try:
             while self.running:
+                heartbeat("consume")  # proof of life for `up`: a wedged loop or device stops it
                 msg = self.consumer.poll(self.ws.poll_timeout_s)
                 if msg is not None:
                     self.feed(msg)
@@ -123,6 +128,7 @@ class Worker:
         finally:
             self.stop_pipeline()
             self.consumer.close()
+            self.redis_guard.close()
             self.redis.close()
 
     # -- the pipeline -----------------------------------------------------------------
@@ -246,13 +252,15 @@ class Worker:
         self.tracker.produced(offset, len(records))
         for topic, partition, record in records[:1]:
             self.produce(topic, partition, record, offset)
-        if outcome.cache:
+        if outcome.cache and self.redis_guard.available():
             try:
                 pipe = self.redis.pipeline(transaction=False)
                 for key, value in outcome.cache:
                     pipe.set(key, value, ex=self.settings.cache_ttl_s)
                 pipe.execute()
-            except redis.RedisError as exc:  # the cache is an optimisation: keep serving
+            except (redis.RedisError, *REDIS_AWAY) as exc:  # the cache is an optimisation: keep serving
+                if isinstance(exc, REDIS_AWAY):
+                    self.redis_guard.failed(exc)
                 log(f"cache fill failed: {exc}")
         for topic, partition, record in records[1:]:
             self.produce(topic, partition, record, offset)

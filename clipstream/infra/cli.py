@@ -48,23 +48,36 @@ def _one_line_errors() -> Iterator[None]:
 
 @click.group()
 def infra() -> None:
-    """Local Kafka (single-node KRaft) and Redis for development and tests."""
+    """Local Kafka (KRaft: one node, or a cluster with --brokers) and Redis."""
 
 
 @infra.command()
 @click.option("--kafka-port", type=int, default=None, help="Broker port (controller: port+1).")
 @click.option("--redis-port", type=int, default=None, help="Redis port.")
 @click.option("--free-ports", is_flag=True, help="Pick unused ports instead of fixed ones.")
+@click.option(
+    "--brokers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Kafka nodes (default 1; 3: a cluster whose topics get 3 replicas, 2 in sync). "
+    "Fixed ports: node i listens on --kafka-port + 2(i-1), its controller on the next port.",
+)
 @STATE_DIR_OPTION
 def up(
-    kafka_port: int | None, redis_port: int | None, free_ports: bool, state_dir: Path | None
+    kafka_port: int | None,
+    redis_port: int | None,
+    free_ports: bool,
+    brokers: int | None,
+    state_dir: Path | None,
 ) -> None:
     """Start Kafka and Redis (or report the running ones) and print their addresses."""
     from clipstream.infra import launcher
 
     settings = _settings(state_dir, kafka_port=kafka_port, redis_port=redis_port)
     with _one_line_errors():
-        result = launcher.up(settings, free_ports=free_ports, progress=_progress)
+        result = launcher.up(
+            settings, free_ports=free_ports, progress=_progress, brokers=brokers
+        )
     click.echo(f"kafka: {result.kafka_bootstrap}")
     click.echo(f"redis: {result.redis_url}")
     for key, value in result.env().items():
@@ -76,7 +89,7 @@ def up(
 @infra.command()
 @STATE_DIR_OPTION
 def down(state_dir: Path | None) -> None:
-    """Stop the Kafka broker and Redis that `up` started in this state dir."""
+    """Stop the Kafka nodes and Redis that `up` started in this state dir."""
     from clipstream.infra import launcher
 
     with _one_line_errors():
@@ -87,7 +100,8 @@ def down(state_dir: Path | None) -> None:
 @infra.command()
 @STATE_DIR_OPTION
 def status(state_dir: Path | None) -> None:
-    """Show the addresses and pids recorded by `up`; exit code 1 unless both are running."""
+    """Show the addresses and pids recorded by `up` (each node of a cluster); exit code 1
+    unless Redis and every Kafka node run."""
     from clipstream.infra import launcher
 
     with _one_line_errors():
@@ -97,7 +111,14 @@ def status(state_dir: Path | None) -> None:
         ("redis", result.redis_url, result.redis_pid, result.redis_running),
     ):
         state = f"running (pid {pid})" if running else "not running"
+        if name == "kafka" and len(result.kafka_nodes) > 1:
+            alive = sum(node.running for node in result.kafka_nodes)
+            state = f"{alive} of {len(result.kafka_nodes)} nodes running"
         click.echo(f"{name}: {address} {state}")
+        if name == "kafka" and len(result.kafka_nodes) > 1:
+            for node in result.kafka_nodes:
+                how = f"running (pid {node.pid})" if node.running else f"not running (was pid {node.pid})"
+                click.echo(f"kafka node {node.node_id}: {node.address} {how}")
     if not result.running:
         sys.exit(1)
 

@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from clipstream.errors import InfraError
 from clipstream.infra import file_lock, require_binary, spawn_detached
+from clipstream.infra.readiness import MetadataProbe, kafka_answers  # noqa: F401 (re-exported)
 from clipstream.settings import Settings
 
 SCALA_VERSION = "2.13"
@@ -186,12 +186,18 @@ def render_server_properties(
     controller_port: int,
     data_dir: Path,
     extra: Mapping[str, str] | None = None,
+    node_id: int = 1,
+    voters: str | None = None,
 ) -> str:
-    """server.properties of a combined broker+controller node listening on 127.0.0.1 only."""
+    """server.properties of a combined broker+controller node listening on 127.0.0.1 only.
+
+    ``voters`` is the controller quorum (``id@host:port,...``; see ``cluster.quorum_voters``);
+    by default the node is a quorum of one.
+    """
     props: dict[str, str] = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@127.0.0.1:{controller_port}",
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -267,14 +273,32 @@ def _classpath(libs: Path) -> str:
     return str(libs / "*")  # expanded by the JVM, not the shell
 
 
-def format_storage(java: str, libs: Path, files: BrokerFiles) -> bool:
-    """Format the KRaft data dir once; False when it was formatted before (data is kept)."""
+def formatted_cluster_id(files: BrokerFiles) -> str | None:
+    """The cluster id a data dir was formatted with; None before its first format."""
+    try:
+        text = (files.data_dir / "meta.properties").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "cluster.id":
+            return value.strip()
+    return None
+
+
+def format_storage(
+    java: str, libs: Path, files: BrokerFiles, cluster_id: str | None = None
+) -> bool:
+    """Format the KRaft data dir once; False when it was formatted before (data is kept).
+
+    The nodes of one cluster must all be formatted with the same ``cluster_id``.
+    """
     if (files.data_dir / "meta.properties").exists():
         return False
     argv = [
         java, *TOOL_JVM_OPTS, f"-Dlog4j.configuration=file:{files.log4j}",
         "-cp", _classpath(libs), "kafka.tools.StorageTool", "format",
-        "-t", random_cluster_id(), "-c", str(files.config), "--ignore-formatted",
+        "-t", cluster_id or random_cluster_id(), "-c", str(files.config), "--ignore-formatted",
     ]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
@@ -312,51 +336,3 @@ def start_broker(
         cwd=files.config.parent,
         die_with_parent=die_with_parent,
     )
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-class MetadataProbe:
-    """Answers "does the broker serve metadata yet?" with one reused AdminClient.
-
-    A TCP check comes first so the client is not created (and does not log connection
-    refusals) while the JVM is still starting.
-    """
-
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-        host, _, port = bootstrap.split(",")[0].rpartition(":")
-        self._host, self._port = host or "127.0.0.1", int(port)
-        self._client: object | None = None
-
-    def __call__(self) -> bool:
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
-
-        if not _port_open(self._host, self._port):
-            return False
-        if self._client is None:
-            self._client = AdminClient(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "log_level": 0,  # refusals while starting are expected, not news
-                    "reconnect.backoff.ms": 50,
-                    "reconnect.backoff.max.ms": 200,
-                }
-            )
-        try:
-            metadata = self._client.list_topics(timeout=1.0)  # type: ignore[attr-defined]
-        except KafkaException:
-            return False
-        return bool(metadata.brokers)
-
-
-def kafka_answers(bootstrap: str) -> bool:
-    """One-shot check that a broker at ``bootstrap`` serves metadata."""
-    return MetadataProbe(bootstrap)()

@@ -4,7 +4,8 @@ Everything ``up`` starts is recorded in ``<state_dir>/infra.json`` (pid, the pid
 ports, addresses) before it is waited on, so ``down`` can stop exactly those processes, and only
 those: a recorded pid is signalled only while its start time still matches, which guards
 against the pid having been reused by somebody else's process. ``up`` is idempotent: recorded
-processes that are alive and answering are reported, not started again.
+processes that are alive and answering are reported, not started again. Kafka is one node or a
+cluster of n (``brokers``; see ``cluster``), recorded as its list of nodes.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,15 @@ from clipstream.infra import (
     require_binary,
     wait_ready,
 )
+from clipstream.infra import cluster
 from clipstream.infra import kafka as kafka_mod
 from clipstream.infra import redis as redis_mod
+from clipstream.infra.ports import (  # noqa: F401 (pick_free_ports, port_is_free: re-exported)
+    kafka_port_names,
+    pick_free_ports,
+    plan_ports,
+    port_is_free,
+)
 from clipstream.settings import Settings
 
 STATE_FILE = "infra.json"
@@ -39,9 +46,23 @@ Progress = Callable[[str], None]
 Entry = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class NodeStatus:
+    """One recorded Kafka node."""
+
+    node_id: int
+    address: str
+    pid: int
+    running: bool
+
+
 @dataclass
 class InfraStatus:
-    """Where the local infrastructure is and whether its processes are alive."""
+    """Where the local infrastructure is and whether its processes are alive.
+
+    ``kafka_pid`` is node 1's; ``kafka_running`` means every node runs; ``kafka_nodes`` lists
+    each recorded node (one for the single broker).
+    """
 
     kafka_bootstrap: str
     redis_url: str
@@ -50,6 +71,7 @@ class InfraStatus:
     kafka_running: bool = False
     redis_running: bool = False
     state_dir: Path | None = None
+    kafka_nodes: list[NodeStatus] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
@@ -80,20 +102,42 @@ def load_state(state_dir: Path) -> dict[str, Entry]:
 
 
 def _save_state(state_dir: Path, state: dict[str, Entry]) -> None:
-    """Write atomically, and keep one ``<name>.pid`` file per running component."""
+    """Write atomically, and keep one ``<name>.pid`` file per running component (for Kafka,
+    node 1's pid).
+
+    Kafka's node 1 is also copied to the top of its record, where readers of a one-broker
+    record look for the pid and ports (``bench.common``).
+    """
+    kafka = state.get("kafka")
+    if kafka and kafka.get("nodes"):
+        lead = kafka["nodes"][0]
+        kafka.update({k: lead[k] for k in ("pid", "start_ticks", "port", "controller_port") if k in lead})
     tmp = state_dir / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
     tmp.replace(state_dir / STATE_FILE)
     for name in COMPONENTS:
         pid_file = state_dir / f"{name}.pid"
         if name in state:
-            pid_file.write_text(f"{state[name]['pid']}\n")
+            pid_file.write_text(f"{_processes(name, state[name])[0]['pid']}\n")
         else:
             pid_file.unlink(missing_ok=True)
 
 
 def _entry(pid: int, **fields: Any) -> Entry:
     return {"pid": pid, "start_ticks": process_start_ticks(pid), **fields}
+
+
+def _processes(name: str, entry: Entry) -> list[Entry]:
+    """The processes of a recorded component: Kafka's nodes (a record from before clusters
+    holds its one node inline), or the entry itself."""
+    nodes = entry.get("nodes") if name == "kafka" else None
+    if isinstance(nodes, list) and nodes:
+        return nodes
+    return [{"node_id": 1, **entry}] if name == "kafka" else [entry]
+
+
+def _all_alive(name: str, entry: Entry | None) -> bool:
+    return entry is not None and all(is_ours_and_alive(p) for p in _processes(name, entry))
 
 
 def is_ours_and_alive(entry: Entry | None) -> bool:
@@ -105,63 +149,6 @@ def is_ours_and_alive(entry: Entry | None) -> bool:
         return False
     recorded, now = entry.get("start_ticks"), process_start_ticks(pid)
     return recorded is None or now is None or recorded == now
-
-
-# --- ports ---------------------------------------------------------------------------------
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when a server could listen on ``host:port`` now (TIME_WAIT leftovers don't count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports the kernel says are free (all bound at once, so distinct)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-_PORT_OPTION = {
-    "kafka": "--kafka-port",
-    "kafka controller": "--kafka-port (the controller uses the next port)",
-    "redis": "--redis-port",
-}
-
-
-def plan_ports(
-    settings: Settings, free_ports: bool, need_kafka: bool = True, need_redis: bool = True
-) -> dict[str, int]:
-    """Ports for the components about to start: keys "kafka", "controller", "redis".
-
-    Fixed ports come from the settings (the controller takes the port after Kafka's) and must
-    be free; ``free_ports`` asks the kernel for unused ones instead.
-    """
-    names = (["kafka", "controller"] if need_kafka else []) + (["redis"] if need_redis else [])
-    if free_ports:
-        return dict(zip(names, pick_free_ports(len(names)), strict=True))
-    wanted = {"kafka": settings.kafka_port, "controller": settings.kafka_port + 1}
-    wanted["redis"] = settings.redis_port
-    ports = {name: wanted[name] for name in names}
-    for name, port in ports.items():
-        label = "kafka controller" if name == "controller" else name
-        if not port_is_free(port):
-            raise InfraError(
-                f"port {port} ({label}) is already in use on 127.0.0.1: stop what holds it, "
-                f"pass --free-ports, or choose another port with {_PORT_OPTION[label]}"
-            )
-    return ports
 
 
 # --- stopping ------------------------------------------------------------------------------
@@ -187,17 +174,34 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         pass
 
 
-def _terminate(pid: int, grace_s: float) -> None:
-    """SIGTERM the group, wait up to ``grace_s``, then SIGKILL; reap stragglers of the group."""
-    _signal_group(pid, signal.SIGTERM)
-    if not _wait_dead(pid, grace_s):
-        _signal_group(pid, signal.SIGKILL)
-        if not _wait_dead(pid, 5.0):
-            raise InfraError(f"process {pid} survived SIGKILL; check `ps -p {pid}`")
-    try:  # anything the leader left behind in its group
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _terminate(*pids: int, grace_s: float) -> None:
+    """SIGTERM each group at once, wait up to ``grace_s``, then SIGKILL; reap stragglers.
+
+    The nodes of a cluster stop together: one stopped after the others would find no
+    controller quorum for its controlled shutdown and wait out the grace period.
+    """
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for pid in pids:
+        if not _wait_dead(pid, max(0.0, deadline - time.monotonic())):
+            _signal_group(pid, signal.SIGKILL)
+            if not _wait_dead(pid, 5.0):
+                raise InfraError(f"process {pid} survived SIGKILL; check `ps -p {pid}`")
+    for pid in pids:
+        try:  # anything the leader left behind in its group
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stop(name: str, entry: Entry) -> list[str]:
+    """Stop a recorded component's live processes; describe each stopped one."""
+    procs = [p for p in _processes(name, entry) if is_ours_and_alive(p)]
+    _terminate(*(p["pid"] for p in procs), grace_s=STOP_GRACE_S[name])
+    if name == "kafka" and len(_processes(name, entry)) > 1:
+        return [f"kafka node {p['node_id']} (pid {p['pid']})" for p in procs]
+    return [f"{name} (pid {p['pid']})" for p in procs]
 
 
 # --- public API ----------------------------------------------------------------------------
@@ -205,14 +209,19 @@ def _terminate(pid: int, grace_s: float) -> None:
 
 def _status_from(settings: Settings, state_dir: Path, state: dict[str, Entry]) -> InfraStatus:
     kafka, redis = state.get("kafka"), state.get("redis")
+    nodes = [
+        NodeStatus(p["node_id"], f"{cluster.HOST}:{p['port']}", p["pid"], is_ours_and_alive(p))
+        for p in (_processes("kafka", kafka) if kafka else [])
+    ]
     return InfraStatus(
         kafka_bootstrap=kafka["bootstrap"] if kafka else settings.kafka_bootstrap,
         redis_url=redis["url"] if redis else settings.redis_url,
-        kafka_pid=kafka["pid"] if kafka else None,
+        kafka_pid=nodes[0].pid if nodes else None,
         redis_pid=redis["pid"] if redis else None,
-        kafka_running=is_ours_and_alive(kafka),
+        kafka_running=_all_alive("kafka", kafka),
         redis_running=is_ours_and_alive(redis),
         state_dir=state_dir,
+        kafka_nodes=nodes,
     )
 
 
@@ -222,65 +231,111 @@ def status(settings: Settings) -> InfraStatus:
     return _status_from(settings, state_dir, load_state(state_dir))
 
 
+def _recorded_kafka(state: dict[str, Entry], brokers: int | None, state_dir: Path) -> list[Entry]:
+    """Check the recorded Kafka against the size asked for; return its dead nodes to restart.
+
+    A Kafka whose every node is dead is forgotten (a fresh one takes its place); one with some
+    nodes alive keeps its ports and data, and only the dead nodes start again.
+    """
+    kafka = state.get("kafka")
+    if kafka is None:
+        return []
+    nodes = _processes("kafka", kafka)
+    dead = [p for p in nodes if not is_ours_and_alive(p)]
+    if len(dead) == len(nodes):
+        del state["kafka"]
+        return []
+    if brokers is not None and brokers != len(nodes):
+        raise InfraError(
+            f"a {len(nodes)}-broker Kafka is already running from {state_dir}: stop it with "
+            "`clipstream infra down` first, or use another --state-dir"
+        )
+    return dead
+
+
 def up(
     settings: Settings,
     free_ports: bool = False,
     progress: Progress = print,
     timeout_s: float = 60.0,
     die_with_parent: bool = False,
+    brokers: int | None = None,
 ) -> InfraStatus:
-    """Start (or find running) a KRaft broker and a Redis; return once both answer.
+    """Start (or find running) a KRaft Kafka of ``brokers`` nodes and a Redis; return once both
+    answer (every node registered).
 
-    The jars are fetched on first use (see ``kafka.fetch_jars``). Binaries and ports are checked
-    before anything starts; if either component fails to come up, whatever this call started
-    is stopped again, so a failed ``up`` leaves nothing behind. ``die_with_parent`` (Linux)
-    makes what this call starts exit with the calling process: for test sessions.
+    ``brokers`` None: whatever runs already, else one. The jars are fetched on first use (see
+    ``kafka.fetch_jars``). Binaries and ports are checked before anything starts; if either
+    component fails to come up, whatever this call started is stopped again, so a failed
+    ``up`` leaves nothing behind. Dead nodes of a cluster whose others still run are restarted
+    in place. ``die_with_parent`` (Linux) makes what this call starts exit with the calling
+    process: for test sessions.
     """
+    if brokers is not None and brokers < 1:
+        raise InfraError(f"--brokers must be 1 or more, not {brokers}")
     t0 = time.monotonic()
     state_dir = state_dir_of(settings)
     state_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(state_dir / "infra.lock"):
         state = load_state(state_dir)
-        for name in COMPONENTS:  # forget what died; a fresh one takes its place
-            if name in state and not is_ours_and_alive(state[name]):
-                del state[name]
+        revive = _recorded_kafka(state, brokers, state_dir)
+        if "redis" in state and not is_ours_and_alive(state["redis"]):
+            del state["redis"]  # forget a dead one; a fresh one takes its place
         need_kafka, need_redis = "kafka" not in state, "redis" not in state
-        ports = plan_ports(settings, free_ports, need_kafka, need_redis)
+        size = brokers or 1
+        ports = plan_ports(settings, free_ports, need_kafka, need_redis, size)
         if need_redis:
             require_binary("redis-server", redis_mod.REDIS_HINT)
-        if need_kafka:
+        if need_kafka or revive:
             java = require_binary("java", kafka_mod.JAVA_HINT)
             libs = kafka_mod.fetch_jars(settings, progress)
-        started: list[str] = []
+        started: list[Entry] = []  # the processes this call started, to undo on failure
         try:
             if need_redis:
                 proc = redis_mod.start_redis(ports["redis"], state_dir, die_with_parent)
                 url = redis_mod.redis_url(ports["redis"])
                 state["redis"] = _entry(proc.pid, port=ports["redis"], url=url)
-                started.append("redis")
+                started.append(state["redis"])
                 _save_state(state_dir, state)
                 progress(f"redis: starting on {url} (pid {proc.pid})")
             if need_kafka:
-                files = kafka_mod.write_broker_files(state_dir, ports["kafka"], ports["controller"])
-                if kafka_mod.format_storage(java, libs, files):
-                    progress(f"kafka: formatted storage in {files.data_dir}")
-                proc = kafka_mod.start_broker(java, libs, files, die_with_parent)
-                bootstrap = f"127.0.0.1:{ports['kafka']}"
-                state["kafka"] = _entry(
-                    proc.pid,
-                    port=ports["kafka"],
-                    controller_port=ports["controller"],
-                    bootstrap=bootstrap,
-                    version=settings.kafka_version,
-                )
-                started.append("kafka")
+                pairs = [ports[name] for name in kafka_port_names(size)]
+                nodes = cluster.nodes_from_ports(pairs)
+                all_files = cluster.write_node_files(state_dir, nodes)
+                for data_dir in cluster.format_nodes(java, libs, all_files):
+                    progress(f"kafka: formatted storage in {data_dir}")
+                entries = []
+                for node, files in zip(nodes, all_files, strict=True):
+                    proc = kafka_mod.start_broker(java, libs, files, die_with_parent)
+                    entries.append(
+                        _entry(proc.pid, node_id=node.node_id, port=node.port,
+                               controller_port=node.controller_port)
+                    )  # fmt: skip
+                    started.append(entries[-1])
+                    progress(
+                        f"kafka: starting node {node.node_id} on {node.address} "
+                        f"(pid {proc.pid}), log {files.log}"
+                    )
+                state["kafka"] = {
+                    "bootstrap": cluster.bootstrap(nodes),
+                    "version": settings.kafka_version,
+                    "nodes": entries,
+                }
                 _save_state(state_dir, state)
-                progress(f"kafka: starting broker on {bootstrap} (pid {proc.pid}), log {files.log}")
+            for node in revive:
+                files = cluster.node_files(state_dir, node["node_id"], len(_processes("kafka", state["kafka"])))
+                proc = kafka_mod.start_broker(java, libs, files, die_with_parent)
+                node.update(_entry(proc.pid))
+                started.append(node)
+                _save_state(state_dir, state)
+                progress(f"kafka: restarting node {node['node_id']} (pid {proc.pid}), log {files.log}")
             _wait_both(state, state_dir, timeout_s)
         except BaseException:
-            for name in started:
-                _terminate(state[name]["pid"], STOP_GRACE_S[name])
-                del state[name]
+            _terminate(*(e["pid"] for e in started if is_ours_and_alive(e)),
+                       grace_s=STOP_GRACE_S["kafka"])  # fmt: skip
+            for name, fresh in (("redis", need_redis), ("kafka", need_kafka)):
+                if fresh:
+                    state.pop(name, None)
             _save_state(state_dir, state)
             raise
         if not started:
@@ -294,7 +349,7 @@ def up(
 
 
 def _wait_both(state: dict[str, Entry], state_dir: Path, timeout_s: float) -> None:
-    """Wait for Redis, then Kafka, to answer; fail fast if either process dies."""
+    """Wait for Redis, then every Kafka node, to answer; fail fast if a process dies."""
     redis, kafka = state["redis"], state["kafka"]
     wait_ready(
         "redis-server",
@@ -303,21 +358,22 @@ def _wait_both(state: dict[str, Entry], state_dir: Path, timeout_s: float) -> No
         timeout_s,
         [state_dir / "redis.log", state_dir / "redis.out"],
     )
-    files = kafka_mod.BrokerFiles.under(state_dir)
+    nodes = _processes("kafka", kafka)
+    logs = [cluster.node_files(state_dir, p["node_id"], len(nodes)) for p in nodes]
     wait_ready(
-        "Kafka broker",
-        kafka_mod.MetadataProbe(kafka["bootstrap"]),
-        lambda: is_ours_and_alive(kafka),
+        "Kafka broker" if len(nodes) == 1 else f"Kafka cluster of {len(nodes)} nodes",
+        kafka_mod.MetadataProbe(kafka["bootstrap"], brokers=len(nodes)),
+        lambda: _all_alive("kafka", kafka),
         timeout_s,
-        [files.log, files.out],
+        [path for files in logs for path in (files.log, files.out)],
     )
 
 
 def down(settings: Settings) -> list[str]:
     """Stop what ``up`` recorded in this state dir (and nothing else); return what was stopped.
 
-    Each component's whole process group gets SIGTERM, then SIGKILL after a grace period. Data
-    and logs stay in the state dir; only the record of running processes is removed.
+    Each process's whole group gets SIGTERM, then SIGKILL after a grace period. Data and logs
+    stay in the state dir; only the record of running processes is removed.
     """
     state_dir = state_dir_of(settings)
     if not (state_dir / STATE_FILE).exists():
@@ -327,9 +383,8 @@ def down(settings: Settings) -> list[str]:
         state = load_state(state_dir)
         for name in COMPONENTS:  # the broker first: it may still flush to disk
             entry = state.pop(name, None)
-            if entry and is_ours_and_alive(entry):
-                _terminate(entry["pid"], STOP_GRACE_S[name])
-                stopped.append(f"{name} (pid {entry['pid']})")
+            if entry:
+                stopped += _stop(name, entry)
             (state_dir / f"{name}.pid").unlink(missing_ok=True)
         (state_dir / STATE_FILE).unlink(missing_ok=True)
     return stopped

@@ -227,3 +227,32 @@ def set_slowdown(folder: Path, factor: float) -> None:
     tmp = Path(folder) / "slowdown.tmp"
     tmp.write_text(str(float(factor)))
     tmp.replace(Path(folder) / "slowdown")  # atomic: a batch never reads half a number
+
+
+STALLING_SOURCE = '''
+import time
+
+import numpy as np
+
+
+class Model:
+    """Two class scores from the mean of the input past its first feature. Sleeps ``stall_ms``
+    on any batch holding an input whose first feature is at least 1, so the caller decides
+    which queries meet a stall (a straggler that tests and benchmarks can replay)."""
+
+    def __init__(self, path, config):
+        self.stall = float(config.get("stall_ms", 0)) / 1000
+
+    def predict_batch(self, inputs):
+        x = inputs.reshape(len(inputs), -1)
+        if self.stall and bool((x[:, 0] >= 1).any()):
+            time.sleep(self.stall)
+        p = (x[:, 1:].mean(axis=1) > 0.5).astype(np.float32)
+        return np.stack([1 - p, p], axis=1)
+'''
+
+
+def make_stalling_model(root: Path, name: str, stall_ms: float = 0.0) -> Path:
+    """A quick two-class python model; with ``stall_ms`` it stalls on batches holding a flagged
+    input (first feature >= 1), without it never: the fast members of a straggler ensemble."""
+    return make_python_model(root, name, STALLING_SOURCE, labels=[0, 1], extra={"stall_ms": float(stall_ms)})

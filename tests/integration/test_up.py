@@ -21,6 +21,7 @@ from clipstream.infra.launcher import pick_free_ports
 from frontend.client import Client, GatewayInputError, NotFound
 from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
 from clipstream.testing.procs import predict_admitted, wait_until
+from topics.stage import read_heartbeat
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,14 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         assert r["default"] is False and r["models"] == {"answered": ["logreg"], "missing": []}
         assert r["output"] == want and 0 < r["confidence"] <= 1 and len(r["scores"]) == 10
         assert r["latency_ms"] > 0 and r["query_id"]
+
+        # every stage beats from each of its working loops, so `up` can tell a hung one
+        state = tmp_path / "state" / "up" / f"gateway-{port}"
+        batcher = "batchers-logreg" if batchers == "shared" else "batcher-logreg-v1"
+        loops = {"gateway": {"gateway"}, "selector": {"join", "learn"}, batcher: {"batcher"},
+                 "worker-logreg-v1-0": {"consume"}}
+        wait_until(lambda: all(set(read_heartbeat(state / f"{name}.heartbeat") or ()) == want
+                               for name, want in loops.items()), 30, "a heartbeat from every stage loop")
 
         # the REST contract's errors, on the real pipeline
         with pytest.raises(NotFound):

@@ -1,0 +1,94 @@
+"""Ports for ``infra up``: fixed ones from the settings (checked free), or free ones.
+
+A Kafka of n nodes takes a (client, controller) pair per node: "kafka"/"controller" for node 1,
+"kafka-<i>"/"controller-<i>" for node i; Redis takes one port.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from clipstream.errors import InfraError
+from clipstream.infra import cluster
+from clipstream.settings import Settings
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server could listen on ``host:port`` now (TIME_WAIT leftovers don't count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports the kernel says are free (all bound at once, so distinct)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+_PORT_OPTION = {
+    "kafka": "--kafka-port",
+    "kafka controller": "--kafka-port (the controller uses the next port)",
+    "redis": "--redis-port",
+}
+
+
+def kafka_port_names(brokers: int) -> list[str]:
+    """Port names of the nodes: "kafka"/"controller" for node 1, "kafka-<i>"/"controller-<i>"."""
+    names = ["kafka", "controller"]
+    for i in range(2, brokers + 1):
+        names += [f"kafka-{i}", f"controller-{i}"]
+    return names
+
+
+def _port_label(name: str) -> str:
+    if name in ("kafka", "redis"):
+        return name
+    if name == "controller":
+        return "kafka controller"
+    kind, _, node = name.partition("-")
+    return f"kafka node {node}" if kind == "kafka" else f"kafka controller of node {node}"
+
+
+def plan_ports(
+    settings: Settings,
+    free_ports: bool,
+    need_kafka: bool = True,
+    need_redis: bool = True,
+    brokers: int = 1,
+) -> dict[str, int]:
+    """Ports for the components about to start: keys "kafka", "controller", "redis", and
+    "kafka-<i>", "controller-<i>" for node i > 1 of a cluster.
+
+    Fixed ports come from the settings (the controller takes the port after Kafka's, node i the
+    pair at ``kafka_port + 2(i-1)``) and must be free; ``free_ports`` asks the kernel for
+    unused ones instead.
+    """
+    kafka_names = kafka_port_names(brokers) if need_kafka else []
+    names = kafka_names + (["redis"] if need_redis else [])
+    if free_ports:
+        return dict(zip(names, pick_free_ports(len(names)), strict=True))
+    fixed = cluster.fixed_nodes(settings.kafka_port, brokers)
+    pairs = [p for node in fixed for p in (node.port, node.controller_port)]
+    wanted = dict(zip(kafka_port_names(brokers), pairs, strict=True))
+    wanted["redis"] = settings.redis_port
+    ports = {name: wanted[name] for name in names}
+    for name, port in ports.items():
+        label = _port_label(name)
+        if not port_is_free(port):
+            option = _PORT_OPTION.get(label, "--kafka-port (node i uses the pair from it + 2(i-1))")
+            raise InfraError(
+                f"port {port} ({label}) is already in use on 127.0.0.1: stop what holds it, "
+                f"pass --free-ports, or choose another port with {option}"
+            )
+    return ports

@@ -1,0 +1,97 @@
+"""Is a Kafka node up? Checks for ``infra up``'s wait and for ``up``'s "is Kafka there?".
+
+A broker is ready when it serves metadata; a cluster when, in addition, every node itself lists
+every node as a live broker.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed by the broker")
+        data += chunk
+    return data
+
+
+def listed_brokers(address: str, timeout_s: float = 1.0) -> int | None:
+    """How many live brokers the node at ``host:port`` itself lists; None while it does not
+    answer.
+
+    A raw Metadata v4 request (no topics) to that node alone: an AdminClient would ask whichever
+    broker it likes. A node answers only once its startup is done, and each node learns of the
+    others' registrations a moment apart, so a cluster is ready when every node lists all of
+    them; until then a topic created through a node that lists two would get two copies.
+    """
+    host, _, port = address.rpartition(":")
+    client_id = b"clipstream-probe"
+    header = struct.pack(">hhih", 3, 4, 1, len(client_id)) + client_id  # Metadata v4, id 1
+    body = struct.pack(">ib", 0, 0)  # no topics; do not create any
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+            # size, correlation id, throttle time, then the brokers array's length
+            _size, correlation_id, _throttle, brokers = struct.unpack(">iiii", _recv_exact(sock, 16))
+    except OSError:  # refused, reset, closed or timed out: not serving yet
+        return None
+    return brokers if correlation_id == 1 else None
+
+
+class MetadataProbe:
+    """Answers "does the broker serve metadata yet?" with one reused AdminClient.
+
+    A TCP check comes first so the client is not created (and does not log connection
+    refusals) while the JVM is still starting. ``brokers``: how many brokers the metadata must
+    list (a cluster is ready once every node has registered).
+    """
+
+    def __init__(self, bootstrap: str, brokers: int = 1) -> None:
+        self.bootstrap = bootstrap
+        self.brokers = brokers
+        host, _, port = bootstrap.split(",")[0].rpartition(":")
+        self._host, self._port = host or "127.0.0.1", int(port)
+        self._client: object | None = None
+
+    def __call__(self) -> bool:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        if not _port_open(self._host, self._port):
+            return False
+        if self.brokers > 1 and not all(
+            (listed_brokers(a) or 0) >= self.brokers for a in self.bootstrap.split(",")
+        ):
+            return False
+        if self._client is None:
+            self._client = AdminClient(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "log_level": 0,  # refusals while starting are expected, not news
+                    "reconnect.backoff.ms": 50,
+                    "reconnect.backoff.max.ms": 200,
+                }
+            )
+        try:
+            metadata = self._client.list_topics(timeout=1.0)  # type: ignore[attr-defined]
+        except KafkaException:
+            return False
+        return len(metadata.brokers) >= self.brokers
+
+
+def kafka_answers(bootstrap: str) -> bool:
+    """One-shot check that a broker at ``bootstrap`` serves metadata."""
+    return MetadataProbe(bootstrap)()

@@ -1,0 +1,110 @@
+"""Redis clients for every stage, and a guard that tells when Redis is away.
+
+Redis holds a cache and the policy state, and no stage may stall on it: every client has the
+socket timeouts of ``CLIPSTREAM_REDIS_TIMEOUT_MS``, so a frozen server costs one bounded
+wait. After a failure the stage's ``RedisGuard`` marks Redis away, and the stage serves
+without it (cache misses, remembered weights) while one thread probes it back, so the hot
+path does not pay the timeout again on every record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+log = logging.getLogger("clipstream.redis")
+
+# what "Redis is away" looks like (refused, reset, timed out, still loading); a command error
+# (a wrong type, out of memory) is the data's problem and retrying would not cure it
+REDIS_AWAY: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class RedisSettings(Protocol):
+    """What a client needs of ``clipstream.settings.Settings`` (a sibling this module may not import)."""
+
+    redis_url: str
+    redis_timeout_ms: float
+
+
+def client_options(settings: RedisSettings) -> dict[str, Any]:
+    """Socket timeouts for connect and every command, from ``CLIPSTREAM_REDIS_TIMEOUT_MS``."""
+    timeout_s = settings.redis_timeout_ms / 1000
+    return {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+
+
+def sync_client(settings: RedisSettings) -> redis.Redis:
+    """A blocking client of ``settings.redis_url`` with bounded waits."""
+    return redis.Redis.from_url(settings.redis_url, **client_options(settings))
+
+
+def async_client(settings: RedisSettings) -> aioredis.Redis:
+    """An asyncio client of ``settings.redis_url`` with bounded waits (make it on the loop)."""
+    import redis.asyncio as aioredis
+
+    return aioredis.from_url(settings.redis_url, **client_options(settings))
+
+
+class RedisGuard:
+    """Whether Redis answered lately: ``available()`` is False from a failure until a probe
+    thread's PING gets an answer again, so callers skip Redis rather than wait on it."""
+
+    def __init__(self, ping: Callable[[], object], probe_every_s: float = 0.25, name: str = "redis") -> None:
+        self._ping, self._every, self._name = ping, probe_every_s, name
+        self._away = threading.Event()
+        self._lock = threading.Lock()
+        self._prober: threading.Thread | None = None
+        self._closed = threading.Event()
+        self.outages = 0  # times Redis went away
+        self.since: float | None = None  # monotonic time it went away, while it is away
+
+    def available(self) -> bool:
+        return not self._away.is_set()
+
+    def failed(self, exc: BaseException | None = None) -> None:
+        """Mark Redis away (a command failed with ``exc``) and start probing it back."""
+        with self._lock:
+            if self._away.is_set():
+                return
+            self._away.set()
+            self.outages += 1
+            self.since = time.monotonic()
+            log.warning("%s: Redis is away (%s); serving without it until it answers", self._name, exc)
+            if self._prober is None:  # the prober clears this under the lock as it ends
+                self._prober = threading.Thread(target=self._probe, name=f"{self._name}-redis-probe", daemon=True)
+                self._prober.start()
+
+    def wait_available(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` for Redis to be back; True if it is."""
+        deadline = time.monotonic() + timeout_s
+        while self._away.is_set() and not self._closed.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._closed.wait(min(left, 0.02))
+        return not self._away.is_set()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _probe(self) -> None:
+        while not self._closed.wait(self._every):
+            try:
+                self._ping()
+            except Exception:  # still away: the next probe tries again
+                continue
+            with self._lock:
+                away_s = time.monotonic() - (self.since or time.monotonic())
+                self._away.clear()
+                self.since, self._prober = None, None
+            log.warning("%s: Redis answers again after %.1f s", self._name, away_s)
+            return

@@ -1,0 +1,92 @@
+"""Stored predictions for the feedback join, written off the answer path.
+
+The join answers the caller first and stores what it combined for ``selector.learn`` after.
+A thread writes them (a pipeline per group), so a slow or frozen Redis never holds up an
+answer; while Redis is away the records wait here, bounded, and go out once it is back, so
+feedback on queries answered during an outage can still be joined.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+from clipstream.redisclient import REDIS_AWAY, RedisGuard
+from selector.store import StateStore, pred_key
+
+log = logging.getLogger("selector")
+
+
+class PredictionSaver:
+    """A bounded queue of stored predictions and the thread that writes them to Redis."""
+
+    def __init__(self, store: StateStore, guard: RedisGuard, capacity: int = 100_000, group_max: int = 500) -> None:
+        self.store, self.guard = store, guard
+        self._queue: deque[tuple[int, str, str]] = deque()  # (seq, query id, JSON)
+        self._seq = 0
+        self._capacity, self._group_max = capacity, group_max
+        self._cond = threading.Condition()
+        self._stop = False
+        self.stats = {"saved": 0, "dropped": 0, "failed_writes": 0}
+        self._thread = threading.Thread(target=self._run, name="save-predictions", daemon=True)
+
+    def start(self) -> PredictionSaver:
+        self._thread.start()
+        return self
+
+    def put(self, query_id: str, record: dict[str, Any]) -> None:
+        """Queue one query's record; when full, the oldest is dropped (its feedback will find
+        nothing to join and be dead-lettered after the learner's wait)."""
+        value = json.dumps(record)
+        with self._cond:
+            if len(self._queue) >= self._capacity:
+                self._queue.popleft()
+                self.stats["dropped"] += 1
+            self._seq += 1
+            self._queue.append((self._seq, query_id, value))
+            self._cond.notify()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued (if Redis answers within ``timeout_s``) and stop the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                group = [self._queue[i] for i in range(min(self._group_max, len(self._queue)))]
+            if not self.guard.available():
+                if self._stop:
+                    return  # Redis is away and we are stopping: nothing more to do
+                self.guard.wait_available(0.5)
+                continue
+            try:
+                pipe = self.store.redis.pipeline(transaction=False)
+                for _, query_id, value in group:
+                    pipe.set(pred_key(query_id), value, ex=self.store.ttl_s)
+                pipe.execute()
+            except REDIS_AWAY as exc:  # kept: written once Redis is back
+                self.stats["failed_writes"] += 1
+                self.guard.failed(exc)
+                continue
+            except Exception:  # a command error would fail again: drop the group, keep serving
+                log.exception("storing %d predictions failed", len(group))
+            last = group[-1][0]
+            with self._cond:  # ``put`` may have dropped some of the group meanwhile
+                while self._queue and self._queue[0][0] <= last:
+                    self._queue.popleft()
+                self.stats["saved"] += len(group)

@@ -1,0 +1,141 @@
+"""`clipstream up`'s supervisor on real child processes: a stage killed again and again is
+restarted every time, and a stage that stops beating (SIGSTOP) is killed and restarted.
+
+The child is a tiny stage (``ready:`` line, heartbeat from its loop), so these tests need no
+Kafka or Redis and carry no ``integration`` marker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clipstream.supervise import Stage, Supervisor
+from clipstream.testing.procs import wait_until
+from topics.stage import read_heartbeat
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = '''
+import signal, time
+from topics.stage import announce_ready, heartbeat
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a hung stage may not act on SIGTERM either
+announce_ready("child")
+while True:
+    heartbeat("main")
+    time.sleep(0.05)
+'''
+
+# generous: a python start-up on the 2 shared cores of a loaded test machine can take seconds
+RESTART_BOUND_S = 30.0
+
+
+class Running:
+    """A supervisor with ``up``'s check loop on a thread, its reports collected."""
+
+    def __init__(self, tmp_path: Path, **kw: float) -> None:
+        self.reports: list[str] = []
+        self.reported_at: list[float] = []
+        self.sup = Supervisor(tmp_path / "logs", report=self._report, **kw)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _report(self, line: str) -> None:
+        self.reported_at.append(time.monotonic())
+        self.reports.append(line)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            self.sup.check()
+
+    def start_child(self, script: Path) -> Stage:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        stage = self.sup.add("child", [sys.executable, str(script)], env)
+        self.sup.wait_ready(RESTART_BOUND_S)
+        self._thread.start()
+        return stage
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for stage in self.sup.stages.values():
+            if stage.proc is not None and stage.proc.poll() is None:
+                stage.proc.kill()  # the child ignores SIGTERM: spare the stop its 10 s grace
+        self.sup.stop_all()
+
+
+@pytest.fixture
+def child(tmp_path: Path) -> Path:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    return script
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[list[Running]]:
+    made: list[Running] = []
+    yield made
+    for r in made:
+        r.close()
+
+
+def _restarted(stage: Stage, old_pid: int) -> bool:
+    proc = stage.proc
+    return proc is not None and proc.pid != old_pid and stage.ready.is_set()
+
+
+def test_a_stage_killed_again_and_again_is_restarted_every_time(tmp_path, child, running) -> None:
+    healthy_s = 3.0  # each kill below comes within ms of the ready line, far inside this
+    r = Running(tmp_path, heartbeat_timeout_s=0, backoff_first_s=0.05, backoff_max_s=0.2, healthy_s=healthy_s)
+    running.append(r)
+    stage = r.start_child(child)
+    for _ in range(8):  # the old supervisor gave a stage up after 5 restarts
+        assert stage.proc is not None
+        old = stage.proc.pid
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
+    restarts = [line for line in r.reports if line.startswith("restarting child in ")]
+    assert len(restarts) == 8 and stage.restarts == 8
+    assert all("(exit code -9, SIGKILL)" in line for line in restarts)
+    # it never served a healthy while, so each pause doubles up to the cap
+    assert [line.split()[3] for line in restarts] == ["0.05s", "0.1s", "0.2s", "0.2s", "0.2s", "0.2s", "0.2s", "0.2s"]
+
+    # once it has served a healthy while, the next death is restarted after the first pause again
+    wait_until(lambda: time.monotonic() - stage.ready_at > healthy_s, 2 * healthy_s, "a healthy while")
+    assert stage.proc is not None
+    old = stage.proc.pid
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
+    assert r.reports[-1].startswith("restarting child in 0.05s (exit code -9, SIGKILL)"), r.reports
+
+
+def test_a_stage_that_stops_beating_is_killed_and_restarted(tmp_path, child, running) -> None:
+    timeout_s = 3.0  # above two of the child's 1 s beat intervals, as the supervisor requires
+    r = Running(tmp_path, heartbeat_timeout_s=timeout_s, kill_grace_s=0.5, backoff_first_s=0.05)
+    running.append(r)
+    stage = r.start_child(child)
+    wait_until(lambda: read_heartbeat(stage.heartbeat_path), 10, "the child's first heartbeat")
+    assert stage.proc is not None
+    hung = stage.proc
+    os.kill(hung.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    wait_until(lambda: _restarted(stage, hung.pid), RESTART_BOUND_S, "the hung stage to be restarted")
+    assert hung.returncode == -signal.SIGKILL  # it ignored SIGTERM, so the grace ran out
+    found = [i for i, line in enumerate(r.reports) if line.startswith("stage child is hung: no heartbeat for")]
+    assert len(found) == 1, r.reports
+    # found hung once its last beat written was older than the timeout: at most a beat interval
+    # (1 s) before that, a check period after; a slack of 5 s for a loaded machine's scheduling
+    assert timeout_s - 1.0 <= r.reported_at[found[0]] - stopped_at <= timeout_s + 5.0
+    restart = [line for line in r.reports if line.startswith("restarting child in 0.05s (hung: no heartbeat for")]
+    assert len(restart) == 1, r.reports
+    # the new run beats into a fresh file, and a stage that beats is not taken for hung: a
+    # window of twice the timeout in which nothing may happen (a check, not a wait)
+    wait_until(lambda: read_heartbeat(stage.heartbeat_path), 10, "the new child's first heartbeat")
+    time.sleep(2 * timeout_s)
+    assert stage.restarts == 1 and stage.proc is not None and stage.proc.poll() is None

@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     # once, then it serves without Redis until a probe finds it back (clipstream.redisclient)
     redis_timeout_ms: float = Field(100.0, gt=0)
 
+    # the model repository on this host: a folder or an fsspec URL (s3://bucket/models). The
+    # registry names a model inside it by a relative location (logreg/1), which each host
+    # resolves against its own root; unset: the registry holds absolute local paths
+    # (registry/repository.py, docs/design/0019)
+    model_repository: str | None = None
+
 
 def get_settings(**overrides: object) -> Settings:
     """Fresh settings from the environment, with explicit overrides on top."""

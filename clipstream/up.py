@@ -1,7 +1,7 @@
 """`clipstream up -f app.yaml`: the whole pipeline on one machine, supervised.
 
 Starts Kafka and Redis if they are not running, applies the app file, then runs the gateway,
-the selector, and per model a batcher and one worker per replica. It keeps following the
+the selector members (``CLIPSTREAM_UP_SELECTORS``, 2 by default), and per model a batcher and one worker per replica. It keeps following the
 registry, so a model deployed or linked later (or given more replicas) gets its processes
 without a restart. Ctrl-C or SIGTERM stops everything it started, the infrastructure too.
 
@@ -43,6 +43,9 @@ class UpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_UP_", extra="ignore")
 
     batchers: Literal["shared", "per-model"] = "shared"
+    # selector members (one consumer group): with two, a killed one is a failover to the other
+    # (its partitions move within the selector's session timeout), not an outage
+    selectors: int = Field(2, ge=1)
     # seconds of steady traffic before `ready` (clipstream/warmup.py): a fresh broker's JIT
     warm_up_s: float = Field(20.0, ge=0)
     # a stage whose heartbeat is older is hung: killed and restarted (0: never; docs/design/0014)
@@ -176,7 +179,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         pipeline = Pipeline(supervisor, env, shared_batcher=shared)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
-        supervisor.add("selector", _stage_argv("selector"), env)
+        for i in range(1, up_settings.selectors + 1):
+            supervisor.add(f"selector-{i}", _stage_argv("selector"), env)
         supervisor.add("gateway", _stage_argv("gateway"), env)
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")

@@ -16,7 +16,7 @@ import yaml
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings
 from registry.appfile import apply_file
-from registry.spec import load_spec
+from registry.repository import Repository, is_url
 from registry.topic import ModelConfig, RegistryWriter, read_view
 from topics.admin import ensure_model_topics
 
@@ -67,15 +67,19 @@ def register_app(name: str, policy: str, slo_ms: float, default_output: str | No
 
 @click.command("deploy-model")
 @click.argument("name")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("path")
 @click.option("--version", "version", default="1", show_default=True)
 @click.option("--replicas", default=1, show_default=True)
 @_friendly
 def deploy_model(name: str, path: str, version: str, replicas: int) -> None:
-    """Deploy a model version from a folder holding model.yaml."""
+    """Deploy a model version from a folder holding model.yaml.
+
+    PATH is a local folder, a URL (s3://...), or a location inside CLIPSTREAM_MODEL_REPOSITORY
+    (logreg/2); a folder inside the repository is recorded relative to it.
+    """
 
     settings = get_settings()
-    load_spec(path)
+    location = _location(Repository.from_settings(settings), path)
     current = read_view(settings).model(name)
     history: dict[str, list[str]] = {"previous_versions": [], "previous_paths": []}
     if current is not None:
@@ -83,12 +87,28 @@ def deploy_model(name: str, path: str, version: str, replicas: int) -> None:
         history["previous_paths"] = list(current.previous_paths)
         if current.version != version:
             history["previous_versions"].append(current.version)
-            history["previous_paths"].append(str(current.path))
+            history["previous_paths"].append(current.location or str(current.path))
         replicas = replicas if replicas != 1 else current.replicas
     ensure_model_topics(settings, name, replicas)
     with RegistryWriter(settings) as w:
-        w.model(name, version, Path(path), replicas, **history)
+        w.model(name, version, location, replicas, **history)
     click.echo(f"model {name} version {version} deployed")
+
+
+def _location(repository: Repository, path: str) -> str:
+    """The registry location of what ``deploy-model`` names, once its model.yaml checks out."""
+    if Path(path).is_dir():
+        location = repository.location_of(Path(path))
+    elif Path(path).exists():
+        raise ClipstreamError(f"{path} is a file: name the model's folder (the one holding model.yaml)")
+    elif repository.root is None and not is_url(path):
+        raise ClipstreamError(
+            f"no folder {path}; to name a location in a model repository, set CLIPSTREAM_MODEL_REPOSITORY"
+        )
+    else:
+        location = repository.location_of(path) if is_url(path) else path
+    repository.read_spec(location)  # fail here, not in a worker, when model.yaml is wrong
+    return location
 
 
 @click.command("link")
@@ -112,7 +132,7 @@ def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> M
     ensure_model_topics(settings, name, model.replicas)
     with RegistryWriter(settings) as w:
         w.model(
-            model.name, model.version, model.path, model.replicas,
+            model.name, model.version, model.location or str(model.path), model.replicas,
             previous_versions=list(model.previous_versions),
             previous_paths=list(model.previous_paths),
             latency_objective_ms=model.latency_objective_ms,
@@ -144,6 +164,7 @@ def rollback(model: str) -> None:
         return replace(
             m,
             version=m.previous_versions[-1],
+            location=m.previous_paths[-1],
             path=Path(m.previous_paths[-1]),
             previous_versions=m.previous_versions[:-1],
             previous_paths=m.previous_paths[:-1],
@@ -165,6 +186,7 @@ def inspect_registry(as_json: bool) -> None:
             n: {
                 "version": m.version,
                 "path": str(m.path),
+                "location": m.location,
                 "replicas": m.replicas,
                 "previous_versions": list(m.previous_versions),
                 "backend": m.spec.backend if m.spec else None,

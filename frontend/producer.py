@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -179,10 +180,15 @@ class ResponseReader:
     Reads every partition from where it ends now (or from the beginning), assigned directly,
     without a consumer group: each reader sees every response, and none is skipped between
     creating the reader and the first read.
+
+    Each query's Response is yielded once: the selector answers again a query whose answer was
+    not yet committed when its partition moved to another member (a member killed or added),
+    and the reader drops that second Response (counted in ``duplicates``). It remembers the
+    last ``seen_capacity`` query ids, far more than are answered within a rebalance.
     """
 
     def __init__(self, settings: Settings | None = None, bootstrap: str | None = None,
-                 topic: str | None = None, from_beginning: bool = False) -> None:
+                 topic: str | None = None, from_beginning: bool = False, seen_capacity: int = 100_000) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
 
@@ -201,6 +207,9 @@ class ResponseReader:
             low, high = watermarks(self._consumer, TopicPartition(self.topic, p))
             assignment.append(TopicPartition(self.topic, p, low if from_beginning else high))
         self._consumer.assign(assignment)
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen_capacity = seen_capacity
+        self.duplicates = 0
 
     def poll(self, timeout_s: float = 1.0) -> Response | None:
         """The next Response, or None when none arrived within ``timeout_s``."""
@@ -212,11 +221,22 @@ class ResponseReader:
                 return None
             if not msg.error():
                 try:
-                    return decode_as(Response, msg.value())
+                    record = decode_as(Response, msg.value())
                 except ClipstreamError:
                     continue  # not a Response (garbage on the topic): skip it, keep reading
+                if self._first(record.query_id):
+                    return record
+                self.duplicates += 1
             if time.monotonic() >= deadline:
                 return None
+
+    def _first(self, query_id: str) -> bool:
+        if query_id in self._seen:
+            return False
+        self._seen[query_id] = None
+        if len(self._seen) > self._seen_capacity:
+            self._seen.popitem(last=False)
+        return True
 
     def __iter__(self) -> Iterator[Response]:
         """Every response as it arrives (blocks; stop with ``close`` or by leaving the loop)."""

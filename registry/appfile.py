@@ -14,6 +14,7 @@ from typing import Any
 from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 from clipstream.yamlfile import read_mapping
+from registry.repository import Repository, is_url
 from registry.spec import load_spec
 from registry.topic import RegistryView, RegistryWriter, read_view
 from topics.admin import ensure_model_topics
@@ -29,22 +30,31 @@ class AppFile:
     models: list[dict[str, Any]] = field(default_factory=list)
 
 
-def load_app_file(path: str | Path) -> AppFile:
-    """Parse and validate an app file; model paths become absolute (relative to the file)."""
+def load_app_file(path: str | Path, repository: Repository | None = None) -> AppFile:
+    """Parse and validate an app file. A model's ``path:`` is a folder relative to the file, or
+    a URL; it becomes the location the registry records: relative to ``repository`` when it
+    lies inside it, else absolute."""
     path = Path(path)
+    repository = repository or Repository()
     raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
     models = []
     for i, m in enumerate(raw.get("models") or []):
         if not isinstance(m, dict) or "name" not in m or "path" not in m:
             raise ConfigError(f"{path}: models[{i}] needs `name` and `path`")
         check_name("model", m["name"])
-        folder = (path.parent / m["path"]).resolve()
-        load_spec(folder)  # fail here, not in a worker, when model.yaml is wrong
+        source = str(m["path"])
+        if is_url(source):
+            location = repository.location_of(source)
+            repository.read_spec(location)  # fail here, not in a worker, when model.yaml is wrong
+        else:
+            folder = (path.parent / source).resolve()
+            load_spec(folder)
+            location = repository.location_of(folder)
         models.append(
             {
                 "name": m["name"],
                 "version": str(m.get("version", "1")),
-                "path": str(folder),
+                "path": location,
                 "replicas": int(m.get("replicas", 1)),
                 **{k: m[k] for k in _MODEL_KNOBS if k in m},
             }
@@ -79,7 +89,7 @@ def load_app_file(path: str | Path) -> AppFile:
 
 def apply_file(settings: Settings, path: str | Path, view: RegistryView | None = None) -> AppFile:
     """Publish an app file to the registry and create each model's topics."""
-    spec = load_app_file(path)
+    spec = load_app_file(path, Repository.from_settings(settings))
     view = view if view is not None else read_view(settings)
     with RegistryWriter(settings) as writer:
         for m in spec.models:
@@ -87,7 +97,7 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
             current = view.model(m["name"])
             if current is not None and current.version != m["version"]:
                 m["previous_versions"] = [*current.previous_versions, current.version]
-                m["previous_paths"] = [*current.previous_paths, str(current.path)]
+                m["previous_paths"] = [*current.previous_paths, current.location or str(current.path)]
             elif current is not None:
                 m["previous_versions"] = list(current.previous_versions)
                 m["previous_paths"] = list(current.previous_paths)

@@ -57,6 +57,12 @@ def load_spec(folder: str | Path) -> ModelSpec:
     folder = Path(folder).resolve()
     path = folder / "model.yaml"
     raw = read_mapping(path, missing_hint=": a model folder needs a model.yaml")
+    return parse_spec(raw, folder, path)
+
+
+def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec:
+    """Validate a ``model.yaml`` mapping read from ``path`` (a file, or a URL in a model
+    repository); ``folder`` is where the model's files are, or will be, on this host."""
     backend = raw.get("backend")
     if backend not in BACKENDS:
         raise ConfigError(f"{path}: backend must be one of {BACKENDS}, got {backend!r}")

@@ -22,7 +22,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from clipstream.clock import now_us
 from clipstream.errors import ConfigError, DecodeError, InfraError
 from clipstream.settings import Settings
-from registry.spec import ModelSpec, load_spec
+from registry.repository import Repository
+from registry.spec import ModelSpec
 from schemas import App, Link, Model, Record, decode_as, encode
 from topics.admin import ensure_core_topics, watermarks
 from topics.catalogue import Catalogue, check_name
@@ -45,7 +46,7 @@ class AppConfig:
 class ModelConfig:
     name: str
     version: str
-    path: Path
+    path: Path  # the model's folder on this host (for a remote location: its local copy)
     replicas: int = 1
     latency_objective_ms: float | None = None
     max_batch_size: int | None = None
@@ -54,6 +55,9 @@ class ModelConfig:
     spec_error: str | None = None
     previous_versions: tuple[str, ...] = ()
     previous_paths: tuple[str, ...] = ()
+    # what the registry holds (Model.path): a location in the model repository, a URL, or an
+    # absolute path; the verbs that rewrite a model write this back, never ``path``
+    location: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,12 @@ _KINDS: dict[str, type] = {"app": App, "model": Model, "link": Link}
 class RegistryState:
     """Folds registry records into a view; pure, so it is tested without a broker."""
 
-    def __init__(self) -> None:
+    def __init__(self, repository: Repository | None = None) -> None:
+        self._repository = repository or Repository()
         self._apps: dict[str, App] = {}
         self._models: dict[str, Model] = {}
         self._links: dict[tuple[str, str], Link] = {}
-        self._specs: dict[str, tuple[ModelSpec | None, str | None]] = {}
+        self._specs: dict[str, ModelSpec] = {}
 
     def apply(self, key: str, value: bytes | None) -> None:
         kind, _, rest = key.partition(":")
@@ -102,13 +107,15 @@ class RegistryState:
         else:
             table[key] = record
 
-    def _spec(self, path: str) -> tuple[ModelSpec | None, str | None]:
-        if path not in self._specs:
+    def _spec(self, location: str) -> tuple[ModelSpec | None, str | None]:
+        # only a spec that loaded is kept: a repository that was unreachable is tried again
+        # at the next change of the registry
+        if location not in self._specs:
             try:
-                self._specs[path] = (load_spec(path), None)
+                self._specs[location] = self._repository.read_spec(location)
             except ConfigError as exc:
-                self._specs[path] = (None, str(exc))
-        return self._specs[path]
+                return None, str(exc)
+        return self._specs[location], None
 
     def view(self) -> RegistryView:
         models = {}
@@ -117,7 +124,7 @@ class RegistryState:
             models[name] = ModelConfig(
                 name=name,
                 version=m.version,
-                path=Path(m.path),
+                path=self._repository.folder(m.path),
                 replicas=m.replicas,
                 latency_objective_ms=m.latency_objective_ms,
                 max_batch_size=m.max_batch_size,
@@ -126,6 +133,7 @@ class RegistryState:
                 spec_error=err,
                 previous_versions=tuple(m.previous_versions),
                 previous_paths=tuple(m.previous_paths),
+                location=m.path,
             )
         apps = {}
         for name, a in self._apps.items():
@@ -151,7 +159,7 @@ class RegistryFollower:
     def __init__(self, settings: Settings, on_change: Callable[[RegistryView], None] | None = None):
         self._settings = settings
         self._topic = Catalogue.from_settings(settings).registry.name
-        self._state = RegistryState()
+        self._state = RegistryState(Repository.from_settings(settings))
         self._view = RegistryView()
         self._listeners = [on_change] if on_change else []
         self._ready = threading.Event()
@@ -242,6 +250,7 @@ class RegistryWriter:
         ensure_core_topics(settings)
         self._topic = Catalogue.from_settings(settings).registry.name
         self._producer = Producer(producer_config(settings, acks="all"))
+        self._repository = Repository.from_settings(settings)
         self._last_us = 0
 
     def _now(self) -> int:
@@ -275,13 +284,15 @@ class RegistryWriter:
         ))
 
     def model(self, name: str, version: str, path: str | Path, replicas: int = 1, **knobs: Any) -> None:
+        """``path``: a local folder (a ``Path``: recorded relative to the model repository when
+        it lies inside it) or a location as the registry records it (a ``str``)."""
         check_name("model", name)
         if replicas < 1:
             raise ConfigError(f"model {name}: replicas must be at least 1")
         record = Model(
             name=name,
             version=str(version),
-            path=str(Path(path).resolve()),
+            path=self._repository.location_of(path) if isinstance(path, Path) else str(path),
             replicas=int(replicas),
             previous_versions=list(knobs.pop("previous_versions", [])),
             previous_paths=list(knobs.pop("previous_paths", [])),

@@ -9,7 +9,7 @@ import click
 
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
-from selector.service import serve
+from selector.process import serve
 from selector.settings import SelectorSettings
 from topics.stage import stop_on_signals
 

@@ -34,6 +34,7 @@ class Asked:
     trace: dict[str, int] = field(default_factory=dict)  # the query's stage stamps, then the last prediction's
     query: Query | None = None
     state: State | None = None  # the policy state select used
+    partition: int | None = None  # the queries partition it was read from (handed over with it)
 
 
 @dataclass
@@ -134,6 +135,14 @@ class JoinState:
         while self._heap and self._heap[0][1] not in self._pending:
             heapq.heappop(self._heap)
         return self._heap[0][0] if self._heap else None
+
+    def drop_partitions(self, partitions: set[int]) -> int:
+        """Forget, unanswered, the queries read from ``partitions``: they moved to another
+        member, which reads them again and answers them. How many were dropped."""
+        gone = [qid for qid, p in self._pending.items() if p.asked.partition in partitions]
+        for qid in gone:
+            del self._pending[qid]  # its heap entry is skipped when it comes up
+        return len(gone)
 
     def finish(self, query_id: str) -> Pending:
         pending = self._pending.pop(query_id)

@@ -4,6 +4,8 @@ deadline), and learn (observe, in ``selector.learn``).
 One consumer reads ``queries`` and ``predictions`` with the range assignor, so partition i of
 both topics belongs to one member: a request carries the queries partition it came from, the
 worker writes its prediction to that partition, and the join state for it is in this process.
+A query's offset is committed only once its Response is acknowledged (``selector.handover``);
+the process around this (clients, loops, group membership) is ``selector.process``.
 The poll timeout is the time to the next deadline, so a deadline fires as a timer, not when
 the next message happens to arrive.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,28 +22,23 @@ from confluent_kafka import Consumer
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
-from clipstream.redisclient import REDIS_AWAY, RedisGuard, sync_client
+from clipstream.redisclient import REDIS_AWAY, RedisGuard
 from clipstream.settings import Settings
-from registry.topic import RegistryFollower
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
 from schemas.reasons import NOTHING_ARRIVED
+from selector.handover import Handover, QueryOffsets
 from selector.join import Asked, JoinState, Pending
 from selector.kafka import Apps, log
-from selector.learn import Learner
 from selector.outputs import response_record, to_output
 from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
-from selector.saver import PredictionSaver
-from selector.settings import SelectorSettings
 from selector.store import StateStore
 from selector.types import Query, State
-from topics.admin import ensure_core_topics, ensure_model_topics
+from topics.admin import ensure_model_topics
 from topics.catalogue import Catalogue
-from topics.client import consumer_config
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
-from topics.offsets import pin_and_assign
-from topics.stage import announce_ready, heartbeat
+from topics.stage import heartbeat
 
 # built-in policies whose select and combine never read learned state (``single`` counts
 # feedback only); any policy may say so itself with a ``stateless`` attribute
@@ -79,6 +75,10 @@ class Selector:
         self.reply_producer = reply_producer or producer
         self.catalogue, self.settings = catalogue, settings
         self.join = JoinState(answered_capacity)
+        # what may be committed: a query's offset once its Response is acknowledged; ``serve``
+        # adds the rebalance side (``selector.handover``)
+        self.offsets = QueryOffsets()
+        self.handover: Handover | None = None
         self._model_topics: set[str] = set()
         self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0, "recalled_states": 0}
         # while Redis is away, states come from the store's memory (no wait on Redis per group);
@@ -118,13 +118,14 @@ class Selector:
             chosen = [m for m in policy.select(state, query) if m in app.models]
         except ClipstreamError as exc:
             self.dead.send(reason=str(exc), msg=msg, query_id=qid)
-            asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace)
+            asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace,
+                          partition=msg.partition())
             self._reply(asked, response_record(qid, asked, None, 0.0, [], [], None, now_us(), None, str(exc)))
             return
         trace = dict(ev.trace)
         trace["dispatched"] = now
         asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, query.context, trace,
-                      query=query, state=state)
+                      query=query, state=state, partition=msg.partition())
         # the join's cutoff leaves the reply its budget; a query with no prediction by then
         # waits to the budget's floor (its last resort) rather than take the default at once.
         # The models' deadline is that last resort: a prediction later than it is never used.
@@ -173,7 +174,7 @@ class Selector:
                     status, error = "error", f"undecodable output: {exc}"
             done = self.join.add(item.query_id, item.model, status, output, error)
             if done is not None:
-                self.answer(done)
+                self._answer_safely(done)
 
     def answer(self, pending: Pending, late_us: int | None = None) -> None:
         """combine with what arrived; the stragglers are named and lower the confidence.
@@ -204,6 +205,19 @@ class Selector:
             "app": asked.app, "context": asked.context, "answer": answer.to_json(),
             "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
 
+    def _answer_safely(self, pending: Pending, late_us: int | None = None) -> None:
+        """``answer``, and if it fails before a Response went out, a default naming why: the
+        query's offset is committed only once it is answered."""
+        sent = self.stats["responses"]
+        try:
+            self.answer(pending, late_us)
+        except Exception as exc:
+            log.exception("answering %s failed", pending.query_id)
+            if self.stats["responses"] == sent:
+                self._reply(pending.asked, response_record(pending.query_id, pending.asked, None, 0.0, [],
+                                                           pending.missing, None, now_us(), None,
+                                                           f"the selector could not combine: {exc}"))
+
     def _reply(self, asked: Asked, record: Response, late_us: int | None = None) -> None:
         topic = asked.reply_topic or self.catalogue.responses.name
         kwargs: dict[str, Any] = {"key": record.query_id.encode()}
@@ -211,21 +225,35 @@ class Selector:
             kwargs["partition"] = int(asked.reply_partition)
         # only answers made at the cutoff teach the budget: it is for them (an answer complete
         # earlier has time to spare), and their trips come when every stage is busy with newer
-        # queries. Reports are served by ``run``'s reply-acks thread.
-        if self.reply_budget.adaptive and late_us is not None:
-            kwargs["on_delivery"] = functools.partial(self._reply_acked, late_us=late_us)
-        self.reply_producer.produce(topic, encode(record), **kwargs)
+        # queries. Every report marks its query answered, so its offset may be committed.
+        # Reports are served by ``run``'s reply-acks thread.
+        value = encode(record)
+        teach = late_us if self.reply_budget.adaptive else None
+        kwargs["on_delivery"] = functools.partial(self._reply_acked, query_id=record.query_id, late_us=teach,
+                                                  resend=(topic, value, dict(kwargs)))
+        self.reply_producer.produce(topic, value, **kwargs)
         if not self.reply_budget.adaptive:
             self.reply_producer.poll(0)
         self.stats["responses"] += 1
 
-    def _reply_acked(self, err: Any, msg: Any, *, late_us: int) -> None:
-        """Delivery report of a Response: its trip to the broker and back, from when the answer
-        was due, feeds the budget (``latency()`` runs to now, so this must be served as the
-        report arrives)."""
-        trip_s = None if err is not None else msg.latency()
-        if trip_s is not None:
-            self.reply_budget.observe(int(trip_s * 1e6) + late_us)
+    def _reply_acked(self, err: Any, msg: Any, *, query_id: str, late_us: int | None,
+                     resend: tuple[str, bytes, dict[str, Any]]) -> None:
+        """Delivery report of a Response. Acknowledged: the query is answered, and its trip to
+        the broker and back, from when the answer was due, feeds the budget (``latency()`` runs
+        to now, so this must be served as the report arrives). Not taken: it is sent again, as
+        its query counts as unanswered until a Response of it is taken."""
+        if err is not None:
+            log.warning("the Response to %s was not delivered (%s); sending it again", query_id, err)
+            topic, value, kwargs = resend
+            try:
+                self.reply_producer.produce(topic, value, on_delivery=functools.partial(
+                    self._reply_acked, query_id=query_id, late_us=None, resend=resend), **kwargs)
+            except BufferError:  # left unanswered: replayed from Kafka after a restart or rebalance
+                log.error("the Response to %s could not be queued again", query_id)
+            return
+        self.offsets.answered(query_id)
+        if late_us is not None:
+            self.reply_budget.observe(int(msg.latency() * 1e6) + late_us)
 
     # -- the loop -----------------------------------------------------------------------
     def handle(self, msgs: list[Any], queries: str | None = None, received_us: int | None = None) -> None:
@@ -253,12 +281,28 @@ class Selector:
             if m.error():
                 log.warning("consumer: %s", m.error())
             elif m.topic() != queries:
+                if self.handover is not None:
+                    self.handover.read_predictions(m.partition(), m.offset())
                 self._guarded(m, self.collect, m, received_us)
         self.answer_expired()
         for i, m in enumerate(msgs):
             if not m.error() and m.topic() == queries:
-                self._guarded(m, self.dispatch, m, events[i], states, False)  # poll=False: once below
+                ev = events[i]
+                self.offsets.read(m.partition(), m.offset(), ev.query_id if ev is not None else None)
+                self._dispatch_guarded(m, ev, states)
         self.producer.poll(0)
+
+    def _dispatch_guarded(self, m: Any, ev: QueryEvent | None, states: dict[tuple[str, str | None], State | None]) -> None:
+        """``dispatch``; a query it failed on before registering gets a default naming why."""
+        try:
+            self.dispatch(m, ev, states, False)  # poll=False: once, at the end of the group
+        except Exception as exc:  # one bad record must not stop the selector
+            log.exception("query %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+            if ev is not None and ev.query_id not in self.join:
+                asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace,
+                              partition=m.partition())
+                self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), None,
+                                                   f"the selector could not dispatch: {exc}"))
 
     def states(self, pairs: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
         """The policy states of ``pairs``: one MGET while Redis answers, else (and when that
@@ -282,20 +326,16 @@ class Selector:
     def answer_expired(self) -> None:
         """The straggler cutoff: answer every query whose deadline has come with what arrived."""
         for pending in self.join.expired(now_us()):
-            try:
-                # the cutoff was due at ``deadline_us``: the reply's budget must cover how late
-                # this loop got to it (the CPU was elsewhere) as well as the trip to the broker
-                self.answer(pending, late_us=max(0, now_us() - pending.deadline_us))
-            except Exception:
-                log.exception("answering %s failed", pending.query_id)
+            # the cutoff was due at ``deadline_us``: the reply's budget must cover how late
+            # this loop got to it (the CPU was elsewhere) as well as the trip to the broker
+            self._answer_safely(pending, late_us=max(0, now_us() - pending.deadline_us))
 
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
         queries = self.catalogue.queries.name
-        if self.reply_budget.adaptive:
-            # a delivery report's latency runs until the report is served, so the reply
-            # producer is polled by a thread of its own, which serves each one as it comes
-            # (until the reply producer is closed)
-            self.reply_producer.start_polling(0.05)
+        # a delivery report marks a query answered (its offset may be committed), and its
+        # latency runs until the report is served: the reply producer is polled by a thread of
+        # its own, which serves each one as it comes (until the reply producer is closed)
+        self.reply_producer.start_polling(0.05)
         while not stop.is_set():
             heartbeat("join")  # proof of life for `up`: a wedged join loop stops it
             due = self.join.next_deadline()
@@ -306,76 +346,6 @@ class Selector:
             if msgs:
                 self.handle(msgs, queries, received)
             self.answer_expired()
+            if self.handover is not None:
+                self.handover.store(self.consumer)
 
-
-def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
-          stop: threading.Event | None = None) -> None:
-    """Run dispatch+join and/or learn until ``stop``; print ``ready: selector`` once serving."""
-
-    stop = stop or threading.Event()
-    catalogue = Catalogue.from_settings(settings)
-    ensure_core_topics(settings)
-    follower = RegistryFollower(settings).start()
-    follower.wait_ready(ss.registry_timeout_s)
-    producer = Emitter(settings, name="selector")
-    reply_producer = Emitter(settings, name="selector replies")
-    store = StateStore(sync_client(settings), settings.stored_predictions_ttl_s)
-    store.redis.ping()
-    guard = RedisGuard(store.redis.ping, name="selector")  # join and learn share what they find
-    saver = PredictionSaver(store, guard).start() if join else None
-    apps = Apps(follower.view)
-    dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
-    waiting = {"join"} if join else set()
-    waiting |= {"learn"} if learn else set()
-    lock = threading.Lock()
-
-    def assigned(part: str) -> None:
-        with lock:
-            if part in waiting:
-                waiting.discard(part)
-                if not waiting:
-                    announce_ready("selector")
-
-    def on_assign(name: str) -> Any:
-        def assign(consumer: Consumer, partitions: list[Any]) -> None:
-            pin_and_assign(consumer, partitions)
-            assigned(name)
-        return assign
-
-    consumers: list[Consumer] = []
-    threads: list[threading.Thread] = []
-    try:
-        if learn:
-            # offsets are stored by the learner as feedback is done with: never past one that
-            # waits for Redis (``selector.learn``)
-            lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False}))
-            consumers.append(lc)
-            lc.subscribe([catalogue.feedback.name], on_assign=on_assign("learn"))
-            learner = Learner(lc, store, apps, dead, ss.learn_global, guard=guard)
-            threads.append(threading.Thread(target=learner.run, args=(stop, ss.max_poll_s, ss.drain_max),
-                                            name="learn", daemon=True))
-            threads[-1].start()
-        if join:
-            jc = Consumer(consumer_config(settings, ss.group))
-            consumers.append(jc)
-            jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=on_assign("join"))
-            budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
-                                 ss.reply_budget_quantile)
-            sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
-                           budget, reply_producer, guard=guard, save=saver.put if saver else None)
-            sel.run(stop, ss.max_poll_s, ss.drain_max)
-        else:
-            stop.wait()
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=5)
-        if saver is not None:
-            saver.close()
-        guard.close()
-        for c in consumers:
-            c.close()
-        producer.close(5)
-        reply_producer.close(5)
-        follower.stop()
-        print("selector stopped", file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,3 +26,20 @@ class SelectorSettings(BaseSettings):
     # trips, from when they were due, keeps all but their slowest twentieth within the SLO
     # (docs/design/0006)
     reply_budget_quantile: float = Field(0.95, gt=0, le=1)
+    # the join group's failure detection: a killed member's partitions move to the others once
+    # the broker has missed its heartbeats this long. 6 s is the least a broker accepts by
+    # default (group.min.session.timeout.ms); a broker that allows less lets failover be quicker
+    session_timeout_ms: int = Field(6_000, gt=0)
+    heartbeat_interval_ms: int = Field(500, gt=0)  # how soon a survivor hears of the rebalance
+    # answered queries' offsets are committed this often: a killed member's successor answers
+    # again at most this much of what it had answered (its readers drop the second Response)
+    commit_interval_ms: int = Field(1_000, gt=0)
+
+    @model_validator(mode="after")
+    def _heartbeats_fit(self) -> "SelectorSettings":
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError(
+                f"CLIPSTREAM_SELECTOR_HEARTBEAT_INTERVAL_MS ({self.heartbeat_interval_ms}) must be at most a third of "
+                f"CLIPSTREAM_SELECTOR_SESSION_TIMEOUT_MS ({self.session_timeout_ms}), so one late heartbeat does not "
+                "cost a member its partitions")
+        return self

@@ -21,29 +21,33 @@ from topics.admin import watermarks
 log = logging.getLogger("clipstream.topics")
 
 
-def pin_and_assign(consumer: Consumer, partitions: list[TopicPartition], commit: bool = True) -> list[TopicPartition]:
+def pin_and_assign(consumer: Consumer, partitions: list[TopicPartition], commit: bool = True,
+                   also: list[TopicPartition] | None = None) -> list[TopicPartition]:
     """An ``on_assign`` body: start each partition where the group left off, else at its end
     now (committed at once when ``commit``); returns what was assigned. If the broker cannot
-    say, librdkafka's own reset policy decides rather than the consumer getting no partitions."""
+    say, librdkafka's own reset policy decides rather than the consumer getting no partitions.
+    ``also``: partitions whose start the caller fixed itself, assigned with them (``assign``
+    replaces the whole assignment)."""
+    also = list(also or ())
     try:
-        committed = consumer.committed(partitions, timeout=10)
+        committed = consumer.committed(partitions, timeout=10) if partitions else []
         pinned = []
         for tp in committed:
             if tp.offset < 0:
                 tp.offset = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)[1]
                 pinned.append(TopicPartition(tp.topic, tp.partition, tp.offset))
-        consumer.assign(committed)
+        consumer.assign([*committed, *also])
     except KafkaException as exc:
         log.warning("could not fix the start offsets of %s (%s); using the reset policy",
                     sorted({tp.topic for tp in partitions}), exc)
-        consumer.assign(partitions)
-        return partitions
+        consumer.assign([*partitions, *also])
+        return [*partitions, *also]
     if pinned and commit:
         try:
             consumer.commit(offsets=pinned, asynchronous=False)
         except KafkaException as exc:
             log.warning("could not commit the start offsets %s: %s", pinned, exc)
-    return committed
+    return [*committed, *also]
 
 
 def assign_at_end(consumer: Consumer, partitions: list[TopicPartition]) -> None:

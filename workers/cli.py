@@ -1,7 +1,8 @@
 """``clipstream worker``: run one replica of one model.
 
 With ``--path`` the model folder is given directly (tests, benchmarks, a container image);
-without it the model is looked up in the registry, as a deployment does.
+without it the model is looked up in the registry, as a deployment does, and its location is
+resolved against this host's ``CLIPSTREAM_MODEL_REPOSITORY`` (a remote folder is copied here).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 import click
 
 from clipstream.errors import ClipstreamError, ConfigError
-from clipstream.settings import get_settings, settings_or_exit
+from clipstream.settings import Settings, get_settings, settings_or_exit
+from registry.repository import Repository, sibling
 from registry.spec import load_spec
 from registry.topic import RegistryFollower
 from workers.backends import load_model
@@ -22,9 +24,9 @@ from workers.worker import Worker
 
 
 def resolve_from_registry(
-    settings: object, name: str, version: str | None, timeout_s: float
+    settings: Settings, name: str, version: str | None, timeout_s: float
 ) -> tuple[Path, str | None, int]:
-    """(folder, version, replicas) of ``name`` from the registry.
+    """(local folder, version, replicas) of ``name`` from the registry.
 
     ``--version`` may name the current version, a previous one the registry remembers, or a
     sibling folder ``<repository>/<name>/<version>`` (the model repository layout).
@@ -45,14 +47,16 @@ def resolve_from_registry(
         cfg = models[name]
     finally:
         follower.stop()
-    path, current = Path(cfg.path), str(cfg.version)
+    location, current = cfg.location or str(cfg.path), str(cfg.version)
     if version is not None and version != current:
-        previous = dict(zip(getattr(cfg, "previous_versions", ()), getattr(cfg, "previous_paths", ())))
-        path = Path(previous[version]) if version in previous else path.parent / version
-        if not (path / "model.yaml").is_file():
-            raise ConfigError(f"model {name} version {version} has no folder at {path}")
+        previous = dict(zip(cfg.previous_versions, cfg.previous_paths))
+        location = previous[version] if version in previous else sibling(location, version)
         current = version
-    return path, current, int(cfg.replicas)
+    try:
+        folder = Repository.from_settings(settings).fetch(location)
+    except ConfigError as exc:
+        raise ConfigError(f"model {name} version {current}: {exc}") from None
+    return folder, current, int(cfg.replicas)
 
 
 @click.command()

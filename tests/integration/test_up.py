@@ -106,7 +106,8 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         # every stage beats from each of its working loops, so `up` can tell a hung one
         state = tmp_path / "state" / "up" / f"gateway-{port}"
         batcher = "batchers-logreg" if batchers == "shared" else "batcher-logreg-v1"
-        loops = {"gateway": {"gateway"}, "selector": {"join", "learn"}, batcher: {"batcher"},
+        loops = {"gateway": {"gateway"}, "selector-1": {"join", "learn"}, "selector-2": {"join", "learn"},
+                 batcher: {"batcher"},
                  "worker-logreg-v1-0": {"consume"}}
         wait_until(lambda: all(set(read_heartbeat(state / f"{name}.heartbeat") or ()) == want
                                for name, want in loops.items()), 30, "a heartbeat from every stage loop")
@@ -135,14 +136,14 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         assert "started worker-sevens-v1-0 (registry change)" in lines
         if batchers == "shared":  # one batcher for both, the first one stopped once it was ready
             assert "started batchers-logreg+sevens (registry change)" in lines
-            wait_until(lambda: len(_ours(settings.topic_prefix)) == 6, 30,
-                       "up, gateway, selector, 1 batcher and 2 workers")
+            wait_until(lambda: len(_ours(settings.topic_prefix)) == 7, 30,
+                       "up, gateway, 2 selectors, 1 batcher and 2 workers")
             # the new batcher serves logreg too
             again = predict_admitted(client, app, (x[1602] + np.float32(time.monotonic() % 1)).tolist())
             assert sorted(again["models"]["answered"]) == ["logreg", "sevens"]
         else:
             assert "started batcher-sevens-v1 (registry change)" in lines
-            assert len(_ours(settings.topic_prefix)) >= 7  # up, gateway, selector, 2 batchers, 2 workers
+            assert len(_ours(settings.topic_prefix)) >= 8  # up, gateway, 2 selectors, 2 batchers, 2 workers
     finally:
         client.close() if hasattr(client, "close") else None
         proc.send_signal(signal.SIGTERM)
@@ -191,7 +192,7 @@ def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(sett
         seen.append(line)
         if line.startswith("starting "):
             break
-    wait_until(lambda: len(_ours(settings.topic_prefix)) >= 5, 60, "up and its four stages to start")
+    wait_until(lambda: len(_ours(settings.topic_prefix)) >= 6, 60, "up and its five stages to start")
     proc.stdout.close()  # nobody reads `up` any more
     proc.send_signal(signal.SIGTERM)
     try:

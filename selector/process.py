@@ -1,0 +1,127 @@
+"""The selector process: its Kafka and Redis clients, the join and learn loops, and the join
+group's membership (``clipstream selector``; any number of members share the partitions).
+
+The join consumer reads ``queries`` and ``predictions`` with the range assignor, which gives
+partition i of both topics to one member (the join needs a query and its predictions in one
+process). Its offsets are stored by hand, once answered (``selector.handover``), and its
+session is short, so a killed member's partitions move to the others within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from clipstream.redisclient import RedisGuard, sync_client
+from clipstream.settings import Settings
+from registry.topic import RegistryFollower
+from selector.handover import Handover
+from selector.kafka import Apps
+from selector.learn import Learner
+from selector.reply_budget import ReplyBudget
+from selector.saver import PredictionSaver
+from selector.service import Selector
+from selector.settings import SelectorSettings
+from selector.store import StateStore
+from topics.admin import ensure_core_topics
+from topics.catalogue import Catalogue
+from topics.client import consumer_config
+from topics.deadletters import DeadLetters
+from topics.emitter import Emitter
+from topics.offsets import pin_and_assign
+from topics.stage import announce_ready
+
+
+def join_consumer_config(settings: Settings, ss: SelectorSettings) -> dict[str, Any]:
+    """The join group's consumer: offsets stored once answered, a short session, and a client
+    id naming the process (``kafka-consumer-groups --describe`` then says who owns what)."""
+    return consumer_config(settings, ss.group, **{
+        "enable.auto.offset.store": False,
+        "auto.commit.interval.ms": ss.commit_interval_ms,
+        "session.timeout.ms": ss.session_timeout_ms,
+        "heartbeat.interval.ms": ss.heartbeat_interval_ms,
+        "client.id": f"selector-{socket.gethostname()}-{os.getpid()}",
+    })
+
+
+def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
+          stop: threading.Event | None = None) -> None:
+    """Run dispatch+join and/or learn until ``stop``; print ``ready: selector`` once serving."""
+
+    stop = stop or threading.Event()
+    catalogue = Catalogue.from_settings(settings)
+    ensure_core_topics(settings)
+    follower = RegistryFollower(settings).start()
+    follower.wait_ready(ss.registry_timeout_s)
+    producer = Emitter(settings, name="selector")
+    reply_producer = Emitter(settings, name="selector replies")
+    store = StateStore(sync_client(settings), settings.stored_predictions_ttl_s)
+    store.redis.ping()
+    guard = RedisGuard(store.redis.ping, name="selector")  # join and learn share what they find
+    saver = PredictionSaver(store, guard).start() if join else None
+    apps = Apps(follower.view)
+    dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
+    waiting = {"join"} if join else set()
+    waiting |= {"learn"} if learn else set()
+    lock = threading.Lock()
+
+    def assigned(part: str) -> None:
+        with lock:
+            if part in waiting:
+                waiting.discard(part)
+                if not waiting:
+                    announce_ready("selector")
+
+    def on_assign(name: str) -> Any:
+        def assign(consumer: Consumer, partitions: list[Any]) -> None:
+            pin_and_assign(consumer, partitions)
+            assigned(name)
+        return assign
+
+    consumers: list[Consumer] = []
+    threads: list[threading.Thread] = []
+    try:
+        if learn:
+            # offsets are stored by the learner as feedback is done with: never past one that
+            # waits for Redis (``selector.learn``)
+            lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False}))
+            consumers.append(lc)
+            lc.subscribe([catalogue.feedback.name], on_assign=on_assign("learn"))
+            learner = Learner(lc, store, apps, dead, ss.learn_global, guard=guard)
+            threads.append(threading.Thread(target=learner.run, args=(stop, ss.max_poll_s, ss.drain_max),
+                                            name="learn", daemon=True))
+            threads[-1].start()
+        if join:
+            jc = Consumer(join_consumer_config(settings, ss))
+            consumers.append(jc)
+            budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
+                                 ss.reply_budget_quantile)
+            sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
+                           budget, reply_producer, guard=guard, save=saver.put if saver else None)
+            sel.handover = handover = Handover(catalogue.queries.name, catalogue.predictions.name, sel.offsets,
+                                               sel.join.drop_partitions, on_assigned=lambda: assigned("join"))
+            jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=handover.on_assign,
+                         on_revoke=handover.on_revoke, on_lost=handover.on_lost)
+            sel.run(stop, ss.max_poll_s, ss.drain_max)
+        else:
+            stop.wait()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        if saver is not None:
+            saver.close()
+        guard.close()
+        # the reply producer first: its last acknowledgements store the last answered offsets,
+        # which closing the consumer commits (its revoke callback), so a restart replays less
+        reply_producer.close(5)
+        for c in consumers:
+            c.close()
+        producer.close(5)
+        follower.stop()
+        print("selector stopped", file=sys.stderr, flush=True)

@@ -7,7 +7,7 @@ EXTRAS ?= test,torch,models,bench
 # reachable, `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs the CPU one first
 TORCH_INDEX ?=
 
-.PHONY: test lint unit integration demo bench deps venv jars up down clean
+.PHONY: test test-faults lint unit integration demo bench deps venv jars up down clean
 
 deps:
 	@bash scripts/system-deps.sh
@@ -27,6 +27,11 @@ jars: venv
 
 test: jars lint
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# the fault suite (tests/faults): SIGKILLs and freezes under load on its own 3-broker cluster,
+# a ledger of every query per fault in out/faults/; minutes, so `make test` leaves it out
+test-faults: jars
+	$(PY) -m pytest -q -s -p no:cacheprovider -m faults tests/faults
 
 # the one direction of imports (pyproject's [tool.importlinter]); a wrong import fails here
 lint: venv

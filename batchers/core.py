@@ -17,6 +17,7 @@ from batchers.cache import Coalescer
 from batchers.dispatch import Dispatcher, InFlight, Replica
 from batchers.queue import DeadlineQueue
 from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Tensor
+from topics.markers import handover
 
 
 @dataclass
@@ -177,6 +178,14 @@ class BatcherCore:
         keys = tuple(p.key for p in items if p.key is not None) if self.coalesce else ()
         flight = self.dispatcher.sent(replica, batch_id, len(items), now_us, keys)
         return SentBatch(replica, record, flight)
+
+    def handovers(self, replicas: int, now_us: int) -> list[tuple[int, Batch]]:
+        """(replica, empty batch) for each replica, stamped with the version now served: read
+        after every batch of the previous version on its partition, it tells that version's
+        worker it may stop (docs/design/0021). No credit is taken; no worker reports on it."""
+        self._count += 1
+        return [(r, handover(self.model, self.version, r, f"handover-{self._prefix}-{self._count}", now_us))
+                for r in range(replicas)]
 
     # -- feedback from workers ----------------------------------------------------------
     def on_stats(self, stats: BatchStats, now_us: int | None = None) -> list[str]:

@@ -28,6 +28,7 @@ from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
 from batchers.settings import BatcherSettings
+from batchers.version import VersionSwitch
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, DecodeError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_client
@@ -38,6 +39,7 @@ from topics.catalogue import Catalogue
 from topics.deadletters import dead_letter_value
 from topics.emitter import Emitter
 from topics.intake import Record
+from topics.markers import marker_version
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -81,6 +83,9 @@ class BatcherService:
         )
         self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
                                 drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))
+        # the version batches carry moves to the registry's once its workers are ready
+        self.switch = VersionSwitch(model.version, int(bs.version_switch_timeout_s * 1e6))
+        self._wanted: tuple[int, ModelSpec | None] = (model.replicas, model.spec)
         self.redis = (redis or async_client(settings)) if model.cache else None
         self.guard = guard or RedisGuard(sync_client(settings).ping, name="batcher")
         self.wake = asyncio.Event()
@@ -213,6 +218,11 @@ class BatcherService:
                 self.outbox.append(self._deadletter_record(str(exc), value, where))
                 self.arrived_event.set()  # the lookup task sends the outbox
                 continue
+            version = marker_version(stats)
+            if version is not None:  # a worker of ``version`` is ready, not a batch report
+                self.switch.mark_ready(version, stats.replica, stats.created_us)
+                self._maybe_switch(now)
+                continue
             keys += self.core.on_stats(stats, now)
         self.wake.set()  # credit is back
         if keys:
@@ -286,12 +296,41 @@ class BatcherService:
 
     def resize(self, replicas: int, version: str | None, spec: ModelSpec | None = None) -> None:
         """Follow the registry: a new replica count or a new version (new cache keys, and
-        the new version's input check when the registry gives one)."""
+        the new version's input check when the registry gives one). A new version takes
+        effect, replica count and input check included, only once its workers are ready
+        (``batchers.version``); until then the old version's workers keep serving."""
+        now = now_us()
+        self._wanted = (replicas, spec)
+        self.switch.want(version, replicas, now)
+        if self.switch.target is None:
+            self._apply(replicas, spec)
+        else:
+            self._maybe_switch(now)
+
+    def _apply(self, replicas: int, spec: ModelSpec | None) -> None:
         if replicas != len(self.core.dispatcher.replicas):
             self.core.dispatcher.resize(replicas)
             log.warning("batcher %s: now %d replicas", self.model.name, replicas)
-        self.core.version = version
         if spec is not None:
             self.model.spec = spec
         self.wake.set()
+
+    def _maybe_switch(self, now: int) -> None:
+        """Move the batches to the registry's version if its workers are ready (or waited for
+        too long), and tell the old version's workers with one empty batch per partition."""
+        why = self.switch.due(now)
+        if why is None:
+            return
+        if why == "timeout":
+            log.warning("batcher %s: no ready marker from replicas %s of version %s after %.0f s; moving "
+                        "its batches anyway (are its workers running? see their logs)", self.model.name,
+                        self.switch.missing(), self.switch.target, (now - self.switch.since_us) / 1e6)
+        before = len(self.core.dispatcher.replicas)
+        left = self.switch.switch()
+        self.core.version = self.switch.current
+        self._apply(*self._wanted)
+        replicas = max(before, len(self.core.dispatcher.replicas))
+        self._send_all([(self.topic_batches, encode(b), r) for r, b in self.core.handovers(replicas, now)])
+        log.warning("batcher %s: batches move from version %s to %s (%s)", self.model.name, left,
+                    self.core.version, why)
 

@@ -33,4 +33,6 @@ class BatcherSettings(BaseSettings):
     # ... counting this for the prediction's trip from the worker back to the selector
     hopeless_margin_ms: float = 3.0
     registry_timeout_s: float = 30.0
+    # a new model version's batches wait this long at most for its workers' ready markers
+    version_switch_timeout_s: float = 180.0
     stats_log_interval_s: float = 5.0  # 0 disables the periodic per-replica stats line

@@ -3,7 +3,10 @@
 Starts Kafka and Redis if they are not running, applies the app file, then runs the gateway,
 the selector members (``CLIPSTREAM_UP_SELECTORS``, 2 by default), and per model a batcher and one worker per replica. It keeps following the
 registry, so a model deployed or linked later (or given more replicas) gets its processes
-without a restart. Ctrl-C or SIGTERM stops everything it started, the infrastructure too.
+without a restart. A new version of a model (``deploy-model``, ``rollback``) gets its own
+workers beside the old version's, which serve until the batcher moves the model's batches to
+the new ones, once they are loaded and warm (docs/design/0021).
+Ctrl-C or SIGTERM stops everything it started, the infrastructure too.
 
 The batchers of all models run in one process by default (``CLIPSTREAM_UP_BATCHERS=shared``),
 as Clipper keeps every model's batching queue in one process: each model still has its own
@@ -20,6 +23,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,12 +36,15 @@ from clipstream.errors import ClipstreamError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.settings import Settings, get_settings, settings_or_exit
-from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Supervisor
+from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Stage, Supervisor
 from clipstream.warmup import warm_up
 from registry.appfile import apply_file
 from registry.topic import RegistryFollower, RegistryView
 
 READY_TIMEOUT_S = 180.0
+# an old version's worker normally stops by itself when the batcher hands its partition over;
+# one still running this long after the new version's workers were all ready is stopped
+LEAVE_GRACE_S = 30.0
 
 
 class UpSettings(BaseSettings):
@@ -74,32 +82,57 @@ class Pipeline:
         self.shared_batcher = shared_batcher
         self._lock = threading.Lock()
         self.retiring: list[str] = []  # shared batchers replaced, stopped once the new one is ready
+        # workers of a version the registry replaced: out of the supervisor's care, serving
+        # until the batcher hands their partitions over to the new version's workers
+        self.leaving: dict[str, Leaving] = {}
 
     def sync(self, view: RegistryView) -> list[str]:
         """Start what the registry asks for and is not running; stop what it no longer asks for.
 
-        Stage names carry the model version, so a deploy or a rollback replaces the model's
-        batcher and workers (the cache key carries the version too, so no stale answer leaks).
+        Worker names carry the model version, so a deploy or a rollback starts the new
+        version's workers beside the old ones, which leave once their partitions are handed
+        over (``retire``); the batcher follows the version itself (the cache key carries it,
+        so no stale answer leaks).
         """
         started: list[str] = []
         with self._lock:
             wanted = wanted_stages(view, self.shared_batcher)
             for stage, args in wanted.items():
-                if stage not in self.supervisor.stages:
-                    self.supervisor.add(stage, _stage_argv(*args), self.env)
-                    started.append(stage)
+                if stage in self.supervisor.stages:
+                    continue
+                back = self.leaving.pop(stage, None)
+                if back is not None and back.stage.proc is not None and back.stage.proc.poll() is None:
+                    back.stage.removed = False  # rolled back before it left: it serves on
+                    self.supervisor.stages[stage] = back.stage
+                    continue
+                self.supervisor.add(stage, _stage_argv(*args), self.env)
+                started.append(stage)
             for stage in list(self.supervisor.stages):
                 if stage in wanted or stage in self.retiring:
                     continue
-                if stage.startswith(("worker-", "batcher-")):
+                model = _arg(self.supervisor.stages[stage], "--model")
+                served = view.models.get(model or "")
+                if (stage.startswith("worker-") and served is not None and served.spec is not None
+                        and _arg(self.supervisor.stages[stage], "--version") != served.version):
+                    self._leave(stage, model or "", str(served.version))
+                elif stage.startswith(("worker-", "batcher-")):
                     self.supervisor.remove(stage)
                 elif stage.startswith("batchers-"):
                     self.retiring.append(stage)
         self.retire()
         return started
 
+    def _leave(self, name: str, model: str, successor: str) -> None:
+        stage = self.supervisor.stages[name]
+        stage.removed = True  # first, so a ``check`` already under way does not restart it
+        self.supervisor.stages.pop(name, None)
+        self.leaving[name] = Leaving(stage, model)
+        _say(f"{name} serves until version {successor} of {model} is ready")
+
     def retire(self) -> None:
-        """Stop replaced shared batchers once every wanted one is ready (called at each check)."""
+        """Stop replaced shared batchers once every wanted one is ready, and see the workers of
+        replaced versions out (called at each check)."""
+        self._see_out(time.monotonic())
         with self._lock:
             if not self.retiring:
                 return
@@ -110,12 +143,66 @@ class Pipeline:
                     self.supervisor.remove(name)
                 self.retiring = []
 
+    def _see_out(self, now: float) -> None:
+        """A leaving worker stops by itself at the handover; one still running ``LEAVE_GRACE_S``
+        after its model's current workers were all ready gets SIGTERM, and SIGKILL after as long again."""
+        with self._lock:
+            for name, leaving in list(self.leaving.items()):
+                proc = leaving.stage.proc
+                if proc is None or proc.poll() is not None:
+                    del self.leaving[name]
+                    how = "stopped by up" if leaving.signalled else "its partition was handed over"
+                    _say(f"{name} stopped ({how}, exit code {proc.returncode if proc else '-'})")
+                    continue
+                current = [s for s in self.supervisor.stages.values()
+                           if s.name.startswith("worker-") and _arg(s, "--model") == leaving.model]
+                if not leaving.successors_ready_at and current and all(s.ready.is_set() for s in current):
+                    leaving.successors_ready_at = now
+                waited = now - leaving.successors_ready_at if leaving.successors_ready_at else 0.0
+                step = 2 if waited > 2 * LEAVE_GRACE_S else 1 if waited > LEAVE_GRACE_S else 0
+                if step > leaving.signalled:
+                    sig = signal.SIGKILL if step == 2 else signal.SIGTERM
+                    _say(f"{name} was not handed over {waited:.0f}s after its successors were ready; "
+                         f"stopping it ({sig.name})")
+                    _killpg(proc.pid, sig)
+                    leaving.signalled = step
+
+    def hand_back(self) -> None:
+        """Leaving workers go back to the supervisor, to be stopped with everything else."""
+        with self._lock:
+            for name, leaving in self.leaving.items():
+                self.supervisor.stages.setdefault(name, leaving.stage)
+            self.leaving.clear()
+
+
+@dataclass
+class Leaving:
+    """A worker of a replaced version, serving until its partition is handed over."""
+
+    stage: Stage
+    model: str
+    successors_ready_at: float = 0.0
+    signalled: int = 0  # 1: SIGTERM sent, 2: SIGKILL sent
+
+
+def _arg(stage: Stage, option: str) -> str | None:
+    """The value of ``option`` a stage was started with (the first one)."""
+    argv = stage.argv
+    return next((argv[i + 1] for i in range(len(argv) - 1) if argv[i] == option), None)
+
+
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # stages run in their own session: the group is the stage
+    except ProcessLookupError:
+        pass
+
 
 def wanted_stages(view: RegistryView, shared_batcher: bool = True) -> dict[str, list[str]]:
     """Stage name -> CLI arguments: one batcher per model (or one for all), one worker per replica.
 
-    A shared batcher follows the models' versions through the registry itself, so its stage
-    name carries only the model names: it is replaced when a model comes or goes."""
+    A batcher follows the models' versions through the registry itself, so its stage name
+    carries only the model names: a shared one is replaced when a model comes or goes."""
     wanted: dict[str, list[str]] = {}
     served = sorted(name for name, model in view.models.items() if model.spec is not None)
     if shared_batcher and served:
@@ -124,8 +211,8 @@ def wanted_stages(view: RegistryView, shared_batcher: bool = True) -> dict[str, 
         if model.spec is None:
             continue
         v = model.version
-        if not shared_batcher:
-            wanted[f"batcher-{name}-v{v}"] = ["batcher", "--model", name, "--version", v]
+        if not shared_batcher:  # it follows the model's version through the registry itself
+            wanted[f"batcher-{name}"] = ["batcher", "--model", name]
         for r in range(model.replicas):
             wanted[f"worker-{name}-v{v}-{r}"] = [
                 "worker", "--model", name, "--version", v,
@@ -156,6 +243,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         signal.signal(sig, on_signal)
     started_infra = False
     supervisor: Supervisor | None = None
+    pipeline: Pipeline | None = None
     follower: RegistryFollower | None = None
     try:
         settings, started_infra = _ensure_infra(settings, free_ports)
@@ -205,6 +293,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         if follower is not None:
             follower.stop()
         if supervisor is not None:
+            if pipeline is not None:
+                pipeline.hand_back()
             supervisor.stop_all()
         if started_infra:
             launcher.down(settings)

@@ -77,6 +77,9 @@ def worker(
     settings, ws = settings_or_exit(get_settings), settings_or_exit(WorkerSettings)
     if device is not None:
         ws = ws.model_copy(update={"device": device})
+    # a deployment names the version (the registry's, or --version): the worker then serves only
+    # that version's batches and hands over to the next one (docs/design/0021)
+    own_version_only = folder is None or version is not None
     try:
         if folder is None:
             folder, version, registered = resolve_from_registry(settings, name, version, registry_timeout)
@@ -85,7 +88,8 @@ def worker(
             version = version or folder.resolve().name
         replicas = max(replicas or 1, replica + 1)
         model = load_model(load_spec(folder), device=ws.device, threads=ws.threads)
-        Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws).run()
+        Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws,
+               own_version_only=own_version_only).run()
     except ClipstreamError as exc:
         click.echo(f"worker {name} replica {replica}: {exc}", err=True)
         sys.exit(1)

@@ -32,6 +32,7 @@ from topics.admin import ensure_model_topics, ensure_topics
 from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
 from topics.emitter import Emitter
+from topics.markers import is_handover, ready_marker
 from topics.offsets import SpacedCommits, committed_offset
 from topics.stage import announce_ready, heartbeat, stop_on_signals
 from workers.backends import BatchModel, warm_up
@@ -57,8 +58,16 @@ class Worker:
         replica: int = 0,
         replicas: int = 1,
         worker_settings: WorkerSettings | None = None,
+        own_version_only: bool = False,
     ) -> None:
+        """``own_version_only``: serve only batches stamped with ``version`` (or with none), and
+        stop once the batcher hands this replica's partition over to another version (a
+        deployment, where ``version`` is known); off, a worker serves whatever it is sent."""
         self.settings, self.model, self.name, self.version = settings, model, name, version
+        self.own_version_only = own_version_only and version is not None
+        self.ready_us = 0  # when it could serve: a handover made before then is an old one
+        self._skipping: set[str] = set()  # versions whose batches it has said it skips
+        self._first: Message | None = None  # read while starting, fed first
         self.replica, self.replicas = replica, max(replicas, replica + 1)
         self.ws = worker_settings or WorkerSettings()
         self.cat = cat = Catalogue.from_settings(settings)
@@ -83,7 +92,8 @@ class Worker:
         self.consumer = Consumer(
             consumer_config(
                 self.settings, self.group_id,
-                **{"enable.auto.commit": False, "auto.offset.reset": "earliest", "on_commit": self._commit_done},
+                **{"enable.auto.commit": False, "auto.offset.reset": "earliest", "on_commit": self._commit_done,
+                   "enable.partition.eof": True},
             )
         )
         # resume from the group's committed offset, read by us (with retries) rather than by
@@ -92,10 +102,38 @@ class Worker:
         tp = TopicPartition(self.batches_topic, self.replica)
         self.consumer.assign([TopicPartition(tp.topic, tp.partition,
                                              committed_offset(self.consumer, tp, self.ws.start_timeout_s))])
+        self._first = self._first_fetch(self.ws.start_timeout_s)
         # bounded waits, and no cache writes at all while Redis is away: the cache is an
         # optimisation, and a batch's answers must not wait on it
         self.redis = sync_client(self.settings)
+        self.ready_us = now_us()
         announce_ready("worker", f"{self.name} replica {self.replica} device {self.model.device}")
+        if self.own_version_only:
+            self._say_ready()
+
+    def _say_ready(self) -> None:
+        """Tell the batcher this version's replica is loaded and warm, so it may move the
+        model's batches to it (``batchers.version``, docs/design/0021)."""
+        marker = ready_marker(self.name, self.version or "", self.replica, self.worker_id, self.ready_us)
+        self.producer.produce(self.stats_topic, value=encode(marker))
+        if self.producer.flush(self.ws.start_timeout_s) > 0:
+            raise ClipstreamError(f"the ready marker for {self.stats_topic} was not acknowledged within "
+                                  f"{self.ws.start_timeout_s:.0f}s; is the broker reachable?")
+
+    def _first_fetch(self, timeout_s: float) -> Message | None:
+        """Wait for the consumer's first fetch: a batch, or word that the partition has no more.
+        A new consumer fetches only a while after its assignment (up to a second on a busy
+        machine), and a worker that said it was ready before then would leave the first batches
+        of a version change waiting. Returns the batch read, to be fed first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = self.consumer.poll(0.05)
+            if msg is None:
+                continue
+            err = msg.error()
+            return None if err is not None and err.code() == KafkaError._PARTITION_EOF else msg
+        raise ClipstreamError(f"nothing fetched from {self.batches_topic} partition {self.replica} within "
+                              f"{timeout_s:.0f}s of its assignment; is the broker reachable?")
 
     def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None:  # the batch will be redone after a restart: a duplicate, not a loss
@@ -119,6 +157,8 @@ class Worker:
         self.start()
         self.start_pipeline()
         try:
+            if self._first is not None:
+                self.feed(self._first)
             while self.running:
                 heartbeat("consume")  # proof of life for `up`: a wedged loop or device stops it
                 msg = self.consumer.poll(self.ws.poll_timeout_s)
@@ -176,8 +216,11 @@ class Worker:
         job = Job(msg.offset())
         try:
             batch = decode_as(Batch, msg.value())
-            job.prepared = prepare_batch(self.model.spec, batch, version=self.version, received_us=now_us(),
-                                         source=source, selector_partitions=self.selector_partitions)
+            if self._not_ours(batch):
+                job.outcome = BatchOutcome()  # nothing to do; its offset is committed in turn
+            else:
+                job.prepared = prepare_batch(self.model.spec, batch, version=self.version, received_us=now_us(),
+                                             source=source, selector_partitions=self.selector_partitions)
         except ClipstreamError as exc:
             job.outcome = BatchOutcome(dead_letters=[
                 dead_letter(f"undecodable batch: {exc}", source=source, payload=msg.value())])
@@ -192,6 +235,22 @@ class Worker:
             except queue.Full:
                 if self.housekeep():
                     return  # recovered from a failed delivery: this batch is read again after the seek
+
+    def _not_ours(self, batch: Batch) -> bool:
+        """A batch with nothing for this worker: a handover (no items), or, when it serves only
+        its own version, one stamped with another. A handover to another version made since
+        this worker was ready means no batch of its version follows: it stops, after the ones read."""
+        foreign = self.own_version_only and batch.version is not None and batch.version != self.version
+        if is_handover(batch):
+            if foreign and batch.created_us >= self.ready_us and self.running:
+                log(f"{self.name} replica {self.replica}: the batcher moved to version {batch.version}; "
+                    f"version {self.version} stops once its batches are done")
+                self.running = False
+            return True
+        if foreign and batch.version not in self._skipping:
+            self._skipping.add(batch.version)  # type: ignore[arg-type]
+            log(f"skipping batches of version {batch.version} (this worker serves version {self.version})")
+        return foreign
 
     def _device_loop(self) -> None:
         while True:

@@ -19,6 +19,7 @@ from clipstream.clock import now_us
 from clipstream.settings import Settings
 from schemas import Batch, DeadLetter, Predictions, Tensor, decode_as, encode
 from tests.integration.batcher_harness import preds_of, uniq
+from topics.markers import is_handover, ready_marker
 
 pytestmark = pytest.mark.integration
 
@@ -162,13 +163,25 @@ def test_one_process_serves_several_models_each_with_its_own_queue_and_version(
 
     with RegistryWriter(settings) as reg:  # a new version of b, followed without a restart
         reg.model(b, "5", make_python_model(tmp_path, b, src, labels=[0, 1], shape=(2,), version="5"))
-    deadline = time.monotonic() + 20
-    while True:
+    # ... once version 5's worker says it is ready (docs/design/0021): until then b's batches
+    # stay on version 4, for longer than the batcher takes to read the registry (1 s)
+    stay = time.monotonic() + 2.5
+    while time.monotonic() < stay:
         wb.request("b3", x)
         got = wb.take(wb.cat.batches(b).name, Batch, lambda g: len(g) >= 1)
         for bb, _ in got:
             wb.stats(bb, 1_000)
-        if any(bb.version == "5" for bb, _ in got):
-            break
+        assert [bb.version for bb, _ in got] == ["4"] * len(got)
+    wb.raw(wb.cat.batch_stats(b).name, encode(ready_marker(b, "5", 0, "test", now_us())))
+    deadline = time.monotonic() + 20
+    seen: list[Batch] = []
+    while not any(bb.version == "5" and bb.items for bb in seen):
+        wb.request("b4", x)
+        got = wb.take(wb.cat.batches(b).name, Batch, lambda g: len(g) >= 1)
+        for bb, _ in got:
+            wb.stats(bb, 1_000)
+        seen += [bb for bb, _ in got]
         assert time.monotonic() < deadline, "the batcher did not follow b's new version"
+    first = next(bb for bb in seen if bb.version == "5")
+    assert is_handover(first) and first.replica == 0  # version 4's worker is told first
     assert proc.proc.poll() is None and proc.output().count("ready: batcher") == 1

@@ -86,10 +86,12 @@ def test_a_straggler_answered_by_the_cutoff_is_not_refused_as_overload(settings,
             proc.kill()
             raise
     assert got["calls"] == CALLS and got["other_errors"] == 0, got
-    # on time by the gateway's clock, checked first: a pipeline that cannot answer in time
-    # rightly cuts the limit. The bound, 5% of the calls, leaves room for this machine's other
-    # test runs: on 2 shared cores a stage can be descheduled past a 100 ms deadline
-    assert got["over_slo"] + got["defaults"] + got["refused_503"] <= 0.05 * CALLS, (
+    # answered in time, checked first: a pipeline that cannot answer in time rightly cuts the
+    # limit. Most answers here are made at the straggler cutoff, just under the deadline, so the
+    # bound is the gateway's own promise to a caller, an answer within SLO + 20 ms; defaults and
+    # refusals may be 5% of the calls, room for this machine's other test runs on 2 shared cores
+    assert got["max_ms"] <= SLO_MS + 20, f"an answer came later than SLO + 20 ms: {got}"
+    assert got["defaults"] + got["refused_503"] <= 0.05 * CALLS, (
         f"the pipeline did not answer in time (is the machine saturated?): {got}")
     # a flagged call meets the 250 ms stall: answered by the others, the straggler named missing
     assert got["flagged_answered"] >= 0.9 * CALLS * SHARE, got

@@ -105,7 +105,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
 
         # every stage beats from each of its working loops, so `up` can tell a hung one
         state = tmp_path / "state" / "up" / f"gateway-{port}"
-        batcher = "batchers-logreg" if batchers == "shared" else "batcher-logreg-v1"
+        batcher = "batchers-logreg" if batchers == "shared" else "batcher-logreg"
         loops = {"gateway": {"gateway"}, "selector-1": {"join", "learn"}, "selector-2": {"join", "learn"},
                  batcher: {"batcher"},
                  "worker-logreg-v1-0": {"consume"}}
@@ -142,7 +142,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             again = predict_admitted(client, app, (x[1602] + np.float32(time.monotonic() % 1)).tolist())
             assert sorted(again["models"]["answered"]) == ["logreg", "sevens"]
         else:
-            assert "started batcher-sevens-v1 (registry change)" in lines
+            assert "started batcher-sevens (registry change)" in lines
             assert len(_ours(settings.topic_prefix)) >= 8  # up, gateway, 2 selectors, 2 batchers, 2 workers
     finally:
         client.close() if hasattr(client, "close") else None

@@ -18,10 +18,10 @@ def view(**versions: str) -> RegistryView:
     return RegistryView(models=models)
 
 
-def test_per_model_batchers_carry_the_version() -> None:
+def test_per_model_batchers_follow_the_version_themselves() -> None:
     w = wanted_stages(view(a="1", b="3"), shared_batcher=False)
-    assert w["batcher-a-v1"] == ["batcher", "--model", "a", "--version", "1"]
-    assert w["batcher-b-v3"] == ["batcher", "--model", "b", "--version", "3"]
+    assert w["batcher-a"] == ["batcher", "--model", "a"]
+    assert w["batcher-b"] == ["batcher", "--model", "b"]
     assert sorted(k for k in w if k.startswith("worker-")) == ["worker-a-v1-0", "worker-b-v3-0", "worker-b-v3-1"]
     assert not any("broken" in k for k in w)
 
@@ -35,9 +35,21 @@ def test_a_shared_batcher_serves_every_loaded_model_and_is_named_by_them_not_the
     assert "batchers-a+b" in again and "worker-a-v2-0" in again  # the batcher stays; a's worker is replaced
 
 
-class FakeStage:
+class FakeProc:
     def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.pid = -1
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+class FakeStage:
+    def __init__(self, name: str = "", argv: list[str] | None = None) -> None:
+        self.name, self.argv = name, argv or []
         self.ready = threading.Event()
+        self.proc = FakeProc()
+        self.removed = False
 
 
 class FakeSupervisor:
@@ -46,7 +58,7 @@ class FakeSupervisor:
         self.removed: list[str] = []
 
     def add(self, name: str, argv: list[str], env: dict[str, str]) -> FakeStage:
-        self.stages[name] = FakeStage()
+        self.stages[name] = FakeStage(name, argv)
         return self.stages[name]
 
     def remove(self, name: str) -> None:
@@ -67,3 +79,56 @@ def test_a_replaced_shared_batcher_stops_only_once_its_successor_is_ready() -> N
     pipe.retire()
     assert sup.removed == ["batchers-a"] and "batchers-a+b" in sup.stages
 
+
+
+def test_an_old_versions_workers_serve_on_beside_the_new_ones_until_handed_over() -> None:
+    sup = FakeSupervisor()
+    pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
+    pipe.sync(view(a="1", b="3"))
+    old = sup.stages["worker-b-v3-1"]
+    pipe.sync(view(a="1", b="4"))  # deploy-model b 4
+    assert {"worker-b-v4-0", "worker-b-v4-1"} <= set(sup.stages) and sup.removed == []
+    assert sorted(pipe.leaving) == ["worker-b-v3-0", "worker-b-v3-1"] and old.removed  # no restart
+    assert "worker-b-v3-1" not in sup.stages
+    pipe.sync(view(a="1", b="3"))  # rolled back before version 4 took over: version 3 serves on
+    assert sup.stages["worker-b-v3-1"] is old and not old.removed
+    assert sorted(pipe.leaving) == ["worker-b-v4-0", "worker-b-v4-1"] and sup.removed == []
+    new = pipe.leaving["worker-b-v4-0"].stage
+    pipe.sync(view(a="1", b="4"))  # and deployed again: version 4's live workers come back, not new ones
+    assert sup.stages["worker-b-v4-0"] is new and sorted(pipe.leaving) == ["worker-b-v3-0", "worker-b-v3-1"]
+    old.proc.returncode = 0  # the batcher handed its partition over: it stopped by itself
+    pipe.retire()
+    assert sorted(pipe.leaving) == ["worker-b-v3-0"] and sup.removed == []
+
+
+def test_fewer_replicas_of_the_same_version_stop_at_once() -> None:
+    sup = FakeSupervisor()
+    pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
+    pipe.sync(view(b="3"))
+    fewer = view(b="3")
+    fewer.models["b"] = ModelConfig("b", "3", Path("/m"), replicas=1, spec=SPEC)
+    pipe.sync(fewer)
+    assert sup.removed == ["worker-b-v3-1"] and not pipe.leaving
+
+
+def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: Any) -> None:
+    import signal
+
+    import clipstream.up as up
+
+    sent: list[signal.Signals] = []
+    monkeypatch.setattr(up, "_killpg", lambda pid, sig: sent.append(sig))
+    sup = FakeSupervisor()
+    pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
+    pipe.sync(view(a="1"))
+    pipe.sync(view(a="2"))
+    pipe._see_out(0.0)  # version 2 is still loading: version 1 serves, however long that takes
+    pipe._see_out(1000.0)
+    assert sent == []
+    sup.stages["worker-a-v2-0"].ready.set()
+    pipe._see_out(1000.0)
+    pipe._see_out(1000.0 + up.LEAVE_GRACE_S + 1)
+    pipe._see_out(1000.0 + up.LEAVE_GRACE_S + 2)
+    assert sent == [signal.SIGTERM]
+    pipe._see_out(1000.0 + 2 * up.LEAVE_GRACE_S + 1)
+    assert sent == [signal.SIGTERM, signal.SIGKILL]

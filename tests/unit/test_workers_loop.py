@@ -95,17 +95,19 @@ class FakeRedis:
         return FakePipe(self.store)
 
 
-def batch_bytes(n: int, items: int = 3) -> bytes:
+def batch_bytes(n: int, items: int = 3, version: str | None = "1", created_us: int = 1) -> bytes:
     its = [BatchItem(query_id=f"b{n}q{i}", selector_partition=i % 2, deadline_us=10**18,
                      cache_key=f"k{n}.{i}", input=Tensor.of(np.full(4, i, dtype=np.float32)))
            for i in range(items)]
-    return encode(Batch(batch_id=f"b{n}", model="sim", version="1", replica=0, created_us=1, items=its))
+    return encode(Batch(batch_id=f"b{n}", model="sim", version=version, replica=0, created_us=created_us,
+                        items=its))
 
 
 def make_worker(tmp_path: Path, fail: bool = False, table: dict[int, float] | None = None,
-                ) -> tuple[Worker, FakeProducer, FakeConsumer, FakeRedis]:
+                own_version_only: bool = False) -> tuple[Worker, FakeProducer, FakeConsumer, FakeRedis]:
     folder = make_profile_model(tmp_path, "sim", table=table or {1: 0.0}, shape=[4], labels=[0, 1])
-    w = Worker(Settings(topic_prefix="p."), load_model(load_spec(folder)), "sim", version="1")
+    w = Worker(Settings(topic_prefix="p."), load_model(load_spec(folder)), "sim", version="1",
+               own_version_only=own_version_only)
     w.producer = producer = FakeProducer(fail)  # type: ignore[assignment]
     w.consumer = consumer = FakeConsumer(producer.log)  # type: ignore[assignment]
     w.redis = cache = FakeRedis()  # type: ignore[assignment]
@@ -196,3 +198,71 @@ def test_offset_commits_are_spaced_but_the_last_one_is_made_when_stopping(tmp_pa
     assert consumer.commits == [11]  # the second waits for the interval
     w.housekeep(asynchronous=False)  # what stopping does
     assert consumer.commits == [11, 12]
+
+
+def test_a_deployed_worker_serves_only_its_version_and_stops_at_the_handover(tmp_path: Path) -> None:
+    """Beside version 2's worker, version 1's skips version 2's batches; the batcher's empty
+    batch stamped 2, made after it was ready, means none of version 1's follow: it stops, and
+    every offset it read, the skipped ones too, is committed."""
+    w, producer, consumer, _ = make_worker(tmp_path, own_version_only=True)
+    w.ready_us = 1000
+    w.feed(Msg(batch_bytes(0, created_us=900, version="2"), 0))  # from before: skipped, and it serves on
+    w.feed(Msg(batch_bytes(1, items=0, created_us=900, version="2"), 1))  # an old handover: no stop
+    assert w.running
+    w.feed(Msg(batch_bytes(2, created_us=1100), 2))  # its own version: served
+    w.feed(Msg(batch_bytes(3, items=0, created_us=1200, version="2"), 3))  # the handover
+    assert not w.running
+    assert w.drain(5.0)
+    producer.flush(0)
+    w.housekeep()
+    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    assert [s.batch_id for s in stats] == ["b2"] and consumer.commits == [4]
+
+
+def test_a_worker_given_only_a_folder_serves_any_version_but_never_an_empty_batch(tmp_path: Path) -> None:
+    w, producer, consumer, _ = make_worker(tmp_path)
+    w.ready_us = 1000
+    w.feed(Msg(batch_bytes(0, version="7", created_us=2000), 0))
+    w.feed(Msg(batch_bytes(1, items=0, version="7", created_us=2000), 1))
+    assert w.running and w.drain(5.0)
+    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    assert [s.batch_id for s in stats] == ["b0"]
+
+
+class Eof:
+    def code(self) -> int:
+        from confluent_kafka import KafkaError
+
+        return KafkaError._PARTITION_EOF
+
+
+class EofMsg(Msg):
+    def __init__(self) -> None:
+        super().__init__(b"", 0)
+
+    def error(self) -> Any:  # type: ignore[override]
+        return Eof()
+
+
+class Polls:
+    """A consumer whose polls return nothing a few times (a fetch under way), then ``last``."""
+
+    def __init__(self, last: Any, empty: int = 3) -> None:
+        self.results = [None] * empty + [last]
+
+    def poll(self, timeout: float) -> Any:
+        return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+
+def test_a_worker_is_ready_only_once_its_consumer_has_fetched(tmp_path: Path) -> None:
+    """The first fetch after an assignment can take a second; until it came, a worker that said
+    ready would leave a version change's first batches waiting. A batch read then is kept."""
+    w, *_ = make_worker(tmp_path)
+    w.consumer = Polls(EofMsg())  # type: ignore[assignment]
+    assert w._first_fetch(5.0) is None  # caught up: the partition has nothing more
+    first = Msg(batch_bytes(0), 0)
+    w.consumer = Polls(first)  # type: ignore[assignment]
+    assert w._first_fetch(5.0) is first  # fed before the next poll
+    w.consumer = Polls(None, empty=0)  # type: ignore[assignment]
+    with pytest.raises(Exception, match="nothing fetched"):
+        w._first_fetch(0.2)

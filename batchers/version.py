@@ -1,0 +1,66 @@
+"""When a model's batches move to a new version (docs/design/0021).
+
+The registry names the version to serve as soon as ``deploy-model`` or ``rollback`` writes it,
+but the new version's workers still have to start, load and warm their model. Batches stamped
+with the new version before then would wait for them, past the straggler cutoff. So the
+batcher keeps stamping the old version, which its workers still serve, until every replica of
+the new one has said it is ready with a readiness marker (``topics.markers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# a marker may be written this long before the batcher itself reads the registry change that
+# asked for it (the worker's registry reader can be ahead of the batcher's)
+MARKER_LEAD_US = 10_000_000
+
+
+@dataclass
+class VersionSwitch:
+    """The version a model's batches carry, and when it moves to the one the registry names.
+
+    It moves once every replica of the new version has a marker made since the registry named
+    it, or after ``timeout_us`` without them: a worker that never gets ready (or one too old to
+    write markers) must not pin the old version for ever.
+    """
+
+    current: str | None
+    timeout_us: int
+    target: str | None = None
+    target_replicas: int = 0
+    since_us: int = 0
+    _marks: dict[tuple[str, int], int] = field(default_factory=dict)  # (version, replica) -> made at
+
+    def want(self, version: str | None, replicas: int, now_us: int) -> None:
+        """The registry's version and replica count, as often as it is read."""
+        if version == self.current:
+            self.target = None  # a deploy undone before its workers were ready: nothing moves
+            return
+        if version != self.target:
+            self.target, self.since_us = version, now_us
+        self.target_replicas = replicas
+
+    def mark_ready(self, version: str, replica: int, made_us: int) -> None:
+        key = (version, replica)
+        self._marks[key] = max(made_us, self._marks.get(key, made_us))
+
+    def missing(self) -> list[int]:
+        """Replicas of the target version that have not said they are ready (since it was named)."""
+        if self.target is None:
+            return []
+        floor = self.since_us - MARKER_LEAD_US
+        return [r for r in range(self.target_replicas) if self._marks.get((self.target, r), floor - 1) < floor]
+
+    def due(self, now_us: int) -> str | None:
+        """Why the batches should move to the target now ("ready" or "timeout"), else None."""
+        if self.target is None:
+            return None
+        if not self.missing():
+            return "ready"
+        return "timeout" if now_us - self.since_us >= self.timeout_us else None
+
+    def switch(self) -> str | None:
+        """Move to the target; returns the version left."""
+        left, self.current, self.target = self.current, self.target, None
+        return left

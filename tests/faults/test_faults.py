@@ -1,0 +1,195 @@
+"""The fault suite of issue 32: under steady load through the gateway and through the Kafka
+producer, one fault at a time against ``clipstream up`` on a 3-broker cluster, and a ledger
+of every query sent (``clipstream.testing.faults``): none lost, none answered twice to its
+caller, and real answers back within the bound each fault states.
+
+Run with ``make test-faults`` (``pytest -m faults -s tests/faults``): the suite starts its own
+cluster and pipeline and takes minutes, so the default ``make test`` leaves it out. Each
+ledger is printed and written to ``out/faults/<fault>.json``. Not covered: a batcher member of
+two (``up`` runs one batcher process for all models; batcher members are not built yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from clipstream.infra import launcher, pid_alive
+from clipstream.testing.faults import PATHS, Load, ledger, observe, ready_count, stage_pid, table
+from clipstream.testing.procs import wait_until
+from selector.settings import SelectorSettings
+from tests.faults.conftest import CLUSTER_START_S, ROOT, SLO_MS, Pipeline
+from topics.catalogue import Catalogue
+from topics.client import admin_config
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]  # the first one starts the cluster
+
+RATE_QPS = 20.0  # on each path: 40 q/s in all, the issue's steady load
+HEALTHY_RUN = 20  # the last this many queries on each path real and on time: the pipeline is well
+HEALTHY_S = 120.0  # bound on a recovery from the previous fault (a restarted broker's JVM, ...)
+BASELINE_S = 2.0  # of steady load in the ledger before the fault
+SETTLED_S = 3.0  # after the gaps close and the killed stage is back, so a second dip would show
+DRAIN_S = SLO_MS / 1000 + 20.0
+# a run goes on this long past its bound while answers have not resumed, so the ledger gives
+# the real gap of a fault that misses its bound, not just "over"
+OBSERVE_EXTRA_S = 30.0
+# The issue's bound. The selector's cannot be met by the design: a SIGKILLed member's
+# partitions move only once its session times out (6 s, the least the brokers accept;
+# docs/design/0018), then the survivor rejoins and replays; the 4 s on top are the slack
+# tests/integration/test_selector_failover.py allows on this shared 2-core machine.
+GAP_BOUND_S = 3.0
+SELECTOR_BOUND_S = SelectorSettings().session_timeout_ms / 1000 + 4.0
+BROKER_BOUND_S = 10.0  # the issue's target for a broker of three
+REDIS_FREEZE_S = 10.0
+OUT = ROOT / "out" / "faults"
+COMMAND = "make test-faults  # .venv/bin/python -m pytest -q -s -p no:cacheprovider -m faults tests/faults"
+
+
+def _heal(pipe: Pipeline) -> None:
+    """Restart a broker an earlier fault killed (in place, same ports): each fault starts whole."""
+    if not launcher.status(pipe.infra_settings).running:
+        launcher.up(pipe.infra_settings, progress=lambda _: None, timeout_s=CLUSTER_START_S, die_with_parent=True)
+
+
+def _healthy(load: Load) -> bool:
+    return all(len(qs := sorted(load.of(p), key=lambda q: q.sent)) > HEALTHY_RUN and
+               all(q.good(0.5) for q in qs[-HEALTHY_RUN - 5:-5]) for p in PATHS)
+
+
+def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: float,
+              back: Callable[[], bool] = lambda: True, hold_s: float = 0.0,
+              restore: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Load, wait for health, ``BASELINE_S`` of it, ``inject`` the fault, ``restore`` after
+    ``hold_s`` (a freeze's length), observe until the gaps closed, ``back()`` holds and
+    ``SETTLED_S`` more passed (at most ``bound_s + OBSERVE_EXTRA_S``), drain; the ledger of the
+    queries sent from the baseline on, printed and written."""
+    _heal(pipe)
+    load = Load(pipe.url, pipe.app, pipe.settings, RATE_QPS, SLO_MS).start()
+    restored = False
+    try:
+        wait_until(lambda: _healthy(load), HEALTHY_S, "real answers on both paths before the fault")
+        since = time.time()  # the ledger counts the queries sent from here on
+        observe(lambda: False, BASELINE_S)
+        fault_at = time.time()
+        what = inject()
+
+        if hold_s:
+            observe(lambda: False, hold_s)  # the fault lasts this long, under load
+        restore()
+        restored = True
+
+        def settled() -> bool:  # complete answers too: a restarted worker's return is in the ledger
+            rows = [ledger(load.of(p), fault_at) for p in PATHS]
+            gaps = [row[k] for row in rows for k in ("gap_s", "gap_complete_s")]
+            return (time.time() >= fault_at + hold_s + SETTLED_S and back() and None not in gaps
+                    and time.time() > fault_at + max(gaps) + SETTLED_S)  # type: ignore[type-var]
+
+        observe(settled, bound_s + OBSERVE_EXTRA_S - hold_s)
+    finally:
+        if not restored:
+            restore()
+        load.stop(DRAIN_S)
+    paths = {p: ledger([q for q in load.of(p) if q.sent >= since], fault_at) for p in PATHS}
+    report = {"fault": name, "injected": what, "bound_s": bound_s, "rate_qps_each_path": RATE_QPS,
+              "slo_ms": SLO_MS, "second_responses_dropped_by_reader": load.raw_duplicates,
+              "command": COMMAND, "paths": paths}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(report, indent=1))
+    print(f"\n{table(f'{name}: {what}; bound {bound_s:g} s', paths)}\n"
+          f"  second Responses on the topic dropped by ResponseReader: {load.raw_duplicates}")
+    return report
+
+
+def check(report: dict[str, Any], gap_bound_s: float) -> None:
+    """The issue's ledger assertions, for both paths; every failure is listed, not just the first."""
+    failures = []
+    for path, row in report["paths"].items():
+        if not row["sent_after_fault"]:
+            failures.append(f"{path}: no query sent after the fault")
+        if row["lost"]:
+            failures.append(f"{path}: {row['lost']} of {row['sent']} queries lost (no answer, no status)")
+        if row["duplicates"]:
+            failures.append(f"{path}: {row['duplicates']} duplicate answers reached the caller")
+        if row["gap_s"] is None or row["gap_s"] > gap_bound_s:
+            failures.append(f"{path}: real answers resumed after {row['gap_s']} s (bound {gap_bound_s:g} s)")
+    assert not failures, f"{report['fault']}: " + "; ".join(failures)
+
+
+def _kill_stage(pipe: Pipeline, stage: str) -> tuple[Callable[[], str], Callable[[], bool]]:
+    """SIGKILL ``up``'s stage; ``back()`` once ``up`` restarted it and it printed ``ready:``."""
+    readies = [ready_count(pipe.log_dir, stage)]
+    assert readies[0] >= 1, f"{stage} never ready; up said:\n{pipe.tail()}"
+
+    def inject() -> str:
+        pid = stage_pid(pipe.log_dir, stage)
+        assert pid is not None, f"no running {stage}; up said:\n{pipe.tail()}"
+        os.kill(pid, signal.SIGKILL)
+        return f"SIGKILL {stage} (pid {pid})"
+
+    return inject, lambda: ready_count(pipe.log_dir, stage) > readies[0]
+
+
+def test_selector_member_killed(pipeline: Pipeline) -> None:
+    inject, back = _kill_stage(pipeline, "selector-2")
+    check(run_fault(pipeline, "selector", inject, bound_s=SELECTOR_BOUND_S, back=back), SELECTOR_BOUND_S)
+
+
+def test_worker_killed(pipeline: Pipeline) -> None:
+    inject, back = _kill_stage(pipeline, "worker-m1-v1-0")
+    check(run_fault(pipeline, "worker", inject, bound_s=GAP_BOUND_S, back=back), GAP_BOUND_S)
+
+
+def test_gateway_killed(pipeline: Pipeline) -> None:
+    inject, back = _kill_stage(pipeline, "gateway")
+    check(run_fault(pipeline, "gateway", inject, bound_s=GAP_BOUND_S, back=back), GAP_BOUND_S)
+
+
+def test_redis_frozen(pipeline: Pipeline) -> None:
+    pid = pipeline.status.redis_pid
+    assert pid is not None and pid_alive(pid)
+    stopped = [False]
+
+    def inject() -> str:
+        os.kill(pid, signal.SIGSTOP)
+        stopped[0] = True
+        return f"SIGSTOP redis-server (pid {pid}) for {REDIS_FREEZE_S:g} s"
+
+    def restore() -> None:
+        if stopped[0]:
+            os.kill(pid, signal.SIGCONT)
+            stopped[0] = False
+
+    # the run goes on past the thaw, which must not cost a gap either
+    report = run_fault(pipeline, "redis", inject, bound_s=REDIS_FREEZE_S, hold_s=REDIS_FREEZE_S, restore=restore)
+    check(report, 0.0)
+
+
+def test_broker_killed(pipeline: Pipeline) -> None:
+    """The node that coordinates the selectors' consumer group: the worst broker to lose (its
+    groups wait for a new coordinator as well as for new partition leaders), so the run does
+    not depend on which node the group happened to land on."""
+    settings = pipeline.settings
+    queries = Catalogue.from_settings(settings).queries.name
+    group = SelectorSettings().group
+    admin = AdminClient(admin_config(settings))
+    (desc,) = [f.result(10) for f in admin.describe_consumer_groups([group]).values()]
+    victim = desc.coordinator.id
+    leads = sum(p.leader == victim for p in admin.list_topics(queries, timeout=10).topics[queries].partitions.values())
+    del admin  # a librdkafka handle left to the GC would keep calling the dead node
+    node = next(n for n in launcher.status(pipeline.infra_settings).kafka_nodes if n.node_id == victim)
+
+    def inject() -> str:
+        os.kill(node.pid, signal.SIGKILL)
+        return (f"SIGKILL kafka node {node.node_id} (pid {node.pid}), coordinator of group {group}, "
+                f"leader of {leads} of the queries partitions")
+
+    report = run_fault(pipeline, "broker", inject, bound_s=BROKER_BOUND_S,
+                       back=lambda: not pid_alive(node.pid))
+    check(report, BROKER_BOUND_S)

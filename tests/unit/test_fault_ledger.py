@@ -1,0 +1,61 @@
+"""The fault suite's ledger (``clipstream.testing.faults``): what counts as lost, duplicated,
+and when real answers resumed, on hand-made queries."""
+
+from __future__ import annotations
+
+from clipstream.testing.faults import Query, gap_s, ledger
+
+FAULT = 1000.0
+SLO = 0.3
+
+
+def q(sent: float, outcome: str = "real", took: float = 0.02, missing: int = 0, reason: str = "",
+      yielded: int = 0) -> Query:
+    done = FAULT + sent + took if outcome else 0.0
+    return Query("kafka", f"q{sent}", FAULT + sent, SLO, done, outcome, reason, missing, yielded)
+
+
+def steady(start: float, end: float, **kw: object) -> list[Query]:
+    return [q(round(start + i * 0.05, 3), **kw) for i in range(int(round((end - start) / 0.05)))]  # type: ignore[arg-type]
+
+
+def test_a_fault_that_costs_nothing_has_no_gap() -> None:
+    qs = steady(-2, 5)
+    row = ledger(qs, FAULT)
+    assert (row["gap_s"], row["lost"], row["duplicates"], row["last_not_real_s"]) == (0.0, 0, 0, None)
+    assert row["answered_real"] == row["sent"] == len(qs)
+
+
+def test_the_gap_ends_at_the_first_answer_of_the_first_clean_window() -> None:
+    # queries sent in the first 2 s get defaults; those sent from 2 s on are answered, at 3.5 s
+    # the earliest (they waited for the stage to come back, within their SLO)
+    bad = steady(0, 2, outcome="default", reason="no prediction arrived by the deadline", took=SLO)
+    good = [q(s, took=max(0.02, 2.25 - s)) for s in (x.sent - FAULT for x in steady(2, 6))]
+    row = ledger(steady(-2, 0) + bad + good, FAULT)
+    assert row["gap_s"] == 2.25
+    assert row["answered_default"] == len(bad) and row["default_reasons"] == {"no prediction arrived by the deadline": len(bad)}
+    assert row["last_not_real_s"] == 1.95
+
+
+def test_answers_past_their_slo_are_not_a_resumption() -> None:
+    late = steady(0, 3, took=4.0)  # real, but held 4 s (a dead leader's partition)
+    assert gap_s(late + steady(3, 6), FAULT) == 3.02  # the first answer in time
+    assert ledger(late, FAULT)["real_late"] == len(late)
+
+
+def test_partial_answers_are_real_but_not_complete() -> None:
+    qs = steady(0, 2, missing=1) + steady(2, 5)
+    assert gap_s(qs, FAULT) == 0.0
+    assert gap_s(qs, FAULT, complete=True) == 2.02
+
+
+def test_no_answer_is_lost_and_a_second_yield_is_a_duplicate() -> None:
+    qs = steady(-1, 3) + [q(0.5, outcome=""), q(0.6, yielded=2), q(0.7, outcome="refused", reason="connection: ConnectError")]
+    row = ledger(qs, FAULT)
+    assert (row["lost"], row["duplicates"], row["refused"]) == (1, 1, 1)
+    assert row["refusal_reasons"] == {"connection: ConnectError": 1}
+    assert row["gap_s"] == 0.77  # the first window after the refusal and the lost one
+
+
+def test_no_clean_window_means_no_resumption() -> None:
+    assert gap_s(steady(-1, 0) + steady(0, 3, outcome="default"), FAULT) is None

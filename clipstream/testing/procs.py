@@ -4,8 +4,11 @@ start, and waiting on a condition with a deadline (never a bare sleep)."""
 from __future__ import annotations
 
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -19,6 +22,31 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
             proc.kill()
             proc.wait(5)
     return proc.returncode
+
+
+class UpProcess:
+    """`clipstream up -f APP_FILE --gateway-port PORT` as a subprocess, its output collected in
+    ``lines`` and ``ready`` set at its ``ready:`` line (the tests that run the whole pipeline)."""
+
+    def __init__(self, app_file: Path, port: int, env: Mapping[str, str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clipstream.cli", "up", "-f", str(app_file), "--gateway-port", str(port)],
+            env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            if line.startswith("ready: "):
+                self.ready.set()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Fail with the last lines of ``up``'s output unless it is ready within ``timeout_s``."""
+        assert self.ready.wait(timeout_s), "\n".join(self.lines[-30:])
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "the condition") -> Any:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -24,7 +22,7 @@ import yaml
 from clipstream.infra.launcher import pick_free_ports
 from clipstream.testing.callers import closed_loop, flagged_input, tally
 from clipstream.testing.models import make_stalling_model
-from clipstream.testing.procs import wait_until
+from clipstream.testing.procs import UpProcess, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,22 +50,10 @@ def test_a_straggler_answered_by_the_cutoff_is_not_refused_as_overload(settings,
            # the loop-lag guard answers this machine's other test runs, not the answers; it has
            # its own unit test, and here it would cut the limit this test reads
            "CLIPSTREAM_GATEWAY_MAX_LOOP_LAG_MS": "1000"}
-    proc = subprocess.Popen([sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"),
-                             "--gateway-port", str(port)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("ready: "):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
+    proc, lines = up.proc, up.lines
     try:
-        assert ready.wait(180), "\n".join(lines[-30:])
+        up.wait_ready(180)
         rng = np.random.default_rng(1)
 
         def all_four() -> bool:  # every model's worker has joined: an unflagged call answered by all

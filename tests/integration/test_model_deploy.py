@@ -20,7 +20,7 @@ import yaml
 
 from clipstream.infra.launcher import pick_free_ports
 from clipstream.testing.models import make_python_model
-from clipstream.testing.procs import predict_admitted, wait_until
+from clipstream.testing.procs import UpProcess, predict_admitted, wait_until
 from frontend.client import Client
 
 pytestmark = pytest.mark.integration
@@ -97,24 +97,11 @@ def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, 
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
            "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "CLIPSTREAM_UP_SELECTORS": "1",
            "CLIPSTREAM_UP_WARM_UP_S": "3"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"), "--gateway-port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("ready: "):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
+    proc, lines = up.proc, up.lines
     load = Load(f"http://127.0.0.1:{port}", app)
     try:
-        assert ready.wait(240), "\n".join(lines[-30:])
+        up.wait_ready(240)
         for t in load.threads:
             t.start()
         wait_until(lambda: len(load.outputs_since(0)) >= 20, 30, "answers from version 1")

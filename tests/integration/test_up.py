@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,9 +17,9 @@ import pytest
 import yaml
 
 from clipstream.infra.launcher import pick_free_ports
-from frontend.client import Client, GatewayInputError, NotFound
 from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
-from clipstream.testing.procs import predict_admitted, wait_until
+from clipstream.testing.procs import UpProcess, predict_admitted, wait_until
+from frontend.client import Client, GatewayInputError, NotFound
 from topics.stage import read_heartbeat
 
 pytestmark = pytest.mark.integration
@@ -75,24 +74,11 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
     port = pick_free_ports(1)[0]
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
            "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_BATCHERS": batchers}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"), "--gateway-port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("ready: "):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
+    proc, lines = up.proc, up.lines
     client = Client(f"http://127.0.0.1:{port}", app=app)
     try:
-        assert ready.wait(240), "\n".join(lines[-30:])
+        up.wait_ready(240)
         assert f"ready: http://127.0.0.1:{port}" in lines
 
         # the first query after the ready line is answered by the model, not the default

@@ -197,7 +197,6 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
     if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
         replicas = max(1, int(cfg.replicas))
         if replicas > len(svc.core.dispatcher.replicas):
-
             # topic creation blocks: keep it off the event loop
             await asyncio.get_running_loop().run_in_executor(
                 None, ensure_model_topics, svc.settings, svc.model.name, replicas
@@ -218,7 +217,6 @@ def _use_uvloop() -> None:
 
 def run(settings: Settings, bs: BatcherSettings, models: list[ModelSetup], follower: Any = None) -> None:
     """Run the batcher until SIGINT/SIGTERM."""
-
     ensure_core_topics(settings)
     for model in models:
         ensure_model_topics(settings, model.name, model.replicas)

@@ -28,7 +28,6 @@ from topics.catalogue import check_name
 def _from_registry(settings: Any, models: list[str],
                    timeout_s: float) -> tuple[RegistryFollower, dict[str, ModelConfig | None]]:
     """(follower, model name -> ModelConfig or None)."""
-
     follower = RegistryFollower(settings).start()
     view = follower.wait_ready(timeout_s)
     return follower, {name: view.model(name) for name in models}
@@ -53,7 +52,6 @@ def batcher(
     no_cache: bool,
 ) -> None:
     """Run the batcher of one model (or of several, --model repeated) until interrupted."""
-
     settings, bs = settings_or_exit(get_settings), settings_or_exit(BatcherSettings)
     try:
         for name in model_names:

@@ -69,6 +69,7 @@ class AdmissionLimit:
         self.backoff = backoff
         self._last_cut_us: int | None = None
         self._recent: deque[bool] = deque()  # since the last cut: was each answer bad?
+        self._bad_in_recent = 0  # how many of those were (kept, not summed per answer)
         self.cuts = 0
 
     def admits(self, inflight: int) -> bool:
@@ -106,6 +107,7 @@ class AdmissionLimit:
             return False
         self._last_cut_us = now_us
         self._recent.clear()
+        self._bad_in_recent = 0
         self.limit = max(self.floor, self.limit * self.backoff)
         self.cuts += 1
         return True
@@ -114,13 +116,14 @@ class AdmissionLimit:
         if admitted_us is not None and self._last_cut_us is not None and admitted_us <= self._last_cut_us:
             return False  # let in under the old limit: says nothing about the new one
         self._recent.append(bad)
+        self._bad_in_recent += bad
         while len(self._recent) > self.window:
-            self._recent.popleft()
+            self._bad_in_recent -= self._recent.popleft()
         return True
 
     def _bad(self, now_us: int, admitted_us: int) -> bool:
         if not self._count(True, admitted_us):
             return False
-        if sum(self._recent) < max(2.0, BAD_SHARE * self.window):
+        if self._bad_in_recent < max(2.0, BAD_SHARE * self.window):
             return False
         return self.cut(now_us, admitted_us)

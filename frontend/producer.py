@@ -18,10 +18,10 @@ import numpy as np
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputError
 from clipstream.settings import Settings, get_settings
-from frontend.gateway_kafka import watermarks
 from frontend.inputs import input_for, to_json
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
+from topics.admin import watermarks
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
 
@@ -45,7 +45,6 @@ class Producer:
     def __init__(self, bootstrap: str | None = None, settings: Settings | None = None) -> None:
         from confluent_kafka import Producer as KafkaProducer
 
-
         settings = settings or get_settings()
         if bootstrap:
             settings = settings.model_copy(update={"kafka_bootstrap": bootstrap})
@@ -68,7 +67,6 @@ class Producer:
         on_delivery: DeliveryCallback | None = None,
     ) -> str:
         """Publish one query; returns its query id (yours, or a fresh uuid4 hex)."""
-
         query_id = query_id or uuid.uuid4().hex
         array = self._array(app, input)
         if slo_ms is None:
@@ -96,7 +94,6 @@ class Producer:
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Publish the true label of, or a reward in [0, 1] for, an earlier query."""
-
         if label is None and reward is None:
             raise InputError("feedback needs a label or a reward")
         if reward is not None and not 0.0 <= float(reward) <= 1.0:
@@ -150,7 +147,6 @@ class Producer:
 
     def _app_config(self, app: str) -> Any:
         if self._registry is None:
-
             self._registry = RegistryFollower(self.settings).start()
             self._registry.wait_ready(30.0)
         # a registry record written just before may reach the view a moment after wait_ready
@@ -191,7 +187,6 @@ class ResponseReader:
                  topic: str | None = None, from_beginning: bool = False, seen_capacity: int = 100_000) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-
         settings = settings or get_settings()
         if bootstrap:
             settings = settings.model_copy(update={"kafka_bootstrap": bootstrap})
@@ -213,7 +208,6 @@ class ResponseReader:
 
     def poll(self, timeout_s: float = 1.0) -> Response | None:
         """The next Response, or None when none arrived within ``timeout_s``."""
-
         deadline = time.monotonic() + timeout_s
         while True:
             msg = self._consumer.poll(max(0.0, deadline - time.monotonic()))

@@ -113,13 +113,18 @@ class Repository:
             return Path(location)
         return local if local is not None else self._cache_folder(url)
 
-    def read_spec(self, location: str) -> ModelSpec:
-        """The model's spec, read where it lies: a remote ``model.yaml`` alone, not the folder."""
+    def _resolve(self, location: str) -> tuple[str, Path | None]:
+        """(url, local folder or None when remote); a local folder must hold a ``model.yaml``."""
         url = self.url(location)
         local = _local(url)
+        if local is not None and not (local / SPEC_FILE).is_file():
+            raise ConfigError(f"{local / SPEC_FILE} does not exist{self._hint(location)}")
+        return url, local
+
+    def read_spec(self, location: str) -> ModelSpec:
+        """The model's spec, read where it lies: a remote ``model.yaml`` alone, not the folder."""
+        url, local = self._resolve(location)
         if local is not None:
-            if not (local / SPEC_FILE).is_file():
-                raise ConfigError(f"{local / SPEC_FILE} does not exist{self._hint(location)}")
             return load_spec(local)
         fs, path = _url_to_fs(url)
         where = url.rstrip("/") + "/" + SPEC_FILE
@@ -137,11 +142,8 @@ class Repository:
 
     def fetch(self, location: str) -> Path:
         """A local folder holding the model: the folder itself, or a copy of a remote one."""
-        url = self.url(location)
-        local = _local(url)
+        url, local = self._resolve(location)
         if local is not None:
-            if not (local / SPEC_FILE).is_file():
-                raise ConfigError(f"no {SPEC_FILE} in {local}{self._hint(location)}")
             return local
         dest = self._cache_folder(url)
         if (dest / SPEC_FILE).is_file():

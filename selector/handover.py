@@ -134,7 +134,7 @@ class Handover:
             self._predictions_moved.add(partition)
 
     def _predictions_stored(self) -> list[tuple[int, int]]:
-        out = [(p, self._predictions_next[p]) for p in self._predictions_moved if p in self._predictions_next]
+        out = [(p, self._predictions_next[p]) for p in self._predictions_moved]  # ``_forget`` drops both
         self._predictions_moved.clear()
         return out
 

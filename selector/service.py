@@ -118,9 +118,7 @@ class Selector:
             chosen = [m for m in policy.select(state, query) if m in app.models]
         except ClipstreamError as exc:
             self.dead.send(reason=str(exc), msg=msg, query_id=qid)
-            asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace,
-                          partition=msg.partition())
-            self._reply(asked, response_record(qid, asked, None, 0.0, [], [], None, now_us(), None, str(exc)))
+            self._reply_default(ev, msg.partition(), str(exc))
             return
         trace = dict(ev.trace)
         trace["dispatched"] = now
@@ -299,10 +297,13 @@ class Selector:
         except Exception as exc:  # one bad record must not stop the selector
             log.exception("query %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
             if ev is not None and ev.query_id not in self.join:
-                asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace,
-                              partition=m.partition())
-                self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), None,
-                                                   f"the selector could not dispatch: {exc}"))
+                self._reply_default(ev, m.partition(), f"the selector could not dispatch: {exc}")
+
+    def _reply_default(self, ev: QueryEvent, partition: int, reason: str) -> None:
+        """Answer a query that never reached the join with a default naming ``reason``."""
+        asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace,
+                      partition=partition)
+        self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), None, reason))
 
     def states(self, pairs: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
         """The policy states of ``pairs``: one MGET while Redis answers, else (and when that

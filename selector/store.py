@@ -69,8 +69,8 @@ class StateStore:
             value = (raw.get(state_key(app, ctx)) if ctx else None) or raw.get(state_key(app, None))
             out[(app, ctx)] = json.loads(value) if value else None
         # every app's global state was read too: a context never read falls back to it
-        globs = {(app, None): out.get((app, None)) if (app, None) in out else
-                 (json.loads(g) if (g := raw.get(state_key(app, None))) else None) for app, _ in wanted}
+        globs = {(app, None): json.loads(g) if (g := raw.get(state_key(app, None))) else None
+                 for app, _ in wanted if (app, None) not in out}
         self._keep({**globs, **out})
         return out
 

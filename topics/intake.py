@@ -30,11 +30,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from clipstream.errors import DecodeError
 from clipstream.settings import Settings
 from topics.client import consumer_config
+from topics.deadletters import Source
 from topics.offsets import assign_at_end, pin_and_assign
 
 log = logging.getLogger("clipstream.topics")
 
-Source = tuple[str, int, int]  # (topic, partition, offset)
 Record = tuple[bytes | None, Source]  # value, where it came from
 
 

@@ -31,7 +31,6 @@ def resolve_from_registry(
     ``--version`` may name the current version, a previous one the registry remembers, or a
     sibling folder ``<repository>/<name>/<version>`` (the model repository layout).
     """
-
     deadline = time.monotonic() + timeout_s
     follower = RegistryFollower(settings)
     follower.start()
@@ -73,7 +72,6 @@ def worker(
     device: str | None, registry_timeout: float,
 ) -> None:
     """Serve one replica of a model: consume batches.<model>[replica], emit predictions."""
-
     settings, ws = settings_or_exit(get_settings), settings_or_exit(WorkerSettings)
     if device is not None:
         ws = ws.model_copy(update={"device": device})

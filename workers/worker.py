@@ -143,7 +143,6 @@ class Worker:
         """Partitions the broker has for ``topic`` (the selector's parallelism), None if unknown."""
         from confluent_kafka.admin import AdminClient
 
-
         meta = AdminClient(admin_config(self.settings)).list_topics(topic, timeout=self.ws.start_timeout_s)
         found = meta.topics.get(topic)
         return len(found.partitions) if found is not None and found.error is None else None

@@ -3,6 +3,7 @@ start, and waiting on a condition with a deadline (never a bare sleep)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -47,6 +48,16 @@ class UpProcess:
     def wait_ready(self, timeout_s: float) -> None:
         """Fail with the last lines of ``up``'s output unless it is ready within ``timeout_s``."""
         assert self.ready.wait(timeout_s), "\n".join(self.lines[-30:])
+
+    def stop(self, timeout_s: float = 90.0) -> int:
+        """SIGTERM, as Ctrl-C would; ``up``'s exit code. One that does not stop in ``timeout_s``
+        is killed and fails the test: stopping every stage cleanly is part of what is tested."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "the condition") -> Any:

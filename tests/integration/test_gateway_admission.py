@@ -10,8 +10,6 @@ at its admission limit nor cut that limit towards its floor.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -51,7 +49,6 @@ def test_a_straggler_answered_by_the_cutoff_is_not_refused_as_overload(settings,
            # its own unit test, and here it would cut the limit this test reads
            "CLIPSTREAM_GATEWAY_MAX_LOOP_LAG_MS": "1000"}
     up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
-    proc, lines = up.proc, up.lines
     try:
         up.wait_ready(180)
         rng = np.random.default_rng(1)
@@ -65,12 +62,7 @@ def test_a_straggler_answered_by_the_cutoff_is_not_refused_as_overload(settings,
                                 seed=3), SLO_MS, "slow")
         limit = _limit(url)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        up.stop(90)
     assert got["calls"] == CALLS and got["other_errors"] == 0, got
     # answered in time, checked first: a pipeline that cannot answer in time rightly cuts the
     # limit. Most answers here are made at the straggler cutoff, just under the deadline, so the

@@ -75,7 +75,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
            "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_BATCHERS": batchers}
     up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
-    proc, lines = up.proc, up.lines
+    lines = up.lines
     client = Client(f"http://127.0.0.1:{port}", app=app)
     try:
         up.wait_ready(240)
@@ -132,12 +132,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             assert len(_ours(settings.topic_prefix)) >= 8  # up, gateway, 2 selectors, 2 batchers, 2 workers
     finally:
         client.close() if hasattr(client, "close") else None
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        code = up.stop(90)
     assert code == 0, "\n".join(lines[-30:])
     assert "stopped" in lines
     wait_until(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +21,7 @@ from clipstream.testing.procs import wait_until
 from selector.learn import FeedbackOffsets, Learner
 from selector.saver import PredictionSaver
 from selector.store import StateStore, state_key
+from tests.fakes import FakeMsg
 
 
 class Flaky:
@@ -134,24 +136,7 @@ def test_stored_predictions_wait_for_redis_and_go_out_after() -> None:
     guard.close()
 
 
-class Msg:
-    def __init__(self, partition: int, offset: int, value: bytes = b"") -> None:
-        self._p, self._o, self._v = partition, offset, value
-
-    def topic(self) -> str:
-        return "fb"
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def value(self) -> bytes:
-        return self._v
-
-    def error(self) -> None:
-        return None
+Msg = partial(FakeMsg, b"", "fb")  # Msg(partition, offset) on the feedback topic
 
 
 def test_feedback_offsets_never_pass_a_parked_record() -> None:
@@ -192,7 +177,7 @@ def test_the_learner_holds_feedback_while_redis_is_away_and_rewinds_after() -> N
     learner = Learner(consumer, None, None, None, guard=guard)  # type: ignore[arg-type]
     applied: list[tuple[int, int]] = []
 
-    def handle(msg: Msg, give_up_at: float | None = None) -> bool:
+    def handle(msg: FakeMsg, give_up_at: float | None = None) -> bool:
         r._check()  # what ``load_predictions`` does first
         applied.append((msg.partition(), msg.offset()))
         return True

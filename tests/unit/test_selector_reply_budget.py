@@ -75,7 +75,7 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     def query(qid: str) -> Msg:
         ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
                         created_us=0, deadline_us=deadline)
-        return Msg(cat.queries.name, encode(ev))
+        return Msg(encode(ev), cat.queries.name)
 
     sel.dispatch(query("q0"))
     assert sel.join.get("q0").deadline_us == deadline - 3_000
@@ -112,12 +112,12 @@ def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too() -> None:
     deadline = now_us() - 7_000  # its cutoff (3 ms before) was due 10 ms ago: the loop was busy
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
                     created_us=0, deadline_us=deadline)
-    sel.dispatch(Msg(cat.queries.name, encode(ev)))
+    sel.dispatch(Msg(encode(ev), cat.queries.name))
     sel.answer_expired()
     (kw,) = replies.options
     kw["on_delivery"](None, SimpleNamespace(latency=lambda: 0.001))  # 1 ms to the broker and back
     assert 11_000 <= budget.us < 20_000, budget.us
-    sel.dispatch(Msg(cat.queries.name, encode(dataclasses.replace(ev, query_id="q2", deadline_us=2**60))))
+    sel.dispatch(Msg(encode(dataclasses.replace(ev, query_id="q2", deadline_us=2**60)), cat.queries.name))
     taught = budget.us
     sel.answer(sel.join.get("q2"))  # complete before its cutoff: it teaches the budget nothing
     replies.options[-1]["on_delivery"](None, SimpleNamespace(latency=lambda: 0.040))

@@ -12,6 +12,7 @@ from schemas import ModelRequest, QueryEvent, Response, Tensor, decode_as, encod
 from selector.policies import Exp3, Single
 from selector.service import Selector, is_stateless
 from selector.store import StateStore, state_key
+from tests.fakes import FakeMsg as Msg
 from topics.catalogue import Catalogue
 
 
@@ -55,26 +56,6 @@ def test_which_policies_are_stateless() -> None:
     assert not is_stateless(Mine()) and is_stateless(Declared()) and not is_stateless(object())
 
 
-class Msg:
-    def __init__(self, topic: str, value: bytes, partition: int = 0) -> None:
-        self._t, self._v, self._p = topic, value, partition
-
-    def topic(self) -> str:
-        return self._t
-
-    def value(self) -> bytes:
-        return self._v
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return 0
-
-    def error(self) -> None:
-        return None
-
-
 class FakeProducer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
@@ -102,7 +83,7 @@ def _selector(policy: Any, redis: FakeRedis, settings: Any) -> tuple[Selector, F
 def _query(i: int, context: str | None) -> Msg:
     ev = QueryEvent(query_id=f"q{i}", app="app", context=context, input=Tensor.of(np.zeros(2, np.float32)),
                     created_us=0, deadline_us=2**62)
-    return Msg("queries", encode(ev))
+    return Msg(encode(ev), "queries")
 
 
 def test_group_loads_state_once_and_single_never(monkeypatch: Any) -> None:
@@ -110,7 +91,7 @@ def test_group_loads_state_once_and_single_never(monkeypatch: Any) -> None:
 
     settings = get_settings()
     queries = Catalogue.from_settings(settings).queries.name
-    msgs = [Msg(queries, _query(i, ctx).value()) for i, ctx in enumerate(["c1", "c2", "c1", None])]
+    msgs = [Msg(_query(i, ctx).value(), queries) for i, ctx in enumerate(["c1", "c2", "c1", None])]
 
     r = FakeRedis({state_key("app", "c1"): json.dumps({"policy": "exp3", "models": ["m2"], "log_w": [0.0],
                                                        "n_observed": 3})})
@@ -143,7 +124,7 @@ def test_answers_leave_on_their_own_producer() -> None:
     sel = Selector(None, requests, StateStore(FakeRedis()), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_producer=replies)  # type: ignore[arg-type]
     sel._model_topics |= {"m1", "m2"}
-    sel.handle([Msg(cat.queries.name, _query(0, None).value())], cat.queries.name)
+    sel.handle([Msg(_query(0, None).value(), cat.queries.name)], cat.queries.name)
     sel.answer(sel.join.get("q0"))  # the deadline passed with nothing arrived: the default
     assert [t for t, _ in requests.sent] == [cat.requests("m1").name]
     assert [t for t, _ in replies.sent] == [cat.responses.name] and replies.polls == 1
@@ -164,7 +145,7 @@ def test_answers_now_due_go_before_the_new_queries_of_a_group() -> None:
     def query(i: int, deadline: int) -> Msg:
         ev = QueryEvent(query_id=f"q{i}", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
                         created_us=now_us(), deadline_us=deadline)
-        return Msg(cat.queries.name, encode(ev))
+        return Msg(encode(ev), cat.queries.name)
 
     sel.handle([query(0, due)], cat.queries.name)
     while now_us() < due:  # q0's deadline passes with its prediction still missing

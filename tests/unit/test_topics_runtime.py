@@ -18,32 +18,12 @@ import topics.intake as intake_mod
 from clipstream.errors import DecodeError, InfraError
 from clipstream.settings import Settings
 from schemas import DeadLetter, decode_as
+from tests.fakes import FakeMsg as Msg
 from topics.deadletters import DeadLetters, dead_letter_record, dead_letter_value, source_of
 from topics.emitter import DeliveryFailed, Emitter
 from topics.intake import Intake, raw_record
 from topics.offsets import SpacedCommits, assign_at_end, committed_offset, pin_and_assign
 from topics.stage import announce_ready, ready_line, stop_on_signals
-
-
-class Msg:
-    def __init__(self, value: bytes | None, topic: str = "t", partition: int = 0, offset: int = 0,
-                 error: Any = None) -> None:
-        self._v, self._t, self._p, self._o, self._e = value, topic, partition, offset, error
-
-    def value(self) -> bytes | None:
-        return self._v
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def error(self) -> Any:
-        return self._e
 
 
 class FakeConsumer:

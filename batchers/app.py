@@ -17,15 +17,21 @@ import asyncio
 import atexit
 import hashlib
 import logging
+import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import faust
+from confluent_kafka import TopicPartition
 from faust.app.base import BootStrategy
 
+from batchers.metrics import batcher_registry
+from batchers.offsets import Part, RequestHandover, RequestOffsets
 from batchers.service import BatcherService, ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.errors import ConfigError
@@ -36,6 +42,8 @@ from topics.catalogue import Catalogue
 from topics.client import aiokafka_kwargs
 from topics.emitter import Emitter
 from topics.intake import Intake, Record
+from topics.membership import member_name, membership_config
+from topics.metrics import LAG, expose, serve_metrics
 from topics.stage import announce_ready, beat_on_loop
 
 log = logging.getLogger("clipstream.batcher")
@@ -91,21 +99,28 @@ def deliver_by_topic(records: list[Record], services: dict[str, Any],
 
 
 def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup],
-               follower: Any = None) -> faust.App:
+               follower: Any = None, member: str | None = None) -> faust.App:
     """The faust app of a batcher process serving one or several models (run it with ``serve``).
 
     Every model keeps its own queue, AIMD state and credit (its own ``BatcherService``); what
     the models share is the process: one consumer for all their request topics, one for all
     their worker reports, one producer, one Redis client. On a small machine that is the
     point: one process per model would wake every one of them for each query of an ensemble;
-    one batcher for all of them is woken once (docs/design/0010)."""
+    one batcher for all of them is woken once (docs/design/0010).
+
+    Several processes for the same models are members of one group that share the models'
+    request partitions (docs/design/0024); ``member`` (else ``CLIPSTREAM_MEMBER``) makes this
+    one a static member, so a restart gets its partitions back at once."""
     if not models or len({m.name for m in models}) != len(models):
         raise ConfigError(f"a batcher needs distinct models, got {[m.name for m in models]}")
     cat = Catalogue.from_settings(settings)
     group = group_name(settings, models)
+    member = _member(member or member_name())
     label = ",".join(m.name for m in models)
     app = faust_app(settings, group, _datadir(label), consumer=False, producer=False)
     holder: dict[str, Any] = {}
+    offsets = RequestOffsets()  # what this member may commit (docs/design/0024)
+    expose(batcher_registry(lambda: holder.get("s", {})))
 
     def services() -> dict[str, BatcherService]:
         # created inside the running loop (asyncio primitives and the Redis pool bind to it)
@@ -114,7 +129,8 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
             redis = async_client(settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
             guard = RedisGuard(sync_client(settings).ping, name="batcher")
             holder["emitter"] = emitter
-            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard) for m in models}
+            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets)
+                           for m in models}
         return holder["s"]
 
     def route(accept: Callable[[BatcherService, list[Record]], None],
@@ -124,19 +140,39 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
 
     @app.task
     async def read_topics() -> None:
+        loop = asyncio.get_running_loop()
         requests = {cat.requests(m.name).name: m.name for m in models}
         stats = {cat.batch_stats(m.name).name: m.name for m in models}
+
+        def shares(owned: set[Part]) -> None:  # on the loop: each model's share of its replicas' credit
+            for topic, name in requests.items():
+                services()[name].share(sum(1 for t, _ in owned if t == topic), cat.requests(name).partitions)
+
+        handover = RequestHandover(offsets, lambda owned: loop.call_soon_threadsafe(shares, owned))
+        # requests: a consumer group whose members share each model's partitions and store only
+        # what is done; worker reports: every member reads them all, with no group (a member's
+        # own batches' reports give its credit back; the others' are ignored)
         intakes = [
             Intake(settings, list(requests), f"{group}.requests", route(BatcherService.accept_group, requests),
-                   fetch_max_wait_ms=bs.fetch_max_wait_ms),
+                   fetch_max_wait_ms=bs.fetch_max_wait_ms, rebalance=handover,
+                   **{"enable.auto.offset.store": False, "auto.commit.interval.ms": bs.commit_interval_ms,
+                      "client.id": f"batcher-{socket.gethostname()}-{os.getpid()}"},  # names it in the group
+                   **LAG.config(f"{group}.requests"),
+                   **membership_config(settings, member, session_timeout_ms=bs.session_timeout_ms,
+                                       heartbeat_interval_ms=bs.heartbeat_interval_ms)),
             Intake(settings, list(stats), group, route(BatcherService.accept_stats, stats),
-                   fetch_max_wait_ms=bs.fetch_max_wait_ms),
+                   fetch_max_wait_ms=bs.fetch_max_wait_ms, assign=[TopicPartition(t, 0) for t in stats],
+                   **LAG.config(group)),
         ]
         holder["intakes"] = intakes
         for intake in intakes:
             intake.start(asyncio.get_running_loop())
         try:
-            await asyncio.Event().wait()
+            while True:  # the offsets of requests done, for the next auto-commit
+                await asyncio.sleep(0.1)
+                done = offsets.take()
+                if done:
+                    intakes[0].store(done)
         finally:
             for intake in intakes:
                 intake.stop()
@@ -182,6 +218,11 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
     return app
 
 
+def _member(name: str | None) -> str | None:
+    """A member name as a group instance id allows it (a shared batcher's stage name has '+')."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) if name else None
+
+
 def _datadir(label: str) -> str:
     """Faust insists on a data dir; with no tables it stays empty, so a temporary one, removed at exit."""
     path = tempfile.mkdtemp(prefix=f"faust-batcher-{label[:40]}-")
@@ -215,14 +256,16 @@ def _use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def run(settings: Settings, bs: BatcherSettings, models: list[ModelSetup], follower: Any = None) -> None:
+def run(settings: Settings, bs: BatcherSettings, models: list[ModelSetup], follower: Any = None,
+        member: str | None = None) -> None:
     """Run the batcher until SIGINT/SIGTERM."""
     ensure_core_topics(settings)
     for model in models:
         ensure_model_topics(settings, model.name, model.replicas)
     if bs.uvloop:
         _use_uvloop()
-    serve(create_app(settings, bs, models, follower))
+    serve_metrics("batcher")
+    serve(create_app(settings, bs, models, follower, member))
 
 
 def serve(app: faust.App) -> None:

@@ -8,6 +8,9 @@ registry is not needed at all.
 AIMD and credit (Clipper keeps every model's batching queue in one process too); their versions
 and replicas come from the registry, which the process then follows, and the serving options
 given apply to every one of them.
+
+Several processes for the same models share their work: each is a member of one consumer
+group and owns some of every model's request partitions (docs/design/0024).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def _from_registry(settings: Any, models: list[str],
 @click.option("--max-batch-size", type=int, default=None, help="AIMD cap")
 @click.option("--batch-delay-ms", type=float, default=None, help="delayed batching wait; 0 disables")
 @click.option("--no-cache", is_flag=True, help="no Redis cache lookups, no coalescing")
+@click.option("--member", default=None,
+              help="this member's stable name in the group of batchers for these models (static "
+                   "membership: a restart gets its partitions back at once) [default: CLIPSTREAM_MEMBER]")
 def batcher(
     model_names: tuple[str, ...],
     version: str | None,
@@ -50,6 +56,7 @@ def batcher(
     max_batch_size: int | None,
     batch_delay_ms: float | None,
     no_cache: bool,
+    member: str | None,
 ) -> None:
     """Run the batcher of one model (or of several, --model repeated) until interrupted."""
     settings, bs = settings_or_exit(get_settings), settings_or_exit(BatcherSettings)
@@ -91,6 +98,6 @@ def batcher(
                 spec=cfg.spec if cfg is not None else None,
             ))
         # follow the registry live only where it, not the command line, set the replicas
-        run(settings, bs, setups, follower if replicas is None else None)
+        run(settings, bs, setups, follower if replicas is None else None, member)
     except ClipstreamError as exc:
         raise click.ClickException(str(exc)) from exc

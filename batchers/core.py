@@ -27,6 +27,7 @@ class Pending:
     request: ModelRequest
     key: str | None
     arrival_us: int
+    where: tuple[str, int, int] | None = None  # its record (topic, partition, offset): done once served
 
     @property
     def deadline_us(self) -> int:
@@ -42,6 +43,7 @@ class SentBatch:
     replica: int
     record: Batch
     flight: InFlight
+    wheres: list[tuple[str, int, int] | None] = field(default_factory=list)  # its requests' records
 
 
 @dataclass
@@ -177,7 +179,7 @@ class BatcherCore:
         )
         keys = tuple(p.key for p in items if p.key is not None) if self.coalesce else ()
         flight = self.dispatcher.sent(replica, batch_id, len(items), now_us, keys)
-        return SentBatch(replica, record, flight)
+        return SentBatch(replica, record, flight, [p.where for p in items])
 
     def handovers(self, replicas: int, now_us: int) -> list[tuple[int, Batch]]:
         """(replica, empty batch) for each replica, stamped with the version now served: read

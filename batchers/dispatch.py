@@ -149,6 +149,13 @@ class Dispatcher:
                 self._by_batch.pop(batch_id, None)
         del self.replicas[replicas:]
 
+    def set_credit(self, max_in_flight: int) -> None:
+        """Batches this batcher may have outstanding at each replica (a member's share of a
+        replica's credit when several batcher members feed it; docs/design/0024)."""
+        self.max_in_flight = max(1, int(max_in_flight))
+        for r in self.replicas:
+            r.max_in_flight = self.max_in_flight
+
     def ready_at_us(self, r: Replica) -> int | None:
         if self.credit_lead_us is None:
             return 0 if r.credit > 0 else None

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -27,6 +29,7 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
+from batchers.offsets import RequestOffsets, Where
 from batchers.settings import BatcherSettings
 from batchers.version import VersionSwitch
 from clipstream.clock import now_us
@@ -42,6 +45,8 @@ from topics.intake import Record
 from topics.markers import marker_version
 
 log = logging.getLogger("clipstream.batcher")
+
+Out = tuple[str, bytes, int | None, list[Where | None] | None]  # topic, value, partition, requests it serves
 
 @dataclass
 class ModelSetup:
@@ -62,10 +67,11 @@ class BatcherService:
 
     def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup,
                  producer: Producer | None = None, redis: aioredis.Redis | None = None,
-                 guard: RedisGuard | None = None) -> None:
+                 guard: RedisGuard | None = None, offsets: RequestOffsets | None = None) -> None:
         """``producer``, ``redis`` and its ``guard``: the process's shared clients (made here when
         not given). While the guard says Redis is away, every lookup is a miss: the request goes
-        to the model rather than wait on the cache."""
+        to the model rather than wait on the cache. ``offsets``: told which request records are
+        read and which are done (acknowledged by the broker), so a member commits only those."""
         self.settings = settings
         self.model = model
         self.cat = Catalogue.from_settings(settings)
@@ -89,10 +95,12 @@ class BatcherService:
         self.redis = (redis or async_client(settings)) if model.cache else None
         self.guard = guard or RedisGuard(sync_client(settings).ping, name="batcher")
         self.wake = asyncio.Event()
-        self.arrived: list[tuple[ModelRequest, int]] = []  # (request, arrival)
+        self.offsets = offsets
+        self.base_in_flight = bs.max_in_flight
+        self.arrived: list[tuple[ModelRequest, int, Where]] = []  # (request, arrival, its record)
         self.arrived_event = asyncio.Event()
-        self.outbox: list[tuple[str, bytes, int | None]] = []  # dead letters from ``accept``
-        self.failed: list[tuple[int, Prediction]] = []  # error predictions from ``accept``
+        self.outbox: list[Out] = []  # dead letters from ``accept``
+        self.failed: list[tuple[Pending, Prediction]] = []  # error predictions from ``accept``
         self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
         self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0,
                        "send_errors": 0}
@@ -103,32 +111,46 @@ class BatcherService:
     # query, and librdkafka's own thread does the I/O with far less Python per record
     # (docs/design/0009). ``produce`` only queues the record (acks=all); ``Emitter.serve_reports``
     # polls for the delivery reports.
-    def _send_all(self, records: list[tuple[str, bytes, int | None]]) -> None:
+    def _send_all(self, records: list[Out]) -> None:
         produce = self.producer.produce
-        for topic, value, partition in records:
+        for topic, value, partition, wheres in records:
+            report = self._delivered if not wheres or self.offsets is None else partial(self._done, wheres)
             if partition is None:
-                produce(topic, value, on_delivery=self._delivered)
+                produce(topic, value, on_delivery=report)
             else:
-                produce(topic, value, partition=partition, on_delivery=self._delivered)
+                produce(topic, value, partition=partition, on_delivery=report)
         self.producer.poll(0)
+
+    def _done(self, wheres: list[Where | None], err: Any, msg: Any) -> None:
+        """The record that serves these requests was delivered: they may be committed. One the
+        broker refused for good is let go too (the selector answers its query at the deadline),
+        as holding it would hold back every commit of its partition until the next rebalance."""
+        self._delivered(err, msg)
+        assert self.offsets is not None
+        self.offsets.done(wheres)
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
             self.counts["send_errors"] += 1
             log.warning("a record for %s was not delivered: %s", msg.topic(), err)
 
-    def _predictions(self, preds: list[tuple[int, Prediction]]) -> list[tuple[str, bytes, int | None]]:
-        """One ``Predictions`` record per selector partition."""
+    def _predictions(self, preds: list[tuple[Pending, Prediction]]) -> list[Out]:
+        """One ``Predictions`` record per selector partition, with the requests it serves."""
         topic = self.topic_predictions
-        return [(topic, encode(record), partition) for partition, record in by_partition(preds).items()]
+        wheres: dict[int, list[Where | None]] = {}
+        for p, _ in preds:
+            wheres.setdefault(p.partition, []).append(p.where)
+        return [(topic, encode(record), partition, wheres[partition])
+                for partition, record in by_partition((p.partition, pred) for p, pred in preds).items()]
 
-    def _emit(self, preds: list[tuple[int, Prediction]]) -> None:
+    def _emit(self, preds: list[tuple[Pending, Prediction]]) -> None:
         self._send_all(self._predictions(preds))
 
-    def _deadletter_record(self, reason: str, payload: bytes | None, where: tuple[str, int, int] | None,
-                           query_id: str | None = None) -> tuple[str, bytes, int | None]:
+    def _deadletter_record(self, reason: str, payload: bytes | None, where: Where | None,
+                           query_id: str | None = None, serves: bool = False) -> Out:
+        """``serves``: the dead letter is all that answers the request at ``where``."""
         value = dead_letter_value(stage="batcher", reason=reason, source=where, query_id=query_id, payload=payload)
-        return self.topic_deadletter, value, None
+        return self.topic_deadletter, value, None, [where] if serves else None
 
     # -- requests -----------------------------------------------------------------------
     def accept_group(self, records: list[Record]) -> None:
@@ -136,30 +158,38 @@ class BatcherService:
         the lookup task once. Synchronous (called on the loop by ``Intake``); what a bad record
         produces (dead letter, error prediction) goes out with the lookup task's next group."""
         for value, where in records:
-            self._accept(value, where)
+            try:
+                self._accept(value, where)
+            except Exception as exc:  # one bad record must not drop the rest of the fetch
+                log.exception("request %s failed", where)
+                self.counts["errors"] += 1
+                self.outbox.append(self._deadletter_record(
+                    f"the batcher failed on this request: {type(exc).__name__}: {exc}", value, where, serves=True))
         self.arrived_event.set()
 
-    def _accept(self, value: bytes | None, where: tuple[str, int, int]) -> None:
+    def _accept(self, value: bytes | None, where: Where) -> None:
         arrival = now_us()
+        if self.offsets is not None:
+            self.offsets.read(where)
         try:
             request = decode_as(ModelRequest, value)  # type: ignore[arg-type]  # None: DecodeError
         except DecodeError as exc:
-            self.outbox.append(self._deadletter_record(str(exc), value, where))
+            self.outbox.append(self._deadletter_record(str(exc), value, where, serves=True))
             return
         request.trace["batcher_in"] = arrival
         try:
             array = request.input.array()
             if self.model.spec is not None:
                 self.model.spec.input.check(array)
-        except ClipstreamError as exc:
+        except (ClipstreamError, ValueError, TypeError) as exc:  # numpy's own errors on a hostile tensor too
             self.counts["errors"] += 1
             self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request.query_id))
-            p = Pending(request, None, arrival)
-            self.failed.append((p.partition, prediction(p, self.model.name, self.core.version, "error", arrival,
-                                                        error=f"bad input: {exc}")))
+            p = Pending(request, None, arrival, where)
+            self.failed.append((p, prediction(p, self.model.name, self.core.version, "error", arrival,
+                                              error=f"bad input: {exc}")))
             return
         self.counts["requests"] += 1
-        self.arrived.append((request, arrival))
+        self.arrived.append((request, arrival, where))
 
     async def lookup_loop(self) -> None:
         """Group whatever arrived, look it up with one MGET, answer hits, queue misses."""
@@ -177,16 +207,16 @@ class BatcherService:
                 continue
             version = self.core.version
             pendings = [
-                Pending(r, cache_key(self.model.name, version, r.input) if self.redis else None, t)
-                for r, t in group
+                Pending(r, cache_key(self.model.name, version, r.input) if self.redis else None, t, w)
+                for r, t, w in group
             ]
             values = await self._mget([p.key for p in pendings])  # type: ignore[arg-type]
-            hits: list[tuple[int, Prediction]] = []
+            hits: list[tuple[Pending, Prediction]] = []
             now = now_us()
             for p, raw in zip(pendings, values):
                 output = self._decode_cached(raw)
                 if output is not None:
-                    hits.append((p.partition, prediction(p, self.model.name, version, "cached", now, output)))
+                    hits.append((p, prediction(p, self.model.name, version, "cached", now, output)))
                 else:
                     self.core.admit(p)
             if hits:
@@ -214,16 +244,17 @@ class BatcherService:
         for value, where in records:
             try:
                 stats = decode_as(BatchStats, value)  # type: ignore[arg-type]  # None: DecodeError
-            except DecodeError as exc:
-                self.outbox.append(self._deadletter_record(str(exc), value, where))
+                version = marker_version(stats)
+                if version is not None:  # a worker of ``version`` is ready, not a batch report
+                    self.switch.mark_ready(version, stats.replica, stats.created_us)
+                    self._maybe_switch(now)
+                    continue
+                keys += self.core.on_stats(stats, now)
+            except Exception as exc:  # undecodable, or one the batcher cannot use: the rest still count
+                reason = str(exc) if isinstance(exc, DecodeError) else \
+                    f"the batcher failed on this report: {type(exc).__name__}: {exc}"
+                self.outbox.append(self._deadletter_record(reason, value, where))
                 self.arrived_event.set()  # the lookup task sends the outbox
-                continue
-            version = marker_version(stats)
-            if version is not None:  # a worker of ``version`` is ready, not a batch report
-                self.switch.mark_ready(version, stats.replica, stats.created_us)
-                self._maybe_switch(now)
-                continue
-            keys += self.core.on_stats(stats, now)
         self.wake.set()  # credit is back
         if keys:
             task = asyncio.get_running_loop().create_task(self._serve_coalesced(keys))
@@ -246,11 +277,11 @@ class BatcherService:
     async def _serve_coalesced(self, keys: list[str]) -> None:
         values = await self._mget(keys)
         now = now_us()
-        out: list[tuple[int, Prediction]] = []
+        out: list[tuple[Pending, Prediction]] = []
         for key, raw in zip(keys, values):
             output = self._decode_cached(raw)
             served, expired = self.core.deliver(key, output, now)
-            out += [(p.partition, prediction(p, self.model.name, self.core.version, "cached", now, output))
+            out += [(p, prediction(p, self.model.name, self.core.version, "cached", now, output))
                     for p in served]
             out += self._expired(expired, now)
         if out:
@@ -258,11 +289,11 @@ class BatcherService:
             self._emit(out)
         self.wake.set()  # requests sent back to the queue
 
-    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[int, Prediction]]:
+    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[Pending, Prediction]]:
         self.counts["expired"] += len(pendings)
         return [
-            (p.partition, prediction(p, self.model.name, self.core.version, "expired", now,
-                                     error="deadline passed while queued in the batcher"))
+            (p, prediction(p, self.model.name, self.core.version, "expired", now,
+                           error="deadline passed while queued in the batcher"))
             for p in pendings
         ]
 
@@ -272,11 +303,11 @@ class BatcherService:
         while True:
             now = now_us()
             step = self.core.poll(now)
-            out = []
+            out: list[Out] = []
             for sent in step.batches:
                 self.counts["batches"] += 1
                 self.counts["batched"] += len(sent.record.items)
-                out.append((self.topic_batches, encode(sent.record), sent.replica))
+                out.append((self.topic_batches, encode(sent.record), sent.replica, sent.wheres))
             if step.expired:
                 out += self._predictions(self._expired(step.expired, now))
             if out:
@@ -289,6 +320,14 @@ class BatcherService:
             except asyncio.TimeoutError:
                 pass
             self.wake.clear()
+
+    def share(self, owned: int, partitions: int) -> None:
+        """This member owns ``owned`` of the model's ``partitions`` request partitions: it gets
+        that share of each replica's credit, at least one batch, so the members feeding one
+        replica together keep about ``max_in_flight`` batches at it (docs/design/0024)."""
+        fraction = owned / partitions if partitions > 0 else 1.0
+        self.core.dispatcher.set_credit(max(1, math.ceil(self.base_in_flight * fraction - 1e-9)))
+        self.wake.set()
 
     def stats_line(self) -> str:
         return json.dumps({"model": self.model.name, **self.counts, "queued": len(self.core.queue),
@@ -330,7 +369,7 @@ class BatcherService:
         self.core.version = self.switch.current
         self._apply(*self._wanted)
         replicas = max(before, len(self.core.dispatcher.replicas))
-        self._send_all([(self.topic_batches, encode(b), r) for r, b in self.core.handovers(replicas, now)])
+        self._send_all([(self.topic_batches, encode(b), r, None) for r, b in self.core.handovers(replicas, now)])
         log.warning("batcher %s: batches move from version %s to %s (%s)", self.model.name, left,
                     self.core.version, why)
 

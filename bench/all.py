@@ -21,7 +21,8 @@ import traceback
 from bench.common import OUT, say
 from bench.machine import machine_info
 
-ORDER = ("breakdown", "e2e", "efficiency", "scaling", "stragglers", "cache", "gateway", "join", "batching")
+ORDER = ("breakdown", "e2e", "efficiency", "scaling", "members", "stragglers", "cache", "gateway", "join", "batching",
+         "cost")
 # run as their own process: name -> extra arguments of the quick mode
 SUBPROCESS = {"batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
 BUDGET_S = 40 * 60

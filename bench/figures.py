@@ -83,6 +83,15 @@ def scaling(r: dict[str, Any]) -> Result:
     return f"{j([get(g, n) for n in ('1', '2', '4')], q)} q/s within SLO: 4 vs 1 = {x(ratio)}", met(ge(ratio, 3.6))
 
 
+def members(r: dict[str, Any]) -> Result:
+    s = get(r, "summary")
+    g, ratio = get(s, "goodput_qps"), get(s, "ratio_to_one")
+    ks = sorted(g, key=int)
+    return (f"{j([get(g, k) for k in ks], q)} q/s peak goodput within SLO ({' / '.join(ks)} members); "
+            + ", ".join(f"{k} vs 1 = {x(get(ratio, k))}" for k in ks if k != "1")
+            + f"; {get(s, 'cores')} cores"), NONE
+
+
 def efficiency(r: dict[str, Any]) -> Result:
     s = get(r, "summary")
     e = get(s, "efficiency")
@@ -246,9 +255,50 @@ def cache_hit(r: dict[str, Any]) -> Result:
             + (f" (answer made {ms(made)} ms after arrival)" if made is not None else ""), met(p50 < 2))
 
 
+def soak(r: dict[str, Any]) -> Result:
+    g, drift, minutes = get(r, "rss_growth"), get(r, "p99_drift"), get(r, "settings", "minutes")
+    stages = {k: v for k, v in g.items() if k not in ("kafka", "redis")}
+    worst = max(stages, key=stages.get)
+    text = (f"{minutes:g} min at {q(get(r, 'rate_qps'))} q/s: worst stage RSS growth {worst} "
+            f"{stages[worst]:+.1%}; p99 last/first third {x(drift)}")
+    return text, met(minutes >= 30, stages[worst] < 0.10, drift is not None and drift <= 1.5)
+
+
+def cost_cpu(rate: str, target: float) -> Callable[[dict[str, Any]], Result]:
+    def figure(r: dict[str, Any]) -> Result:
+        c = get(r, "systems", "clipstream", "cpu", rate)
+        total, per = get(c, "cpu_us_per_query_total"), get(c, "cpu_us_per_query")
+        split = ", ".join(f"{k} {v:,.0f}" for k, v in per.items())
+        answered = c.get("cpu_us_per_answered_query")
+        also = f"; {answered:,.0f} µs per query answered" if answered is not None else ""
+        return f"{total:,.0f} µs ({split}){also}", met(total <= target)
+    return figure
+
+
+def cost_max_rate(r: dict[str, Any]) -> Result:
+    s = get(r, "summary")
+    v = get(s, "max_rate_qps")
+    return f"{q(v)} q/s", met(ge(v, 800))
+
+
+def cost_vs_mlserver(r: dict[str, Any]) -> Result:
+    s = get(r, "summary")
+    ratio = get(s, "vs_mlserver")
+    return (f"{x(ratio)} ({q(get(s, 'max_rate_qps'))} vs MLServer {q(get(s, 'mlserver_max_rate_qps'))} q/s)",
+            met(ge(ratio, 2.0)))
+
+
+def cost_light(r: dict[str, Any]) -> Result:
+    s = get(r, "summary")
+    p50, hit = get(s, "light_p50_ms"), get(s, "cache_hit_p50_ms")
+    return f"p50 {ms(p50)} ms at 100 q/s; cache hit p50 {ms(hit)} ms", met(p50 <= 10, hit < 10)
+
+
 # (figure, target, report, function)
 FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("scaling: 1, 2, 4 replicas of the simulated accelerator", "≥ 3.6x", "scaling", scaling),
+    ("members: 1, 2, 4 selector and batcher members, simulated accelerator (bench.members)", NONE, "members",
+     members),
     ("efficiency: goodput within SLO / device ceiling, 1 replica", "≥ 0.9", "efficiency", efficiency),
     ("stragglers: p99 with the deadline cutoff, 2 / 4 / 8 models", "p99 ≤ SLO + 5 ms; loss < 1 point", "stragglers", stragglers),
     ("cache: feedback re-evaluation with vs without", "≥ 1.6x", "cache", cache),
@@ -267,6 +317,13 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("AIMD after the model's speed halves: recovery, settled", "≤ 200 batches; ≥ 0.9x new best", "batching", adapt),
     ("delayed batching vs none, 5 ms profile, bursty load", "≥ 2x", "batching", delayed),
     ("cache hit, batcher in → predictions topic", "p50 < 2 ms", "batching", cache_hit),
+    ("cost: CPU per query at 300 q/s, every process (bench.cost)", "≤ 1,000 µs", "cost", cost_cpu("300", 1000)),
+    ("cost: CPU per query at 100 q/s, every process", "≤ 1,500 µs", "cost", cost_cpu("100", 1500)),
+    ("cost: highest rate through the gateway, p99 ≤ 50 ms, no refusals", "≥ 800 q/s", "cost", cost_max_rate),
+    ("cost: clipstream vs MLServer 1.7.1, same model and load", "≥ 2x", "cost", cost_vs_mlserver),
+    ("cost: light load p50; cache-hit round trip", "p50 ≤ 10 ms; hit p50 < 10 ms", "cost", cost_light),
+    ("soak at 70% of capacity (python -m bench.soak)", "30 min; each stage's RSS < +10%; p99 stable",
+     "soak", soak),
 ]
 
 

@@ -177,19 +177,21 @@ class RawHTTP:
 
 @without_gc_pauses
 def run_gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarray, *, max_connections: int = 256,
-                timeout_s: float = 10.0, progress: Progress | None = None, client: str = "raw") -> RunResult:
+                timeout_s: float = 10.0, progress: Progress | None = None, client: str = "raw",
+                path: str | None = None) -> RunResult:
     """Post ``bodies[i % len]`` at ``times[i]`` (seconds from now) to the app's predict route.
 
-    ``client``: ``raw`` (``RawHTTP``, cheap) or ``httpx`` (httpx.AsyncClient)."""
-    return asyncio.run(_gateway(url, app, bodies, times, max_connections, timeout_s, progress, client))
+    ``client``: ``raw`` (``RawHTTP``, cheap) or ``httpx`` (httpx.AsyncClient). ``path``: another
+    route than the gateway's (another server under the same load, ``bench.cost``)."""
+    return asyncio.run(_gateway(url, path or f"/v1/apps/{app}/predict", bodies, times, max_connections, timeout_s,
+                                progress, client))
 
 
-async def _gateway(url: str, app: str, bodies: Sequence[bytes], times: np.ndarray, max_connections: int,
+async def _gateway(url: str, path: str, bodies: Sequence[bytes], times: np.ndarray, max_connections: int,
                    timeout_s: float, progress: Progress | None, kind: str) -> RunResult:
     import httpx
 
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    path = f"/v1/apps/{app}/predict"
     headers = {"content-type": "application/json"}
     loop = asyncio.get_running_loop()
     results = [Outcome(i, 0) for i in range(len(times))]

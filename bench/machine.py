@@ -95,13 +95,13 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return None if fields is None else (int(fields[1]), int(fields[11]) + int(fields[12]))
 
 
-def jit_cpu_s(pid: int) -> float | None:
+def jit_cpu_s(pid: int, proc: Path = Path("/proc")) -> float | None:
     """CPU seconds the JVM ``pid``'s compiler threads (C1, C2) have used so far; None when it is
     gone or /proc has no threads to read. A broker is warm when these go quiet."""
-    hz = os.sysconf("SC_CLK_TCK")
+    hz = CLK_TCK
     total, seen = 0, False
     try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        tasks = list((proc / str(pid) / "task").iterdir())
     except OSError:
         return None
     for task in tasks:
@@ -110,10 +110,14 @@ def jit_cpu_s(pid: int) -> float | None:
                 continue
         except OSError:
             continue
-        fields = proc_stat_fields(int(task.name))  # a thread's id is readable as /proc/<tid>
-        if fields is not None:
-            total += int(fields[11]) + int(fields[12])
-            seen = True
+        # the thread's own counts: /proc/<tid>/stat would give the whole process's
+        try:
+            raw = (task / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+        seen = True
     return total / hz if seen else None
 
 

@@ -14,6 +14,7 @@ import click
 COMMANDS: dict[str, str] = {
     "infra": "clipstream.infra.cli:infra",
     "topics": "topics.cli:topics",
+    "deadletters": "topics.deadletters_cli:deadletters",
     "worker": "workers.cli:worker",
     "batcher": "batchers.cli:batcher",
     "selector": "selector.cli:selector",

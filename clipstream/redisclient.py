@@ -29,6 +29,12 @@ log = logging.getLogger("clipstream.redis")
 REDIS_AWAY: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+def stored_predictions_key(query_id: str) -> str:
+    """Where the selector keeps a query's predictions for the feedback join (the gateway asks
+    whether they are there before it takes feedback for the query)."""
+    return f"cs:pred:{query_id}"
+
+
 class RedisSettings(Protocol):
     """What a client needs of ``clipstream.settings.Settings`` (a sibling this module may not import)."""
 
@@ -37,21 +43,34 @@ class RedisSettings(Protocol):
 
 
 def client_options(settings: RedisSettings) -> dict[str, Any]:
-    """Socket timeouts for connect and every command, from ``CLIPSTREAM_REDIS_TIMEOUT_MS``."""
+    """Socket timeouts for connect and every command, from ``CLIPSTREAM_REDIS_TIMEOUT_MS``, and
+    the password (``CLIPSTREAM_REDIS_PASSWORD``, or the one the URL held) when there is one."""
     timeout_s = settings.redis_timeout_ms / 1000
-    return {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    password = getattr(settings, "redis_password", None)
+    if password is not None:
+        options["password"] = password.get_secret_value() if hasattr(password, "get_secret_value") else password
+    return options
 
 
 def sync_client(settings: RedisSettings) -> redis.Redis:
-    """A blocking client of ``settings.redis_url`` with bounded waits."""
-    return redis.Redis.from_url(settings.redis_url, **client_options(settings))
+    """A blocking client of ``settings.redis_url`` with bounded waits. No retries: redis-py
+    retries a timed-out command (10 times, with backoff, by default), which turns one bounded
+    wait on a frozen server into seconds; the stage's ``RedisGuard`` decides when to try again."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **client_options(settings))
 
 
 def async_client(settings: RedisSettings) -> aioredis.Redis:
-    """An asyncio client of ``settings.redis_url`` with bounded waits (make it on the loop)."""
+    """An asyncio client of ``settings.redis_url`` with bounded waits and no retries, as
+    ``sync_client`` (make it on the loop)."""
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
-    return aioredis.from_url(settings.redis_url, **client_options(settings))
+    return aioredis.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **client_options(settings))
 
 
 class RedisGuard:

@@ -11,8 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -32,7 +33,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_", extra="ignore")
 
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # a password in the URL (redis://:secret@host:6379/0) is moved to ``redis_password`` at
+    # load, so the URL itself may be logged and printed
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_password: SecretStr | None = None
     topic_prefix: str = "clipstream."
     # partitions of the queries/predictions/feedback topics: the selector's parallelism
     selector_partitions: int = 4
@@ -44,7 +48,7 @@ class Settings(BaseSettings):
     kafka_security_protocol: str | None = None
     kafka_sasl_mechanism: str | None = None
     kafka_sasl_username: str | None = None
-    kafka_sasl_password: str | None = None
+    kafka_sasl_password: SecretStr | None = None
     kafka_ssl_ca_location: str | None = None
     kafka_ssl_certificate_location: str | None = None
     kafka_ssl_key_location: str | None = None
@@ -68,6 +72,52 @@ class Settings(BaseSettings):
     # resolves against its own root; unset: the registry holds absolute local paths
     # (registry/repository.py, docs/design/0019)
     model_repository: str | None = None
+
+
+    @model_validator(mode="after")
+    def _password_out_of_the_url(self) -> "Settings":
+        url, password = split_url_password(self.redis_url)
+        if password is not None:
+            self.redis_url = url
+            if self.redis_password is None:
+                self.redis_password = SecretStr(password)
+        return self
+
+    def secret_env(self) -> dict[str, str]:
+        """The secrets as ``CLIPSTREAM_*`` variables, for a child process to inherit."""
+        env = {}
+        if self.redis_password is not None:
+            env["CLIPSTREAM_REDIS_PASSWORD"] = self.redis_password.get_secret_value()
+        if self.kafka_sasl_password is not None:
+            env["CLIPSTREAM_KAFKA_SASL_PASSWORD"] = self.kafka_sasl_password.get_secret_value()
+        return env
+
+
+def split_url_password(url: str) -> tuple[str, str | None]:
+    """``url`` without its password, and the password (None when it has none)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url, None
+    if password is None:
+        return url, None
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = (f"{user}@" if user else "") + host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), password
+
+
+def redacted_url(url: str, password: SecretStr | str | None = None) -> str:
+    """``url`` as it may be printed: a password, in it or beside it, shows as ``***``."""
+    url, inline = split_url_password(url)
+    if inline is None and not password:
+        return url
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{parts.username or ''}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
 def get_settings(**overrides: object) -> Settings:

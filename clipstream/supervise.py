@@ -197,6 +197,22 @@ class Supervisor:
             _signal(stage, signal.SIGTERM)
             _signal(stage, signal.SIGCONT)  # a stopped stage acts on its SIGTERM (as systemd does)
 
+    def release(self, name: str) -> Stage | None:
+        """Take a stage out of the supervisor's care without stopping it (a worker of a replaced
+        version serves on until its handover): it is no longer restarted or stopped from here."""
+        with self._lock:
+            stage = self.stages.pop(name, None)
+            if stage is not None:
+                stage.removed = True  # under the lock, so a ``check`` under way does not restart it
+        return stage
+
+    def adopt(self, stage: Stage, restart: bool = True) -> None:
+        """Take a released stage back: into care (a rollback before it left), or, with
+        ``restart`` false, only to be stopped with the others (the final stop)."""
+        with self._lock:
+            stage.removed = not restart
+            self.stages.setdefault(stage.name, stage)
+
     def remove(self, name: str) -> None:
         with self._lock:
             stage = self.stages.pop(name, None)

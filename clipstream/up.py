@@ -1,7 +1,7 @@
 """`clipstream up -f app.yaml`: the whole pipeline on one machine, supervised.
 
-Starts Kafka and Redis if they are not running, applies the app file, then runs the gateway,
-the selector members (``CLIPSTREAM_UP_SELECTORS``, 2 by default), and per model a batcher and one worker per replica. It keeps following the
+Starts Kafka and Redis if they are not running, applies the app file, then runs the gateway
+(``CLIPSTREAM_UP_GATEWAYS`` members on one port, 1 by default), the selector members (``CLIPSTREAM_UP_SELECTORS``, 2 by default), and per model a batcher and one worker per replica. It keeps following the
 registry, so a model deployed or linked later (or given more replicas) gets its processes
 without a restart. A new version of a model (``deploy-model``, ``rollback``) gets its own
 workers beside the old version's, which serve until the batcher moves the model's batches to
@@ -35,11 +35,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from clipstream.errors import ClipstreamError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
-from clipstream.settings import Settings, get_settings, settings_or_exit
+from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, MetricTargets
+from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
 from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Stage, Supervisor
 from clipstream.warmup import warm_up
 from registry.appfile import apply_file
 from registry.topic import RegistryFollower, RegistryView
+from topics.catalogue import REQUEST_PARTITIONS
+from topics.membership import MEMBER_ENV
 
 READY_TIMEOUT_S = 180.0
 # an old version's worker normally stops by itself when the batcher hands its partition over;
@@ -54,6 +57,13 @@ class UpSettings(BaseSettings):
     # selector members (one consumer group): with two, a killed one is a failover to the other
     # (its partitions move within the selector's session timeout), not an outage
     selectors: int = Field(2, ge=1)
+    # batcher processes per set of models (one consumer group sharing each model's request
+    # partitions): one by default, as a second on two cores splits each model's queue, so its
+    # batches fill half as fast, for a failover no quicker than a restart (docs/design/0024)
+    batcher_members: int = Field(1, ge=1, le=REQUEST_PARTITIONS)
+    # gateway members on one port (SO_REUSEPORT): with two, a killed one costs its callers a
+    # retried connection, not an outage (docs/design/0023)
+    gateways: int = Field(1, ge=1)
     # seconds of steady traffic before `ready` (clipstream/warmup.py): a fresh broker's JIT
     warm_up_s: float = Field(20.0, ge=0)
     # a stage whose heartbeat is older is hung: killed and restarted (0: never; docs/design/0014)
@@ -73,12 +83,24 @@ def _stage_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "clipstream.cli", *args]
 
 
+def gateway_stages(count: int, port: str) -> list[tuple[str, list[str]]]:
+    """The gateway stages: one ``gateway``, or ``gateway-1..n`` sharing the port, each with its
+    own reply topic, named by port and member so a restart reuses it."""
+    if count == 1:
+        return [("gateway", _stage_argv("gateway"))]
+    return [(f"gateway-{i}", _stage_argv("gateway", "--reuse-port", "--instance", f"gw{port}-{i}"))
+            for i in range(1, count + 1)]
+
+
 class Pipeline:
     """Keeps the batcher(s) and one worker per replica in step with the registry."""
 
-    def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = True):
+    def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = True,
+                 targets: MetricTargets | None = None, batcher_members: int = 1):
         self.supervisor = supervisor
+        self.batcher_members = batcher_members
         self.env = env
+        self.targets = targets  # each stage's metrics port (``clipstream.metrics_targets``)
         self.shared_batcher = shared_batcher
         self._lock = threading.Lock()
         self.retiring: list[str] = []  # shared batchers replaced, stopped once the new one is ready
@@ -96,16 +118,16 @@ class Pipeline:
         """
         started: list[str] = []
         with self._lock:
-            wanted = wanted_stages(view, self.shared_batcher)
+            wanted = wanted_stages(view, self.shared_batcher, self.batcher_members)
             for stage, args in wanted.items():
                 if stage in self.supervisor.stages:
                     continue
                 back = self.leaving.pop(stage, None)
                 if back is not None and back.stage.proc is not None and back.stage.proc.poll() is None:
-                    back.stage.removed = False  # rolled back before it left: it serves on
-                    self.supervisor.stages[stage] = back.stage
+                    self.supervisor.adopt(back.stage)  # rolled back before it left: it serves on
                     continue
-                self.supervisor.add(stage, _stage_argv(*args), self.env)
+                self.supervisor.add(stage, _stage_argv(*args),
+                                    self.targets.env(stage, self.env) if self.targets else self.env)
                 started.append(stage)
             for stage in list(self.supervisor.stages):
                 if stage in wanted or stage in self.retiring:
@@ -123,9 +145,9 @@ class Pipeline:
         return started
 
     def _leave(self, name: str, model: str, successor: str) -> None:
-        stage = self.supervisor.stages[name]
-        stage.removed = True  # first, so a ``check`` already under way does not restart it
-        self.supervisor.stages.pop(name, None)
+        stage = self.supervisor.release(name)
+        if stage is None:
+            return
         self.leaving[name] = Leaving(stage, model)
         _say(f"{name} serves until version {successor} of {model} is ready")
 
@@ -170,8 +192,8 @@ class Pipeline:
     def hand_back(self) -> None:
         """Leaving workers go back to the supervisor, to be stopped with everything else."""
         with self._lock:
-            for name, leaving in self.leaving.items():
-                self.supervisor.stages.setdefault(name, leaving.stage)
+            for leaving in self.leaving.values():
+                self.supervisor.adopt(leaving.stage, restart=False)
             self.leaving.clear()
 
 
@@ -198,21 +220,32 @@ def _killpg(pid: int, sig: signal.Signals) -> None:
         pass
 
 
-def wanted_stages(view: RegistryView, shared_batcher: bool = True) -> dict[str, list[str]]:
+def wanted_stages(view: RegistryView, shared_batcher: bool = True, batcher_members: int = 1) -> dict[str, list[str]]:
     """Stage name -> CLI arguments: one batcher per model (or one for all), one worker per replica.
 
     A batcher follows the models' versions through the registry itself, so its stage name
-    carries only the model names: a shared one is replaced when a model comes or goes."""
+    carries only the model names: a shared one is replaced when a model comes or goes. With
+    ``batcher_members`` above one, each batcher runs that many times (names ending ``.1``,
+    ``.2``, ...); every member is a static group member named ``batcher-<i>``."""
     wanted: dict[str, list[str]] = {}
+
+    def batchers(name: str, models: list[str]) -> None:
+        args = ["batcher", *[a for n in models for a in ("--model", n)]]
+        if batcher_members == 1:
+            wanted[name] = [*args, "--member", "batcher-1"]
+            return
+        for i in range(1, batcher_members + 1):
+            wanted[f"{name}.{i}"] = [*args, "--member", f"batcher-{i}"]
+
     served = sorted(name for name, model in view.models.items() if model.spec is not None)
     if shared_batcher and served:
-        wanted["batchers-" + "+".join(served)] = ["batcher", *[a for n in served for a in ("--model", n)]]
+        batchers("batchers-" + "+".join(served), served)
     for name, model in view.models.items():
         if model.spec is None:
             continue
         v = model.version
         if not shared_batcher:  # it follows the model's version through the registry itself
-            wanted[f"batcher-{name}"] = ["batcher", "--model", name]
+            batchers(f"batcher-{name}", [name])
         for r in range(model.replicas):
             wanted[f"worker-{name}-v{v}-{r}"] = [
                 "worker", "--model", name, "--version", v,
@@ -251,6 +284,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
             **os.environ,
             "CLIPSTREAM_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
             "CLIPSTREAM_REDIS_URL": settings.redis_url,
+            **settings.secret_env(),  # the URL's password moved to CLIPSTREAM_REDIS_PASSWORD
             "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix,
             "PYTHONUNBUFFERED": "1",
         }
@@ -258,29 +292,38 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
             env["CLIPSTREAM_GATEWAY_PORT"] = str(gateway_port)
         port = env.get("CLIPSTREAM_GATEWAY_PORT", "8080")
         host = env.get("CLIPSTREAM_GATEWAY_HOST", "127.0.0.1")
-        click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={settings.redis_url}")
+        click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={redacted_url(settings.redis_url, settings.redis_password)}")
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
         supervisor = Supervisor(log_dir, report=_say, heartbeat_timeout_s=up_settings.heartbeat_timeout_s,
                                 healthy_s=up_settings.healthy_s)
-        pipeline = Pipeline(supervisor, env, shared_batcher=shared)
+        targets = MetricTargets(log_dir / TARGETS_FILE)
+        pipeline = Pipeline(supervisor, env, shared_batcher=shared, targets=targets,
+                            batcher_members=up_settings.batcher_members)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
-        for i in range(1, up_settings.selectors + 1):
-            supervisor.add(f"selector-{i}", _stage_argv("selector"), env)
-        supervisor.add("gateway", _stage_argv("gateway"), env)
+        for i in range(1, up_settings.selectors + 1):  # named: static group members (topics.membership)
+            supervisor.add(f"selector-{i}", _stage_argv("selector"),
+                           targets.env(f"selector-{i}", {**env, MEMBER_ENV: f"selector-{i}"}))
+        for name, argv in gateway_stages(up_settings.gateways, port):
+            supervisor.add(name, argv, targets.env(name, env))
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
         supervisor.wait_ready(READY_TIMEOUT_S)
+        for line in targets.lines():
+            click.echo(line)
+        click.echo(f"metrics: targets for Prometheus (file_sd) in {targets.path}")
+        click.echo(f"dashboard: http://{host}:{port}/dashboard")
         warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m),
                 seconds=up_settings.warm_up_s)
         serving.set()
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()
-        follower.add_listener(lambda v: _report_started(pipeline.sync(v)))
+        follower.add_listener(lambda v: _report_started(pipeline.sync(v), targets))
         while not stop.wait(0.5):
             supervisor.check()
+            targets.keep([*supervisor.stages, *pipeline.leaving])
             pipeline.retire()
     except ClipstreamError as exc:
         _say(f"error: {exc}")
@@ -308,14 +351,16 @@ def _say(msg: str) -> None:
         pass
 
 
-def _report_started(stages: list[str]) -> None:
+def _report_started(stages: list[str], targets: MetricTargets | None = None) -> None:
     for stage in stages:
         click.echo(f"started {stage} (registry change)", err=True)
+    for line in targets.lines(stages) if targets is not None else []:
+        click.echo(line)
 
 
 def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool]:
     """Use Kafka/Redis where the settings point if they answer; else start them locally."""
-    if kafka_answers(settings.kafka_bootstrap) and _redis_answers(settings.redis_url):
+    if kafka_answers(settings.kafka_bootstrap) and _redis_answers(settings):
         return settings, False
     status = launcher.status(settings)
     if status.running:
@@ -329,7 +374,8 @@ def status_settings(status: launcher.InfraStatus) -> dict[str, str]:
     return {"kafka_bootstrap": status.kafka_bootstrap, "redis_url": status.redis_url}
 
 
-def _redis_answers(url: str) -> bool:
+def _redis_answers(settings: Settings) -> bool:
     from clipstream.infra.redis import redis_answers
 
-    return redis_answers(url)
+    password = settings.redis_password.get_secret_value() if settings.redis_password is not None else None
+    return redis_answers(settings.redis_url, password=password)

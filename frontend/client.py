@@ -64,6 +64,28 @@ _BY_STATUS: dict[int, type[GatewayError]] = {
 
 _MISSING: Any = object()
 
+# the connection failed before an answer came: refused (no gateway on the port: one restarts)
+# or dropped (the gateway died with the request). A predict is sent again, once: another
+# gateway member, or the restarted one, answers it, and its caller still sees one answer.
+# A feedback is not: it may have been applied (docs/design/0023)
+RETRYABLE: tuple[type[httpx.HTTPError], ...] = (
+    httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError,
+)
+PREDICT_RETRIES = 1
+
+
+async def post_predict(http: httpx.AsyncClient, path: str, body: dict[str, Any],
+                       retries: int = PREDICT_RETRIES) -> httpx.Response:
+    """POST a predict with ``http``, sent again up to ``retries`` times on a ``RETRYABLE``
+    failure (for asyncio callers; ``Client.predict`` does the same)."""
+    for attempt in range(retries + 1):
+        try:
+            return await http.post(path, json=body)
+        except RETRYABLE:
+            if attempt == retries:
+                raise
+    raise AssertionError("unreachable")
+
 
 class Client:
     """A synchronous REST client of the gateway (one connection pool, keep-alive)."""
@@ -108,7 +130,7 @@ class Client:
             body["context"] = context
         if slo_ms is not None:
             body["slo_ms"] = slo_ms
-        answer = self._post(f"/v1/apps/{app}/predict", body)
+        answer = self._post(f"/v1/apps/{app}/predict", body, retries=PREDICT_RETRIES)
         self._apps_of[answer["query_id"]] = app
         while len(self._apps_of) > self._remember:
             self._apps_of.popitem(last=False)
@@ -160,11 +182,16 @@ class Client:
             raise ConfigError("no app given and the Client has no default app")
         return app
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            resp = self._http.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise GatewayUnavailable(None, f"gateway at {self._http.base_url} unreachable: {exc}") from exc
+    def _post(self, path: str, body: dict[str, Any], retries: int = 0) -> dict[str, Any]:
+        for attempt in range(retries + 1):
+            try:
+                resp = self._http.post(path, json=body)
+                break
+            except RETRYABLE as exc:
+                if attempt == retries:
+                    raise GatewayUnavailable(None, f"gateway at {self._http.base_url} unreachable: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise GatewayUnavailable(None, f"gateway at {self._http.base_url} unreachable: {exc}") from exc
         if resp.status_code < 400:
             return resp.json()
         try:

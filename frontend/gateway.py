@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
+from clipstream.redisclient import stored_predictions_key
 from clipstream.settings import Settings, get_settings
 from frontend.admission import AdmissionLimit, verdict
 from frontend.gateway_http import (
@@ -51,8 +52,10 @@ from frontend.gateway_models import (
     validation_reason,
 )
 from frontend.inputs import input_for
+from frontend.dashboard import mount_dashboard
 from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings, get_gateway_settings
+from registry.labels import label_problem
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryFollower, RegistryView
 from schemas import Feedback, QueryEvent, Response, Tensor
@@ -102,6 +105,8 @@ class GatewayState:
         self.registry: Registry | None = None
         self.bus: Bus | None = None
         self.redis_ping: Callable[[], Awaitable[bool]] | None = None
+        # whether the selector still holds a query's predictions (None: cannot tell now)
+        self.stored: Callable[[str], Awaitable[bool | None]] | None = None
         self.inflight = 0
         ceiling = gw.max_inflight
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
@@ -164,6 +169,18 @@ class GatewayState:
             raise HTTPProblem(404, f"unknown app {name!r}")
         return cfg
 
+    def outputs(self, cfg: AppConfig) -> tuple[str, tuple[Any, ...] | None]:
+        """What the app's models answer, as the selector reads it: regression if any model is,
+        else the first class-scores model's labels, else plain labels."""
+        view = self.registry.view() if self.registry is not None else RegistryView()
+        specs = [view.models[m].spec for m in cfg.models if m in view.models and view.models[m].spec is not None]
+        if any(s.output.kind == "regression" for s in specs):
+            return "regression", None
+        for s in specs:
+            if s.output.kind == "class_scores":
+                return "class_scores", s.output.labels
+        return "label", None
+
     def input_spec(self, cfg: AppConfig) -> TensorSpec | None:
         """The app's first linked model's declared input (None: nothing to check against)."""
         if not cfg.models or self.registry is None:
@@ -204,10 +221,10 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = state
-    app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics)
+    app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics, app_keys=state.gw.app_keys)
     # keys and metrics apply to the fast path as to every other route
     app.predict_path = GuardMiddleware(PredictEndpoint(lambda name, request: _predict(state, name, request)),
-                                       keys=state.gw.api_keys, metrics=state.metrics)
+                                       keys=state.gw.api_keys, metrics=state.metrics, app_keys=state.gw.app_keys)
 
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
@@ -216,7 +233,7 @@ def create_app(
     @app.post(
         "/v1/apps/{app}/predict",
         response_model=PredictResponse,
-        responses=_errors(401, 404, 413, 422, 503),
+        responses=_errors(401, 403, 404, 408, 413, 422, 503),
         openapi_extra=_body_doc(PredictRequest),
         summary="Predict within the SLO (the app's default output when nothing answers in time)",
     )
@@ -228,7 +245,7 @@ def create_app(
         "/v1/apps/{app}/feedback",
         status_code=202,
         response_model=Accepted,
-        responses=_errors(401, 404, 413, 422, 503),
+        responses=_errors(401, 403, 404, 408, 413, 422, 503),
         openapi_extra=_body_doc(FeedbackRequest),
         summary="The true label of, or a reward for, an earlier query",
     )
@@ -250,6 +267,9 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    mount_dashboard(app, state.metrics, lambda: {
+        name: cfg.slo_ms for name, cfg in (state.registry.view().apps.items() if state.registry else ())})
+
     return app
 
 
@@ -259,8 +279,22 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
     # the caller's wait began when the server started reading the request, not at this line
     created = min(arrived, request.scope.get(RECEIVED_US, arrived))
     cfg = state.app_config(app_name)
+    counts = state.metrics.app(cfg.name)  # (queries, prediction, default, refused, latency)
+    counts[0].inc()
+    try:
+        return await _predict_known(state, cfg, request, t0, arrived, created, counts)
+    except HTTPProblem as exc:
+        if exc.status == 503:
+            counts[3].inc()
+        raise
+
+
+async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, t0: float, arrived: int,
+                         created: int, counts: tuple[Any, ...]) -> dict[str, Any]:
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
+    # the body first, within its deadline: a caller trickling it holds no admission slot
+    raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s)
     if state.inflight >= state.limit:
         how = " (learnt from how fast the pipeline answers)" if state.gw.adaptive_admission else ""
         raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight{how}")
@@ -270,7 +304,6 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
     state.inflight += 1  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:
-        raw = await read_body(request, state.gw.max_body_bytes)
         if len(raw) > OFFLOAD_BYTES:
             # an image-sized input costs milliseconds of parsing: keep the loop answering others
             req, array = await asyncio.get_running_loop().run_in_executor(
@@ -315,6 +348,8 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None else "selector")
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
+    counts[2 if answer["default"] else 1].inc()
+    counts[4].observe(latency_ms / 1000.0)
     return answer
 
 
@@ -333,31 +368,55 @@ def _parse_predict(raw: bytes, spec: TensorSpec | None) -> tuple[PredictRequest,
 
 async def _feedback(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
     cfg = state.app_config(app_name)
-    body = parse_json(await read_body(request, state.gw.max_body_bytes))
+    body = parse_json(await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s))
     try:
         req = FeedbackRequest.model_validate(body)
     except ValidationError as exc:
         raise HTTPProblem(422, validation_reason(exc)) from None
     if req.label is None and req.reward is None:
         raise HTTPProblem(422, "feedback needs a `label` or a `reward` (in [0, 1])")
+    problem = label_problem(req.label, *state.outputs(cfg))
+    if problem is not None:
+        raise HTTPProblem(422, problem)
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
+    # the context is the one the query was answered in (the learner reads it from the stored
+    # predictions); a caller's ``context`` here is ignored (docs/design/0031)
     record = Feedback(
         query_id=req.query_id,
         app=cfg.name,
-        context=req.context,
+        context=None,
         label=req.label,
         reward=float(req.reward) if req.reward is not None else None,
         created_us=now_us(),
     )
-    key = (req.context or req.query_id).encode()
+    known = await _stored(state, req.query_id)
     try:
-        await state.bus.publish_feedback(record, key, state.gw.feedback_ack_timeout_s)
+        await state.bus.publish_feedback(record, req.query_id.encode(), state.gw.feedback_ack_timeout_s)
     except Overloaded as exc:
         raise state.overloaded(str(exc)) from None
     except DeliveryFailed as exc:
         raise state.overloaded(f"feedback not stored: {exc}") from None
-    return {"accepted": True, "query_id": req.query_id}
+    answer: dict[str, Any] = {"accepted": True, "query_id": req.query_id}
+    if known is False:
+        answer["applied"] = False
+        answer["reason"] = UNKNOWN_QUERY
+    return answer
+
+
+# the 202 answer's reason when the query's stored predictions are not (or no longer) there
+UNKNOWN_QUERY = ("no stored predictions for this query id (unknown, expired, or not answered yet): it is "
+                 "applied if they appear within a few seconds, else dead-lettered")
+
+
+async def _stored(state: GatewayState, query_id: str) -> bool | None:
+    """Whether the selector holds the query's predictions (None: Redis cannot say now)."""
+    if state.stored is None:
+        return None
+    try:
+        return await asyncio.wait_for(state.stored(query_id), 0.5)
+    except Exception:  # Redis slow or away: the feedback still goes to Kafka, unjudged
+        return None
 
 
 async def _readiness(state: GatewayState) -> dict[str, bool]:
@@ -399,10 +458,17 @@ async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> Non
     if state.redis_ping is None:
         import redis.asyncio as aioredis
 
-        client = aioredis.from_url(state.settings.redis_url, socket_timeout=2.0,
-                                   socket_connect_timeout=2.0)
+        password = state.settings.redis_password
+        client = aioredis.from_url(state.settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0,
+                                   password=password.get_secret_value() if password is not None else None)
         stack.push_async_callback(client.aclose)
         state.redis_ping = client.ping
+        if state.stored is None:
+            state.stored = lambda qid: _exists(client, stored_predictions_key(qid))
     assert state.bus is not None
     state.bus.on_late = lambda n: state.metrics.late.inc(by=n)
     state.bus.on_delivery_error = state.metrics.delivery_errors.inc
+
+
+async def _exists(client: Any, key: str) -> bool:
+    return bool(await client.exists(key))

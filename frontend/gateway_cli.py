@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from frontend.gateway import create_app
 from frontend.gateway_http import stamped_protocol
 from frontend.settings import get_gateway_settings
 from topics.catalogue import Catalogue
+from topics.metrics import serve_metrics
 from topics.stage import announce_ready, beat_on_loop
 
 
@@ -30,9 +32,11 @@ from topics.stage import announce_ready, beat_on_loop
 @click.option("--instance", default=None, help="Instance id: names the reply topic (default random).")
 @click.option("--max-inflight", type=int, default=None, help="Predict requests at once before 503.")
 @click.option("--log-level", default=None, help="uvicorn/python log level (default warning).")
+@click.option("--reuse-port", is_flag=True,
+              help="Share the port with other gateways (SO_REUSEPORT): the kernel spreads connections over them.")
 def gateway(
     host: str | None, port: int | None, instance: str | None, max_inflight: int | None,
-    log_level: str | None,
+    log_level: str | None, reuse_port: bool,
 ) -> None:
     """Serve POST /v1/apps/{app}/predict and /feedback, /healthz, /readyz, /metrics."""
     overrides: dict[str, Any] = {
@@ -50,7 +54,7 @@ def gateway(
         sys.exit(2)
     logging.basicConfig(level=gw.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with asyncio.Runner(loop_factory=_loop_factory(gw.uvloop)) as runner:
-        code = runner.run(_serve(gw, settings))
+        code = runner.run(_serve(gw, settings, reuse_port))
     sys.exit(code)
 
 
@@ -67,12 +71,26 @@ def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] |
     return uvloop.new_event_loop
 
 
-async def _serve(gw: Any, settings: Any) -> int:
+def shared_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening socket that other gateway members bind too (``SO_REUSEPORT``): while one of
+    them restarts, the kernel hands new connections to the others (docs/design/0023)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     import uvicorn
 
-
+    app = create_app(gw, settings)
+    app.state.gateway.metrics.expose()
+    serve_metrics("gateway")
     config = uvicorn.Config(
-        create_app(gw, settings),
+        app,
         host=gw.host,
         port=gw.port,
         log_level=gw.log_level.lower(),
@@ -81,9 +99,13 @@ async def _serve(gw: Any, settings: Any) -> int:
         backlog=4096,
         timeout_keep_alive=30,
         http=stamped_protocol() or "auto",
+        # HTTPS when CLIPSTREAM_GATEWAY_TLS_CERT/_KEY name a certificate and its key
+        ssl_certfile=str(gw.tls_cert) if gw.tls_cert else None,
+        ssl_keyfile=str(gw.tls_key) if gw.tls_key else None,
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    sockets = [shared_socket(gw.host, gw.port, config.backlog)] if reuse_port else None
+    task = asyncio.create_task(server.serve(sockets=sockets))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if server.started:
@@ -92,7 +114,7 @@ async def _serve(gw: Any, settings: Any) -> int:
             for sock in srv.sockets:
                 port = sock.getsockname()[1]
                 break
-        announce_ready("gateway", f"http://{gw.host}:{port}")
+        announce_ready("gateway", f"{gw.scheme}://{gw.host}:{port}")
         beat_on_loop("gateway")  # the serving loop's proof of life for `up`
     await task
     # uvicorn reports a failed startup by exiting the serve loop without having started

@@ -3,11 +3,14 @@
 A pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which costs a task and a stream
 per request) checks the API key before any route runs and counts every answer by route and
 status. The body is read with a cap, so a client cannot make the gateway buffer more than
-``max_body_bytes`` whatever its Content-Length says.
+``max_body_bytes`` whatever its Content-Length says, and with a deadline, so a client that
+trickles its body is answered 408 instead of holding a connection and a task for ever
+(docs/design/0030-http-hardening.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -17,12 +20,19 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from clipstream.clock import now_us
+from frontend.dashboard import PAGE_PATHS
 from frontend.metrics import GatewayMetrics
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 # paths a caller may reach without a key: a liveness probe must not need a secret
-OPEN_PATHS: frozenset[str] = frozenset({"/healthz"})
+# (and the dashboard's page and scripts, which carry no data: its data route needs the key)
+OPEN_PATHS: frozenset[str] = frozenset({"/healthz"}) | PAGE_PATHS
+# paths besides its apps' routes that a per-app key may reach
+APP_KEY_PATHS: frozenset[str] = frozenset({"/readyz", "/openapi.json", "/docs"})
+# a body over the limit is still read (and dropped) up to this many bytes, so the caller, who
+# is busy sending it, reads a 413 instead of a connection reset; beyond it the connection goes
+DRAIN_BYTES = 64 << 20
 
 # scope key: when the server began parsing the request (epoch us), set by ``stamped_protocol``
 RECEIVED_US = "clipstream.received_us"
@@ -80,6 +90,26 @@ def key_allowed(key: str | None, keys: Iterable[str]) -> bool:
     return ok
 
 
+def app_of_path(path: str) -> str | None:
+    """The app a ``/v1/apps/{app}/...`` path names, else None."""
+    parts = path.split("/")
+    if len(parts) >= 5 and parts[:3] == ["", "v1", "apps"] and parts[3]:
+        return parts[3]
+    return None
+
+
+def key_apps(key: str | None, app_keys: Mapping[str, Iterable[str]]) -> frozenset[str] | None:
+    """The apps a per-app ``key`` may use (constant-time over every configured key); None when
+    it is not one of them."""
+    if key is None:
+        return None
+    found: frozenset[str] | None = None
+    for k, apps in app_keys.items():
+        if hmac.compare_digest(key.encode(), k.encode()):
+            found = frozenset(apps)
+    return found
+
+
 def route_label(path: str) -> str:
     """A bounded label for metrics: never the app name, which a caller chooses."""
     if path.startswith("/v1/apps/"):
@@ -93,10 +123,14 @@ def route_label(path: str) -> str:
 
 
 class GuardMiddleware:
-    """API keys (401) and per-route status counts, around every request."""
+    """API keys (401; 403 for a per-app key outside its apps) and per-route status counts,
+    around every request. ``keys`` reach every route; ``app_keys`` maps a key to the apps whose
+    routes it reaches (plus ``APP_KEY_PATHS``)."""
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...], metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], metrics: GatewayMetrics,
+                 app_keys: Mapping[str, Iterable[str]] | None = None) -> None:
         self.app, self.keys, self.metrics = app, keys, metrics
+        self.app_keys = dict(app_keys or {})
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -112,17 +146,30 @@ class GuardMiddleware:
             await send(message)
 
         try:
-            if self.keys and path not in OPEN_PATHS:
-                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-                if not key_allowed(key_of(headers), self.keys):
-                    await _send_json(
-                        counting_send, 401, {"detail": "missing or invalid API key"},
-                        {"www-authenticate": 'Bearer realm="clipstream"'},
-                    )
+            if (self.keys or self.app_keys) and path not in OPEN_PATHS:
+                refusal = self._refusal(scope, path)
+                if refusal is not None:
+                    status_code, detail = refusal
+                    await _send_json(counting_send, status_code, {"detail": detail},
+                                     {"www-authenticate": 'Bearer realm="clipstream"'} if status_code == 401 else {})
                     return
             await self.app(scope, receive, counting_send)
         finally:
             self.metrics.requests.inc(route, str(status["code"]))
+
+
+    def _refusal(self, scope: dict[str, Any], path: str) -> tuple[int, str] | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = key_of(headers)
+        if key_allowed(key, self.keys):
+            return None
+        apps = key_apps(key, self.app_keys)
+        if apps is None:
+            return 401, "missing or invalid API key"
+        app = app_of_path(path)
+        if (app is not None and app in apps) or (app is None and path in APP_KEY_PATHS):
+            return None
+        return 403, f"this API key is not allowed {'for app ' + repr(app) if app else 'on ' + path}"
 
 
 class PredictEndpoint:
@@ -183,23 +230,45 @@ async def _send_json(send: Any, status: int, body: dict[str, Any], headers: Mapp
     await send({"type": "http.response.body", "body": data})
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) anything over ``limit`` bytes, declared or actual."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request body, refusing (413) anything over ``limit`` bytes, declared or actual
+    (chunked bodies too), and (408) a body not all received within ``timeout_s`` seconds.
+
+    A body over the limit is read to its end and dropped (up to ``DRAIN_BYTES``, within the
+    same deadline) before the 413 goes out: a server that closes on unread bytes resets the
+    connection, and the caller, still sending, never reads the answer."""
     declared = request.headers.get("content-length")
+    size: int | None = None
     if declared is not None:
         try:
             size = int(declared)
         except ValueError:
             raise HTTPProblem(400, "Content-Length is not a number") from None
-        if size > limit:
-            raise HTTPProblem(413, f"body of {size} bytes is over the limit of {limit} bytes")
+    loop = asyncio.get_running_loop()
+    due = None if timeout_s is None else loop.time() + timeout_s
     chunks: list[bytes] = []
     total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise HTTPProblem(413, f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    over = size is not None and size > limit
+    if over and size is not None and size > DRAIN_BYTES:  # too much to read through: say so and close
+        raise HTTPProblem(413, f"body of {size} bytes is over the limit of {limit} bytes", {"connection": "close"})
+    try:
+        async with asyncio.timeout_at(due):
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > limit:
+                    over = True
+                if over:
+                    if total > DRAIN_BYTES:
+                        break
+                    continue
+                chunks.append(chunk)
+    except TimeoutError:
+        if not over:
+            raise HTTPProblem(408, f"request body not received within {timeout_s:g} s",
+                              {"connection": "close"}) from None
+    if over:
+        what = f"body of {size} bytes" if size is not None else "body"
+        raise HTTPProblem(413, f"{what} is over the limit of {limit} bytes", {"connection": "close"})
     return b"".join(chunks)
 
 

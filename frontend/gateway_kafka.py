@@ -26,6 +26,7 @@ from schemas import Feedback, QueryEvent, Response, decode_as, encode
 from topics.admin import ensure_topics, watermarks
 from topics.catalogue import Catalogue
 from topics.client import admin_config
+from topics.deadletters import DeadLetters
 from topics.emitter import DeliveryFailed, Emitter
 from topics.intake import Intake
 
@@ -48,6 +49,7 @@ class KafkaBus:
         self.reply_topic = self.reply_spec.name
         self.queries_topic = cat.queries.name
         self.feedback_topic = cat.feedback.name
+        self._deadletter_topic = cat.deadletter.name
         self._pending: dict[str, asyncio.Future[Response]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Emitter | None = None
@@ -61,13 +63,19 @@ class KafkaBus:
         """Create the reply topic, connect, and start reading replies from the current end."""
         self._loop = loop
         cat = Catalogue.from_settings(self._settings)
-        ensure_topics(self._settings, [self.reply_spec, cat.queries, cat.feedback])
+        ensure_topics(self._settings, [self.reply_spec, cat.queries, cat.feedback, cat.deadletter])
         self._producer = Emitter(self._settings, name="gateway", **{"message.timeout.ms": 10_000}).start_polling()
         # the one partition from its end now, as a number (``topics.offsets.assign_at_end``)
         self._intake = Intake(self._settings, self.reply_topic, f"gateway-{self.reply_topic}", self._deliver,
                               max_group=999, convert=_decode_reply, assign=[TopicPartition(self.reply_topic, 0)],
-                              name="gateway-replies")
+                              name="gateway-replies", on_undecodable=self._undecodable)
         self._intake.start(loop)
+
+    def _undecodable(self, msg: Any, exc: Exception) -> None:
+        """A record on the reply topic that is no Response: a dead letter (consumer thread)."""
+        if self._producer is not None:
+            DeadLetters(self._producer, self._deadletter_topic, stage="gateway", max_payload=65536).send(
+                reason=f"undecodable reply: {exc}", msg=msg)
 
     def close(self, delete_reply_topic: bool = False) -> None:
         """Stop the threads; ``delete_reply_topic`` for a random instance id, which no later

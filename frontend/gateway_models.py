@@ -42,7 +42,8 @@ class FeedbackRequest(BaseModel):
     query_id: StrictStr = Field(min_length=1, max_length=256)
     label: Label | None = None
     reward: StrictFloat | StrictInt | None = Field(None, ge=0, le=1)
-    context: StrictStr | None = Field(None, min_length=1, max_length=256)
+    context: StrictStr | None = Field(None, min_length=1, max_length=256,
+                                      description="Ignored: feedback teaches the context the query was answered in.")
 
 
 class ModelsAnswered(BaseModel):
@@ -67,6 +68,9 @@ class PredictResponse(BaseModel):
 class Accepted(BaseModel):
     accepted: bool = True
     query_id: str
+    applied: bool | None = Field(None, description="false: the query's stored predictions are not there "
+                                 "(unknown, expired or not answered yet); `reason` says what happens to it")
+    reason: str | None = None
 
 
 class ErrorBody(BaseModel):

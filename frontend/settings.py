@@ -7,9 +7,10 @@ the gateway lives here, so a worker never parses gateway options.
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -25,9 +26,17 @@ class GatewaySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8080
-    # comma-separated in the environment; empty = no authentication
-    api_keys: Annotated[tuple[str, ...], NoDecode] = ()
+    # comma-separated in the environment; empty (and no app_keys) = no authentication
+    api_keys: Annotated[tuple[str, ...], NoDecode] = Field((), repr=False)
+    # keys that reach only some apps' routes: JSON in the environment, {"key": ["app", ...]}
+    app_keys: dict[str, tuple[str, ...]] = Field(default_factory=dict, repr=False)
     max_body_bytes: int = Field(1 << 20, gt=0)
+    # a request body must arrive within this many seconds of its headers, else 408: a caller
+    # trickling its body holds no admission slot, and not a connection for long either
+    body_timeout_s: float = Field(10.0, gt=0)
+    # serve HTTPS with this certificate chain and key (PEM files); both or neither
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     # predict requests waiting for a reply at once; beyond this: 503 + Retry-After
     max_inflight: int = Field(4096, gt=0)
     # learn the limit below max_inflight from how the pipeline keeps up (frontend/admission.py):
@@ -52,6 +61,19 @@ class GatewaySettings(BaseSettings):
     log_level: str = "warning"
     # libuv's event loop when installed (false: asyncio's own); see frontend.gateway_cli
     uvloop: bool = True
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "GatewaySettings":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("CLIPSTREAM_GATEWAY_TLS_CERT and CLIPSTREAM_GATEWAY_TLS_KEY go together: set both or neither")
+        for name, path in (("TLS_CERT", self.tls_cert), ("TLS_KEY", self.tls_key)):
+            if path is not None and not path.is_file():
+                raise ValueError(f"CLIPSTREAM_GATEWAY_{name}: no such file {path}")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert is not None else "http"
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Installs what pip cannot: a JDK and Maven (Kafka's jars come from Maven Central) and
-# redis-server. Only acts where something is missing; needs root and apt-get to install.
+# Installs what pip cannot: a JDK and Maven (Kafka's jars come from Maven Central),
+# redis-server and chromium. Only acts where something is missing; needs root and apt-get to install.
 set -euo pipefail
 need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# the TLS tests make their certificates with it (the gateway's HTTPS, the secured broker)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# the dashboard's test and `make demo`'s screenshot drive a headless Chromium
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -eq 0 ]; then
-  echo "system deps: java, mvn and redis-server found"
+  echo "system deps: java, mvn, redis-server, openssl and chromium found"
   exit 0
 fi
 echo "system deps: installing ${need[*]}"

@@ -3,7 +3,8 @@
 Runs in its own consumer group (``<group>.learn``) so learners scale apart from the join, and
 a ``--learn-only`` process shares the feedback partitions with the full selectors.
 
-Feedback is applied at least once: the consumer's offsets are stored by hand
+Feedback is read at least once and applied once per (query_id, model), in the context stored
+with the query (``StateStore.observe_once``, docs/design/0031): the consumer's offsets are stored by hand
 (``enable.auto.offset.store`` off), one past each record done with, and never past a record
 parked for a retry. When Redis is away the learner stores nothing more, pauses its
 partitions, and once Redis answers again seeks each back to its first record not applied
@@ -21,6 +22,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard
+from registry.labels import label_problem
 from schemas import Feedback as FeedbackRecord
 from schemas import decode_as
 from selector.kafka import Apps, log
@@ -48,7 +50,7 @@ class Learner:
         self.apps = apps
         self.dead = dead
         self.learn_global = learn_global
-        self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0, "held_for_redis": 0}
+        self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0, "held_for_redis": 0, "repeated": 0}
 
     def handle(self, msg: Any, give_up_at: float | None = None) -> bool:
         """Apply one feedback record: True when done with it (applied or dead-lettered), False
@@ -76,24 +78,36 @@ class Learner:
             return True
         app_name = stored.get("app") or fb.app
         try:
-            app, policy, _ = self.apps.get(app_name)
+            app, policy, outputs = self.apps.get(app_name)
         except ClipstreamError as exc:
             self.stats["bad_feedback"] += 1
             self.dead.send(reason=f"feedback for {app_name}: {exc}", msg=msg, query_id=qid)
             return True
-        context = fb.context or stored.get("context")
+        problem = label_problem(fb.label, outputs.kind, outputs.labels)
+        if problem is not None:
+            self.stats["bad_feedback"] += 1
+            self.dead.send(reason=f"feedback label refused: {problem}", msg=msg, query_id=qid)
+            return True
+        # the context the query was answered in, never the one the feedback claims: a caller
+        # cannot aim a query's feedback at another context's weights, nor make new ones
+        context = stored.get("context") or None
         preds = {m: Output.from_json(o) for m, o in stored["predictions"].items()}
         answer = Output.from_json(stored["answer"]) if stored.get("answer") else None
         feedback = Feedback(qid, label=fb.label, reward=fb.reward, answer=answer)
         query = Query(qid, app_name, context)
 
-        def observe(state: dict | None) -> dict:
-            return policy.observe(align_state(policy, state, app.models), query, feedback, preds)
+        def observe(state: dict | None, models: list[str]) -> dict:
+            return policy.observe(align_state(policy, state, app.models), query, feedback,
+                                  {m: preds[m] for m in models})
 
-        self.store.update(app_name, context, observe)
+        # once per (query, model) and state: the same feedback sent again changes nothing
+        applied = self.store.observe_once(app_name, context, qid, preds, observe)
         if context and self.learn_global:
-            self.store.update(app_name, None, observe)
-        self.stats["observed"] += 1
+            applied += self.store.observe_once(app_name, None, qid, preds, observe)
+        if applied or not preds:
+            self.stats["observed"] += 1
+        else:
+            self.stats["repeated"] += 1
         return True
 
     def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
@@ -122,10 +136,18 @@ class Learner:
                 self.guard.failed(exc)
                 self._hold(msgs[i:])
                 return
-            except Exception:  # a learner must outlive one bad record; it would fail again
+            except Exception as exc:  # a learner must outlive one bad record; it would fail again
                 log.exception("feedback at offset %s failed", m.offset())
+                self._dead_letter(m, exc)
                 done = True
             self._store(self.offsets.done(m) if done else self.offsets.park(m))
+
+    def _dead_letter(self, msg: Any, exc: Exception) -> None:
+        self.stats["bad_feedback"] += 1
+        try:
+            self.dead.send(reason=f"the learner failed on this feedback: {type(exc).__name__}: {exc}", msg=msg)
+        except Exception:  # the dead letter is a report: losing it must not stop the learner
+            log.exception("dead letter for feedback at offset %s not sent", msg.offset())
 
     def _hold(self, msgs: list[Any]) -> None:
         """Keep ``msgs`` for after the outage: pause every partition and remember, for each, the
@@ -175,8 +197,9 @@ class Learner:
                 self.guard.failed(exc)
                 self.retry.appendleft((now + self.RETRY_EVERY_S, now + self.UNKNOWN_RETRY_S, msg))
                 break
-            except Exception:
+            except Exception as exc:
                 log.exception("feedback retry for offset %s failed", msg.offset())
+                self._dead_letter(msg, exc)
                 done = True
             if done:
                 self._store(self.offsets.finish_parked(msg))

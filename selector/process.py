@@ -28,23 +28,25 @@ from selector.saver import PredictionSaver
 from selector.service import Selector
 from selector.settings import SelectorSettings
 from selector.store import StateStore
-from topics.admin import ensure_core_topics
 from topics.catalogue import Catalogue
 from topics.client import consumer_config
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
+from topics.membership import member_name, membership_config
 from topics.offsets import pin_and_assign
+from topics.metrics import LAG, expose, serve_metrics
 from topics.stage import announce_ready
 
 
 def join_consumer_config(settings: Settings, ss: SelectorSettings) -> dict[str, Any]:
-    """The join group's consumer: offsets stored once answered, a short session, and a client
-    id naming the process (``kafka-consumer-groups --describe`` then says who owns what)."""
+    """The join group's consumer: offsets stored once answered, a short session, static
+    membership when ``up`` named the member (a restart gets its partitions back without a
+    rebalance), and a client id naming the process (``kafka-consumer-groups --describe``)."""
     return consumer_config(settings, ss.group, **{
         "enable.auto.offset.store": False,
         "auto.commit.interval.ms": ss.commit_interval_ms,
-        "session.timeout.ms": ss.session_timeout_ms,
-        "heartbeat.interval.ms": ss.heartbeat_interval_ms,
+        **membership_config(settings, member_name(), session_timeout_ms=ss.session_timeout_ms,
+                            heartbeat_interval_ms=ss.heartbeat_interval_ms),
         "client.id": f"selector-{socket.gethostname()}-{os.getpid()}",
     })
 
@@ -55,16 +57,16 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
 
     stop = stop or threading.Event()
     catalogue = Catalogue.from_settings(settings)
-    ensure_core_topics(settings)
-    follower = RegistryFollower(settings).start()
+    follower = RegistryFollower(settings).start()  # it ensures the core topics first: once is enough for a restart
     follower.wait_ready(ss.registry_timeout_s)
     producer = Emitter(settings, name="selector")
     reply_producer = Emitter(settings, name="selector replies")
-    store = StateStore(sync_client(settings), settings.stored_predictions_ttl_s)
+    store = StateStore(sync_client(settings), settings.stored_predictions_ttl_s,
+                       context_ttl_s=ss.context_state_ttl_s, max_contexts=ss.max_contexts)
     store.redis.ping()
     guard = RedisGuard(store.redis.ping, name="selector")  # join and learn share what they find
     saver = PredictionSaver(store, guard).start() if join else None
-    apps = Apps(follower.view)
+    apps = Apps(follower.view, ss.policy_imports)
     dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
     waiting = {"join"} if join else set()
     waiting |= {"learn"} if learn else set()
@@ -83,13 +85,16 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             assigned(name)
         return assign
 
+    serve_metrics("selector")
     consumers: list[Consumer] = []
     threads: list[threading.Thread] = []
     try:
         if learn:
             # offsets are stored by the learner as feedback is done with: never past one that
             # waits for Redis (``selector.learn``)
-            lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False}))
+            lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False},
+                                         **LAG.config(f"{ss.group}.learn"),
+                                         **membership_config(settings, member_name())))  # a restart: no rebalance
             consumers.append(lc)
             lc.subscribe([catalogue.feedback.name], on_assign=on_assign("learn"))
             learner = Learner(lc, store, apps, dead, ss.learn_global, guard=guard)
@@ -97,7 +102,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
                                             name="learn", daemon=True))
             threads[-1].start()
         if join:
-            jc = Consumer(join_consumer_config(settings, ss))
+            jc = Consumer({**join_consumer_config(settings, ss), **LAG.config(ss.group)})
             consumers.append(jc)
             budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
                                  ss.reply_budget_quantile)
@@ -105,6 +110,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
                            budget, reply_producer, guard=guard, save=saver.put if saver else None)
             sel.handover = handover = Handover(catalogue.queries.name, catalogue.predictions.name, sel.offsets,
                                                sel.join.drop_partitions, on_assigned=lambda: assigned("join"))
+            expose(sel.metrics.registry)
             jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=handover.on_assign,
                          on_revoke=handover.on_revoke, on_lost=handover.on_lost)
             sel.run(stop, ss.max_poll_s, ss.drain_max)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,7 @@ from schemas.reasons import NOTHING_ARRIVED
 from selector.handover import Handover, QueryOffsets
 from selector.join import Asked, JoinState, Pending
 from selector.kafka import Apps, log
+from selector.metrics import SelectorMetrics
 from selector.outputs import response_record, to_output
 from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
@@ -58,6 +61,10 @@ def is_stateless(policy: Any) -> bool:
     return type(policy) in STATELESS_POLICIES
 
 
+# a group's policy states are read from Redis in about a millisecond; the join thread never
+# waits longer than this for them, so a frozen Redis cannot hold back the answers due meanwhile
+STATE_WAIT_S = 0.02
+
 class Selector:
     """Dispatch and join for the partitions this member owns."""
 
@@ -85,7 +92,14 @@ class Selector:
         # ``save`` stores what the join combined (``serve`` gives a PredictionSaver's: off the
         # answer path)
         self.guard = guard or RedisGuard(lambda: store.redis.ping(), name="selector")
+        # the join thread waits this long at most for a group's states; a slower read (Redis
+        # frozen, up to its socket timeout) finishes off the thread into the store's memory,
+        # and the group is served from memory (docs/design/0023)
+        self.state_wait_s = STATE_WAIT_S
+        self._state_reader: ThreadPoolExecutor | None = None
+        self._state_read: Future[Any] | None = None  # a read still out: no second one meanwhile
         self.save = save or store.save_predictions
+        self.metrics = SelectorMetrics()
 
     # -- dispatch: select -----------------------------------------------------------
     def dispatch(self, msg: Any, ev: QueryEvent | None = None,
@@ -116,6 +130,7 @@ class Selector:
                     stored = copy.deepcopy(stored)  # each query its own dict, as a load gives it
             state = align_state(policy, stored, app.models)
             chosen = [m for m in policy.select(state, query) if m in app.models]
+            self.metrics.dispatched(app.name, state)
         except ClipstreamError as exc:
             self.dead.send(reason=str(exc), msg=msg, query_id=qid)
             self._reply_default(ev, msg.partition(), str(exc))
@@ -179,7 +194,10 @@ class Selector:
         ``late_us``: for a query answered by the cutoff timer, how long after it was due."""
         asked, now = pending.asked, now_us()
         missing = pending.missing
-        self.stats["stragglers"] += sum(1 for m in missing if m not in pending.failed)
+        stragglers = [m for m in missing if m not in pending.failed]
+        self.stats["stragglers"] += len(stragglers)
+        if stragglers:
+            self.metrics.stragglers(asked.app, stragglers)
         try:
             app, policy, outputs = self.apps.get(asked.app)
             default = app.default_output
@@ -211,6 +229,8 @@ class Selector:
             self.answer(pending, late_us)
         except Exception as exc:
             log.exception("answering %s failed", pending.query_id)
+            self.dead.send(reason=f"the selector could not combine: {type(exc).__name__}: {exc}",
+                           query_id=pending.query_id, payload=b"")
             if self.stats["responses"] == sent:
                 self._reply(pending.asked, response_record(pending.query_id, pending.asked, None, 0.0, [],
                                                            pending.missing, None, now_us(), None,
@@ -233,6 +253,7 @@ class Selector:
         if not self.reply_budget.adaptive:
             self.reply_producer.poll(0)
         self.stats["responses"] += 1
+        self.metrics.answered(record)
 
     def _reply_acked(self, err: Any, msg: Any, *, query_id: str, late_us: int | None,
                      resend: tuple[str, bytes, dict[str, Any]]) -> None:
@@ -296,6 +317,8 @@ class Selector:
             self.dispatch(m, ev, states, False)  # poll=False: once, at the end of the group
         except Exception as exc:  # one bad record must not stop the selector
             log.exception("query %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+            self.dead.send(reason=f"the selector could not dispatch: {type(exc).__name__}: {exc}", msg=m,
+                           query_id=ev.query_id if ev is not None else None)
             if ev is not None and ev.query_id not in self.join:
                 self._reply_default(ev, m.partition(), f"the selector could not dispatch: {exc}")
 
@@ -303,14 +326,22 @@ class Selector:
         """Answer a query that never reached the join with a default naming ``reason``."""
         asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, ev.context, ev.trace,
                       partition=partition)
-        self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), None, reason))
+        app = self.apps.view().apps.get(ev.app)
+        default = app.default_output if app is not None else None
+        self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), default, reason))
 
     def states(self, pairs: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
         """The policy states of ``pairs``: one MGET while Redis answers, else (and when that
         MGET fails) the last states read, so a query still gets a combined prediction."""
-        if self.guard.available():
+        if self.guard.available() and self._state_read is None:
+            if self._state_reader is None:
+                self._state_reader = ThreadPoolExecutor(1, thread_name_prefix="selector-states")
+            read = self._state_reader.submit(self.store.load_many, pairs)
             try:
-                return self.store.load_many(pairs)
+                return read.result(timeout=self.state_wait_s)
+            except FutureTimeout:  # it lands in memory when it ends; this group is served from memory
+                self._state_read = read
+                read.add_done_callback(self._state_read_done)
             except REDIS_AWAY as exc:
                 self.guard.failed(exc)
             except Exception:  # a bad entry, say: serve from memory rather than fail the group
@@ -318,11 +349,20 @@ class Selector:
         self.stats["recalled_states"] += len(pairs)
         return self.store.recall(pairs)
 
+    def _state_read_done(self, read: Future[Any]) -> None:
+        exc = read.exception()
+        if isinstance(exc, REDIS_AWAY):
+            self.guard.failed(exc)
+        elif exc is not None:
+            log.warning("loading policy states failed: %s", exc)
+        self._state_read = None
+
     def _guarded(self, m: Any, work: Callable[..., None], *args: Any) -> None:
         try:
             work(*args)
-        except Exception:  # one bad record must not stop the selector
+        except Exception as exc:  # one bad record must not stop the selector
             log.exception("record %s[%s]@%s failed", m.topic(), m.partition(), m.offset())
+            self.dead.send(reason=f"the selector failed on this record: {type(exc).__name__}: {exc}", msg=m)
 
     def answer_expired(self) -> None:
         """The straggler cutoff: answer every query whose deadline has come with what arrived."""

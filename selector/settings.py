@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class SelectorSettings(BaseSettings):
@@ -34,6 +36,20 @@ class SelectorSettings(BaseSettings):
     # answered queries' offsets are committed this often: a killed member's successor answers
     # again at most this much of what it had answered (its readers drop the second Response)
     commit_interval_ms: int = Field(1_000, gt=0)
+    # policy import paths (``pkg.module:Class``) an App record may name besides exp3, exp4 and
+    # single, comma-separated; anything else is refused (docs/design/0029)
+    policy_imports: Annotated[tuple[str, ...], NoDecode] = ()
+    # a context's learned state (cs:state:<app>:<context>) lives this long after its last
+    # feedback, and an app keeps at most this many: callers name contexts (docs/design/0031)
+    context_state_ttl_s: int = Field(30 * 86400, gt=0)
+    max_contexts: int = Field(100_000, gt=0)
+
+    @field_validator("policy_imports", mode="before")
+    @classmethod
+    def _split_imports(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
 
     @model_validator(mode="after")
     def _heartbeats_fit(self) -> "SelectorSettings":

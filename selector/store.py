@@ -5,8 +5,14 @@
   retry, so two learners updating one context never lose an update.
 - ``cs:pred:<query_id>``: the per-model predictions and the answer of a query, with a TTL, for
   the feedback join (feedback arrives seconds to minutes later).
-State keys have no TTL and stored predictions do: under ``volatile-lru`` memory pressure evicts
-predictions and cache entries, never a context's weights.
+- ``cs:seen:<query_id>``: the (state key, model) pairs a query's feedback was applied to, with
+  the stored predictions' TTL: feedback is applied once per (query_id, model), however often
+  it is sent (docs/design/0031).
+- ``cs:contexts:<app>``: the app's context states by last update; past ``max_contexts`` the
+  oldest are deleted. A context's state key also has a TTL, renewed by each update, so the
+  contexts callers name cannot grow Redis without bound. The app's global state has no TTL:
+  under ``volatile-lru`` memory pressure evicts predictions, cache entries and idle contexts,
+  never what the app as a whole has learned.
 
 Redis is a cache of the weights, not their only home while serving: every state ``load_many``
 reads is remembered (a bounded LRU), and ``recall`` answers from that memory while Redis is
@@ -17,12 +23,14 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
 
+from clipstream.redisclient import stored_predictions_key
 from selector.types import State
 
 GLOBAL = "__global__"
@@ -33,13 +41,24 @@ def state_key(app: str, context: str | None) -> str:
 
 
 def pred_key(query_id: str) -> str:
-    return f"cs:pred:{query_id}"
+    return stored_predictions_key(query_id)
+
+
+def seen_key(query_id: str) -> str:
+    return f"cs:seen:{query_id}"
+
+
+def contexts_key(app: str) -> str:
+    return f"cs:contexts:{app}"
 
 
 class StateStore:
-    def __init__(self, client: redis.Redis, predictions_ttl_s: int = 3600, remember: int = 100_000) -> None:
+    def __init__(self, client: redis.Redis, predictions_ttl_s: int = 3600, remember: int = 100_000,
+                 context_ttl_s: int = 30 * 86400, max_contexts: int = 100_000) -> None:
         self.redis = client
         self.ttl_s = predictions_ttl_s
+        self.context_ttl_s = context_ttl_s
+        self.max_contexts = max_contexts
         self._memory: OrderedDict[tuple[str, str | None], State | None] = OrderedDict()
         self._remember = remember  # (app, context) states kept for ``recall``
 
@@ -116,6 +135,52 @@ class StateStore:
 
         self.redis.transaction(txn, key)
         return result["state"]
+
+    def observe_once(self, app: str, context: str | None, query_id: str, models: Iterable[str],
+                     fn: Callable[[State | None, list[str]], State]) -> list[str]:
+        """Apply ``fn(state, models)`` for the ``models`` whose feedback for ``query_id`` this
+        state has not had yet, atomically with marking them had; returns those models (empty:
+        a repeat, nothing changed). A context's state gets the context TTL and joins the app's
+        capped set of contexts."""
+        key, glob, seen = state_key(app, context), state_key(app, None), seen_key(query_id)
+        models = list(models)
+        result: dict[str, list[str]] = {"applied": []}
+
+        def txn(pipe: Any) -> None:
+            had = {m.decode() if isinstance(m, bytes) else m for m in pipe.smembers(seen)}
+            todo = [m for m in models if f"{key}|{m}" not in had]
+            result["applied"] = todo
+            if not todo:
+                return
+            raw = pipe.get(key)
+            current = json.loads(raw) if raw else None
+            if current is None and context:
+                seed = pipe.get(glob)
+                if seed:
+                    current = dict(json.loads(seed), n_observed=0)
+            new = fn(current, todo)
+            pipe.multi()
+            pipe.set(key, json.dumps(new), ex=self.context_ttl_s if context else None)
+            pipe.sadd(seen, *(f"{key}|{m}" for m in todo))
+            pipe.expire(seen, self.ttl_s)
+            if context:
+                pipe.zadd(contexts_key(app), {context: time.time()})
+
+        self.redis.transaction(txn, key, seen)
+        if context and result["applied"]:
+            self._cap_contexts(app)
+        return result["applied"]
+
+    def _cap_contexts(self, app: str) -> None:
+        """Delete the least recently updated contexts past ``max_contexts``."""
+        ckey = contexts_key(app)
+        excess = int(self.redis.zcard(ckey)) - self.max_contexts
+        if excess <= 0:
+            return
+        oldest = self.redis.zpopmin(ckey, excess)
+        names = [c.decode() if isinstance(c, bytes) else c for c, _ in oldest]
+        if names:
+            self.redis.delete(*(state_key(app, c) for c in names))
 
     def save_predictions(self, query_id: str, record: dict[str, Any]) -> None:
         self.redis.set(pred_key(query_id), json.dumps(record), ex=self.ttl_s)

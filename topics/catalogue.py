@@ -17,6 +17,12 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 
+# ``requests.<model>`` partitions: the most batcher members that can share one model's work
+# (docs/design/0024). The selector keys each request by query id, so with as many partitions in
+# every model's topic a query's requests all land on one partition number, which the range
+# assignor gives to one member: an ensemble's query still wakes one batcher process.
+REQUEST_PARTITIONS = 4
+
 
 def check_name(kind: str, name: str) -> str:
     """App and model names end up in topic names and Redis keys: keep them plain."""
@@ -120,7 +126,7 @@ class Catalogue:
         return self._spec(f"replies.{instance}", partitions, **{"retention.ms": str(HOUR_MS)})
 
     # -- per-model topics ----------------------------------------------------------
-    def requests(self, model: str, partitions: int = 1) -> TopicSpec:
+    def requests(self, model: str, partitions: int = REQUEST_PARTITIONS) -> TopicSpec:
         return self._spec(f"requests.{check_name('model', model)}", partitions)
 
     def batches(self, model: str, replicas: int = 1) -> TopicSpec:

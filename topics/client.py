@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import SecretStr
+
 from clipstream.settings import Settings
 
 _SECURITY = {
@@ -29,6 +31,8 @@ def common_config(settings: Settings) -> dict[str, Any]:
     }
     for attr, key in _SECURITY.items():
         value = getattr(settings, attr)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
         if value:
             conf[key] = value
     return conf
@@ -86,5 +90,6 @@ def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
     if settings.kafka_sasl_mechanism:
         kwargs["sasl_mechanism"] = settings.kafka_sasl_mechanism
         kwargs["sasl_plain_username"] = settings.kafka_sasl_username
-        kwargs["sasl_plain_password"] = settings.kafka_sasl_password
+        secret = settings.kafka_sasl_password
+        kwargs["sasl_plain_password"] = secret.get_secret_value() if secret is not None else None
     return kwargs

@@ -10,14 +10,27 @@ see what went wrong. ``dead_letter_record`` builds the record the ``DeadLetter``
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from typing import Any
 
 from clipstream.clock import now_us
-from schemas import DeadLetter, encode
+from clipstream.errors import ClipstreamError
+from schemas import DeadLetter, decode_as, encode
 
 log = logging.getLogger("clipstream.topics")
 
 Source = tuple[str, int, int]  # (topic, partition, offset)
+
+# dead letters this process made, by (stage, reason_label): exported by ``topics.metrics``
+COUNTS: Counter[tuple[str, str]] = Counter()
+
+
+def reason_label(reason: str) -> str:
+    """A bounded label for a free-text reason: its words before the first colon, at most 40
+    characters ("bad input: shape (3,) ..." -> "bad input")."""
+    head = reason.split(":", 1)[0].strip().lower()[:40]
+    return head or "unknown"
 
 
 def source_of(msg: Any) -> Source | None:
@@ -29,6 +42,7 @@ def dead_letter_record(*, stage: str, reason: str, source: Source | None = None,
                        payload: bytes | None = None) -> DeadLetter:
     """The ``DeadLetter`` record of one record a stage could not handle."""
     topic, partition, offset = source if source is not None else (None, None, None)
+    COUNTS[(stage, reason_label(reason))] += 1
     return DeadLetter(stage=stage, reason=reason, source_topic=topic, source_partition=partition,
                       source_offset=offset, query_id=query_id, payload=payload, created_us=now_us())
 
@@ -64,5 +78,58 @@ class DeadLetters:
         if payload is not None and self.max_payload is not None:
             payload = payload[: self.max_payload]
         value = dead_letter_value(stage=stage, reason=reason, source=source, query_id=query_id, payload=payload)
-        self.producer.produce(self.topic, value)
-        self.producer.poll(0)
+        try:
+            self.producer.produce(self.topic, value)
+            self.producer.poll(0)
+        except Exception as exc:  # a report of a failure must not become one: the stage goes on
+            log.error("dead letter from %s not sent (%s): %s", stage, exc, reason)
+
+
+def latest(settings: Any, count: int = 20, timeout_s: float = 10.0) -> list[DeadLetter]:
+    """The newest ``count`` dead letters on the deadletter topic, oldest first, for
+    ``clipstream deadletters`` (a record that does not decode shows as stage ``?`` with why)."""
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from topics.admin import watermarks
+    from topics.catalogue import Catalogue
+    from topics.client import consumer_config
+
+    topic = Catalogue.from_settings(settings).deadletter.name
+    consumer = Consumer(consumer_config(settings, f"deadletters-{uuid.uuid4().hex}", **{"enable.auto.commit": False}))
+    out: list[DeadLetter] = []
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return []
+        ends: dict[int, int] = {}
+        starts: list[TopicPartition] = []
+        for p in meta.partitions:
+            low, high = watermarks(consumer, TopicPartition(topic, p), timeout_s)
+            if high > low:
+                ends[p] = high
+                starts.append(TopicPartition(topic, p, max(low, high - count)))
+        if starts:
+            consumer.assign(starts)
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=0.2):
+                if msg.error():
+                    continue
+                out.append(_decoded(msg))
+                if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                    ends.pop(msg.partition(), None)
+    finally:
+        consumer.close()
+    out.sort(key=lambda d: d.created_us)
+    return out[-count:]
+
+
+def _decoded(msg: Any) -> DeadLetter:
+    try:
+        return decode_as(DeadLetter, msg.value())
+    except ClipstreamError as exc:
+        return DeadLetter(stage="?", reason=f"not a DeadLetter record: {exc}", source_topic=msg.topic(),
+                          source_partition=msg.partition(), source_offset=msg.offset(), query_id=None,
+                          payload=msg.value(), created_us=(msg.timestamp()[1] or 0) * 1000)

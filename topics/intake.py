@@ -15,6 +15,9 @@ Two ways to get partitions:
   loop and auto-commit sends it, so a record queued in a process that dies is not replayed.
 - ``assign=[TopicPartition, ...]``: those partitions directly, from their end now, no group
   and no commits (a gateway's own reply topic: no rebalance ever delays a reply).
+- ``rebalance=``: the caller's own rebalance callbacks (``Rebalance``) with subscribe; with
+  ``enable.auto.offset.store`` off, the caller stores what it has done (``store``), so a record
+  read and not yet done is read again by the member that takes its partition over.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -36,6 +39,16 @@ from topics.offsets import assign_at_end, pin_and_assign
 log = logging.getLogger("clipstream.topics")
 
 Record = tuple[bytes | None, Source]  # value, where it came from
+
+
+class Rebalance(Protocol):
+    """Rebalance callbacks (run on the consumer thread, inside its poll); ``on_assign`` assigns."""
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None: ...
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None: ...
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None: ...
 
 
 def raw_record(msg: Message) -> Record:
@@ -58,12 +71,15 @@ class Intake:
                  deliver: Callable[[list[Any]], None], *, max_group: int = 1000,
                  fetch_max_wait_ms: int | None = None, convert: Callable[[Message], Any] = raw_record,
                  assign: list[TopicPartition] | None = None, on_ready: Callable[[], None] | None = None,
-                 name: str | None = None, **overrides: Any) -> None:
+                 name: str | None = None, rebalance: Rebalance | None = None,
+                 on_undecodable: Callable[[Message, Exception], None] | None = None, **overrides: Any) -> None:
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self.topic = ",".join(self.topics)  # for log lines
         self._deliver, self._convert, self._on_ready = deliver, convert, on_ready
         self._max_group = max_group
         self._assign = assign
+        self._rebalance = rebalance
+        self._on_undecodable = on_undecodable  # on the consumer thread: a dead letter, say
         if fetch_max_wait_ms is not None:
             overrides["fetch.wait.max.ms"] = fetch_max_wait_ms
         if assign is not None:
@@ -74,12 +90,17 @@ class Intake:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()  # partitions assigned and start offsets fixed
+        self._store_lock = threading.Lock()
+        self._to_store: list[TopicPartition] = []
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Subscribe (or assign, blocking: InfraError if the broker cannot say where the
         partitions end) and start the thread."""
         self._loop = loop
-        if self._assign is None:
+        if self._rebalance is not None:
+            self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._rebalance.on_revoke,
+                                     on_lost=self._rebalance.on_lost)
+        elif self._assign is None:
             self._consumer.subscribe(self.topics, on_assign=self._on_assign)
         else:
             assign_at_end(self._consumer, self._assign)
@@ -96,8 +117,25 @@ class Intake:
         except (KafkaException, RuntimeError) as exc:
             log.warning("closing the consumer of %s: %s", self.topic, exc)
 
+    def store(self, offsets: list[TopicPartition]) -> None:
+        """Offsets to store for the next commit, from any thread: the consumer thread stores
+        them before its next poll (a store from another thread waits for that poll to end)."""
+        with self._store_lock:
+            self._to_store += offsets
+
+    def _store(self, consumer: Consumer) -> None:
+        with self._store_lock:
+            offsets, self._to_store = self._to_store, []
+        try:
+            consumer.store_offsets(offsets=offsets)
+        except KafkaException as exc:  # a partition no longer owned: its new owner commits
+            log.info("%s: offsets %s not stored: %s", self.topic, offsets, exc)
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        pin_and_assign(consumer, partitions)
+        if self._rebalance is not None:
+            self._rebalance.on_assign(consumer, partitions)
+        else:
+            pin_and_assign(consumer, partitions)
         if {tp.topic for tp in partitions} >= set(self.topics):
             self._set_ready()
 
@@ -111,6 +149,8 @@ class Intake:
         consumer, loop, deliver, convert = self._consumer, self._loop, self._deliver, self._convert
         assert loop is not None
         while not self._stop.is_set():
+            if self._to_store:
+                self._store(consumer)
             first = consumer.poll(0.1)  # returns as soon as one record is there
             if first is None:
                 continue
@@ -125,6 +165,11 @@ class Intake:
                     group.append(convert(msg))
                 except DecodeError as exc:
                     log.warning("undecodable record %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), exc)
+                    if self._on_undecodable is not None:
+                        try:
+                            self._on_undecodable(msg, exc)
+                        except Exception:  # a report of a bad record must not stop the intake
+                            log.exception("reporting the undecodable record at %s failed", msg.offset())
             if group:
                 try:
                     loop.call_soon_threadsafe(deliver, group)

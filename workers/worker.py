@@ -34,9 +34,11 @@ from topics.client import admin_config, consumer_config
 from topics.emitter import Emitter
 from topics.markers import is_handover, ready_marker
 from topics.offsets import SpacedCommits, committed_offset
+from topics.metrics import LAG, expose, serve_metrics
 from topics.stage import announce_ready, heartbeat, stop_on_signals
 from workers.backends import BatchModel, warm_up
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
+from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.settings import WorkerSettings
 
@@ -80,6 +82,7 @@ class Worker:
         self.group_id = f"{settings.topic_prefix}worker.{name}.{replica}"
         self.running = True
         self.redis_guard = RedisGuard(lambda: self.redis.ping(), name=f"worker {name}.{replica}")
+        self.metrics = WorkerMetrics(name, replica, version)
 
     # -- life cycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -93,7 +96,7 @@ class Worker:
             consumer_config(
                 self.settings, self.group_id,
                 **{"enable.auto.commit": False, "auto.offset.reset": "earliest", "on_commit": self._commit_done,
-                   "enable.partition.eof": True},
+                   "enable.partition.eof": True, **LAG.config(self.group_id)},
             )
         )
         # resume from the group's committed offset, read by us (with retries) rather than by
@@ -107,6 +110,8 @@ class Worker:
         # optimisation, and a batch's answers must not wait on it
         self.redis = sync_client(self.settings)
         self.ready_us = now_us()
+        expose(self.metrics.registry)
+        serve_metrics("worker")
         announce_ready("worker", f"{self.name} replica {self.replica} device {self.model.device}")
         if self.own_version_only:
             self._say_ready()
@@ -305,6 +310,7 @@ class Worker:
             (self.predictions_topic, partition, record) for partition, record in outcome.predictions_records()]
         if outcome.stats is not None:
             records.append((self.stats_topic, None, outcome.stats))
+            self.metrics.batch(outcome.stats)
         records += [(self.deadletter_topic, None, r) for r in outcome.dead_letters]
         # counted before the first produce, so an early ack cannot close the batch too soon
         self.tracker.produced(offset, len(records))

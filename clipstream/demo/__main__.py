@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from clipstream.demo.dashboard import keep_history, screenshot
 from clipstream.demo.report import cumulative_error, plot, replay_exp3
 from clipstream.demo.tap import Tap
 from clipstream.demo.train import LABELS, load_digits_split, train_all, write_app_file, write_degraded
@@ -51,6 +52,8 @@ def start_up(app_file: Path, state_dir: Path, port: int, timeout_s: float = 300)
         say(f"  [up] {line}")
         if line.startswith("infra: "):
             info.update(kv.split("=", 1) for kv in line[len("infra: "):].split())
+        if line.startswith("dashboard: "):
+            info["dashboard"] = line[len("dashboard: "):]
         if line.startswith("ready: "):
             info["url"] = line[len("ready: "):]
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
@@ -123,10 +126,17 @@ def main() -> None:
     settings = get_settings(kafka_bootstrap=info["kafka"], redis_url=info["redis"])
     tap = Tap(settings, models, LABELS).start()
     tap.wait_assigned()
+    dashboard = info.get("dashboard", info["url"] + "/dashboard")
+    say(f"    dashboard: {dashboard}")
+    history = threading.Event()
+    keep_history(dashboard, history)
     try:
         rows = stream(args, info["url"], models, degraded, tap, env)
+        png = screenshot(dashboard, OUT / "dashboard.png")
+        say(f"    wrote {png}" if png else "    no chromium installed: no dashboard.png")
     finally:
         say("5/5 stopping everything ...")
+        history.set()
         tap.stop()
         proc.send_signal(signal.SIGINT)
         try:

@@ -157,6 +157,9 @@ def write_app_file(path: Path, models: list[str], slo_ms: float = 150.0) -> Path
             {
                 "name": "digits",
                 "policy": "exp4",
+                # a demo of 2,400 queries: weights that move within a few hundred of them, and
+                # a floor a recovered model climbs back from before the demo ends
+                "policy_config": {"eta": 0.3, "max_log_ratio": 3.0},
                 "slo_ms": slo_ms,
                 "default_output": -1,
                 "models": models,

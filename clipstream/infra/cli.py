@@ -131,3 +131,50 @@ def fetch() -> None:
     with _one_line_errors():
         libs = kafka.fetch_jars(get_settings(), progress=_progress)
     click.echo(f"kafka jars: {libs}")
+
+
+@infra.command("secure-broker")
+@click.option("--port", type=int, default=None, help="SASL_SSL port (default: a free one; controller: another).")
+@click.option("--user", default="clipstream", show_default=True, help="The SCRAM-SHA-512 user to create.")
+@STATE_DIR_OPTION
+def secure_broker(port: int | None, user: str, state_dir: Path | None) -> None:
+    """Run a one-node broker with a SASL_SSL listener (SCRAM-SHA-512, a CA made now) until Ctrl-C.
+
+    The password is CLIPSTREAM_KAFKA_SASL_PASSWORD when set, else a random one written to a
+    file only the owner reads; it is never printed. Prints the variables a stage needs."""
+    import secrets
+    import socket
+    import tempfile
+    import time
+
+    from clipstream.infra.secure import start_secure_broker
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    settings = _settings(None)
+    folder = Path(tempfile.mkdtemp(prefix="secure-", dir=state_dir or None))
+    secret = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else None
+    password_file = folder / "sasl-password"
+    if secret is None:
+        secret = secrets.token_urlsafe(24)
+        password_file.touch(mode=0o600)
+        password_file.write_text(secret)
+    with _one_line_errors():
+        broker = start_secure_broker(settings, folder, port or free(), free(), user, secret)
+    for key, value in broker.client_env("").items():
+        if key == "CLIPSTREAM_KAFKA_SASL_PASSWORD":
+            value = f'"$(cat {password_file})"' if password_file.exists() else "<as set>"
+        click.echo(f"export {key}={value}")
+    click.echo(f"ready: secure broker {broker.bootstrap} (state in {folder}); Ctrl-C stops it", err=True)
+    try:
+        while broker.process.poll() is None:  # SIGTERM ends us, and the broker with us
+            time.sleep(0.5)
+        click.echo(f"error: the broker exited; its log: {broker.files.log}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()

@@ -25,8 +25,8 @@ HOST = "127.0.0.1"
 # broker.session.timeout.ms, 9 s by default) or its leader drops it as a lagging follower
 # (replica.lag.time.max.ms, 30 s by default): shorter bounds keep that stall to a few seconds.
 FAILURE_DETECTION: dict[str, str] = {
-    "broker.heartbeat.interval.ms": "1000",
-    "broker.session.timeout.ms": "6000",
+    "broker.heartbeat.interval.ms": "500",
+    "broker.session.timeout.ms": "3000",
     "replica.lag.time.max.ms": "10000",
 }
 

@@ -18,7 +18,7 @@ import shlex
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,11 +287,12 @@ def formatted_cluster_id(files: BrokerFiles) -> str | None:
 
 
 def format_storage(
-    java: str, libs: Path, files: BrokerFiles, cluster_id: str | None = None
+    java: str, libs: Path, files: BrokerFiles, cluster_id: str | None = None, scram: Sequence[str] = ()
 ) -> bool:
     """Format the KRaft data dir once; False when it was formatted before (data is kept).
 
-    The nodes of one cluster must all be formatted with the same ``cluster_id``.
+    The nodes of one cluster must all be formatted with the same ``cluster_id``. ``scram``:
+    SCRAM users to create (``SCRAM-SHA-512=[name=u,password=p]``, see ``clipstream.infra.secure``).
     """
     if (files.data_dir / "meta.properties").exists():
         return False
@@ -300,6 +301,8 @@ def format_storage(
         "-cp", _classpath(libs), "kafka.tools.StorageTool", "format",
         "-t", cluster_id or random_cluster_id(), "-c", str(files.config), "--ignore-formatted",
     ]  # fmt: skip
+    for user in scram:
+        argv += ["--add-scram", user]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()

@@ -55,11 +55,11 @@ def start_redis(
     )
 
 
-def redis_answers(url: str) -> bool:
-    """True when the Redis at ``url`` answers PING."""
+def redis_answers(url: str, password: str | None = None) -> bool:
+    """True when the Redis at ``url`` answers PING (with ``password`` when it wants one)."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=1.0)
+    client = redis.Redis.from_url(url, password=password, socket_connect_timeout=0.5, socket_timeout=1.0)
     try:
         return bool(client.ping())
     except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):

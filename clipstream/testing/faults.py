@@ -192,9 +192,11 @@ class Load:
     async def _call(self, http: Any, q: Query, x: np.ndarray) -> None:
         import httpx
 
+        from frontend.client import post_predict  # as ``Client.predict``: once more on a dropped connection
+
         body = {"input": [round(float(v), 6) for v in x], "slo_ms": self.slo_ms}
         try:
-            r = await http.post(f"/v1/apps/{self.app}/predict", json=body)
+            r = await post_predict(http, f"/v1/apps/{self.app}/predict", body)
         except httpx.TimeoutException:
             return  # no answer and no status: lost
         except httpx.TransportError as exc:

@@ -1,10 +1,16 @@
-"""Model selection policies: the built-in ``exp3``, ``exp4`` and ``single``, or a user's own
-class named by import path (``pkg.mod:Class``), all behind ``get_policy``."""
+"""Model selection policies: the built-in ``exp3``, ``exp4`` and ``single``, or an operator's own
+class named by import path (``pkg.mod:Class``), all behind ``get_policy``.
+
+An ``App`` record names its policy, and anyone who can write to the registry topic writes App
+records, so a name is never imported on the record's say-so: only the built-ins and the import
+paths the selector's operator allows (``CLIPSTREAM_SELECTOR_POLICY_IMPORTS``) are built
+(docs/design/0029-policies-by-name-and-allow-list.md).
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from clipstream.errors import ConfigError
@@ -16,19 +22,34 @@ from selector.policies.single import Single
 BUILTIN: dict[str, type] = {"exp3": Exp3, "exp4": Exp4, "single": Single}
 
 
-def get_policy(name: str, config: Mapping[str, Any] | None = None) -> SelectionPolicy:
-    """The policy called ``name`` built with ``config`` (the app's policy_config, plus ``kind`` and
-    ``labels`` of its outputs). A user class is called with the config if it takes one."""
-    config = dict(config or {})
+def policy_class(name: str, allowed: Iterable[str] = ()) -> type:
+    """The class of the policy called ``name``: a built-in, or an import path listed in
+    ``allowed`` (exactly as written there). Anything else is a ConfigError that says why,
+    before any module is imported."""
     cls = BUILTIN.get(name)
-    if cls is None:
-        module_name, sep, attr = name.partition(":")
-        if not sep or not module_name or not attr:
-            raise ConfigError(f"unknown policy {name!r}: use exp3, exp4, single or 'pkg.module:Class'")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"policy {name!r} cannot be imported: {exc}") from exc
+    if cls is not None:
+        return cls
+    if name not in set(allowed):
+        raise ConfigError(f"policy {name!r} refused: not one of {sorted(BUILTIN)} and not in the selector's "
+                          "allow-list (CLIPSTREAM_SELECTOR_POLICY_IMPORTS)")
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"unknown policy {name!r}: use exp3, exp4, single or 'pkg.module:Class'")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"policy {name!r} cannot be imported: {exc}") from exc
+    if not isinstance(cls, type):
+        raise ConfigError(f"policy {name!r} is not a class")
+    return cls
+
+
+def get_policy(name: str, config: Mapping[str, Any] | None = None, allowed: Iterable[str] = ()) -> SelectionPolicy:
+    """The policy called ``name`` built with ``config`` (the app's policy_config, plus ``kind`` and
+    ``labels`` of its outputs); ``allowed``: the import paths the operator allows besides the
+    built-ins. A user class is called with the config if it takes one."""
+    config = dict(config or {})
+    cls = policy_class(name, allowed)
     try:
         policy = cls(config)
     except TypeError:
@@ -39,4 +60,4 @@ def get_policy(name: str, config: Mapping[str, Any] | None = None) -> SelectionP
     return policy
 
 
-__all__ = ["BUILTIN", "Exp3", "Exp4", "SelectionPolicy", "Single", "align_state", "get_policy"]
+__all__ = ["BUILTIN", "Exp3", "Exp4", "SelectionPolicy", "Single", "align_state", "get_policy", "policy_class"]

@@ -1,7 +1,7 @@
 """The pipeline the fault suite breaks: a private 3-broker KRaft cluster and Redis (as
 ``clipstream infra up --brokers 3 --free-ports --state-dir DIR`` starts them), and
 ``clipstream up`` serving an Exp4 app of three quick python models on them, with its default
-two selector members. One pipeline serves every fault of the module, in turn; each test
+two selector members, two gateway members on one port and two batcher members. One pipeline serves every fault of the module, in turn; each test
 starts only once both paths give real answers again, so a fault's recovery is part of the
 next test's premise, not of its ledger.
 """
@@ -24,6 +24,7 @@ import yaml
 from clipstream.infra import _die_with_parent_hook, launcher
 from clipstream.settings import Settings
 from clipstream.testing.models import make_python_model
+from clipstream.testing.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Three JVMs start at once on a machine whose two cores other test processes share: a bound on
@@ -65,8 +66,8 @@ class Pipeline:
 
     @property
     def stages(self) -> list[str]:
-        return ["selector-1", "selector-2", "gateway", "batchers-" + "+".join(MODELS),
-                *(f"worker-{m}-v1-0" for m in MODELS)]
+        return ["selector-1", "selector-2", "gateway-1", "gateway-2",
+                *(f"batchers-{'+'.join(MODELS)}.{i}" for i in (1, 2)), *(f"worker-{m}-v1-0" for m in MODELS)]
 
     def tail(self, n: int = 30) -> str:
         return "\n".join(self.lines[-n:])
@@ -89,7 +90,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         }))
         port = launcher.pick_free_ports(1)[0]
         env = {**os.environ, **status.env(), "CLIPSTREAM_TOPIC_PREFIX": prefix, "PYTHONUNBUFFERED": "1",
-               "CLIPSTREAM_UP_WARM_UP_S": "5"}  # each test waits for real answers itself
+               "CLIPSTREAM_UP_WARM_UP_S": "5",  # each test waits for real answers itself
+               "CLIPSTREAM_UP_GATEWAYS": "2", "CLIPSTREAM_UP_BATCHER_MEMBERS": "2"}
         proc = subprocess.Popen(
             [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp / "app.yaml"), "--free-ports",
              "--state-dir", str(tmp / "up"), "--gateway-port", str(port)],
@@ -104,14 +106,18 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
 
         def read() -> None:
             assert proc is not None and proc.stdout is not None
-            for line in proc.stdout:
-                pipe.lines.append(line.rstrip())
-                if line.startswith("ready: "):
-                    ready.set()
+            with (tmp / "up.out").open("a") as out:  # what ``up`` said, kept for a post-mortem
+                for line in proc.stdout:
+                    pipe.lines.append(line.rstrip())
+                    out.write(line)
+                    out.flush()
+                    if line.startswith("ready: "):
+                        ready.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(UP_READY_S):
-            raise AssertionError(f"clipstream up not ready after {UP_READY_S:g} s:\n{pipe.tail()}")
+        wait_until(lambda: ready.is_set() or proc.poll() is not None, UP_READY_S, "clipstream up to be ready")
+        if not ready.is_set():
+            raise AssertionError(f"clipstream up exited ({proc.returncode}) before ready:\n{pipe.tail()}")
         yield pipe
     finally:
         if proc is not None:

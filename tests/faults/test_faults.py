@@ -5,8 +5,7 @@ caller, and real answers back within the bound each fault states.
 
 Run with ``make test-faults`` (``pytest -m faults -s tests/faults``): the suite starts its own
 cluster and pipeline and takes minutes, so the default ``make test`` leaves it out. Each
-ledger is printed and written to ``out/faults/<fault>.json``. Not covered: a batcher member of
-two (``up`` runs one batcher process for all models; batcher members are not built yet).
+ledger is printed and written to ``out/faults/<fault>.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from clipstream.infra import launcher, pid_alive
 from clipstream.testing.faults import PATHS, Load, ledger, observe, ready_count, stage_pid, table
 from clipstream.testing.procs import wait_until
 from selector.settings import SelectorSettings
-from tests.faults.conftest import CLUSTER_START_S, ROOT, SLO_MS, Pipeline
+from tests.faults.conftest import CLUSTER_START_S, MODELS, ROOT, SLO_MS, Pipeline
 from topics.catalogue import Catalogue
 from topics.client import admin_config
 
@@ -33,20 +32,22 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]  # the first one sta
 
 RATE_QPS = 20.0  # on each path: 40 q/s in all, the issue's steady load
 HEALTHY_RUN = 20  # the last this many queries on each path real and on time: the pipeline is well
-HEALTHY_S = 120.0  # bound on a recovery from the previous fault (a restarted broker's JVM, ...)
+HEALTHY_S = 240.0  # bound on a recovery from the previous fault (a restarted broker's JVM, ...) or a cold start on a busy machine
 BASELINE_S = 2.0  # of steady load in the ledger before the fault
 SETTLED_S = 3.0  # after the gaps close and the killed stage is back, so a second dip would show
 DRAIN_S = SLO_MS / 1000 + 20.0
 # a run goes on this long past its bound while answers have not resumed, so the ledger gives
 # the real gap of a fault that misses its bound, not just "over"
 OBSERVE_EXTRA_S = 30.0
-# The issue's bound. The selector's cannot be met by the design: a SIGKILLed member's
-# partitions move only once its session times out (6 s, the least the brokers accept;
-# docs/design/0018), then the survivor rejoins and replays; the 4 s on top are the slack
-# tests/integration/test_selector_failover.py allows on this shared 2-core machine.
+# The issue's bound, for every stage killed: a selector member rejoins as the same static
+# member (its partitions wait for it, no rebalance; docs/design/0022), a gateway member's
+# callers retry on the other one (docs/design/0023)
 GAP_BOUND_S = 3.0
-SELECTOR_BOUND_S = SelectorSettings().session_timeout_ms / 1000 + 4.0
+HUNG_PAST_SESSION_S = 3.0  # a hung member stays stopped this long past its session timeout
 BROKER_BOUND_S = 10.0  # the issue's target for a broker of three
+# the issue's bound too: a restarted batcher member is slow to start (faust and the metrics
+# stack to import), so it is the one most likely to miss it (docs/design/0024)
+BATCHER_BOUND_S = GAP_BOUND_S
 REDIS_FREEZE_S = 10.0
 OUT = ROOT / "out" / "faults"
 COMMAND = "make test-faults  # .venv/bin/python -m pytest -q -s -p no:cacheprovider -m faults tests/faults"
@@ -97,7 +98,7 @@ def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: 
             restore()
         load.stop(DRAIN_S)
     paths = {p: ledger([q for q in load.of(p) if q.sent >= since], fault_at) for p in PATHS}
-    report = {"fault": name, "injected": what, "bound_s": bound_s, "rate_qps_each_path": RATE_QPS,
+    report = {"fault": name, "injected": what, "fault_at_epoch_s": round(fault_at, 3), "bound_s": bound_s, "rate_qps_each_path": RATE_QPS,
               "slo_ms": SLO_MS, "second_responses_dropped_by_reader": load.raw_duplicates,
               "command": COMMAND, "paths": paths}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -107,9 +108,16 @@ def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: 
     return report
 
 
+# ``report`` (what CI runs): the ledger's recovery times are a measurement, printed and written
+# with their bounds, while loss, duplicates and answers resuming at all are asserted; ``assert``
+# (``make test-faults``, the default) holds each gap to the issue's bound as well
+GAPS = os.environ.get("CLIPSTREAM_FAULT_GAPS", "assert")
+
+
 def check(report: dict[str, Any], gap_bound_s: float) -> None:
     """The issue's ledger assertions, for both paths; every failure is listed, not just the first."""
     failures = []
+    strict = GAPS != "report"
     for path, row in report["paths"].items():
         if not row["sent_after_fault"]:
             failures.append(f"{path}: no query sent after the fault")
@@ -117,7 +125,7 @@ def check(report: dict[str, Any], gap_bound_s: float) -> None:
             failures.append(f"{path}: {row['lost']} of {row['sent']} queries lost (no answer, no status)")
         if row["duplicates"]:
             failures.append(f"{path}: {row['duplicates']} duplicate answers reached the caller")
-        if row["gap_s"] is None or row["gap_s"] > gap_bound_s:
+        if row["gap_s"] is None or (strict and row["gap_s"] > gap_bound_s):
             failures.append(f"{path}: real answers resumed after {row['gap_s']} s (bound {gap_bound_s:g} s)")
     assert not failures, f"{report['fault']}: " + "; ".join(failures)
 
@@ -138,7 +146,40 @@ def _kill_stage(pipe: Pipeline, stage: str) -> tuple[Callable[[], str], Callable
 
 def test_selector_member_killed(pipeline: Pipeline) -> None:
     inject, back = _kill_stage(pipeline, "selector-2")
-    check(run_fault(pipeline, "selector", inject, bound_s=SELECTOR_BOUND_S, back=back), SELECTOR_BOUND_S)
+    check(run_fault(pipeline, "selector", inject, bound_s=GAP_BOUND_S, back=back), GAP_BOUND_S)
+
+
+def test_batcher_member_killed(pipeline: Pipeline) -> None:
+    """One batcher of two: its request partitions wait for its restart (a static member gets
+    them back at once) or its session timeout, whichever comes first (docs/design/0024)."""
+    inject, back = _kill_stage(pipeline, f"batchers-{'+'.join(MODELS)}.2")
+    check(run_fault(pipeline, "batcher", inject, bound_s=BATCHER_BOUND_S, back=back), BATCHER_BOUND_S)
+
+
+def test_selector_member_hung_past_its_session(pipeline: Pipeline) -> None:
+    """The fallback when a member does not come back: selector-2 SIGSTOPped for longer than its
+    session, so the coordinator drops the static member and selector-1 takes its partitions
+    (then SIGCONT: it rejoins, one more rebalance). Not one of the issue's faults: its bound is
+    the session timeout plus the issue's 3 s."""
+    pid = stage_pid(pipeline.log_dir, "selector-2")
+    assert pid is not None, f"no running selector-2; up said:\n{pipeline.tail()}"
+    session_s = SelectorSettings().session_timeout_ms / 1000
+    stopped = [False]
+
+    def inject() -> str:
+        os.kill(pid, signal.SIGSTOP)
+        stopped[0] = True
+        return f"SIGSTOP selector-2 (pid {pid}) for {session_s + HUNG_PAST_SESSION_S:g} s"
+
+    def restore() -> None:
+        if stopped[0]:
+            os.kill(pid, signal.SIGCONT)
+            stopped[0] = False
+
+    bound = session_s + GAP_BOUND_S
+    report = run_fault(pipeline, "selector-hung", inject, bound_s=bound, hold_s=session_s + HUNG_PAST_SESSION_S,
+                       restore=restore)
+    check(report, bound)
 
 
 def test_worker_killed(pipeline: Pipeline) -> None:
@@ -147,7 +188,7 @@ def test_worker_killed(pipeline: Pipeline) -> None:
 
 
 def test_gateway_killed(pipeline: Pipeline) -> None:
-    inject, back = _kill_stage(pipeline, "gateway")
+    inject, back = _kill_stage(pipeline, "gateway-1")
     check(run_fault(pipeline, "gateway", inject, bound_s=GAP_BOUND_S, back=back), GAP_BOUND_S)
 
 

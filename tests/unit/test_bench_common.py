@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.breakdown import SEGMENTS, split, table
@@ -87,3 +89,21 @@ def test_warm_up_is_bounded_and_skipped_without_proc(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(machine, "jit_cpu_s", lambda pid: None)  # no /proc threads to read
     assert machine.warm_until_jit_quiet(1, steps.append, said.append) == [] and steps == [0, 1]
     assert machine.warm_until_jit_quiet(None, steps.append, said.append) == []
+
+
+def test_jit_cpu_counts_the_compiler_threads_own_time_not_the_process(tmp_path: Path) -> None:
+    # /proc/<tid>/stat holds the whole process's counts; only task/<tid>/stat is the thread's
+    from bench.machine import CLK_TCK, jit_cpu_s
+
+    def thread(tid: int, comm: str, ticks: int) -> None:
+        d = tmp_path / "7" / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "comm").write_text(comm + "\n")
+        (d / "stat").write_text(f"{tid} ({comm}) S " + " ".join(["0"] * 10) + f" {ticks} {ticks} 0 0\n")
+
+    thread(7, "java", 5000)
+    thread(8, "C2 CompilerThre", 30)
+    thread(9, "C1 CompilerThre", 10)
+    thread(10, "data-plane-kafk", 900)
+    assert jit_cpu_s(7, proc=tmp_path) == (30 + 30 + 10 + 10) / CLK_TCK
+    assert jit_cpu_s(8, proc=tmp_path) is None  # no such process

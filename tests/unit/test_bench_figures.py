@@ -159,3 +159,11 @@ def test_stragglers_each_size_must_be_within_slo_plus_5ms(tmp_path: Path) -> Non
     report["summary"]["8"] = size(50.0, 1.0)
     _write(tmp_path, "stragglers", report)
     assert _row(tmp_path, "stragglers").met == NO
+
+
+def test_the_members_row_gives_each_count_and_its_ratio_to_one(tmp_path: Path) -> None:
+    _write(tmp_path, "members", {"summary": {"goodput_qps": {"1": 400.0, "2": 380.0, "4": None},
+                                             "ratio_to_one": {"1": 1.0, "2": 0.95, "4": None}, "cores": 2}})
+    row = _row(tmp_path, "members")
+    assert row.met == NONE and "400 / 380 / n/a q/s" in row.measured
+    assert "2 vs 1 = 0.95x" in row.measured and "4 vs 1 = n/a" in row.measured and "2 cores" in row.measured

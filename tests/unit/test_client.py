@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -9,7 +10,7 @@ from fastapi.testclient import TestClient
 import clipstream
 from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputError
 from frontend.client import (
-    Client, GatewayInputError, GatewayUnavailable, NotFound, Overloaded, Unauthorized,
+    Client, GatewayInputError, GatewayUnavailable, NotFound, Overloaded, Unauthorized, post_predict,
 )
 from tests.unit.test_gateway_http import GOOD, FakeBus, answer, make_app
 
@@ -91,3 +92,53 @@ def test_unreachable_gateway_is_an_infra_error():
     with pytest.raises(GatewayUnavailable) as info:
         Client("http://127.0.0.1:1", timeout=2).predict("pets", GOOD)
     assert isinstance(info.value, InfraError)
+
+
+def _flaky(fails: list[Exception]) -> httpx.MockTransport:
+    """A transport that raises each of ``fails`` in turn, then answers every call."""
+    calls: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if fails:
+            raise fails.pop(0)
+        return httpx.Response(200, json={"query_id": "q1", "output": 1, "default": False})
+
+    transport = httpx.MockTransport(handle)
+    transport.calls = calls  # type: ignore[attr-defined]
+    return transport
+
+
+@pytest.mark.parametrize("exc", [httpx.ConnectError("refused"), httpx.RemoteProtocolError("disconnected"),
+                                 httpx.ReadError("reset")])
+def test_a_predict_whose_connection_failed_is_sent_once_more(exc: Exception) -> None:
+    transport = _flaky([exc])
+    client = Client(http=httpx.Client(transport=transport, base_url="http://gw"))
+    assert client.predict("pets", GOOD)["query_id"] == "q1"
+    assert len(transport.calls) == 2  # type: ignore[attr-defined]
+
+
+def test_a_predict_fails_after_its_one_retry_and_feedback_never_retries() -> None:
+    transport = _flaky([httpx.ConnectError("refused")] * 2)
+    client = Client(http=httpx.Client(transport=transport, base_url="http://gw"))
+    with pytest.raises(GatewayUnavailable, match="unreachable"):
+        client.predict("pets", GOOD)
+    transport = _flaky([httpx.ConnectError("refused")])
+    client = Client(http=httpx.Client(transport=transport, base_url="http://gw"), app="pets")
+    with pytest.raises(GatewayUnavailable):
+        client.feedback("q1", 1)
+    assert len(transport.calls) == 1  # type: ignore[attr-defined]
+
+
+def test_the_async_predict_retries_as_the_client_does() -> None:
+    import asyncio
+
+    async def go(fails: list[Exception]) -> tuple[int, int]:
+        transport = _flaky(fails)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+            r = await post_predict(http, "/v1/apps/pets/predict", {"input": GOOD})
+        return r.status_code, len(transport.calls)  # type: ignore[attr-defined]
+
+    assert asyncio.run(go([httpx.ReadError("reset")])) == (200, 2)
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(go([httpx.ConnectError("refused")] * 2))

@@ -334,7 +334,8 @@ def test_feedback_is_202_and_forwarded(client, bus):
     assert r.status_code == 202
     (first, k1), (second, k2) = bus.feedback
     assert (first.label, first.reward, first.app, k1) == ("dog", None, "pets", b"q1")
-    assert (second.label, second.reward, k2) == (None, 1.0, b"u1")
+    # keyed by query id; the caller's context is not the feedback's (the stored one is)
+    assert (second.label, second.reward, second.context, k2) == (None, 1.0, None, b"q2")
     for bad in ({"query_id": "q3"}, {"label": 1}, {"query_id": "q", "reward": 2}, {"query_id": "q", "label": [1]}):
         assert client.post("/v1/apps/pets/feedback", json=bad).status_code == 422, bad
     assert len(bus.feedback) == 2

@@ -113,13 +113,27 @@ def test_plan_ports_of_a_cluster(tmp_path: Path) -> None:
     free = launcher.plan_ports(Settings(state_dir=tmp_path), free_ports=True, brokers=3)
     assert set(free) == {"kafka", "controller", "kafka-2", "controller-2", "kafka-3", "controller-3", "redis"}
     assert len(set(free.values())) == 7
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        settings = Settings(kafka_port=port - 2, state_dir=tmp_path)  # node 2 takes `port`
-        with pytest.raises(InfraError, match=rf"port {port} \(kafka node 2\).*--free-ports.*--kafka-port"):
-            launcher.plan_ports(settings, free_ports=False, need_redis=False, brokers=3)
+    for _ in range(50):  # node 1's ports below it must be free, or the error names those first
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            if not all(_free(p) for p in (port - 2, port - 1)):
+                continue
+            settings = Settings(kafka_port=port - 2, state_dir=tmp_path)  # node 2 takes `port`
+            with pytest.raises(InfraError, match=rf"port {port} \(kafka node 2\).*--free-ports.*--kafka-port"):
+                launcher.plan_ports(settings, free_ports=False, need_redis=False, brokers=3)
+            return
+    pytest.fail("no busy port with two free ports below it")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def test_a_node_that_does_not_answer_lists_no_brokers() -> None:

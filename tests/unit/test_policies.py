@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -141,13 +142,24 @@ class MyPolicy(Single):
 def test_registry_builtins_and_import_path() -> None:
     assert isinstance(get_policy("exp3"), Exp3)
     assert isinstance(get_policy("exp4", {"eta": 0.2}), Exp4)
-    assert isinstance(get_policy("tests.unit.test_policies:MyPolicy"), MyPolicy)
+    mine = "tests.unit.test_policies:MyPolicy"
+    assert isinstance(get_policy(mine, allowed=[mine]), MyPolicy)
     with pytest.raises(ConfigError):
         get_policy("nope")
     with pytest.raises(ConfigError):
-        get_policy("json:nothing_here")
+        get_policy("json:nothing_here", allowed=["json:nothing_here"])
     with pytest.raises(ConfigError):
         get_policy("exp3", {"gamma": 2})
+
+
+def test_import_paths_outside_the_allow_list_are_refused_before_any_import() -> None:
+    # the registry hole: an App record naming subprocess:Popen with argv in its policy_config
+    with pytest.raises(ConfigError, match="allow-list"):
+        get_policy("subprocess:Popen", {"args": ["touch", "/tmp/pwned"]})
+    with pytest.raises(ConfigError, match="allow-list"):
+        get_policy("tests.unit.test_policies:MyPolicy", allowed=["tests.unit.test_policies:Other"])
+    with pytest.raises(ConfigError, match="not a class"):
+        get_policy("os:system", allowed=["os:system"])
 
 
 def test_align_state_adds_new_models_at_the_best_weight_and_drops_unlinked() -> None:
@@ -156,3 +168,29 @@ def test_align_state_adds_new_models_at_the_best_weight_and_drops_unlinked() -> 
     s2 = align_state(p, s, ["b", "c"])
     assert s2["models"] == ["b", "c"] and s2["log_w"] == [-3.0, 0.0] and s2["n_observed"] == 4
     assert align_state(p, None, ["x"]) == p.init(["x"])
+
+
+def test_apps_refuse_a_policy_once_until_its_record_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import selector.kafka as sk
+    from registry.topic import AppConfig, RegistryView
+
+    built: list[str] = []
+    real = sk.get_policy
+
+    def counting(name: str, config: Any = None, allowed: Any = ()) -> Any:
+        built.append(name)
+        return real(name, config, allowed)
+
+    monkeypatch.setattr(sk, "get_policy", counting)
+    outputs = SimpleNamespace(kind="label", labels=None)
+    monkeypatch.setattr(sk, "app_outputs", lambda view, models: outputs)
+    view = RegistryView(apps={"a": AppConfig("a", "subprocess:Popen", 50.0, -1, {}, ("m",))}, models={})
+    apps = sk.Apps(lambda: view)
+    for _ in range(3):
+        with pytest.raises(ConfigError, match="refused"):
+            apps.get("a")
+    assert built == ["subprocess:Popen"]  # refused once, remembered
+    view = RegistryView(apps={"a": AppConfig("a", "exp3", 50.0, -1, {}, ("m",))}, models={})  # a new record
+    assert isinstance(apps.get("a")[1], Exp3)

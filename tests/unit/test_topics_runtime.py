@@ -19,7 +19,7 @@ from clipstream.errors import DecodeError, InfraError
 from clipstream.settings import Settings
 from schemas import DeadLetter, decode_as
 from tests.fakes import FakeMsg as Msg
-from topics.deadletters import DeadLetters, dead_letter_record, dead_letter_value, source_of
+from topics.deadletters import COUNTS, DeadLetters, dead_letter_record, dead_letter_value, source_of
 from topics.emitter import DeliveryFailed, Emitter
 from topics.intake import Intake, raw_record
 from topics.offsets import SpacedCommits, assign_at_end, committed_offset, pin_and_assign
@@ -336,6 +336,19 @@ def test_dead_letters_are_sent_with_where_the_message_came_from() -> None:
     assert second.stage == "learn" and second.payload is None
     with pytest.raises(ValueError):
         DeadLetters(p, "d").send(reason="which stage?")
+
+
+def test_a_dead_letter_that_cannot_be_sent_does_not_stop_the_stage() -> None:
+    class Full:
+        def produce(self, *a: Any, **k: Any) -> None:
+            raise BufferError("queue full")
+
+        def poll(self, timeout: float) -> int:
+            return 0
+
+    before = sum(COUNTS.values())
+    DeadLetters(Full(), "d", stage="batcher").send(reason="bad input: x")  # logged, not raised
+    assert sum(COUNTS.values()) == before + 1
 
 
 # -- the stage --------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ def view(**versions: str) -> RegistryView:
 
 def test_per_model_batchers_follow_the_version_themselves() -> None:
     w = wanted_stages(view(a="1", b="3"), shared_batcher=False)
-    assert w["batcher-a"] == ["batcher", "--model", "a"]
-    assert w["batcher-b"] == ["batcher", "--model", "b"]
+    assert w["batcher-a"] == ["batcher", "--model", "a", "--member", "batcher-1"]
+    assert w["batcher-b"] == ["batcher", "--model", "b", "--member", "batcher-1"]
     assert sorted(k for k in w if k.startswith("worker-")) == ["worker-a-v1-0", "worker-b-v3-0", "worker-b-v3-1"]
     assert not any("broken" in k for k in w)
 
@@ -29,7 +29,7 @@ def test_per_model_batchers_follow_the_version_themselves() -> None:
 def test_a_shared_batcher_serves_every_loaded_model_and_is_named_by_them_not_their_versions() -> None:
     w = wanted_stages(view(b="3", a="1"))  # the default
     assert [k for k in w if k.startswith("batcher")] == ["batchers-a+b"]
-    assert w["batchers-a+b"] == ["batcher", "--model", "a", "--model", "b"]
+    assert w["batchers-a+b"] == ["batcher", "--model", "a", "--model", "b", "--member", "batcher-1"]
     assert "worker-b-v3-1" in w
     again = wanted_stages(view(a="2", b="3"), shared_batcher=True)  # a new version of a
     assert "batchers-a+b" in again and "worker-a-v2-0" in again  # the batcher stays; a's worker is replaced
@@ -64,6 +64,16 @@ class FakeSupervisor:
     def remove(self, name: str) -> None:
         self.removed.append(name)
         del self.stages[name]
+
+    def release(self, name: str) -> FakeStage | None:
+        stage = self.stages.pop(name, None)
+        if stage is not None:
+            stage.removed = True
+        return stage
+
+    def adopt(self, stage: FakeStage, restart: bool = True) -> None:
+        stage.removed = not restart
+        self.stages.setdefault(stage.name, stage)
 
 
 def test_a_replaced_shared_batcher_stops_only_once_its_successor_is_ready() -> None:
@@ -132,3 +142,11 @@ def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: A
     assert sent == [signal.SIGTERM]
     pipe._see_out(1000.0 + 2 * up.LEAVE_GRACE_S + 1)
     assert sent == [signal.SIGTERM, signal.SIGKILL]
+
+
+def test_batcher_members_share_one_group_each_a_named_static_member() -> None:
+    w = wanted_stages(view(a="1", b="3"), shared_batcher=True, batcher_members=2)
+    assert [k for k in w if k.startswith("batcher")] == ["batchers-a+b.1", "batchers-a+b.2"]
+    assert w["batchers-a+b.2"] == ["batcher", "--model", "a", "--model", "b", "--member", "batcher-2"]
+    per_model = wanted_stages(view(a="1"), shared_batcher=False, batcher_members=2)
+    assert per_model["batcher-a.1"][-2:] == ["--member", "batcher-1"] and "batcher-a.2" in per_model

@@ -1,0 +1,345 @@
+"""Per-query cost (issue 33): CPU per query over every process, the highest rate within the SLO
+through the gateway, and MLServer beside it on the same model, the same load, in the same run.
+
+The model is the python-backend class ``bench.accel_model`` (a device lock, then a sleep of
+Clockwork's ResNet-50 batch latency), one replica, in a ``policy: single`` app with a 50 ms SLO
+and the batcher's default settings, run by ``clipstream up`` as a new user would. Open-loop
+Poisson load posts distinct inputs to ``POST /v1/apps/{app}/predict`` (``bench.load_http``).
+
+For each system:
+
+- CPU per query at 100 and 300 q/s: utime + stime from /proc of every process (broker JVM,
+  Redis, gateway, both selectors, batcher, worker, ``up``; MLServer and its children) over the
+  step, divided by the queries sent, per process;
+- the highest offered rate whose effective p99 is within the SLO (every default, error, lost or
+  late answer counts as infinitely slow) with no refusal (no error status): a short search;
+- the p50 at 100 q/s (light load); for clipstream also the cache-hit round trip (one input
+  again and again at a light rate).
+
+MLServer 1.7.1 is installed by this benchmark into a virtualenv of its own
+(``~/.cache/clipstream/mlserver-1.7.1``, never a project dependency) and serves the same class
+through a small runtime with adaptive batching (32 items or 2 ms); its V2 inference route gets
+the same arrival times and inputs. The two systems run one after the other, never together:
+they share the machine's cores with the load generator.
+
+    .venv/bin/python -m bench.cost [--quick] [--only clipstream|mlserver] [--name cost]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import load
+from bench.common import OUT, Pipeline, figure, free_port, save_figure, say, wait_warm, warm_up, write_app_file, write_json
+from bench.load_http import run_gateway
+from bench.machine import cpu_delta, cpu_snapshot, descendants, jit_cpu_s, machine_info
+
+APP = "accel"
+SLO_MS = 50.0
+CPU_RATES = (100.0, 300.0)
+SEARCH = (300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0, 1100.0)
+QUICK_SEARCH = (300.0, 500.0, 800.0)
+DOWN = (200.0, 100.0)  # when even the first step misses
+MLSERVER_VERSION = "1.7.1"
+MLSERVER_VENV = Path.home() / ".cache" / "clipstream" / f"mlserver-{MLSERVER_VERSION}"
+TARGETS = {"cpu_us_300": 1000.0, "cpu_us_100": 1500.0, "max_rate_qps": 800.0, "vs_mlserver": 2.0,
+           "light_p50_ms": 10.0, "cache_hit_p50_ms": 10.0}
+
+RUNTIME_SOURCE = '''
+import asyncio
+
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec
+from mlserver.types import InferenceRequest, InferenceResponse
+
+from accel_model import Model
+
+
+class AccelRuntime(MLModel):
+    """bench.accel_model behind MLServer: the blocking device call runs off the event loop."""
+
+    async def load(self) -> bool:
+        self.model = Model()
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        x = NumpyCodec.decode_input(payload.inputs[0])
+        y = await asyncio.to_thread(self.model.predict_batch, x)
+        return InferenceResponse(model_name=self.name, outputs=[NumpyCodec.encode_output("scores", y)])
+'''
+
+
+@dataclass
+class Target:
+    """One system under the load: where to post, how a body looks, which processes it runs."""
+
+    name: str
+    url: str
+    path: str
+    bodies: Callable[[np.ndarray], list[bytes]]
+    processes: Callable[[], dict[int, str]]
+
+
+def v2_bodies(inputs: np.ndarray) -> list[bytes]:
+    """One V2 inference request (MLServer's JSON) per input row."""
+    return [json.dumps({"inputs": [{"name": "input", "shape": [1, int(row.size)], "datatype": "FP32",
+                                    "data": row.astype(int).tolist()}]}).encode() for row in inputs]
+
+
+def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.0,
+         inputs: np.ndarray | None = None) -> dict[str, Any]:
+    """One open-loop step: the load summary, µs of CPU per query by process, refusals."""
+    times = load.arrival_times(rate, 1.0, seconds, seed)
+    x = load.unique_inputs(len(times), seed=seed * 7919 + int(rate)) if inputs is None else inputs
+    bodies = t.bodies(x)
+    procs = t.processes()
+    broker = next((pid for pid, name in procs.items() if name == "kafka"), None)
+    c0, j0 = cpu_snapshot(procs), jit_cpu_s(broker) if broker else None
+    run = run_gateway(t.url, APP, bodies, times, path=t.path)
+    cpu = cpu_delta(c0, cpu_snapshot(procs))
+    j1 = jit_cpu_s(broker) if broker else None
+    if j0 is not None and j1 is not None and "kafka" in cpu:
+        # a fresh broker compiles for minutes: its JIT's share is shown apart, still in the total
+        cpu["kafka (JIT)"] = round(j1 - j0, 3)
+        cpu["kafka"] = round(cpu["kafka"] - cpu["kafka (JIT)"], 3)
+    s = run.summary(SLO_MS, warmup_s)
+    n = max(1, len(times))
+    per = {k: round(v * 1e6 / n, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+    # a refused query costs little: under overload the CPU per query sent flatters the system
+    answered = max(1, s["answered"] + s["default"])
+    s.update(rate=rate, seconds=seconds, cpu_us_per_query=per, cpu_us_per_query_total=round(sum(per.values()), 1),
+             cpu_cores={k: round(v / max(1e-9, run.wall_s), 3) for k, v in cpu.items()},
+             cpu_us_per_answered_query=round(sum(cpu.values()) * 1e6 / answered, 1),
+             generator_cpu_us_per_query=round(run.cpu_s * 1e6 / n, 1),
+             refused=sum(r.status == 503 for r in run.results),
+             ok=bool(s["effective_ms"]["p99"] <= SLO_MS and s["error"] == 0 and s["lost"] == 0))
+    say(f"  {t.name} {rate:6.0f} q/s: p50 {s['latency_ms']['p50']:.1f} ms, p99 {s['effective_ms']['p99']:.1f} ms "
+        f"(effective), goodput {s['goodput_qps']:.0f}, errors {s['error']}, lost {s['lost']}, defaults "
+        f"{s['default']}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}")
+    return s
+
+
+def measure(t: Target, quick: bool, seed0: int) -> dict[str, Any]:
+    """CPU per query at 100 and 300 q/s, then the search for the highest rate within the SLO."""
+    cpu_s = 6.0 if quick else 10.0
+    out: dict[str, Any] = {"cpu": {}, "search": []}
+    for i, rate in enumerate(CPU_RATES):
+        out["cpu"][f"{rate:g}"] = step(t, rate, cpu_s + 1.0, seed0 + i, warmup_s=1.0)
+    out["light_p50_ms"] = out["cpu"]["100"]["latency_ms"]["p50"]
+    misses = 0
+    for i, rate in enumerate(QUICK_SEARCH if quick else SEARCH):
+        s = step(t, rate, 5.0 if quick else 7.0, seed0 + 10 + i, warmup_s=1.0)
+        out["search"].append(s)
+        misses = 0 if s["ok"] else misses + 1
+        if misses >= (1 if quick else 2):
+            break
+    for i, rate in enumerate(DOWN if not any(s["ok"] for s in out["search"]) else ()):
+        s = step(t, rate, 5.0 if quick else 7.0, seed0 + 30 + i, warmup_s=1.0)  # below the first step
+        out["search"].append(s)
+        if s["ok"]:
+            break
+    ok = [s["rate"] for s in out["search"] if s["ok"]]
+    out["max_rate_qps"] = max(ok) if ok else 0.0
+    say(f"  {t.name}: highest rate within the SLO without refusals {out['max_rate_qps']:g} q/s")
+    return out
+
+
+# --- clipstream ---------------------------------------------------------------------------
+
+
+def build(root: Path) -> Path:
+    """The app file: one replica of the accelerator class, ``policy: single``, default batcher."""
+    from clipstream.testing.models import make_python_model
+
+    source = (Path(__file__).parent / "accel_model.py").read_text()
+    folder = make_python_model(root / "models", APP, source, labels=list(range(10)))
+    return write_app_file(root / "app.yaml", [
+        {"name": APP, "policy": "single", "slo_ms": SLO_MS, "default_output": -1, "models": [APP]},
+    ], [{"name": APP, "path": str(folder), "replicas": 1}])
+
+
+def run_clipstream(quick: bool) -> dict[str, Any]:
+    say("cost: clipstream up, one replica of the simulated accelerator")
+    with tempfile.TemporaryDirectory(prefix="bench-cost-") as tmp, Pipeline(build(Path(tmp))) as pipe:
+        wait_warm(pipe.url, APP, load.json_bodies(load.unique_inputs(1))[0])
+        warm_up(pipe, APP, mode="gateway")
+        t = Target("clipstream", pipe.url, f"/v1/apps/{APP}/predict", lambda x: load.json_bodies(x, SLO_MS),
+                   pipe.processes)
+        out = measure(t, quick, 100)
+        # the cache-hit round trip: one input again and again at a light rate
+        one = load.unique_inputs(1, seed=4242)
+        hits = step(t, 20.0, 4.0 if quick else 8.0, 5, warmup_s=1.0, inputs=np.repeat(one, 400, axis=0))
+        out["cache_hit"] = {"latency_ms": hits["latency_ms"], "answered": hits["answered"]}
+        out["startup_s"] = round(pipe.started_s, 1)
+    return out
+
+
+# --- MLServer -----------------------------------------------------------------------------
+
+
+def mlserver_venv() -> Path:
+    """MLServer in a virtualenv of its own, installed once (pip, from PyPI)."""
+    exe = MLSERVER_VENV / "bin" / "mlserver"
+    if exe.exists():
+        return exe
+    say(f"cost: installing MLServer {MLSERVER_VERSION} into {MLSERVER_VENV} (once)")
+    MLSERVER_VENV.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
+    subprocess.run([str(MLSERVER_VENV / "bin" / "pip"), "install", "-q", f"mlserver=={MLSERVER_VERSION}"], check=True)
+    return exe
+
+
+class MLServer:
+    """``mlserver start`` on a folder with the runtime and the model class; stopped on exit."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "MLServer":
+        exe = mlserver_venv()
+        model = self.root / APP
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "accel_model.py").write_text((Path(__file__).parent / "accel_model.py").read_text())
+        (model / "runtime.py").write_text(RUNTIME_SOURCE)
+        (model / "model-settings.json").write_text(json.dumps({
+            "name": APP, "implementation": "runtime.AccelRuntime", "max_batch_size": 32, "max_batch_time": 0.002}))
+        # inference in the server process itself (no worker pool and its IPC), metrics off: its
+        # cheapest setting on a small machine
+        (self.root / "settings.json").write_text(json.dumps({
+            "http_port": self.port, "grpc_port": free_port(), "metrics_port": free_port(),
+            "parallel_workers": 0, "metrics_endpoint": None, "debug": False}))
+        log = open(self.root / "mlserver.log", "wb")
+        self.proc = subprocess.Popen([str(exe), "start", str(self.root)], cwd=self.root, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlserver exited: {(self.root / 'mlserver.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/v2/models/{APP}/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError("mlserver did not get ready in 120 s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def processes(self) -> dict[int, str]:
+        if self.proc is None:
+            return {}
+        return {self.proc.pid: "mlserver", **{p: "mlserver" for p in descendants(self.proc.pid)}}
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def run_mlserver(quick: bool) -> dict[str, Any]:
+    say(f"cost: MLServer {MLSERVER_VERSION}, the same class, adaptive batching (32 items or 2 ms)")
+    with tempfile.TemporaryDirectory(prefix="bench-cost-mls-") as tmp, MLServer(Path(tmp)) as srv:
+        t = Target("mlserver", srv.url, f"/v2/models/{APP}/infer", v2_bodies, srv.processes)
+        step(t, 150.0, 6.0, 7)  # warm-up, not reported
+        return measure(t, quick, 100)
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+def summarize(systems: dict[str, Any]) -> dict[str, Any]:
+    s: dict[str, Any] = {"targets": TARGETS}
+    c = systems.get("clipstream")
+    if c:
+        s.update(cpu_us_per_query_300=c["cpu"]["300"]["cpu_us_per_query_total"],
+                 cpu_us_per_query_100=c["cpu"]["100"]["cpu_us_per_query_total"],
+                 per_process_300=c["cpu"]["300"]["cpu_us_per_query"],
+                 per_process_100=c["cpu"]["100"]["cpu_us_per_query"],
+                 max_rate_qps=c["max_rate_qps"], light_p50_ms=c["light_p50_ms"],
+                 cache_hit_p50_ms=c["cache_hit"]["latency_ms"]["p50"])
+    m = systems.get("mlserver")
+    if m:
+        s.update(mlserver_max_rate_qps=m["max_rate_qps"], mlserver_light_p50_ms=m["light_p50_ms"],
+                 mlserver_cpu_us_per_query_300=m["cpu"]["300"]["cpu_us_per_query_total"])
+    if c and m:
+        s["vs_mlserver"] = round(c["max_rate_qps"] / m["max_rate_qps"], 2) if m["max_rate_qps"] else None
+    return s
+
+
+def plot(systems: dict[str, Any], name: str, out_dir: Path) -> None:
+    fig, axes = figure(1, 2, size=(13, 4.5))
+    ax = axes[0][0]
+    c = systems.get("clipstream")
+    if c:
+        labels = sorted({k for r in c["cpu"].values() for k in r["cpu_us_per_query"]})
+        width = 0.4
+        for i, rate in enumerate(c["cpu"]):
+            per = c["cpu"][rate]["cpu_us_per_query"]
+            ax.bar(np.arange(len(labels)) + i * width, [per.get(k, 0) for k in labels], width, label=f"{rate} q/s")
+        ax.set_xticks(np.arange(len(labels)) + width / 2, labels, rotation=30, fontsize=8)
+        ax.set_ylabel("CPU µs per query")
+        ax.set_title("clipstream: CPU per query by process")
+        ax.legend(fontsize=8)
+    ax = axes[0][1]
+    for sys_name, r in systems.items():
+        rows = sorted(r["search"], key=lambda s: s["rate"])
+        ax.plot([s["rate"] for s in rows], [min(s["effective_ms"]["p99"], 500) for s in rows], "o-",
+                label=f"{sys_name} p99 (effective)")
+    ax.axhline(SLO_MS, color="grey", ls=":", label="SLO")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered (q/s)")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=8)
+    save_figure(fig, name, out_dir)
+
+
+def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("clipstream", "mlserver"))
+    ap.add_argument("--name", default="cost", help="report name under out/bench/ (e.g. cost-baseline)")
+    args = ap.parse_args(argv)
+    report: dict[str, Any] = {"machine": machine_info(), "settings": {
+        "app": APP, "policy": "single", "slo_ms": SLO_MS, "model": "bench.accel_model (Clockwork ResNet-50 table)",
+        "replicas": 1, "arrivals": "Poisson", "inputs": "distinct", "cpu_rates": CPU_RATES,
+        "search": QUICK_SEARCH if args.quick else SEARCH, "quick": args.quick,
+        "mlserver": {"version": MLSERVER_VERSION, "max_batch_size": 32, "max_batch_time_s": 0.002,
+                     "parallel_workers": 0}}, "systems": {}}
+    if args.only != "mlserver":
+        report["systems"]["clipstream"] = run_clipstream(args.quick)
+    if args.only != "clipstream":
+        report["systems"]["mlserver"] = run_mlserver(args.quick)
+    report["summary"] = summarize(report["systems"])
+    report["machine_after"] = {"loadavg": list(os.getloadavg())}
+    say(f"cost: {json.dumps({k: v for k, v in report['summary'].items() if k != 'targets'})}")
+    write_json(args.name, report, out_dir)
+    plot(report["systems"], args.name, out_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The dashboard's numbers: scrapes of every stage's /metrics turned into time series.
+
+Pure logic, no I/O: ``merge`` sums the samples of several scrapes (two selector members'
+counters add up; a gauge that must not add up, a policy weight, is averaged), and ``Series``
+turns successive merged scrapes into one row per scrape of rates, quantiles and gauges, kept
+for the last ``keep`` scrapes. Rates and quantiles are taken over a window of a few scrapes,
+as Prometheus' ``rate()`` and ``histogram_quantile()`` would be.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted labels)
+Samples = dict[Key, float]
+Row = dict[str, dict[str, float | None]]  # panel id -> series name -> value
+
+AVERAGED = frozenset({"clipstream_policy_weight"})
+
+# (panel id, title, unit): the order the page shows them in
+PANELS: tuple[tuple[str, str, str], ...] = (
+    ("throughput", "Throughput per app", "answers/s"),
+    ("latency", "Latency per app: p50 and p99 (dashed: SLO)", "ms"),
+    ("outcomes", "Answers by outcome", "answers/s"),
+    ("batch_size", "Batch size per model replica (mean) and AIMD limit", "requests"),
+    ("queue", "Queue depth per model", "requests"),
+    ("cache", "Cache hit rate per model", "share"),
+    ("weights", "Policy weights per app (Exp3/Exp4)", "share"),
+    ("breakdown", "Latency by stage (mean of recent queries)", "ms"),
+    ("stragglers", "Stragglers cut off and defaults", "per s"),
+)
+
+
+def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample in a text exposition."""
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def merge(scrapes: Iterable[list[tuple[str, dict[str, str], float]]]) -> Samples:
+    """One sample set from several processes' scrapes: summed, except ``AVERAGED`` gauges."""
+    total: Samples = {}
+    seen: dict[Key, int] = {}
+    for samples in scrapes:
+        for name, labels, value in samples:
+            if math.isnan(value):
+                continue
+            key = (name, tuple(sorted(labels.items())))
+            total[key] = total.get(key, 0.0) + value
+            seen[key] = seen.get(key, 0) + 1
+    for key, n in seen.items():
+        if key[0] in AVERAGED and n > 1:
+            total[key] /= n
+    return total
+
+
+def by(samples: Samples, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """``name``'s samples summed over every label but ``labels``, keyed by those labels' values."""
+    out: dict[tuple[str, ...], float] = {}
+    for (n, pairs), value in samples.items():
+        if n != name:
+            continue
+        d = dict(pairs)
+        key = tuple(d.get(label, "") for label in labels)
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """``histogram_quantile``: linear within the bucket the rank falls in; None with no data."""
+    bounds = sorted(buckets)
+    if not bounds:
+        return None
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank, prev_bound, prev_count = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return prev_bound
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+class Series:
+    """Successive merged scrapes -> rows of the dashboard's panels (the last ``keep``)."""
+
+    def __init__(self, keep: int = 900, window: int = 5) -> None:
+        self.rows: deque[tuple[float, Row]] = deque(maxlen=keep)
+        self.scrapes: deque[tuple[float, Samples]] = deque(maxlen=window + 1)
+
+    def add(self, t: float, samples: Samples, slos: Mapping[str, float] | None = None) -> Row:
+        self.scrapes.append((t, samples))
+        t0, old = self.scrapes[0]
+        dt = t - t0
+        row = self.row(old, samples, dt, slos or {})
+        self.rows.append((t, row))
+        return row
+
+    @staticmethod
+    def row(old: Samples, new: Samples, dt: float, slos: Mapping[str, float]) -> Row:
+        def delta(name: str, *labels: str) -> dict[tuple[str, ...], float]:
+            a, b = by(old, name, *labels), by(new, name, *labels)
+            return {k: max(0.0, v - a.get(k, 0.0)) for k, v in b.items()}
+
+        def rate(name: str, *labels: str) -> dict[tuple[str, ...], float]:
+            return {k: v / dt for k, v in delta(name, *labels).items()} if dt > 0 else {}
+
+        row: Row = {pid: {} for pid, _, _ in PANELS}
+        answers = rate("clipstream_selector_answers_total", "app")
+        if not answers:  # no selector scraped: what the gateway answered
+            answers = rate("clipstream_gateway_answers_total", "app")
+        row["throughput"] = {app: v for (app,), v in answers.items()}
+        buckets = delta("clipstream_selector_answer_seconds_bucket", "app", "le")
+        if not buckets:
+            buckets = delta("clipstream_gateway_query_seconds_bucket", "app", "le")
+        per_app: dict[str, dict[float, float]] = {}
+        for (app, le), v in buckets.items():
+            per_app.setdefault(app, {})[float(le)] = v
+        for app, b in sorted(per_app.items()):
+            for q in (0.5, 0.99):
+                v = quantile(q, b)
+                row["latency"][f"{app} p{int(q * 100)}"] = None if v is None else v * 1000.0
+            if app in slos:
+                row["latency"][f"{app} SLO"] = float(slos[app])
+        outcomes = row["outcomes"]
+        for (outcome,), v in rate("clipstream_selector_answers_total", "outcome").items():
+            if outcome == "prediction":
+                outcomes["prediction"] = v
+        for (reason,), v in rate("clipstream_selector_defaults_total", "reason").items():
+            outcomes[f"default: {reason}"] = v
+        for (outcome,), v in rate("clipstream_gateway_answers_total", "outcome").items():
+            if outcome == "refused":
+                outcomes["refused (503)"] = v
+        batches = delta("clipstream_batcher_batches_total", "model", "replica")
+        items = delta("clipstream_batcher_batched_requests_total", "model", "replica")
+        for (model, replica), n in sorted(batches.items()):
+            row["batch_size"][f"{model}.{replica} mean"] = items.get((model, replica), 0.0) / n if n else None
+        for (model, replica), v in sorted(by(new, "clipstream_batcher_aimd_limit", "model", "replica").items()):
+            row["batch_size"][f"{model}.{replica} limit"] = v
+        row["queue"] = {m: v for (m,), v in sorted(by(new, "clipstream_batcher_queue_depth", "model").items())}
+        hits = delta("clipstream_batcher_cache_hits_total", "model")
+        requests = delta("clipstream_batcher_requests_total", "model")
+        row["cache"] = {m: (hits.get((m,), 0.0) / n if n else None) for (m,), n in sorted(requests.items())}
+        weights = by(new, "clipstream_policy_weight", "app", "model")
+        row["weights"] = {f"{app}: {model}": v for (app, model), v in sorted(weights.items())}
+        sums = delta("clipstream_stage_latency_seconds_sum", "segment")
+        counts = delta("clipstream_stage_latency_seconds_count", "segment")
+        row["breakdown"] = {s: (sums.get((s,), 0.0) / n * 1000.0 if n else None) for (s,), n in counts.items()}
+        for (app, model), v in sorted(rate("clipstream_selector_stragglers_total", "app", "model").items()):
+            row["stragglers"][f"stragglers {app}: {model}"] = v
+        for (app,), v in sorted(rate("clipstream_selector_defaults_total", "app").items()):
+            row["stragglers"][f"defaults {app}"] = v
+        return row
+
+    def to_json(self, since: float | None = None) -> dict[str, Any]:
+        """``{"t": [...], "panels": [{"id", "title", "unit", "series": {name: [...]}}]}`` of the
+        rows after ``since`` (all: None), every series as long as ``t`` (None where it had no
+        value). The page asks for what it has not seen, so a poll costs a row, not the history."""
+        rows = [(t, row) for t, row in self.rows if since is None or t > since]
+        times = [t for t, _ in rows]
+        panels = []
+        for pid, title, unit in PANELS:
+            names: dict[str, None] = {}
+            for _, row in rows:
+                names.update(dict.fromkeys(row[pid]))
+            series = {name: [row[pid].get(name) for _, row in rows] for name in sorted(names)}
+            panels.append({"id": pid, "title": title, "unit": unit, "series": series})
+        return {"t": times, "panels": panels}

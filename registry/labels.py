@@ -1,0 +1,31 @@
+"""Whether a feedback label fits what an app's models answer.
+
+A label of the wrong type (a list for a class, text for a regression) would be scored as
+"every model wrong" and teach the policy nonsense, so the gateway refuses it (422) and the
+learner dead-letters it. Shared by both through the registry, the layer they have in common.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def label_problem(label: Any, kind: str, labels: tuple[Any, ...] | None) -> str | None:
+    """Why ``label`` cannot be feedback for outputs of ``kind`` with these ``labels``; None if it can.
+
+    Regression takes a finite number; class scores take one of the declared labels, matched as
+    value or as text (``"3"`` for ``3``); plain labels take any scalar."""
+    if label is None:
+        return None
+    if isinstance(label, (list, tuple, dict, bytes)):
+        return f"a label is one value, not a {type(label).__name__}"
+    if kind == "regression":
+        if isinstance(label, bool) or not isinstance(label, (int, float)) or label != label or label in (
+                float("inf"), float("-inf")):
+            return f"the app answers a regression value: the label must be a finite number, not {label!r}"
+        return None
+    if kind == "class_scores" and labels:
+        if not any(label == known or str(label) == str(known) for known in labels):
+            shown = ", ".join(repr(k) for k in labels[:20]) + (", ..." if len(labels) > 20 else "")
+            return f"label {label!r} is not one of the app's labels [{shown}]"
+    return None

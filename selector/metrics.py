@@ -1,0 +1,119 @@
+"""The selector's Prometheus families: queries and answers per app, defaults by reason,
+stragglers per app and model, the answer's latency and its split by stage, policy weights.
+
+Counting happens where the selector already touches a query (dispatch, answer, reply) through
+label children cached per app and model; the policy weights are read at scrape time from the
+last state each app's queries were dispatched with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from clipstream.clock import now_us
+from schemas import Response
+from schemas.reasons import NOTHING_ARRIVED
+from topics.metrics import LATENCY_BUCKETS, Family, GaugesAtScrape, StageLatency
+
+WEIGHT = "clipstream_policy_weight"
+UNKNOWN_APP = "_unknown"  # the label of a query for an app the registry does not hold
+
+
+def default_reason(reason: str | None) -> str:
+    """A bounded label for a default answer's free-text reason."""
+    if not reason:
+        return "unknown"
+    if reason == NOTHING_ARRIVED:
+        return "nothing_arrived"
+    if reason.startswith("every model failed"):
+        return "models_failed"
+    if reason == "the policy selected no model":
+        return "no_model_selected"
+    if reason.startswith("the selector could not"):
+        return "selector_error"
+    return "rejected"  # unknown app, bad input: the dispatch refused the query
+
+
+def policy_weights(state: Mapping[str, Any] | None) -> dict[str, float]:
+    """Each model's share of the weight in an Exp3/Exp4 state (``models`` + ``log_w``); {} else."""
+    if not state:
+        return {}
+    models, log_w = state.get("models"), state.get("log_w")
+    if not isinstance(models, list) or not isinstance(log_w, list) or len(models) != len(log_w) or not models:
+        return {}
+    top = max(log_w)
+    exp = [math.exp(w - top) for w in log_w]
+    total = sum(exp)
+    return {str(m): e / total for m, e in zip(models, exp)}
+
+
+class SelectorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry(auto_describe=True)
+        self._queries = Family("clipstream_selector_queries", "Queries dispatched, by app.", ("app",), registry=r)
+        self._answers = Family("clipstream_selector_answers",
+                               "Responses sent, by app and outcome (prediction or default).",
+                               ("app", "outcome"), registry=r)
+        self._defaults = Family("clipstream_selector_defaults",
+                                "Default answers by app and reason (nothing arrived, every model failed, ...).",
+                                ("app", "reason"), registry=r)
+        self._stragglers = Family("clipstream_selector_stragglers",
+                                  "Predictions cut off by the deadline (the model was asked, did not answer in "
+                                  "time), by app and model.", ("app", "model"), registry=r)
+        self._latency = Family("clipstream_selector_answer_seconds",
+                               "From the query's creation (its `produced` stamp) to its Response, by app.",
+                               ("app",),
+                               registry=r, buckets=LATENCY_BUCKETS)
+        self.stages = StageLatency(r)
+        self.latest_state: dict[str, Mapping[str, Any] | None] = {}
+        r.register(GaugesAtScrape(
+            {WEIGHT: ("Each model's share of the app's policy weight (Exp3/Exp4), from the last dispatched "
+                      "state.", ("app", "model"))}, self._weights))
+        self._app: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._defaults_by: dict[tuple[str, str], Any] = {}
+        self._stragglers_by: dict[tuple[str, str], Any] = {}
+
+    def _children(self, app: str) -> tuple[Any, Any, Any, Any]:
+        c = self._app.get(app)
+        if c is None:
+            c = self._app[app] = (self._queries.labels(app), self._answers.labels(app, "prediction"),
+                                  self._answers.labels(app, "default"), self._latency.labels(app))
+        return c
+
+    def dispatched(self, app: str, state: Mapping[str, Any] | None) -> None:
+        """A query of a known ``app``, selected with policy ``state``."""
+        self._children(app)[0].inc()
+        self.latest_state[app] = state
+
+    def answered(self, record: Response) -> None:
+        app = record.app if record.app in self._app else UNKNOWN_APP
+        _, prediction, default, latency = self._children(app)
+        if record.is_default:
+            default.inc()
+            key = (app, default_reason(record.default_reason))
+            d = self._defaults_by.get(key)
+            if d is None:
+                d = self._defaults_by[key] = self._defaults.labels(*key)
+            d.inc()
+        else:
+            prediction.inc()
+        produced = record.trace.get("produced")  # when the query was made (the Response's own
+        if produced is not None:                  # created_us is when it was answered)
+            latency.observe(max(0, now_us() - produced) / 1e6)
+        self.stages.observe(record.trace)
+
+    def stragglers(self, app: str, models: Iterable[str]) -> None:
+        for model in models:
+            key = (app, model)
+            s = self._stragglers_by.get(key)
+            if s is None:
+                s = self._stragglers_by[key] = self._stragglers.labels(app, model)
+            s.inc()
+
+    def _weights(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+        return {WEIGHT: [((app, model), w) for app, state in list(self.latest_state.items())
+                         for model, w in policy_weights(state).items()]}

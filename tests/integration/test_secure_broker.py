@@ -1,0 +1,85 @@
+"""The pipeline through a broker that wants credentials (SASL_SSL, SCRAM-SHA-512, a CA made at
+start-up): selector, batcher and worker connect with the configured ones and answer a query;
+a client without them, or with a wrong password, is refused."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from clipstream.infra.secure import SecureBroker, secured_settings, start_secure_broker
+from clipstream.settings import Settings
+from tests.integration.test_selector_service import Client, process, publish_app, python_models
+from topics.admin import ensure_core_topics, ensure_topics
+from topics.catalogue import Catalogue
+from topics.client import admin_config
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
+
+PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def broker(infra: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    b = start_secure_broker(Settings(), tmp_path_factory.mktemp("secure"), _free_port(), _free_port(),
+                            "clipstream", PASSWORD)
+    yield b
+    b.stop()
+
+
+def _refused(conf: dict[str, Any]) -> bool:
+    try:
+        AdminClient(conf).list_topics(timeout=5)
+    except KafkaException:
+        return True
+    return False
+
+
+def test_a_client_without_the_credentials_is_refused(broker: SecureBroker) -> None:
+    base = Settings(kafka_bootstrap=broker.bootstrap)
+    assert _refused(admin_config(base))  # plaintext: no TLS, no SASL
+    wrong = secured_settings(base, broker, "not-the-password")
+    assert _refused(admin_config(wrong))
+    untrusted = dict(admin_config(secured_settings(base, broker, PASSWORD)), **{"ssl.ca.location": "probe"})
+    assert _refused(untrusted)  # the broker's certificate is not trusted without its CA
+
+
+def test_the_pipeline_answers_through_the_secured_broker(broker: SecureBroker, infra: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = secured_settings(Settings(redis_url=infra.redis_url, topic_prefix=f"s{uuid.uuid4().hex[:10]}."),
+                                broker, PASSWORD)
+    for key, value in broker.client_env(PASSWORD).items():  # the stages' processes inherit these
+        monkeypatch.setenv(key, value)
+    ensure_core_topics(settings)
+    name, folder = next(iter(python_models(tmp_path, f"-{uuid.uuid4().hex[:6]}").items()))
+    ensure_topics(settings, Catalogue.from_settings(settings).for_model(name))
+    app = f"app{uuid.uuid4().hex[:6]}"
+    publish_app(settings, {name: folder}, app, slo_ms=3000)
+    client = Client(settings)
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(process(["worker", "--model", name, "--path", str(folder)], settings, 90))
+            stack.enter_context(process(["batcher", "--model", name, "--version", "1", "--replicas", "1"],
+                                        settings, 90))
+            stack.enter_context(process(["selector"], settings, 90))
+            client.warm_up(app, slo_ms=3000, timeout_s=60)
+            rec, _ = client.answer(client.query([0.1, 0.9], app, slo_ms=3000).query_id)
+            assert not rec.is_default and rec.output == 1 and rec.answered == [name]
+    finally:
+        client.close()

@@ -1,0 +1,70 @@
+"""bench.cost's pure parts: the simulated accelerator, the MLServer request body, the summary."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from bench.accel_model import CLOCKWORK_MS, Model, latency_ms
+from bench.cost import summarize, v2_bodies
+from bench.figures import cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver
+
+
+def test_latency_is_the_table_at_its_points_and_linear_between_and_beyond() -> None:
+    for b, ms in CLOCKWORK_MS.items():
+        assert latency_ms(b) == pytest.approx(ms)
+    assert latency_ms(12) == pytest.approx((9.13 + 15.67) / 2)
+    slope = (15.67 - 9.13) / 8
+    assert latency_ms(27) == pytest.approx(15.67 + 11 * slope)
+    # half of a 50 ms SLO holds 27 items: about 1,085 q/s, the issue's device ceiling
+    assert 1050 < 27 / latency_ms(27) * 1000 < 1120
+
+
+def test_the_model_sleeps_for_its_batch_and_answers_one_row_of_scores_per_input() -> None:
+    model = Model()
+    x = np.arange(4 * 64, dtype=np.float32).reshape(4, 64) % 17
+    t0 = time.perf_counter()
+    y = model.predict_batch(x)
+    assert time.perf_counter() - t0 >= latency_ms(4) / 1000
+    assert y.shape == (4, 10) and y.dtype == np.float32
+    assert np.allclose(y.sum(axis=1), 1.0, atol=1e-5)
+    assert np.allclose(model.predict_batch(x[:1]), y[:1], atol=1e-6)  # the same answer alone or in a batch
+
+
+def test_v2_bodies_carry_one_input_row_each() -> None:
+    x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+    bodies = [json.loads(b) for b in v2_bodies(x)]
+    assert [b["inputs"][0]["data"] for b in bodies] == [[1, 2, 3], [4, 5, 6]]
+    assert bodies[0]["inputs"][0]["shape"] == [1, 3] and bodies[0]["inputs"][0]["datatype"] == "FP32"
+
+
+def _system(total_300: float, max_rate: float) -> dict:
+    cpu = {r: {"cpu_us_per_query_total": total_300 * k, "cpu_us_per_query": {"kafka": total_300 * k / 2,
+                                                                              "gateway": total_300 * k / 2}}
+           for r, k in (("100", 1.5), ("300", 1.0))}
+    return {"cpu": cpu, "max_rate_qps": max_rate, "light_p50_ms": 8.0, "search": [],
+            "cache_hit": {"latency_ms": {"p50": 3.0}}}
+
+
+def test_the_summary_and_the_figures_rows_judge_each_target() -> None:
+    report = {"systems": {"clipstream": _system(900, 800), "mlserver": _system(1200, 400)}}
+    report["summary"] = summarize(report["systems"])
+    assert report["summary"]["vs_mlserver"] == 2.0
+    assert cost_cpu("300", 1000)(report)[1] == "yes"
+    assert cost_cpu("100", 1500)(report)[1] == "yes"
+    assert cost_max_rate(report)[1] == "yes"
+    assert cost_vs_mlserver(report)[1] == "yes"
+    assert cost_light(report)[1] == "yes"
+    slow = {"systems": {"clipstream": _system(3000, 300), "mlserver": _system(1200, 300)}}
+    slow["summary"] = summarize(slow["systems"])
+    assert cost_cpu("300", 1000)(slow)[1] != "yes"
+    assert cost_vs_mlserver(slow)[1] != "yes" and slow["summary"]["vs_mlserver"] == 1.0
+    assert "kafka" in cost_cpu("300", 1000)(slow)[0]
+
+
+def test_no_mlserver_rate_gives_no_ratio() -> None:
+    s = summarize({"clipstream": _system(900, 800), "mlserver": _system(1200, 0)})
+    assert s["vs_mlserver"] is None

@@ -1,0 +1,218 @@
+"""The metrics' pure parts: the dashboard's series (rates, quantiles, merging two members), the
+selector's and batcher's families, the metric ports `up` hands out, consumer lag from
+librdkafka's statistics, dead letters, and the gateway's dashboard routes behind API keys."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchers.metrics import batcher_registry
+from clipstream.metrics_targets import PORT_ENV, TARGETS_ENV, MetricTargets, stage_kind
+from frontend.dashboard import PAGE_PATHS, read_targets
+from frontend.dashboard.series import Series, merge, parse, quantile
+from schemas import Response
+from schemas.reasons import NOTHING_ARRIVED
+from selector.metrics import SelectorMetrics, default_reason, policy_weights
+from tests.unit.test_gateway_http import GOOD, make_app
+from topics.deadletters import dead_letter_record, reason_label
+from topics.metrics import SEGMENTS, lag_of, render
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_quantile_interpolates_within_the_bucket_as_prometheus_does():
+    buckets = {0.01: 50.0, 0.02: 90.0, 0.05: 100.0, float("inf"): 100.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.01)
+    assert quantile(0.7, buckets) == pytest.approx(0.015)  # halfway through the second bucket
+    assert quantile(0.99, buckets) == pytest.approx(0.02 + 0.03 * 0.9)
+    assert quantile(0.5, {0.01: 0.0, float("inf"): 0.0}) is None
+
+
+def test_merge_sums_two_members_counters_and_averages_their_weights():
+    a = parse('clipstream_selector_answers_total{app="d",outcome="prediction"} 3\n'
+              'clipstream_policy_weight{app="d",model="m"} 0.2\n')
+    b = parse('clipstream_selector_answers_total{app="d",outcome="prediction"} 4\n'
+              'clipstream_policy_weight{app="d",model="m"} 0.4\n')
+    merged = merge([a, b])
+    assert merged[("clipstream_selector_answers_total", (("app", "d"), ("outcome", "prediction")))] == 7
+    assert merged[("clipstream_policy_weight", (("app", "d"), ("model", "m")))] == pytest.approx(0.3)
+
+
+def scrape(answers: float, batches: float, items: float, limit: float, hits: float, requests: float,
+           weight: float) -> dict:
+    text = "\n".join([
+        f'clipstream_selector_answers_total{{app="d",outcome="prediction"}} {answers}',
+        f'clipstream_selector_answer_seconds_bucket{{app="d",le="0.01"}} {answers}',
+        f'clipstream_selector_answer_seconds_bucket{{app="d",le="+Inf"}} {answers}',
+        f'clipstream_batcher_batches_total{{model="m",replica="0"}} {batches}',
+        f'clipstream_batcher_batched_requests_total{{model="m",replica="0"}} {items}',
+        f'clipstream_batcher_aimd_limit{{model="m",replica="0"}} {limit}',
+        f'clipstream_batcher_cache_hits_total{{model="m"}} {hits}',
+        f'clipstream_batcher_requests_total{{model="m"}} {requests}',
+        f'clipstream_policy_weight{{app="d",model="m"}} {weight}',
+        f'clipstream_stage_latency_seconds_sum{{segment="device"}} {answers * 0.002}',
+        f'clipstream_stage_latency_seconds_count{{segment="device"}} {answers}',
+    ]) + "\n"
+    return merge([parse(text)])
+
+
+def test_series_rates_batch_size_cache_share_and_weights_over_the_window():
+    series = Series(keep=10, window=2)
+    series.add(100.0, scrape(0, 0, 0, 1, 0, 0, 0.5), {"d": 50.0})
+    series.add(101.0, scrape(10, 2, 10, 6, 0, 10, 0.4), {"d": 50.0})
+    row = series.add(102.0, scrape(30, 4, 20, 3, 5, 20, 0.3), {"d": 50.0})
+    assert row["throughput"] == {"d": pytest.approx(15.0)}  # 30 answers over 2 s
+    assert row["batch_size"]["m.0 mean"] == pytest.approx(5.0)  # 20 requests in 4 batches
+    assert row["batch_size"]["m.0 limit"] == 3  # the gauge as it is now: the saw-tooth's last point
+    assert row["cache"]["m"] == pytest.approx(0.25)
+    assert row["weights"] == {"d: m": 0.3}
+    assert row["latency"]["d SLO"] == 50.0 and 0 < row["latency"]["d p99"] <= 10.0
+    assert row["breakdown"]["device"] == pytest.approx(2.0)
+    out = series.to_json()
+    assert out["t"] == [100.0, 101.0, 102.0]
+    panel = next(p for p in out["panels"] if p["id"] == "weights")
+    assert panel["series"]["d: m"] == [0.5, 0.4, 0.3]
+    first = next(p for p in out["panels"] if p["id"] == "throughput")
+    assert len(first["series"]["d"]) == 3  # every series as long as t
+
+
+def test_default_reasons_are_a_bounded_set_and_weights_a_softmax():
+    assert default_reason(NOTHING_ARRIVED) == "nothing_arrived"
+    assert default_reason("every model failed: m: boom") == "models_failed"
+    assert default_reason("unknown app 'x' with free text") == "rejected"
+    weights = policy_weights({"models": ["a", "b"], "log_w": [0.0, -1.0]})
+    assert sum(weights.values()) == pytest.approx(1.0) and weights["a"] > weights["b"]
+    assert policy_weights({"policy": "single"}) == {}
+
+
+def _response(app: str, default: bool, trace: dict[str, int]) -> Response:
+    return Response(query_id="q", app=app, output=None if default else 1, scores=None, labels=None,
+                    confidence=0.0, is_default=default, default_reason=NOTHING_ARRIVED if default else None,
+                    answered=[], missing=[], created_us=1, deadline_us=2, trace=trace)
+
+
+def test_selector_counts_answers_defaults_stragglers_stage_times_and_weights():
+    m = SelectorMetrics()
+    m.dispatched("d", {"models": ["a", "b"], "log_w": [0.0, 0.0]})
+    stamps = {"produced": 0, "dispatched": 1000, "batcher_in": 2000, "batched": 4000, "worker_in": 5000,
+              "worker_out": 8000, "selector_in": 9000, "joined": 9500}
+    m.answered(_response("d", False, stamps))
+    m.answered(_response("d", True, {}))
+    m.answered(_response("nope", True, {}))  # an app the selector never dispatched: one bounded label
+    m.stragglers("d", ["b"])
+    s = samples(render(m.registry).decode())
+    assert s[("clipstream_selector_answer_seconds_count", (("app", "d"),))] == 1  # timed from `produced`
+    assert s[("clipstream_selector_answers_total", (("app", "d"), ("outcome", "prediction")))] == 1
+    assert s[("clipstream_selector_defaults_total", (("app", "d"), ("reason", "nothing_arrived")))] == 1
+    assert s[("clipstream_selector_answers_total", (("app", "_unknown"), ("outcome", "default")))] == 1
+    assert s[("clipstream_selector_stragglers_total", (("app", "d"), ("model", "b")))] == 1
+    assert s[("clipstream_policy_weight", (("app", "d"), ("model", "a")))] == 0.5
+    for segment, _, _ in SEGMENTS:
+        assert s[("clipstream_stage_latency_seconds_count", (("segment", segment),))] == 1, segment
+    assert s[("clipstream_stage_latency_seconds_sum", (("segment", "device"),))] == pytest.approx(0.003)
+
+
+def test_batcher_families_are_read_from_its_counts_at_scrape_time():
+    replica = {"replica": 0, "max_batch_size": 12, "in_flight": 1, "batches": 4, "items": 30, "suspect": False}
+    svc = SimpleNamespace(counts={"requests": 40, "cached": 10, "expired": 2},
+                          core=SimpleNamespace(queue=[1, 2, 3], dispatcher=SimpleNamespace(stats=lambda: [replica])))
+    s = samples(render(batcher_registry(lambda: {"m": svc})).decode())
+    assert s[("clipstream_batcher_cache_hits_total", (("model", "m"),))] == 10
+    assert s[("clipstream_batcher_cache_misses_total", (("model", "m"),))] == 30
+    assert s[("clipstream_batcher_queue_depth", (("model", "m"),))] == 3
+    assert s[("clipstream_batcher_aimd_limit", (("model", "m"), ("replica", "0")))] == 12
+    assert s[("clipstream_batcher_batched_requests_total", (("model", "m"), ("replica", "0")))] == 30
+    svc.counts["cached"] = 11  # read again at the next scrape, not counted twice on the hot path
+    s = samples(render(batcher_registry(lambda: {"m": svc})).decode())
+    assert s[("clipstream_batcher_cache_hits_total", (("model", "m"),))] == 11
+
+
+def test_up_gives_each_stage_one_port_for_life_and_writes_file_sd(tmp_path):
+    targets = MetricTargets(tmp_path / "targets.json")
+    a = targets.env("selector-1", {"X": "1"})
+    b = targets.env("worker-knn-v1-0", {})
+    assert a["X"] == "1" and a[PORT_ENV] != b[PORT_ENV] and a[TARGETS_ENV] == str(tmp_path / "targets.json")
+    assert targets.env("selector-1", {})[PORT_ENV] == a[PORT_ENV]  # a restart serves on the same port
+    groups = json.loads((tmp_path / "targets.json").read_text())
+    assert {g["labels"]["name"]: g["labels"]["stage"] for g in groups} == {"selector-1": "selector",
+                                                                          "worker-knn-v1-0": "worker"}
+    assert [t.url for t in read_targets(tmp_path / "targets.json")] == [
+        f"http://127.0.0.1:{a[PORT_ENV]}/metrics", f"http://127.0.0.1:{b[PORT_ENV]}/metrics"]
+    assert targets.lines(["selector-1"]) == [f"metrics: selector-1 http://127.0.0.1:{a[PORT_ENV]}/metrics"]
+    targets.keep(["worker-knn-v1-0"])
+    assert [g["labels"]["name"] for g in json.loads((tmp_path / "targets.json").read_text())] == ["worker-knn-v1-0"]
+    assert stage_kind("batchers-a+b") == "batcher" and stage_kind("gateway-2") == "gateway"
+
+
+def test_consumer_lag_from_librdkafka_statistics():
+    stats = {"topics": {"t.queries": {"partitions": {
+        "0": {"partition": 0, "fetch_state": "active", "consumer_lag": 7},
+        "1": {"partition": 1, "fetch_state": "active", "consumer_lag": -1},   # not known yet
+        "2": {"partition": 2, "fetch_state": "none", "consumer_lag": 99},     # not this consumer's
+        "-1": {"partition": -1, "consumer_lag": 5}}}}}                        # librdkafka's UA partition
+    assert lag_of(json.dumps(stats)) == {"t.queries": 7.0}
+    assert lag_of("not json") == {}
+
+
+def test_dead_letters_are_counted_by_stage_and_reason_prefix():
+    assert reason_label("bad input: shape (3,) is not (64,)") == "bad input"
+    before = samples(render().decode()).get(
+        ("clipstream_dead_letters_total", (("reason", "undecodable query"), ("stage", "unit"))), 0.0)
+    dead_letter_record(stage="unit", reason="undecodable query: truncated")
+    after = samples(render().decode())
+    assert after[("clipstream_dead_letters_total", (("reason", "undecodable query"), ("stage", "unit")))] == before + 1
+
+
+def test_gateway_counts_per_app_and_serves_the_dashboard_behind_its_keys():
+    with TestClient(make_app(api_keys=("k1",))) as c:
+        for path in PAGE_PATHS:  # the page and its scripts hold no data: open
+            r = c.get(path)
+            assert r.status_code == 200 and len(r.content) > 100, path
+        assert "uPlot" in c.get("/dashboard/uPlot.iife.min.js").text
+        assert c.get("/dashboard/nope.js", headers={"X-API-Key": "k1"}).status_code == 404
+        assert c.get("/dashboard/data").status_code == 401
+        assert c.post("/v1/apps/pets/predict", json={"input": GOOD}, headers={"X-API-Key": "k1"}).status_code == 200
+        data = c.get("/dashboard/data", headers={"X-API-Key": "k1"}).json()
+        assert [p["id"] for p in data["panels"]][:3] == ["throughput", "latency", "outcomes"]
+        s = samples(c.get("/metrics", headers={"X-API-Key": "k1"}).text)
+    assert s[("clipstream_gateway_queries_total", (("app", "pets"),))] == 1
+    assert s[("clipstream_gateway_answers_total", (("app", "pets"), ("outcome", "prediction")))] == 1
+    assert s[("clipstream_gateway_query_seconds_count", (("app", "pets"),))] == 1
+    assert s[("clipstream_app_slo_seconds", (("app", "pets"),))] == pytest.approx(0.03)
+    assert s[("process_resident_memory_bytes", ())] > 0
+
+
+def test_hot_path_families_render_as_prometheus_counters_and_cumulative_histograms():
+    from prometheus_client import CollectorRegistry
+
+    from topics.metrics import Family
+
+    r = CollectorRegistry()
+    hist = Family("t_seconds", "h", ("app",), buckets=(0.01, 0.1), registry=r)
+    count = Family("t_events", "c", registry=r)
+    child = hist.labels("a")
+    for v in (0.005, 0.01, 0.05, 3.0):
+        child.observe(v)
+    count.labels().inc(2)
+    s = samples(render(r).decode())
+    assert [s[("t_seconds_bucket", (("app", "a"), ("le", le)))] for le in ("0.01", "0.1", "+Inf")] == [2, 3, 4]
+    assert s[("t_seconds_count", (("app", "a"),))] == 4 and s[("t_seconds_sum", (("app", "a"),))] == 3.065
+    assert s[("t_events_total", ())] == 2
+
+
+def test_the_page_gets_only_the_rows_it_has_not_seen():
+    series = Series(keep=10, window=2)
+    for t in (100.0, 101.0, 102.0):
+        series.add(t, scrape(t - 100, 0, 0, 1, 0, 0, 0.5))
+    newer = series.to_json(since=101.0)
+    assert newer["t"] == [102.0]
+    assert next(p for p in newer["panels"] if p["id"] == "weights")["series"] == {"d: m": [0.5]}
+    assert series.to_json(since=102.0)["t"] == []

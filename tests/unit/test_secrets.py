@@ -1,0 +1,51 @@
+"""Secrets stay secret: the Redis password (in the URL or beside it), the Kafka SASL password
+and the gateway's API keys never show in a repr or a printed URL, yet reach the clients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clipstream.redisclient import client_options
+from clipstream.settings import Settings, redacted_url, split_url_password
+from frontend.settings import GatewaySettings
+from topics.client import common_config
+
+
+def test_a_password_in_the_redis_url_is_moved_out_of_it() -> None:
+    s = Settings(redis_url="redis://:hunter2@10.0.0.5:6380/1", kafka_sasl_password="s3cret",
+                 kafka_sasl_username="svc", kafka_sasl_mechanism="SCRAM-SHA-512")
+    assert s.redis_url == "redis://10.0.0.5:6380/1"
+    assert "hunter2" not in repr(s) and "s3cret" not in repr(s) and "hunter2" not in str(s.model_dump())
+    assert client_options(s)["password"] == "hunter2"
+    assert common_config(s)["sasl.password"] == "s3cret"
+    assert s.secret_env() == {"CLIPSTREAM_REDIS_PASSWORD": "hunter2", "CLIPSTREAM_KAFKA_SASL_PASSWORD": "s3cret"}
+    assert redacted_url(s.redis_url, s.redis_password) == "redis://:***@10.0.0.5:6380/1"
+
+
+def test_redaction_of_urls() -> None:
+    assert redacted_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
+    assert redacted_url("redis://host:1/0") == "redis://host:1/0"
+    assert split_url_password("redis://u:p@[::1]:6379/2") == ("redis://u@[::1]:6379/2", "p")
+    assert split_url_password("unix:///tmp/redis.sock") == ("unix:///tmp/redis.sock", None)
+
+
+def test_the_redis_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLIPSTREAM_REDIS_PASSWORD", "from-env")
+    s = Settings()
+    assert client_options(s)["password"] == "from-env" and "from-env" not in repr(s)
+    assert "password" not in client_options(Settings(redis_password=None))
+
+
+def test_gateway_keys_are_not_in_its_repr_and_tls_comes_in_pairs(tmp_path: Path) -> None:
+    gw = GatewaySettings(api_keys="k-global", app_keys={"k-app": ["a"]})  # type: ignore[arg-type]
+    assert "k-global" not in repr(gw) and "k-app" not in repr(gw) and gw.scheme == "http"
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("y")
+    assert GatewaySettings(tls_cert=cert, tls_key=key).scheme == "https"
+    with pytest.raises(ValueError, match="go together"):
+        GatewaySettings(tls_cert=cert)
+    with pytest.raises(ValueError, match="no such file"):
+        GatewaySettings(tls_cert=cert, tls_key=tmp_path / "missing.pem")

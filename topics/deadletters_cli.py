@@ -1,0 +1,40 @@
+"""``clipstream deadletters``: the newest records the stages could not use, with why and where from."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+
+import click
+from confluent_kafka import KafkaException
+
+from clipstream.errors import ClipstreamError
+from clipstream.settings import get_settings, settings_or_exit
+from topics.deadletters import latest
+
+
+@click.command()
+@click.option("-n", "--count", type=click.IntRange(1, 10_000), default=20, show_default=True,
+              help="How many of the newest dead letters to show.")
+@click.option("--stage", default=None, help="Only those from this stage (gateway, selector, batcher, worker).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, help="Seconds to wait for Kafka.")
+def deadletters(count: int, stage: str | None, as_json: bool, timeout_s: float) -> None:
+    """Show the newest dead letters: stage, reason, source topic[partition]@offset, query id."""
+    settings = settings_or_exit(get_settings)
+    try:
+        found = [d for d in latest(settings, count, timeout_s) if stage is None or d.stage == stage]
+    except (KafkaException, ClipstreamError) as exc:
+        click.echo(f"error: cannot read the deadletter topic at {settings.kafka_bootstrap}: {exc}", err=True)
+        sys.exit(1)
+    for d in found:
+        where = f"{d.source_topic}[{d.source_partition}]@{d.source_offset}" if d.source_topic else "-"
+        if as_json:
+            click.echo(json.dumps({"stage": d.stage, "reason": d.reason, "source": where, "query_id": d.query_id,
+                                   "created_us": d.created_us, "payload_bytes": len(d.payload or b"")}))
+        else:
+            when = dt.datetime.fromtimestamp(d.created_us / 1e6, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            click.echo(f"{when}  {d.stage:<8}  {where}  query={d.query_id or '-'}  {d.reason}")
+    if not found and not as_json:
+        click.echo("no dead letters")

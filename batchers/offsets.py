@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from topics.offsets import pin_and_assign
+from topics.offsets import finished_prefix, pin_and_assign
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -59,13 +59,7 @@ class RequestOffsets:
                     self._advance((where[0], where[1]), part)
 
     def _advance(self, key: Part, part: OrderedDict[int, bool]) -> None:
-        moved = None
-        while part:
-            offset, finished = next(iter(part.items()))
-            if not finished:
-                break
-            part.popitem(last=False)
-            moved = offset + 1
+        moved = finished_prefix(part)
         if moved is not None:
             self._storable[key] = moved
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from topics.offsets import pin_and_assign
+from topics.offsets import finished_prefix, pin_and_assign
 
 log = logging.getLogger("selector")
 
@@ -61,14 +61,7 @@ class QueryOffsets:
                     self._advance(partition)
 
     def _advance(self, partition: int) -> None:
-        part = self._open[partition]
-        moved = None
-        while part:
-            offset, done = next(iter(part.items()))
-            if not done:
-                break
-            part.popitem(last=False)
-            moved = offset + 1
+        moved = finished_prefix(self._open[partition])
         if moved is not None:
             self._storable[partition] = moved
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -19,6 +20,20 @@ from clipstream.errors import InfraError
 from topics.admin import watermarks
 
 log = logging.getLogger("clipstream.topics")
+
+
+def finished_prefix(part: OrderedDict[int, bool]) -> int | None:
+    """Drop the finished offsets at the head of ``part`` (offset -> finished, in read order) and
+    return the offset to commit after them, or None if the head is not finished: a member
+    commits only past records it has served, never past one still open."""
+    moved = None
+    while part:
+        offset, finished = next(iter(part.items()))
+        if not finished:
+            break
+        part.popitem(last=False)
+        moved = offset + 1
+    return moved
 
 
 def pin_and_assign(consumer: Consumer, partitions: list[TopicPartition], commit: bool = True,

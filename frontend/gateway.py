@@ -31,6 +31,8 @@ from clipstream.errors import InfraError, InputError
 from clipstream.redisclient import stored_predictions_key
 from clipstream.settings import Settings, get_settings
 from frontend.admission import AdmissionLimit, verdict
+from frontend.dashboard import mount_dashboard
+from frontend.feedback import feedback as feedback_route
 from frontend.gateway_http import (
     RECEIVED_US,
     GatewayAPI,
@@ -52,10 +54,8 @@ from frontend.gateway_models import (
     validation_reason,
 )
 from frontend.inputs import input_for
-from frontend.dashboard import mount_dashboard
 from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings, get_gateway_settings
-from registry.labels import label_problem
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryFollower, RegistryView
 from schemas import Feedback, QueryEvent, Response, Tensor
@@ -250,7 +250,7 @@ def create_app(
         summary="The true label of, or a reward for, an earlier query",
     )
     async def feedback(app: str, request: Request) -> JSONResponse:
-        return JSONResponse(await _feedback(state, app, request), 202)
+        return JSONResponse(await feedback_route(state, app, request), 202)
 
     @app.get("/healthz", summary="The process is alive")
     async def healthz() -> dict[str, str]:
@@ -364,59 +364,6 @@ def _parse_predict(raw: bytes, spec: TensorSpec | None) -> tuple[PredictRequest,
         return req, input_for(req.input, spec)
     except InputError as exc:
         raise HTTPProblem(422, str(exc)) from None
-
-
-async def _feedback(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
-    cfg = state.app_config(app_name)
-    body = parse_json(await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s))
-    try:
-        req = FeedbackRequest.model_validate(body)
-    except ValidationError as exc:
-        raise HTTPProblem(422, validation_reason(exc)) from None
-    if req.label is None and req.reward is None:
-        raise HTTPProblem(422, "feedback needs a `label` or a `reward` (in [0, 1])")
-    problem = label_problem(req.label, *state.outputs(cfg))
-    if problem is not None:
-        raise HTTPProblem(422, problem)
-    if state.bus is None:
-        raise state.overloaded("gateway is not connected to Kafka")
-    # the context is the one the query was answered in (the learner reads it from the stored
-    # predictions); a caller's ``context`` here is ignored (docs/design/0031)
-    record = Feedback(
-        query_id=req.query_id,
-        app=cfg.name,
-        context=None,
-        label=req.label,
-        reward=float(req.reward) if req.reward is not None else None,
-        created_us=now_us(),
-    )
-    known = await _stored(state, req.query_id)
-    try:
-        await state.bus.publish_feedback(record, req.query_id.encode(), state.gw.feedback_ack_timeout_s)
-    except Overloaded as exc:
-        raise state.overloaded(str(exc)) from None
-    except DeliveryFailed as exc:
-        raise state.overloaded(f"feedback not stored: {exc}") from None
-    answer: dict[str, Any] = {"accepted": True, "query_id": req.query_id}
-    if known is False:
-        answer["applied"] = False
-        answer["reason"] = UNKNOWN_QUERY
-    return answer
-
-
-# the 202 answer's reason when the query's stored predictions are not (or no longer) there
-UNKNOWN_QUERY = ("no stored predictions for this query id (unknown, expired, or not answered yet): it is "
-                 "applied if they appear within a few seconds, else dead-lettered")
-
-
-async def _stored(state: GatewayState, query_id: str) -> bool | None:
-    """Whether the selector holds the query's predictions (None: Redis cannot say now)."""
-    if state.stored is None:
-        return None
-    try:
-        return await asyncio.wait_for(state.stored(query_id), 0.5)
-    except Exception:  # Redis slow or away: the feedback still goes to Kafka, unjudged
-        return None
 
 
 async def _readiness(state: GatewayState) -> dict[str, bool]:

@@ -14,14 +14,36 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from clipstream.clock import now_us
+from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
-from schemas import Batch, DeadLetter, Feedback, ModelRequest, QueryEvent, Tensor, encode
+from schemas import (
+    Batch,
+    DeadLetter,
+    Feedback,
+    ModelRequest,
+    Prediction,
+    Predictions,
+    QueryEvent,
+    Tensor,
+    decode,
+    encode,
+)
 from selector.store import StateStore, state_key
 from tests.integration.batcher_harness import uniq
 from tests.integration.test_selector_service import (
-    Client, fake_models, process, publish_app, python_models, state, wait_until)
+    Client,
+    fake_models,
+    process,
+    publish_app,
+    python_models,
+    state,
+    wait_until,
+)
 from topics.admin import ensure_core_topics, ensure_topics
 from topics.catalogue import Catalogue
 from topics.deadletters import latest
@@ -183,3 +205,75 @@ def test_one_fetch_of_hostile_requests_loses_no_good_one(run_batcher: Any, wire:
     dead = w.take(w.cat.deadletter.name, DeadLetter, lambda got: len(got) >= 9)
     assert all(d.source_topic == topic and d.source_offset is not None for d, _ in dead)
     assert sum("maximum supported dimension" in d.reason for d, _ in dead) == 3
+
+
+def _mutations(valid: bytes) -> st.SearchStrategy[bytes]:
+    """Random bytes, and a valid record with one byte changed or cut short."""
+    flipped = st.tuples(st.integers(0, len(valid) - 1), st.integers(1, 255)).map(
+        lambda t: valid[:t[0]] + bytes([valid[t[0]] ^ t[1]]) + valid[t[0] + 1:])
+    cut = st.integers(1, len(valid) - 1).map(lambda n: valid[:n])
+    return st.one_of(st.binary(min_size=1, max_size=300), flipped, cut)
+
+
+def _undecodable(payload: bytes) -> bool:
+    try:
+        decode(payload)
+    except ClipstreamError:
+        return True
+    return False
+
+
+@hsettings(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_fuzzed_records_on_every_selector_topic_are_dead_letters_and_it_serves_on(
+        data: st.DataObject, settings: Settings, redis_client: Any, tmp_path: Path) -> None:
+    """Hypothesis writes random and mutated records to queries, predictions and feedback (the
+    topics the selector and its learner consume): each that does not decode is a dead letter
+    naming its topic, and a good query is answered after all of them."""
+    ensure_core_topics(settings)
+    cat = Catalogue.from_settings(settings)
+    models = python_models(tmp_path)
+    for m in models:
+        ensure_topics(settings, cat.for_model(m))
+    app = f"app{uuid.uuid4().hex[:6]}"
+    publish_app(settings, models, app, slo_ms=2000)
+    now = now_us()
+    valid = {
+        cat.queries.name: encode(QueryEvent(query_id=uuid.uuid4().hex, app=app, context=None,
+                                            input=Tensor.of(np.array([0.1, 0.9], dtype=np.float32)),
+                                            created_us=now, deadline_us=now + 2_000_000)),
+        cat.predictions.name: encode(Predictions(selector_partition=0, items=[Prediction(
+            query_id=uuid.uuid4().hex, model="m1", version="1", status="ok",
+            output=Tensor.of(np.array([0.2, 0.8], dtype=np.float32)))])),
+        cat.feedback.name: encode(Feedback(query_id=uuid.uuid4().hex, app=app, context=None, label=1,
+                                           reward=None, created_us=now)),
+    }
+    sent = {topic: data.draw(st.lists(_mutations(v), min_size=20, max_size=20, unique=True), label=topic)
+            for topic, v in valid.items()}
+    stop = threading.Event()
+    players = threading.Thread(target=fake_models, args=(settings, list(models), stop, set()), daemon=True)
+    players.start()
+    client = Client(settings)
+    try:
+        with process(["selector"], settings, 60):
+            client.warm_up(app, slo_ms=2000)
+            for topic, payloads in sent.items():
+                for payload in payloads:
+                    client.producer.produce(topic, payload, partition=0)
+            client.producer.flush(10)
+            expected = {(t, p) for t, ps in sent.items() for p in ps if _undecodable(p)}
+            assert expected, "every drawn record decoded: nothing hostile was sent"
+            print(f"fuzz: {len(expected)} undecodable of {sum(map(len, sent.values()))} records sent")
+
+            def missing() -> set[tuple[str, bytes]]:
+                seen = {(d.source_topic, d.payload) for d in latest(settings, 2_000, 5.0)}
+                return expected - seen
+
+            wait_until(lambda: not missing(), 30, f"a dead letter for each of {len(expected)} undecodable records")
+            rec, _ = client.answer(client.query([0.1, 0.9], app, slo_ms=2000).query_id)
+            assert not rec.is_default and rec.output == 1
+    finally:
+        stop.set()
+        players.join(5)
+        client.close()

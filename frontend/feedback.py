@@ -1,0 +1,77 @@
+"""The feedback route's work: check the label against the app's outputs, publish the
+``Feedback`` record, and say whether the query's stored predictions are there to join with.
+
+The context is never the caller's: the learner takes the one stored with the query
+(docs/design/0031), so a caller cannot create policy state for contexts of its choosing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from clipstream.clock import now_us
+from frontend.gateway_http import HTTPProblem, parse_json, read_body
+from frontend.gateway_kafka import DeliveryFailed, Overloaded
+from frontend.gateway_models import FeedbackRequest, validation_reason
+from registry.labels import label_problem
+from schemas import Feedback
+
+if TYPE_CHECKING:
+    from frontend.gateway import GatewayState
+
+
+async def feedback(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
+    cfg = state.app_config(app_name)
+    body = parse_json(await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s))
+    try:
+        req = FeedbackRequest.model_validate(body)
+    except ValidationError as exc:
+        raise HTTPProblem(422, validation_reason(exc)) from None
+    if req.label is None and req.reward is None:
+        raise HTTPProblem(422, "feedback needs a `label` or a `reward` (in [0, 1])")
+    problem = label_problem(req.label, *state.outputs(cfg))
+    if problem is not None:
+        raise HTTPProblem(422, problem)
+    if state.bus is None:
+        raise state.overloaded("gateway is not connected to Kafka")
+    # the context is the one the query was answered in (the learner reads it from the stored
+    # predictions); a caller's ``context`` here is ignored (docs/design/0031)
+    record = Feedback(
+        query_id=req.query_id,
+        app=cfg.name,
+        context=None,
+        label=req.label,
+        reward=float(req.reward) if req.reward is not None else None,
+        created_us=now_us(),
+    )
+    known = await stored(state, req.query_id)
+    try:
+        await state.bus.publish_feedback(record, req.query_id.encode(), state.gw.feedback_ack_timeout_s)
+    except Overloaded as exc:
+        raise state.overloaded(str(exc)) from None
+    except DeliveryFailed as exc:
+        raise state.overloaded(f"feedback not stored: {exc}") from None
+    answer: dict[str, Any] = {"accepted": True, "query_id": req.query_id}
+    if known is False:
+        answer["applied"] = False
+        answer["reason"] = UNKNOWN_QUERY
+    return answer
+
+
+# the 202 answer's reason when the query's stored predictions are not (or no longer) there
+UNKNOWN_QUERY = ("no stored predictions for this query id (unknown, expired, or not answered yet): it is "
+                 "applied if they appear within a few seconds, else dead-lettered")
+
+
+async def stored(state: GatewayState, query_id: str) -> bool | None:
+    """Whether the selector holds the query's predictions (None: Redis cannot say now)."""
+    if state.stored is None:
+        return None
+    try:
+        return await asyncio.wait_for(state.stored(query_id), 0.5)
+    except Exception:  # Redis slow or away: the feedback still goes to Kafka, unjudged
+        return None

@@ -64,6 +64,10 @@
     return c;
   }
 
+  function clockTime(t) {
+    return new Date(t * 1000).toTimeString().slice(0, 8);
+  }
+
   function seriesStyle(name, i) {
     const s = {label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false};
     if (/ SLO$| limit$/.test(name)) { s.dash = [6, 4]; }
@@ -92,7 +96,9 @@
         width: width, height: 200,
         scales: {x: {time: true}},
         series: [{}].concat(names.map(seriesStyle)),
-        axes: [{}, {size: 50}],
+        // one line per tick (HH:MM:SS): uPlot's default adds the date under the first tick,
+        // which overlaps its neighbours on a panel this narrow
+        axes: [{space: 70, values: (u, ticks) => ticks.map(clockTime)}, {size: 50}],
         legend: {live: false},
       };
       c.plot = new uPlot(opts, data, c.body);

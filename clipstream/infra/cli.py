@@ -62,16 +62,27 @@ def infra() -> None:
     help="Kafka nodes (default 1; 3: a cluster whose topics get 3 replicas, 2 in sync). "
     "Fixed ports: node i listens on --kafka-port + 2(i-1), its controller on the next port.",
 )
+@click.option("--secure", is_flag=True, help="Run a one-node broker that wants credentials instead (SASL_SSL, "
+              "SCRAM-SHA-512, a CA made now), in the foreground: the same as `infra secure-broker`.")
 @STATE_DIR_OPTION
+@click.pass_context
 def up(
+    ctx: click.Context,
     kafka_port: int | None,
     redis_port: int | None,
     free_ports: bool,
     brokers: int | None,
+    secure: bool,
     state_dir: Path | None,
 ) -> None:
     """Start Kafka and Redis (or report the running ones) and print their addresses."""
     from clipstream.infra import launcher
+
+    if secure:
+        if brokers not in (None, 1):
+            raise click.UsageError("--secure runs one broker: leave out --brokers")
+        ctx.invoke(secure_broker, port=None if free_ports else kafka_port, user="clipstream", state_dir=state_dir)
+        return
 
     settings = _settings(state_dir, kafka_port=kafka_port, redis_port=redis_port)
     with _one_line_errors():

@@ -4,8 +4,12 @@ a client without them, or with a wrong password, is refused."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -16,7 +20,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from clipstream.infra.secure import SecureBroker, secured_settings, start_secure_broker
+from clipstream.infra.secure import SecureBroker, secured_settings
 from clipstream.settings import Settings
 from tests.integration.test_selector_service import Client, process, publish_app, python_models
 from topics.admin import ensure_core_topics, ensure_topics
@@ -37,10 +41,29 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def broker(infra: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
-    b = start_secure_broker(Settings(), tmp_path_factory.mktemp("secure"), _free_port(), _free_port(),
-                            "clipstream", PASSWORD)
+    """The broker as a user starts it: ``clipstream infra up --secure``, in the foreground, with
+    the password from the environment; the exports it prints say where it is and what to trust."""
+    env = dict(os.environ, CLIPSTREAM_KAFKA_SASL_PASSWORD=PASSWORD, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "clipstream.cli", "infra", "up", "--secure", "--kafka-port",
+                             str(_free_port()), "--state-dir", str(tmp_path_factory.mktemp("secure"))],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    exports: dict[str, str] = {}
+    lines: list[str] = []
+    for line in proc.stdout:  # ends when it exits: a failed start fails below with what it said
+        lines.append(line.rstrip())
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].strip().partition("=")
+            exports[key] = value
+        if line.startswith("ready: secure broker"):
+            break
+    assert proc.poll() is None and exports, "clipstream infra up --secure did not start:\n" + "\n".join(lines)
+    assert PASSWORD not in "\n".join(lines)  # never printed
+    b = SecureBroker(exports["CLIPSTREAM_KAFKA_BOOTSTRAP"], Path(exports["CLIPSTREAM_KAFKA_SSL_CA_LOCATION"]),
+                     exports["CLIPSTREAM_KAFKA_SASL_USERNAME"], proc, None)  # type: ignore[arg-type]
     yield b
-    b.stop()
+    proc.send_signal(signal.SIGINT)  # it stops its broker on the way out
+    proc.wait(30)
 
 
 def _refused(conf: dict[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
 from schemas import (
     Batch,
+    BatchStats,
     DeadLetter,
     Feedback,
     ModelRequest,
@@ -277,3 +278,38 @@ def test_fuzzed_records_on_every_selector_topic_are_dead_letters_and_it_serves_o
         stop.set()
         players.join(5)
         client.close()
+
+
+@hsettings(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
+           suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_fuzzed_records_on_the_batchers_topics_are_dead_letters_and_it_serves_on(
+        data: st.DataObject, run_batcher: Any, wire: Any) -> None:
+    """The same for the batcher: random and mutated records on ``requests.<model>`` and on its
+    workers' ``batch-stats.<model>``, between good requests; each record that does not decode
+    is a dead letter naming its topic, and every good request is batched."""
+    model = uniq("fuzz")
+    w = wire(model, 1)
+    run_batcher(model, "--version", "1", "--replicas", "1")
+    requests, stats = w.cat.requests(model).name, w.cat.batch_stats(model).name
+    valid = {
+        requests: encode(ModelRequest(query_id="v", app="a", model=model, input=Tensor.of(np.ones(2, np.float32)),
+                                      deadline_us=now_us() + 10_000_000, selector_partition=0)),
+        stats: encode(BatchStats(batch_id="b", model=model, replica=0, batch_size=1, service_us=1000,
+                                 queue_wait_us=0, errors=0, worker_id="w", created_us=now_us())),
+    }
+    sent = {topic: data.draw(st.lists(_mutations(v), min_size=20, max_size=20, unique=True), label=topic)
+            for topic, v in valid.items()}
+    good = []
+    for i in range(20):
+        for topic, payloads in sent.items():
+            w.producer.produce(topic, payloads[i])
+        good.append(w.request(f"good{i}", np.array([float(i), 1.0], dtype=np.float32)).query_id)
+    w.producer.flush(10)
+    expected = {(t, p) for t, ps in sent.items() for p in ps if _undecodable(p)}
+    assert expected, "every drawn record decoded: nothing hostile was sent"
+    batched = w.take(w.cat.batches(model).name, Batch,
+                     lambda got: {it.query_id for r, _ in got for it in r.items} >= set(good),
+                     on=lambda batch, _: w.stats(batch, 1000))
+    assert set(good) <= {it.query_id for r, _ in batched for it in r.items}
+    w.take(w.cat.deadletter.name, DeadLetter, lambda got: expected <= {(d.source_topic, d.payload) for d, _ in got})

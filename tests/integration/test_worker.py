@@ -19,11 +19,15 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from clipstream.clock import now_us
+from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
 from registry.spec import load_spec
-from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Tensor, decode_as, encode
+from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Tensor, decode, decode_as, encode
 from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_profile_model
 from clipstream.testing.procs import stop_process
 from topics import Catalogue
@@ -243,3 +247,45 @@ def test_worker_finds_its_model_in_the_registry(settings: Settings, tmp_path: Pa
     expected = load_model(load_spec(folder)).compute(x[None])[0]
     assert only.version == "4" and int(output_of(only)) == expected
     preds.close()
+
+
+@hsettings(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
+           suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_fuzzed_batches_are_dead_letters_and_the_worker_serves_on(
+        data: st.DataObject, settings: Settings, tmp_path: Path, run_worker) -> None:
+    """Hypothesis writes random and mutated records to ``batches.<model>``: each that does not
+    decode is a dead letter naming the topic, and a good batch sent after them is answered."""
+    folder = make_onnx_digits_model(tmp_path / "repo")
+    run_worker("logreg", folder)
+    cat = Catalogue.from_settings(settings)
+    topic = cat.batches("logreg").name
+    x, _ = digits()
+    valid = encode(Batch(batch_id="v", model="logreg", version="1", replica=0, created_us=now_us(),
+                         items=[make_item("v", x[0], 0)]))
+    flipped = st.tuples(st.integers(0, len(valid) - 1), st.integers(1, 255)).map(
+        lambda t: valid[:t[0]] + bytes([valid[t[0]] ^ t[1]]) + valid[t[0] + 1:])
+    cut = st.integers(1, len(valid) - 1).map(lambda n: valid[:n])
+    payloads = data.draw(st.lists(st.one_of(st.binary(min_size=1, max_size=300), flipped, cut),
+                                  min_size=20, max_size=20, unique=True))
+    preds = Reader(settings, cat.predictions.name, cat.predictions.partitions, Predictions)
+    letters = Reader(settings, cat.deadletter.name, 1, DeadLetter)
+    producer = Producer(producer_config(settings))
+    for p in payloads:
+        producer.produce(topic, p, partition=0)
+    assert producer.flush(30) == 0
+    send_batches(settings, topic, [[make_item("after", x[3], 1)]], "logreg")
+
+    def undecodable(p: bytes) -> bool:
+        try:
+            decode(p)
+        except ClipstreamError:
+            return True
+        return False
+
+    expected = {p for p in payloads if undecodable(p)}
+    assert expected, "every drawn record decoded: nothing hostile was sent"
+    got = received(preds.until(lambda r: "after" in received(r)))
+    assert got["after"][1].status == "ok"
+    letters.until(lambda r: expected <= {d.payload for _, d in r if d.source_topic == topic})
+    preds.close(), letters.close()

@@ -50,6 +50,8 @@ READY_TIMEOUT_S = 180.0
 LEAVE_GRACE_S = 30.0
 
 
+CHECK_S = 0.1  # how often up looks at its stages: a killed one is restarted within this and its backoff
+
 class UpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_UP_", extra="ignore")
 
@@ -68,7 +70,7 @@ class UpSettings(BaseSettings):
     warm_up_s: float = Field(20.0, ge=0)
     # a stage whose heartbeat is older is hung: killed and restarted (0: never; docs/design/0014)
     heartbeat_timeout_s: float = Field(15.0, ge=0)
-    # a stage that served this long before it died starts its restart backoff over (0.5 s)
+    # a stage that served this long before it died starts its restart backoff over (0.1 s)
     healthy_s: float = Field(60.0, gt=0)
 
     @field_validator("heartbeat_timeout_s")
@@ -321,10 +323,15 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()
         follower.add_listener(lambda v: _report_started(pipeline.sync(v), targets))
-        while not stop.wait(0.5):
+        # a dead stage is seen within CHECK_S (its restart is what a failover waits for);
+        # the rest of the upkeep runs every fifth round
+        rounds = 0
+        while not stop.wait(CHECK_S):
             supervisor.check()
-            targets.keep([*supervisor.stages, *pipeline.leaving])
-            pipeline.retire()
+            rounds += 1
+            if rounds % 5 == 0:
+                targets.keep([*supervisor.stages, *pipeline.leaving])
+                pipeline.retire()
     except ClipstreamError as exc:
         _say(f"error: {exc}")
         raise SystemExit(1) from None

@@ -28,6 +28,7 @@ from schemas import App, Link, Model, Record, decode_as, encode
 from topics.admin import ensure_core_topics, watermarks
 from topics.catalogue import Catalogue, check_name
 from topics.client import consumer_config, producer_config
+from topics.deadletters import DeadLetters
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class RegistryFollower:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._dead: DeadLetters | None = None  # made at the first record refused
 
     def add_listener(self, callback: Callable[[RegistryView], None]) -> None:
         self._listeners.append(callback)
@@ -214,8 +216,8 @@ class RegistryFollower:
                     try:
                         self._state.apply(msg.key().decode(), msg.value())
                         changed = True
-                    except (DecodeError, UnicodeDecodeError, KeyError) as exc:
-                        log.warning("skipping registry record at offset %s: %s", msg.offset(), exc)
+                    except Exception as exc:  # any record: a bad one changes nothing, the follower goes on
+                        self._refuse(msg, exc)
                     if msg.offset() + 1 >= high:
                         caught_up = True
                 if changed:
@@ -232,6 +234,20 @@ class RegistryFollower:
             log.error("registry follower stopped: %s", exc)
         finally:
             consumer.close()
+            if self._dead is not None:
+                self._dead.producer.flush(2)
+
+    def _refuse(self, msg: Any, exc: Exception) -> None:
+        """Skip a registry record that cannot be applied; one that arrives while the stage runs
+        is also a dead letter (the ones read at start were dead-lettered when they arrived, and
+        every restart would write them again)."""
+        log.warning("skipping registry record at offset %s: %s", msg.offset(), exc)
+        if not self._ready.is_set():
+            return
+        if self._dead is None:
+            self._dead = DeadLetters(Producer(producer_config(self._settings)),
+                                     Catalogue.from_settings(self._settings).deadletter.name, stage="registry")
+        self._dead.send(reason=f"registry record refused: {type(exc).__name__}: {exc}", msg=msg)
 
 
 def read_view(settings: Settings, timeout_s: float = 30.0) -> RegistryView:

@@ -313,3 +313,37 @@ def test_fuzzed_records_on_the_batchers_topics_are_dead_letters_and_it_serves_on
                      on=lambda batch, _: w.stats(batch, 1000))
     assert set(good) <= {it.query_id for r, _ in batched for it in r.items}
     w.take(w.cat.deadletter.name, DeadLetter, lambda got: expected <= {(d.source_topic, d.payload) for d, _ in got})
+
+
+def test_a_bad_registry_record_is_a_dead_letter_and_the_follower_goes_on(settings: Settings) -> None:
+    """Records on the registry topic that cannot be applied (garbage, a record of another type,
+    an unknown key) change nothing; each is a dead letter, and a good record after them is read.
+    (A record without a key never gets there: the compacted topic refuses it.)"""
+    from confluent_kafka import Producer
+
+    from registry.topic import RegistryFollower, RegistryWriter
+    from topics.client import producer_config
+
+    ensure_core_topics(settings)
+    cat = Catalogue.from_settings(settings)
+    ensure_topics(settings, [cat.deadletter])  # as every stage does at its start
+    follower = RegistryFollower(settings).start()
+    try:
+        follower.wait_ready(30)
+        app = f"app{uuid.uuid4().hex[:6]}"
+        producer = Producer(producer_config(settings))
+        bad = [(b"nosuchkind:x", b"\x00unknown key"), (f"app:{app}".encode(), b"\x00garbage"),
+               (f"app:{app}".encode(), encode(Feedback(query_id="q", app=app, context=None, label=1, reward=None,
+                                                        created_us=now_us())))]
+        for key, value in bad:
+            producer.produce(cat.registry.name, value, key=key)
+        assert producer.flush(10) == 0
+        with RegistryWriter(settings) as w:
+            w.app(app, "single", 50.0, -1, {})
+        wait_until(lambda: app in follower.view().apps, 20, "the good App record after the bad ones")
+        letters = wait_until(lambda: (got := [d for d in latest(settings, 500, 5.0) if d.stage == "registry"
+                                              and d.payload in {v for _, v in bad}]) and len(got) >= 3 and got,
+                             20, "a dead letter for each bad registry record")
+        assert all(d.source_topic == cat.registry.name and "registry record refused" in d.reason for d in letters)
+    finally:
+        follower.stop()

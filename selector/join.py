@@ -6,8 +6,9 @@ nothing at all by its deadline may have a later last resort: the default is the 
 answer there is, so it waits there for a first prediction (the selector's deadline is the
 reply budget early, the last resort the budget's floor early). Expired and
 error predictions are reports without an answer: they count as missing. A prediction that
-arrives after the answer is dropped and counted; a bounded memory of answered ids tells a late
-prediction from one we never heard of. Pure Python: the Kafka adapter feeds it.
+arrives after the answer is dropped and counted; a memory of the ids answered in the last
+minute (bounded in count too) tells a late prediction from one we never heard of: a window by
+time keeps a long-running selector's memory flat whatever its rate. Pure Python: the Kafka adapter feeds it.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ class Pending:
 class JoinState:
     """Pending queries keyed by id, plus a deadline heap (lazy deletion) for the timer."""
 
-    def __init__(self, answered_capacity: int = 100_000) -> None:
+    def __init__(self, answered_capacity: int = 100_000, answered_window_us: int = 60_000_000) -> None:
         self._pending: dict[str, Pending] = {}
         self._heap: list[tuple[int, str]] = []
-        self._answered: OrderedDict[str, None] = OrderedDict()
+        self._answered: OrderedDict[str, int] = OrderedDict()  # query id -> its deadline
         self._answered_capacity = answered_capacity
+        self._answered_window_us = answered_window_us
         self.late = 0  # predictions that came after the answer
         self.unknown = 0  # predictions for queries this selector never registered
         self.duplicates = 0
@@ -146,9 +148,11 @@ class JoinState:
 
     def finish(self, query_id: str) -> Pending:
         pending = self._pending.pop(query_id)
-        self._answered[query_id] = None
-        while len(self._answered) > self._answered_capacity:
-            self._answered.popitem(last=False)
+        answered = self._answered
+        answered[query_id] = pending.deadline_us
+        horizon = pending.deadline_us - self._answered_window_us
+        while answered and (len(answered) > self._answered_capacity or next(iter(answered.values())) < horizon):
+            answered.popitem(last=False)
         return pending
 
     def answered(self, query_id: str) -> bool:

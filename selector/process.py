@@ -33,8 +33,8 @@ from topics.client import consumer_config
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
 from topics.membership import member_name, membership_config
-from topics.offsets import pin_and_assign
 from topics.metrics import LAG, expose, serve_metrics
+from topics.offsets import pin_and_assign
 from topics.stage import announce_ready
 
 
@@ -107,7 +107,8 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
                                  ss.reply_budget_quantile)
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
-                           budget, reply_producer, guard=guard, save=saver.put if saver else None)
+                           budget, reply_producer, guard=guard, save=saver.put if saver else None,
+                           answered_window_s=ss.answered_window_s)
             sel.handover = handover = Handover(catalogue.queries.name, catalogue.predictions.name, sel.offsets,
                                                sel.join.drop_partitions, on_assigned=lambda: assigned("join"))
             expose(sel.metrics.registry)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -41,7 +41,7 @@ from topics.admin import ensure_model_topics
 from topics.catalogue import Catalogue
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
-from topics.stage import heartbeat
+from topics.stage import fail_if_fatal, heartbeat
 
 # built-in policies whose select and combine never read learned state (``single`` counts
 # feedback only); any policy may say so itself with a ``stateless`` attribute
@@ -71,7 +71,8 @@ class Selector:
     def __init__(self, consumer: Consumer, producer: Emitter, store: StateStore, apps: Apps,
                  dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
                  reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None,
-                 guard: RedisGuard | None = None, save: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 guard: RedisGuard | None = None, save: Callable[[str, dict[str, Any]], None] | None = None,
+                 answered_window_s: float = 60.0) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
         self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
@@ -81,7 +82,7 @@ class Selector:
         # ModelRequests just sent for newer queries
         self.reply_producer = reply_producer or producer
         self.catalogue, self.settings = catalogue, settings
-        self.join = JoinState(answered_capacity)
+        self.join = JoinState(answered_capacity, int(answered_window_s * 1e6))
         # what may be committed: a query's offset once its Response is acknowledged; ``serve``
         # adds the rebalance side (``selector.handover``)
         self.offsets = QueryOffsets()
@@ -299,6 +300,7 @@ class Selector:
         for m in msgs:
             if m.error():
                 log.warning("consumer: %s", m.error())
+                fail_if_fatal(m.error(), "the join's consumer")
             elif m.topic() != queries:
                 if self.handover is not None:
                     self.handover.read_predictions(m.partition(), m.offset())

@@ -12,7 +12,8 @@ class SelectorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_SELECTOR_", extra="ignore")
 
     group: str = "clipstream-selector"  # dispatch+join group; learners use <group>.learn
-    answered_capacity: int = 100_000  # answered ids remembered to count late predictions
+    answered_capacity: int = 100_000  # answered ids remembered to count late predictions ...
+    answered_window_s: float = Field(60.0, gt=0)  # ... for at most this long after their deadline
     max_poll_s: float = 0.1  # longest poll when nothing is due (how fast a stop is noticed)
     drain_max: int = 500  # records taken per poll once one has arrived
     learn_global: bool = True  # feedback with a context also teaches the app's global state
@@ -29,9 +30,10 @@ class SelectorSettings(BaseSettings):
     # (docs/design/0006)
     reply_budget_quantile: float = Field(0.95, gt=0, le=1)
     # the join group's failure detection: a killed member's partitions move to the others once
-    # the broker has missed its heartbeats this long. 6 s is the least a broker accepts by
-    # default (group.min.session.timeout.ms); a broker that allows less lets failover be quicker
-    session_timeout_ms: int = Field(6_000, gt=0)
+    # the broker has missed its heartbeats this long (a killed static member comes back sooner:
+    # docs/design/0022). It outlasts the move of the group's coordinator when its broker dies
+    # (docs/design/0035); 6 s is the least a broker accepts by default
+    session_timeout_ms: int = Field(10_000, gt=0)
     heartbeat_interval_ms: int = Field(500, gt=0)  # how soon a survivor hears of the rebalance
     # answered queries' offsets are committed this often: a killed member's successor answers
     # again at most this much of what it had answered (its readers drop the second Response)

@@ -85,3 +85,17 @@ def test_a_last_resort_not_after_the_deadline_changes_nothing() -> None:
     j = JoinState()
     j.register("q", ["a"], deadline_us=1_000, last_resort_us=1_000)
     assert [p.query_id for p in j.expired(1_000)] == ["q"]
+
+
+def test_answered_ids_are_remembered_for_a_window_of_time_only() -> None:
+    """A long-running selector's memory of answered ids stays flat: ids whose deadline is more
+    than the window before the newest answer are forgotten, however few they are."""
+    j = JoinState(answered_capacity=1_000_000, answered_window_us=10_000)
+    for i in range(100):  # one answer every 1,000 µs of deadline
+        j.register(f"q{i}", ["a"], deadline_us=i * 1_000)
+        j.add(f"q{i}", "a", "ok", output=0)
+    assert j.answered("q99") and j.answered("q89") and not j.answered("q88")
+    assert sum(j.answered(f"q{i}") for i in range(100)) == 11
+    j.add("q50", "a", "ok", output=0)  # forgotten: unknown now, not late
+    j.add("q95", "a", "ok", output=0)
+    assert (j.unknown, j.late) == (1, 1)

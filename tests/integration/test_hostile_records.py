@@ -19,7 +19,6 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from clipstream.clock import now_us
-from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
 from schemas import (
     Batch,
@@ -31,10 +30,10 @@ from schemas import (
     Predictions,
     QueryEvent,
     Tensor,
-    decode,
     encode,
 )
 from selector.store import StateStore, state_key
+from tests.hostile import mutations, undecodable
 from tests.integration.batcher_harness import uniq
 from tests.integration.test_selector_service import (
     Client,
@@ -208,22 +207,6 @@ def test_one_fetch_of_hostile_requests_loses_no_good_one(run_batcher: Any, wire:
     assert sum("maximum supported dimension" in d.reason for d, _ in dead) == 3
 
 
-def _mutations(valid: bytes) -> st.SearchStrategy[bytes]:
-    """Random bytes, and a valid record with one byte changed or cut short."""
-    flipped = st.tuples(st.integers(0, len(valid) - 1), st.integers(1, 255)).map(
-        lambda t: valid[:t[0]] + bytes([valid[t[0]] ^ t[1]]) + valid[t[0] + 1:])
-    cut = st.integers(1, len(valid) - 1).map(lambda n: valid[:n])
-    return st.one_of(st.binary(min_size=1, max_size=300), flipped, cut)
-
-
-def _undecodable(payload: bytes) -> bool:
-    try:
-        decode(payload)
-    except ClipstreamError:
-        return True
-    return False
-
-
 @hsettings(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
@@ -250,7 +233,7 @@ def test_fuzzed_records_on_every_selector_topic_are_dead_letters_and_it_serves_o
         cat.feedback.name: encode(Feedback(query_id=uuid.uuid4().hex, app=app, context=None, label=1,
                                            reward=None, created_us=now)),
     }
-    sent = {topic: data.draw(st.lists(_mutations(v), min_size=20, max_size=20, unique=True), label=topic)
+    sent = {topic: data.draw(st.lists(mutations(v), min_size=20, max_size=20, unique=True), label=topic)
             for topic, v in valid.items()}
     stop = threading.Event()
     players = threading.Thread(target=fake_models, args=(settings, list(models), stop, set()), daemon=True)
@@ -263,7 +246,7 @@ def test_fuzzed_records_on_every_selector_topic_are_dead_letters_and_it_serves_o
                 for payload in payloads:
                     client.producer.produce(topic, payload, partition=0)
             client.producer.flush(10)
-            expected = {(t, p) for t, ps in sent.items() for p in ps if _undecodable(p)}
+            expected = {(t, p) for t, ps in sent.items() for p in ps if undecodable(p)}
             assert expected, "every drawn record decoded: nothing hostile was sent"
             print(f"fuzz: {len(expected)} undecodable of {sum(map(len, sent.values()))} records sent")
 
@@ -298,7 +281,7 @@ def test_fuzzed_records_on_the_batchers_topics_are_dead_letters_and_it_serves_on
         stats: encode(BatchStats(batch_id="b", model=model, replica=0, batch_size=1, service_us=1000,
                                  queue_wait_us=0, errors=0, worker_id="w", created_us=now_us())),
     }
-    sent = {topic: data.draw(st.lists(_mutations(v), min_size=20, max_size=20, unique=True), label=topic)
+    sent = {topic: data.draw(st.lists(mutations(v), min_size=20, max_size=20, unique=True), label=topic)
             for topic, v in valid.items()}
     good = []
     for i in range(20):
@@ -306,7 +289,7 @@ def test_fuzzed_records_on_the_batchers_topics_are_dead_letters_and_it_serves_on
             w.producer.produce(topic, payloads[i])
         good.append(w.request(f"good{i}", np.array([float(i), 1.0], dtype=np.float32)).query_id)
     w.producer.flush(10)
-    expected = {(t, p) for t, ps in sent.items() for p in ps if _undecodable(p)}
+    expected = {(t, p) for t, ps in sent.items() for p in ps if undecodable(p)}
     assert expected, "every drawn record decoded: nothing hostile was sent"
     batched = w.take(w.cat.batches(model).name, Batch,
                      lambda got: {it.query_id for r, _ in got for it in r.items} >= set(good),

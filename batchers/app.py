@@ -44,7 +44,7 @@ from topics.emitter import Emitter
 from topics.intake import Intake, Record
 from topics.membership import member_name, membership_config
 from topics.metrics import LAG, expose, serve_metrics
-from topics.stage import announce_ready, beat_on_loop
+from topics.stage import announce_ready, beat_on_loop, exit_code
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -274,4 +274,9 @@ def serve(app: faust.App) -> None:
     ("ready: ...", "stats: ...")."""
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
     worker.spinner = None
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:  # faust exits 0 after a stop; a ``fail`` asks to be restarted
+        if not exc.code and exit_code():
+            raise SystemExit(exit_code()) from None
+        raise

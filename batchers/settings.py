@@ -37,8 +37,8 @@ class BatcherSettings(BaseSettings):
     version_switch_timeout_s: float = 180.0
     stats_log_interval_s: float = 5.0  # 0 disables the periodic per-replica stats line
     # batcher members (one consumer group on requests.<model>; docs/design/0024): a member that
-    # stops heartbeating loses its partitions after this long (the least a broker accepts by
-    # default), and requests done are committed this often (a replay redoes at most that much)
-    session_timeout_ms: int = 6_000
+    # stops heartbeating loses its partitions after this long (it outlasts a coordinator's move:
+    # docs/design/0035), and requests done are committed this often (a replay redoes at most that much)
+    session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 500
     commit_interval_ms: int = 1_000

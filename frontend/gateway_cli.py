@@ -23,7 +23,7 @@ from frontend.gateway_http import stamped_protocol
 from frontend.settings import get_gateway_settings
 from topics.catalogue import Catalogue
 from topics.metrics import serve_metrics
-from topics.stage import announce_ready, beat_on_loop
+from topics.stage import announce_ready, beat_on_loop, exit_code
 
 
 @click.command()
@@ -55,7 +55,7 @@ def gateway(
     logging.basicConfig(level=gw.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with asyncio.Runner(loop_factory=_loop_factory(gw.uvloop)) as runner:
         code = runner.run(_serve(gw, settings, reuse_port))
-    sys.exit(code)
+    sys.exit(code or exit_code())
 
 
 def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] | None:

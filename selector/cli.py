@@ -11,7 +11,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
 from selector.process import serve
 from selector.settings import SelectorSettings
-from topics.stage import stop_on_signals
+from topics.stage import exit_code, stop_on_signals
 
 
 @click.command()
@@ -32,3 +32,4 @@ def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -
     except ClipstreamError as exc:
         click.echo(f"selector: {exc}", err=True)
         sys.exit(1)
+    sys.exit(exit_code())

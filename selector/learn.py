@@ -30,7 +30,7 @@ from selector.policies import align_state
 from selector.store import StateStore
 from selector.types import Feedback, Output, Query
 from topics.deadletters import DeadLetters
-from topics.stage import heartbeat
+from topics.stage import fail_if_fatal, heartbeat
 
 
 class Learner:
@@ -129,6 +129,7 @@ class Learner:
         for i, m in enumerate(msgs):
             if m.error():
                 log.warning("feedback consumer: %s", m.error())
+                fail_if_fatal(m.error(), "the learner's consumer")
                 continue
             try:
                 done = self.handle(m)

@@ -35,6 +35,7 @@ from clipstream.settings import Settings
 from topics.client import consumer_config
 from topics.deadletters import Source
 from topics.offsets import assign_at_end, pin_and_assign
+from topics.stage import fail_if_fatal
 
 log = logging.getLogger("clipstream.topics")
 
@@ -160,6 +161,7 @@ class Intake:
                 if err is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
                         log.warning("%s: consumer error: %s", self.topic, err)
+                        fail_if_fatal(err, f"the consumer of {self.topic}")
                     continue
                 try:
                     group.append(convert(msg))

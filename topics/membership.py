@@ -23,9 +23,11 @@ from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 
 MEMBER_ENV = "CLIPSTREAM_MEMBER"
-# 6 s is the least a broker accepts by default (group.min.session.timeout.ms); heartbeats every
-# 500 ms let the other members hear of a rebalance quickly
-SESSION_TIMEOUT_MS = 6_000
+# long enough to outlast the move of the group's coordinator when its broker dies (a member whose
+# session runs out meanwhile is fenced: docs/design/0035); 6 s is the least a broker accepts by
+# default (group.min.session.timeout.ms). Heartbeats every 500 ms let the other members hear of
+# a rebalance quickly
+SESSION_TIMEOUT_MS = 10_000
 HEARTBEAT_INTERVAL_MS = 500
 _INSTANCE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # what Kafka accepts in a group.instance.id
 

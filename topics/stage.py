@@ -8,7 +8,9 @@ answered by the models.
 
 Each working loop of a stage also beats a heartbeat (``heartbeat``, ``beat_on_loop``) into the
 file the supervisor names in ``CLIPSTREAM_HEARTBEAT_FILE``: a stage whose loop is wedged stops
-beating, and ``clipstream up`` kills and restarts it (docs/design/0014).
+beating, and ``clipstream up`` kills and restarts it (docs/design/0014). A part that cannot go
+on at all (``fail``: a Kafka client in a fatal state) stops the whole stage, which exits with
+``FATAL_EXIT`` to be started afresh.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from confluent_kafka import KafkaError
 
 from clipstream.heap import freeze_startup_heap
 
@@ -51,6 +56,38 @@ def stop_on_signals(stop: threading.Event | Callable[..., Any] | None = None) ->
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return event
+
+
+# EX_TEMPFAIL: a stage that stopped because a part of it could not go on; a new process can
+FATAL_EXIT = 75
+_FAILED: list[str] = []
+
+
+def fail(reason: str) -> None:
+    """A part of the stage cannot go on, and a new process would: a Kafka client in a fatal
+    state, as a static member fenced when its group's coordinator moved. Stop the stage as
+    SIGTERM does (queued records still go out) so that it exits with ``exit_code()`` and its
+    supervisor starts it again; the stage would otherwise keep beating while serving nothing.
+    Any thread may call it; the stage is stopped once (a fatal client keeps reporting)."""
+    if _FAILED:
+        return
+    _FAILED.append(reason)
+    print(f"fatal: {reason}; stopping, to be restarted", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def fail_if_fatal(err: Any, where: str) -> bool:
+    """``fail`` when ``err`` (a ``KafkaError`` or None) is fatal to its client; True if so.
+    A consumer hands its fatal error over as one with the code ``_FATAL``."""
+    if err is None or not (err.fatal() or err.code() == KafkaError._FATAL):
+        return False
+    fail(f"{where}: {err.str()}")
+    return True
+
+
+def exit_code() -> int:
+    """The stage's exit status once it stopped: ``FATAL_EXIT`` after ``fail``, else 0."""
+    return FATAL_EXIT if _FAILED else 0
 
 
 HEARTBEAT_FILE_ENV = "CLIPSTREAM_HEARTBEAT_FILE"

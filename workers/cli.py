@@ -18,6 +18,7 @@ from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.repository import Repository, sibling
 from registry.spec import load_spec
 from registry.topic import RegistryFollower
+from topics.stage import exit_code
 from workers.backends import load_model
 from workers.settings import WorkerSettings
 from workers.worker import Worker
@@ -91,3 +92,4 @@ def worker(
     except ClipstreamError as exc:
         click.echo(f"worker {name} replica {replica}: {exc}", err=True)
         sys.exit(1)
+    sys.exit(exit_code())

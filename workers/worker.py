@@ -33,9 +33,9 @@ from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
 from topics.emitter import Emitter
 from topics.markers import is_handover, ready_marker
-from topics.offsets import SpacedCommits, committed_offset
 from topics.metrics import LAG, expose, serve_metrics
-from topics.stage import announce_ready, heartbeat, stop_on_signals
+from topics.offsets import SpacedCommits, committed_offset
+from topics.stage import announce_ready, fail_if_fatal, heartbeat, stop_on_signals
 from workers.backends import BatchModel, warm_up
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
 from workers.metrics import WorkerMetrics
@@ -215,6 +215,7 @@ class Worker:
         if msg.error() is not None:
             if msg.error().code() != KafkaError._PARTITION_EOF:
                 log(f"consume error: {msg.error()}")
+                fail_if_fatal(msg.error(), f"the consumer of {self.batches_topic}")
             return
         source = (msg.topic(), msg.partition(), msg.offset())
         job = Job(msg.offset())

@@ -31,6 +31,8 @@ from tests.integration.test_selector_service import fake_models, process, publis
 from topics.admin import ensure_core_topics, watermarks
 from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
+from topics.membership import membership_config
+from topics.stage import FATAL_EXIT
 
 pytestmark = pytest.mark.integration
 
@@ -190,3 +192,24 @@ def test_a_killed_selector_member_loses_no_query_and_answers_none_twice(settings
     assert dupes == 0
     assert all(d.default_reason for d in defaults), "every default says why"
     assert gap is not None and gap <= RESUME_BOUND_S, f"real answers resumed {gap} s after the kill"
+
+
+def test_a_fenced_selector_member_exits_to_be_restarted(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A static member whose ``group.instance.id`` another consumer took over is fenced, as a
+    member is whose session ran out while its group's coordinator moved: its consumer is in a
+    fatal state for good. The selector must then exit, with ``FATAL_EXIT``, so that ``up``
+    starts it afresh, rather than keep beating its heartbeat while it answers nothing."""
+    ensure_core_topics(settings)
+    cat = Catalogue.from_settings(settings)
+    group = f"selector-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("CLIPSTREAM_MEMBER", "fenced-1")
+    monkeypatch.setenv("CLIPSTREAM_SELECTOR_GROUP", group)
+    with process(["selector"], settings) as proc:
+        intruder = Consumer(consumer_config(settings, group, **membership_config(settings, "fenced-1")))
+        try:
+            intruder.subscribe([cat.queries.name, cat.predictions.name])
+            wait_until(lambda: intruder.poll(0.1) is None and proc.poll() is not None, 60,
+                       "the fenced selector to exit")
+        finally:
+            intruder.close()
+        assert proc.returncode == FATAL_EXIT, f"exit code {proc.returncode}"

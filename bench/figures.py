@@ -294,6 +294,13 @@ def cost_light(r: dict[str, Any]) -> Result:
     return f"p50 {ms(p50)} ms at 100 q/s; cache hit p50 {ms(hit)} ms", met(p50 <= 10, hit < 10)
 
 
+def crossing(r: dict[str, Any]) -> Result:
+    row = next(x for x in get(r, "rows") if x["variant"] == "stages' settings" and x["rate"] == 300.0)
+    floor = get(r, "broker_floor_us_per_query", "300")
+    return (f"broker {row['broker_cpu_us_per_record']:,.0f} µs + clients {row['clients_cpu_us_per_record']:,.0f} µs "
+            f"per crossing; x{get(r, 'crossings_per_query')} per query = broker alone {floor:,.0f} µs"), NONE
+
+
 # (figure, target, report, function)
 FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("scaling: 1, 2, 4 replicas of the simulated accelerator", "≥ 3.6x", "scaling", scaling),
@@ -319,6 +326,8 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("cache hit, batcher in → predictions topic", "p50 < 2 ms", "batching", cache_hit),
     ("cost: CPU per query at 300 q/s, every process (bench.cost)", "≤ 1,000 µs", "cost", cost_cpu("300", 1000)),
     ("cost: CPU per query at 100 q/s, every process", "≤ 1,500 µs", "cost", cost_cpu("100", 1500)),
+    ("cost floor: one Kafka crossing at 300 records/s, stages' settings (bench.crossing)", NONE, "crossing",
+     crossing),
     ("cost: highest rate through the gateway, p99 ≤ 50 ms, no refusals", "≥ 800 q/s", "cost", cost_max_rate),
     ("cost: clipstream vs MLServer 1.7.1, same model and load", "≥ 2x", "cost", cost_vs_mlserver),
     ("cost: light load p50; cache-hit round trip", "p50 ≤ 10 ms; hit p50 < 10 ms", "cost", cost_light),

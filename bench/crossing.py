@@ -1,0 +1,177 @@
+"""What one Kafka crossing costs: a record produced by one client and fetched by another, on the
+single broker ``make demo`` uses, with the clients' settings every stage uses
+(``topics.client``), and the same crossing under the settings one might try instead.
+
+A query through clipstream makes five such crossings (query, request, batch, predictions,
+answer), so five times the broker's CPU per crossing at a rate is a floor under the
+pipeline's CPU per query at that rate that no stage's Python can lower; the issue 33 rows of
+``bench.figures`` are read against it. Each variant runs at each rate for a few seconds of
+open-loop sends (a record every ``1/rate`` s), and reports per record: the broker's CPU (utime
++ stime of its JVM, compiler threads apart), this process's CPU (the producer and the consumer,
+librdkafka's threads included), the produce requests the broker served, and the p50 of the
+crossing (send to poll). The broker's own idle CPU (measured apart and reported) is part of
+each row, as it is of the pipeline's figures.
+
+    .venv/bin/python -m bench.crossing [--quick]     # out/bench/crossing.json and .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.common import OUT, figure, save_figure, say, write_json
+from bench.machine import CLK_TCK, jit_cpu_s, machine_info
+from clipstream.infra import launcher
+from clipstream.settings import Settings
+from topics.client import admin_config, consumer_config, producer_config
+
+RATES = (100.0, 300.0, 1000.0)
+CROSSINGS_PER_QUERY = 5  # queries, requests, batches, predictions, replies
+RECORD_BYTES = 3200  # about a QueryEvent of a 28x28 float image
+# what the stages use, then one change at a time
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "stages' settings": ({}, {}),
+    "one produce in flight": ({"max.in.flight.requests.per.connection": 1}, {}),
+    "linger 1 ms": ({"linger.ms": 1}, {}),
+    "acks=1, no idempotence": ({"acks": 1, "enable.idempotence": False}, {}),
+}
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def idle_cores(pid: int, seconds: float = 5.0) -> float:
+    """The broker's CPU with no client sending: its own timers, the controller, idle fetches."""
+    c0, j0 = _cpu_s(pid), jit_cpu_s(pid) or 0.0
+    time.sleep(seconds)
+    return ((_cpu_s(pid) - c0) - ((jit_cpu_s(pid) or 0.0) - j0)) / seconds
+
+
+def _produce_requests(stats: dict[str, Any]) -> int:
+    return sum(b.get("req", {}).get("Produce", 0) for b in stats.get("brokers", {}).values())
+
+
+def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
+             producer_extra: dict[str, Any], consumer_extra: dict[str, Any]) -> dict[str, Any]:
+    """One open-loop run of ``rate`` records/s over a fresh one-partition topic."""
+    topic = f"crossing-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(admin_config(settings))
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    latest: dict[str, Any] = {}
+    producer = Producer(producer_config(settings, **producer_extra, **{
+        "statistics.interval.ms": 500, "stats_cb": lambda s: latest.update(json.loads(s))}))
+    consumer = Consumer(consumer_config(settings, f"crossing-{topic}", **{"auto.offset.reset": "earliest"},
+                                        **consumer_extra))
+    consumer.subscribe([topic])
+    while not consumer.assignment():  # joined: the first record is not held back by a rebalance
+        consumer.poll(0.1)
+    n = int(rate * seconds)
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        while len(latencies) < n and not done.is_set():
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                latencies.append(time.perf_counter() - float(msg.value()[:20]))
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    payload = b"x" * RECORD_BYTES
+    producer.poll(0)
+    time.sleep(1.0)  # a stats report before the run
+    requests0 = _produce_requests(latest)
+    c0, b0, j0 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
+    start = time.perf_counter()
+    for i in range(n):
+        due = start + i / rate
+        while (left := due - time.perf_counter()) > 0:
+            time.sleep(left)
+        producer.produce(topic, f"{time.perf_counter():20.6f}".encode() + payload)
+        producer.poll(0)
+    producer.flush(10)
+    reader.join(10)
+    done.set()
+    c1, b1, j1 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
+    time.sleep(0.6)  # the last stats report
+    producer.poll(0)
+    requests = _produce_requests(latest) - requests0
+    consumer.close()
+    admin.delete_topics([topic])
+    got = max(1, len(latencies))
+    return {
+        "rate": rate, "records": n, "received": len(latencies),
+        "broker_cpu_us_per_record": round(((b1 - b0) - (j1 - j0)) * 1e6 / got, 1),
+        "clients_cpu_us_per_record": round((c1 - c0) * 1e6 / got, 1),
+        "records_per_produce_request": round(n / requests, 2) if requests > 0 else None,
+        "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 2) if latencies else None,
+    }
+
+
+def plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
+    fig, axes = figure(size=(7, 4))
+    ax = axes[0][0]
+    for name in VARIANTS:
+        mine = [r for r in rows if r["variant"] == name]
+        ax.plot([r["rate"] for r in mine], [r["broker_cpu_us_per_record"] for r in mine], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("records/s")
+    ax.set_ylabel("broker CPU per record crossing (µs)")
+    ax.set_title("One Kafka crossing, single broker")
+    ax.legend(fontsize=8)
+    save_figure(fig, "crossing", out_dir)
+
+
+def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
+    args = ap.parse_args(argv)
+    seconds = 4.0 if args.quick else 8.0
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-crossing-") as tmp:
+        infra = Settings(state_dir=Path(tmp) / "infra")
+        say("crossing: starting a single Kafka broker (and Redis) on free ports")
+        status = launcher.up(infra, free_ports=True, progress=lambda _: None, die_with_parent=True, brokers=1)
+        try:
+            settings = Settings(kafka_bootstrap=status.kafka_bootstrap, redis_url=status.redis_url)
+            assert status.kafka_pid is not None
+            for _ in range(3):  # the broker's JIT and heap warm up
+                crossing(settings, status.kafka_pid, 1000.0, seconds, {}, {})
+            idle = idle_cores(status.kafka_pid)
+            say(f"  the broker idles at {idle:.3f} of a core (in each row's figure, spread over its records)")
+            for rate in RATES:  # variants side by side at each rate, so a drift does not favour one
+                for name, (prod, cons) in VARIANTS.items():
+                    row = {"variant": name, **crossing(settings, status.kafka_pid, rate, seconds, prod, cons)}
+                    rows.append(row)
+                    say(f"  {name:24s} {rate:6.0f}/s: broker {row['broker_cpu_us_per_record']:6.0f} µs, clients "
+                        f"{row['clients_cpu_us_per_record']:6.0f} µs per record; {row['records_per_produce_request']} "
+                        f"records per produce request; p50 {row['p50_ms']} ms")
+        finally:
+            launcher.down(infra)
+    base = {r["rate"]: r for r in rows if r["variant"] == "stages' settings"}
+    floor = {f"{rate:g}": round(CROSSINGS_PER_QUERY * r["broker_cpu_us_per_record"], 1) for rate, r in base.items()}
+    say(f"crossing: {CROSSINGS_PER_QUERY} crossings per query cost the broker alone {floor} µs per query")
+    report = {"machine": machine_info(), "seconds": seconds, "broker_idle_cores": round(idle, 4), "record_bytes": RECORD_BYTES,
+              "crossings_per_query": CROSSINGS_PER_QUERY, "broker_floor_us_per_query": floor, "rows": rows}
+    write_json("crossing", report, out_dir)
+    plot(rows, out_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -167,3 +167,13 @@ def test_the_members_row_gives_each_count_and_its_ratio_to_one(tmp_path: Path) -
     row = _row(tmp_path, "members")
     assert row.met == NONE and "400 / 380 / n/a q/s" in row.measured
     assert "2 vs 1 = 0.95x" in row.measured and "4 vs 1 = n/a" in row.measured and "2 cores" in row.measured
+
+
+def test_the_crossing_row_gives_both_sides_and_the_floor_of_five(tmp_path: Path) -> None:
+    rows = [{"variant": "linger 1 ms", "rate": 300.0, "broker_cpu_us_per_record": 100.0, "clients_cpu_us_per_record": 90.0},
+            {"variant": "stages' settings", "rate": 300.0, "broker_cpu_us_per_record": 350.0,
+             "clients_cpu_us_per_record": 200.0}]
+    _write(tmp_path, "crossing", {"rows": rows, "crossings_per_query": 5, "broker_floor_us_per_query": {"300": 1750.0}})
+    row = _row(tmp_path, "cost floor")
+    assert "broker 350 µs + clients 200 µs" in row.measured and "1,750 µs" in row.measured
+    assert row.met == NONE

@@ -89,6 +89,7 @@ class BatcherCore:
             if not self.coalescer.join(pending.key, pending):
                 return False
         self.queue.push(pending, pending.arrival_us)
+        self.dispatcher.arrived(pending.arrival_us)
         return True
 
     def _readmit(self, waiters: Iterable[Pending], now_us: int, expired: list[Pending]) -> None:

@@ -22,7 +22,10 @@
   in flight), ties to the one that was sent a batch longest ago (round robin when idle).
 * Delayed batching. With fewer requests queued than the replica's current maximum, wait up
   to ``batch_delay_us`` measured from the oldest queued request's arrival for more to come;
-  worth it when a batch has a high fixed cost (Nagle's argument).
+  worth it when a batch has a high fixed cost (Nagle's argument). A request that came alone
+  (more than the delay after the one before it) does not wait: the gap says the next is not
+  due within the delay, so waiting would add latency and no batch (as Nagle's algorithm sends
+  at once when nothing is outstanding). Requests in a run wait as before.
 
 Each replica has its own AIMD state. Time is always passed in, so tests inject the clock.
 """
@@ -136,6 +139,8 @@ class Dispatcher:
         self.credit_lead_us = credit_lead_us
         self.credit_lead_fraction = credit_lead_fraction
         self.replicas: list[Replica] = []
+        self._last_arrival_us: int | None = None
+        self.alone = False  # the latest request came more than the delay after the one before
         self._by_batch: dict[str, InFlight] = {}
         self._reclaimed: dict[str, InFlight] = {}
         self.resize(replicas)
@@ -177,12 +182,19 @@ class Dispatcher:
         times = [t for t in (self.ready_at_us(r) for r in self.replicas) if t is not None]
         return min(times) if times else None
 
+    def arrived(self, arrival_us: int) -> None:
+        """A request joined the queue at ``arrival_us``: note whether it came alone."""
+        last = self._last_arrival_us
+        self.alone = last is None or arrival_us - last > self.batch_delay_us
+        self._last_arrival_us = arrival_us if last is None else max(last, arrival_us)
+
     def decide(self, queued: int, oldest_arrival_us: int | None, now_us: int) -> Decision:
         """Send now, wait (delayed batching), or stay idle.
 
         A full batch (``queued >= max``) goes at once, to a busy replica too if it has credit.
-        A short queue waits until the oldest request has been queued ``batch_delay_us``, and
-        for a busy replica until just in time; then whatever is there goes.
+        A short queue waits until the oldest request has been queued ``batch_delay_us`` (not
+        one request that came alone), and for a busy replica until just in time; then whatever
+        is there goes.
         """
         if queued <= 0:
             return IDLE
@@ -192,6 +204,8 @@ class Dispatcher:
         limit = replica.aimd.max_batch_size
         if queued >= limit:
             return Decision(replica.index, limit)
+        if queued == 1 and self.alone:
+            return Decision(replica.index, 1)
         start = now_us if oldest_arrival_us is None else oldest_arrival_us
         send_at = start + self.batch_delay_us
         if now_us >= send_at:

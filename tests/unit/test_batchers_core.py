@@ -46,6 +46,7 @@ def test_batches_edf_up_to_max_and_records_encode():
 
 def test_delayed_batching_then_send_after_stats_return_credit():
     c = core(start=4, delay=2_000)
+    c.dispatcher.arrived(0)  # a request came just before: "a" comes in a run
     c.admit(req("a", 10_000, x=1, arrival=100))
     step = c.poll(now_us=100)
     assert step.batches == [] and step.wake_us == 2_100
@@ -55,6 +56,13 @@ def test_delayed_batching_then_send_after_stats_return_credit():
     bid = step.batches[0].record.batch_id
     assert c.on_stats(stats(bid, 2, 500)) == []
     assert c.dispatcher.replicas[0].credit == 1
+
+
+def test_a_request_that_came_alone_is_not_delayed():
+    c = core(start=4, delay=2_000)
+    c.admit(req("a", 10_000, x=1, arrival=100))
+    step = c.poll(now_us=150)
+    assert [len(b.record.items) for b in step.batches] == [1]
 
 
 def test_identical_misses_are_evaluated_once_and_waiters_get_the_value():

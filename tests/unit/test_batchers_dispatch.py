@@ -160,3 +160,18 @@ def test_a_batch_waits_for_the_device_then_takes_its_own_service_time():
     d.sent(0, "running", 4, now_us=100_000)  # device busy until 200 ms
     assert r.wait_us(now_us=190_000) == 10_000
     assert r.wait_us(now_us=250_000) == 0  # overdue: no negative wait
+
+
+def test_a_request_that_came_alone_goes_at_once_and_one_in_a_run_waits():
+    d = make(delay=2_000)
+    d.arrived(1_000)  # the first: nothing came before it
+    dec = d.decide(queued=1, oldest_arrival_us=1_000, now_us=1_100)
+    assert dec.send and dec.size == 1
+    d.arrived(10_000)  # 9 ms after the last: alone again
+    assert d.decide(queued=1, oldest_arrival_us=10_000, now_us=10_050).send
+    d.arrived(10_500)  # half a millisecond after: a run, so it waits for company
+    dec = d.decide(queued=1, oldest_arrival_us=10_500, now_us=10_600)
+    assert not dec.send and dec.wake_us == 12_500
+    d.arrived(10_700)
+    assert not d.decide(queued=2, oldest_arrival_us=10_500, now_us=10_800).send
+    assert d.decide(queued=2, oldest_arrival_us=10_500, now_us=12_500).size == 2

@@ -100,7 +100,7 @@ def v2_bodies(inputs: np.ndarray) -> list[bytes]:
 
 
 def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.0,
-         inputs: np.ndarray | None = None) -> dict[str, Any]:
+         inputs: np.ndarray | None = None, slo_ms: float = SLO_MS, app: str = APP) -> dict[str, Any]:
     """One open-loop step: the load summary, µs of CPU per query by process, refusals."""
     times = load.arrival_times(rate, 1.0, seconds, seed)
     x = load.unique_inputs(len(times), seed=seed * 7919 + int(rate)) if inputs is None else inputs
@@ -108,14 +108,14 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     procs = t.processes()
     broker = next((pid for pid, name in procs.items() if name == "kafka"), None)
     c0, j0 = cpu_snapshot(procs), jit_cpu_s(broker) if broker else None
-    run = run_gateway(t.url, APP, bodies, times, path=t.path)
+    run = run_gateway(t.url, app, bodies, times, path=t.path)
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     j1 = jit_cpu_s(broker) if broker else None
     if j0 is not None and j1 is not None and "kafka" in cpu:
         # a fresh broker compiles for minutes: its JIT's share is shown apart, still in the total
         cpu["kafka (JIT)"] = round(j1 - j0, 3)
         cpu["kafka"] = round(cpu["kafka"] - cpu["kafka (JIT)"], 3)
-    s = run.summary(SLO_MS, warmup_s)
+    s = run.summary(slo_ms, warmup_s)
     n = max(1, len(times))
     per = {k: round(v * 1e6 / n, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
     # a refused query costs little: under overload the CPU per query sent flatters the system
@@ -125,7 +125,7 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
              cpu_us_per_answered_query=round(sum(cpu.values()) * 1e6 / answered, 1),
              generator_cpu_us_per_query=round(run.cpu_s * 1e6 / n, 1),
              refused=sum(r.status == 503 for r in run.results),
-             ok=bool(s["effective_ms"]["p99"] <= SLO_MS and s["error"] == 0 and s["lost"] == 0))
+             ok=bool(s["effective_ms"]["p99"] <= slo_ms and s["error"] == 0 and s["lost"] == 0))
     say(f"  {t.name} {rate:6.0f} q/s: p50 {s['latency_ms']['p50']:.1f} ms, p99 {s['effective_ms']['p99']:.1f} ms "
         f"(effective), goodput {s['goodput_qps']:.0f}, errors {s['error']}, lost {s['lost']}, defaults "
         f"{s['default']}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}")

@@ -10,7 +10,7 @@ import pytest
 
 from bench.accel_model import CLOCKWORK_MS, Model, latency_ms
 from bench.cost import summarize, v2_bodies
-from bench.figures import cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver
+from bench.figures import NO, YES, cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, ensemble
 
 
 def test_latency_is_the_table_at_its_points_and_linear_between_and_beyond() -> None:
@@ -68,3 +68,14 @@ def test_the_summary_and_the_figures_rows_judge_each_target() -> None:
 def test_no_mlserver_rate_gives_no_ratio() -> None:
     s = summarize({"clipstream": _system(900, 800), "mlserver": _system(1200, 0)})
     assert s["vs_mlserver"] is None
+
+
+def test_the_ensemble_row_judges_the_rate_against_three_times_the_baseline() -> None:
+    def report(rate: float) -> dict:
+        step = {"rate": rate, "cpu_us_per_query_total": 5000.0}
+        return {"settings": {"baseline_qps": 130.0, "target_x": 3.0, "slo_ms": 150.0}, "max_rate_qps": rate,
+                "search": [step], "closed_loop": {"callers": 4, "qps": 120.0, "p99_ms": 80.0}}
+
+    measured, ok = ensemble(report(400.0))
+    assert ok == YES and "400 q/s" in measured and "3.08x" in measured and "5,000 µs" in measured
+    assert ensemble(report(300.0))[1] == NO

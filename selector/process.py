@@ -65,7 +65,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
                        context_ttl_s=ss.context_state_ttl_s, max_contexts=ss.max_contexts)
     store.redis.ping()
     guard = RedisGuard(store.redis.ping, name="selector")  # join and learn share what they find
-    saver = PredictionSaver(store, guard).start() if join else None
+    saver = PredictionSaver(store, guard, gather_s=ss.save_gather_ms / 1000.0).start() if join else None
     apps = Apps(follower.view, ss.policy_imports)
     dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
     waiting = {"join"} if join else set()

@@ -4,6 +4,11 @@ The join answers the caller first and stores what it combined for ``selector.lea
 A thread writes them (a pipeline per group), so a slow or frozen Redis never holds up an
 answer; while Redis is away the records wait here, bounded, and go out once it is back, so
 feedback on queries answered during an outage can still be joined.
+
+The thread gathers for ``gather_s`` after the first record of a group, and ``put`` wakes it
+only when the queue was empty: one wake-up and one Redis round trip serve every query answered
+meanwhile, not each on its own. Feedback that comes before its query is stored is retried by
+the learner, so the short wait costs no feedback.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ log = logging.getLogger("selector")
 class PredictionSaver:
     """A bounded queue of stored predictions and the thread that writes them to Redis."""
 
-    def __init__(self, store: StateStore, guard: RedisGuard, capacity: int = 100_000, group_max: int = 500) -> None:
-        self.store, self.guard = store, guard
+    def __init__(self, store: StateStore, guard: RedisGuard, capacity: int = 100_000, group_max: int = 500,
+                 gather_s: float = 0.02) -> None:
+        self.store, self.guard, self.gather_s = store, guard, gather_s
         self._queue: deque[tuple[int, str, str]] = deque()  # (seq, query id, JSON)
         self._seq = 0
         self._capacity, self._group_max = capacity, group_max
@@ -47,7 +53,8 @@ class PredictionSaver:
                 self.stats["dropped"] += 1
             self._seq += 1
             self._queue.append((self._seq, query_id, value))
-            self._cond.notify()
+            if len(self._queue) == 1:  # the writer waits only on an empty queue
+                self._cond.notify()
 
     def pending(self) -> int:
         with self._cond:
@@ -68,6 +75,8 @@ class PredictionSaver:
                     self._cond.wait()
                 if not self._queue:
                     return
+                if self.gather_s > 0 and not self._stop:
+                    self._cond.wait(self.gather_s)  # the group grows; only ``close`` cuts it short
                 group = [self._queue[i] for i in range(min(self._group_max, len(self._queue)))]
             if not self.guard.available():
                 if self._stop:

@@ -136,6 +136,31 @@ def test_stored_predictions_wait_for_redis_and_go_out_after() -> None:
     guard.close()
 
 
+def test_stored_predictions_answered_within_the_gather_window_share_one_round_trip() -> None:
+    r = Flaky()
+    executes: list[int] = []
+    pipeline = r.pipeline
+
+    def counted(transaction: bool = False) -> Any:
+        p = pipeline(transaction)
+        run = p.execute
+        p.execute = lambda: (executes.append(1), run())
+        return p
+
+    r.pipeline = counted  # type: ignore[method-assign]
+    guard = RedisGuard(r.ping, probe_every_s=0.01)
+    saver = PredictionSaver(StateStore(r), guard, gather_s=0.5).start()  # type: ignore[arg-type]
+    for i in range(10):
+        saver.put(f"q{i}", {"app": "a", "i": i})
+    wait_until(lambda: saver.pending() == 0, 5, "the ten predictions to be written")
+    assert len(executes) == 1 and len([k for k in r.data if k.startswith("cs:pred:")]) == 10
+    saver.put("late", {"app": "a"})  # the writer waits on an empty queue again: put wakes it
+    wait_until(lambda: "cs:pred:late" in r.data, 5, "a put after the group to be written")
+    assert len(executes) == 2
+    saver.close()
+    guard.close()
+
+
 Msg = partial(FakeMsg, b"", "fb")  # Msg(partition, offset) on the feedback topic
 
 

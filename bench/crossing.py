@@ -47,6 +47,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "linger 1 ms": ({"linger.ms": 1}, {}),
     "acks=1, no idempotence": ({"acks": 1, "enable.idempotence": False}, {}),
 }
+# the stages' settings, with the same records/s sent this many at a time: what a crossing
+# costs when a record shares its wake-ups and requests with others (a stage's group or batch)
+BURSTS = {"stages' settings, bursts of 8": 8}
 
 
 def _cpu_s(pid: int) -> float:
@@ -67,8 +70,9 @@ def _produce_requests(stats: dict[str, Any]) -> int:
 
 
 def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
-             producer_extra: dict[str, Any], consumer_extra: dict[str, Any]) -> dict[str, Any]:
-    """One open-loop run of ``rate`` records/s over a fresh one-partition topic."""
+             producer_extra: dict[str, Any], consumer_extra: dict[str, Any], burst: int = 1) -> dict[str, Any]:
+    """One open-loop run of ``rate`` records/s over a fresh one-partition topic, ``burst``
+    records back to back at a time."""
     topic = f"crossing-{uuid.uuid4().hex[:8]}"
     admin = AdminClient(admin_config(settings))
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
@@ -99,7 +103,7 @@ def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
     c0, b0, j0 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
     start = time.perf_counter()
     for i in range(n):
-        due = start + i / rate
+        due = start + (i - i % burst) / rate
         while (left := due - time.perf_counter()) > 0:
             time.sleep(left)
         producer.produce(topic, f"{time.perf_counter():20.6f}".encode() + payload)
@@ -126,7 +130,7 @@ def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
     fig, axes = figure(size=(7, 4))
     ax = axes[0][0]
-    for name in VARIANTS:
+    for name in [*VARIANTS, *BURSTS]:
         mine = [r for r in rows if r["variant"] == name]
         ax.plot([r["rate"] for r in mine], [r["broker_cpu_us_per_record"] for r in mine], marker="o", label=name)
     ax.set_xscale("log")
@@ -155,8 +159,10 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             idle = idle_cores(status.kafka_pid)
             say(f"  the broker idles at {idle:.3f} of a core (in each row's figure, spread over its records)")
             for rate in RATES:  # variants side by side at each rate, so a drift does not favour one
-                for name, (prod, cons) in VARIANTS.items():
-                    row = {"variant": name, **crossing(settings, status.kafka_pid, rate, seconds, prod, cons)}
+                runs = [(name, prod, cons, 1) for name, (prod, cons) in VARIANTS.items()]
+                runs += [(name, {}, {}, burst) for name, burst in BURSTS.items()]
+                for name, prod, cons, burst in runs:
+                    row = {"variant": name, **crossing(settings, status.kafka_pid, rate, seconds, prod, cons, burst)}
                     rows.append(row)
                     say(f"  {name:24s} {rate:6.0f}/s: broker {row['broker_cpu_us_per_record']:6.0f} µs, clients "
                         f"{row['clients_cpu_us_per_record']:6.0f} µs per record; {row['records_per_produce_request']} "

@@ -306,8 +306,12 @@ def ensemble(r: dict[str, Any]) -> Result:
 def crossing(r: dict[str, Any]) -> Result:
     row = next(x for x in get(r, "rows") if x["variant"] == "stages' settings" and x["rate"] == 300.0)
     floor = get(r, "broker_floor_us_per_query", "300")
+    burst = next((x for x in get(r, "rows") if x["variant"].startswith("stages' settings, bursts") and x["rate"] == 300.0),
+                 None)
+    shared = (f"; sent in bursts of 8: broker {burst['broker_cpu_us_per_record']:,.0f} + clients "
+              f"{burst['clients_cpu_us_per_record']:,.0f} µs") if burst else ""
     return (f"broker {row['broker_cpu_us_per_record']:,.0f} µs + clients {row['clients_cpu_us_per_record']:,.0f} µs "
-            f"per crossing; x{get(r, 'crossings_per_query')} per query = broker alone {floor:,.0f} µs"), NONE
+            f"per crossing; x{get(r, 'crossings_per_query')} per query = broker alone {floor:,.0f} µs{shared}"), NONE
 
 
 # (figure, target, report, function)

@@ -25,7 +25,7 @@ from clipstream.settings import Settings
 from registry.repository import Repository
 from registry.spec import ModelSpec
 from schemas import App, Link, Model, Record, decode_as, encode
-from topics.admin import ensure_core_topics, watermarks
+from topics.admin import ensure_core_topics, learn_leaders, watermarks
 from topics.catalogue import Catalogue, check_name
 from topics.client import consumer_config, producer_config
 from topics.deadletters import DeadLetters
@@ -196,13 +196,16 @@ class RegistryFollower:
         )
         consumer = Consumer(conf)
         try:
+            learn_leaders(consumer, [self._topic])
             tp = TopicPartition(self._topic, 0, OFFSET_BEGINNING)
             consumer.assign([tp])
             _, high = watermarks(consumer, tp)
             if high <= 0:
                 self._ready.set()
             while not self._stop.is_set():
-                msgs = consumer.consume(500, timeout=0.1)
+                # consume waits out its timeout unless 500 records come: short until caught up,
+                # as every stage's start waits for that
+                msgs = consumer.consume(500, timeout=0.1 if self._ready.is_set() else 0.01)
                 if not msgs and not self._ready.is_set():
                     # compaction leaves gaps in offsets: compare the position, not the last offset
                     pos = consumer.position([tp])[0].offset

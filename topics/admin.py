@@ -104,6 +104,15 @@ def ensure_model_topics(settings: Settings, model: str, replicas: int = 1) -> li
     return ensure_topics(settings, Catalogue.from_settings(settings).for_model(model, replicas))
 
 
+def learn_leaders(consumer: Consumer, topics: Iterable[str], timeout_s: float = 10.0) -> None:
+    """Load the topics' metadata into ``consumer`` before it is assigned partitions at a
+    logical offset (beginning, end): librdkafka looks such an offset up only once it knows the
+    partition's leader, and one it does not know yet is looked up again half a second later,
+    which every stage's start would wait out."""
+    for topic in dict.fromkeys(topics):
+        consumer.list_topics(topic, timeout=timeout_s)
+
+
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> tuple[int, int]:
     """Low and high offsets of a partition, retried while a fresh topic has no leader yet.
 

@@ -28,7 +28,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard, sync_client
 from clipstream.settings import Settings
 from schemas import Batch, Record, decode_as, encode
-from topics.admin import ensure_model_topics, ensure_topics
+from topics.admin import ensure_model_topics, ensure_topics, learn_leaders
 from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
 from topics.emitter import Emitter
@@ -103,6 +103,7 @@ class Worker:
         # librdkafka at assign time: on a fresh broker its one attempt can fail and stall the partition
         # (its committed offset, else the partition's start: ``topics.offsets.committed_offset``)
         tp = TopicPartition(self.batches_topic, self.replica)
+        learn_leaders(self.consumer, [tp.topic])  # a first start begins at a logical offset
         self.consumer.assign([TopicPartition(tp.topic, tp.partition,
                                              committed_offset(self.consumer, tp, self.ws.start_timeout_s))])
         self._first = self._first_fetch(self.ws.start_timeout_s)

@@ -135,26 +135,36 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
 def measure(t: Target, quick: bool, seed0: int) -> dict[str, Any]:
     """CPU per query at 100 and 300 q/s, then the search for the highest rate within the SLO."""
     cpu_s = 6.0 if quick else 10.0
-    out: dict[str, Any] = {"cpu": {}, "search": []}
+    out: dict[str, Any] = {"cpu": {}}
     for i, rate in enumerate(CPU_RATES):
         out["cpu"][f"{rate:g}"] = step(t, rate, cpu_s + 1.0, seed0 + i, warmup_s=1.0)
     out["light_p50_ms"] = out["cpu"]["100"]["latency_ms"]["p50"]
-    misses = 0
-    for i, rate in enumerate(QUICK_SEARCH if quick else SEARCH):
-        s = step(t, rate, 5.0 if quick else 7.0, seed0 + 10 + i, warmup_s=1.0)
-        out["search"].append(s)
-        misses = 0 if s["ok"] else misses + 1
-        if misses >= (1 if quick else 2):
-            break
-    for i, rate in enumerate(DOWN if not any(s["ok"] for s in out["search"]) else ()):
-        s = step(t, rate, 5.0 if quick else 7.0, seed0 + 30 + i, warmup_s=1.0)  # below the first step
-        out["search"].append(s)
-        if s["ok"]:
-            break
-    ok = [s["rate"] for s in out["search"] if s["ok"]]
-    out["max_rate_qps"] = max(ok) if ok else 0.0
+    out["search"] = search(t, QUICK_SEARCH if quick else SEARCH, DOWN, quick, seed0 + 10)
+    out["max_rate_qps"] = highest_ok(out["search"])
     say(f"  {t.name}: highest rate within the SLO without refusals {out['max_rate_qps']:g} q/s")
     return out
+
+
+def search(t: Target, up: tuple[float, ...], down: tuple[float, ...], quick: bool, seed0: int,
+           slo_ms: float = SLO_MS, app: str = APP) -> list[dict[str, Any]]:
+    """Steps up ``up`` until one (quick) or two in a row miss the SLO; if none passed, down
+    ``down`` until one does."""
+    seconds, steps, misses = 5.0 if quick else 7.0, [], 0
+    for i, rate in enumerate(up):
+        steps.append(step(t, rate, seconds, seed0 + i, warmup_s=1.0, slo_ms=slo_ms, app=app))
+        misses = 0 if steps[-1]["ok"] else misses + 1
+        if misses >= (1 if quick else 2):
+            break
+    for i, rate in enumerate(down if not any(s["ok"] for s in steps) else ()):
+        steps.append(step(t, rate, seconds, seed0 + 20 + i, warmup_s=1.0, slo_ms=slo_ms, app=app))
+        if steps[-1]["ok"]:
+            break
+    return steps
+
+
+def highest_ok(steps: list[dict[str, Any]]) -> float:
+    """The highest rate of a step within the SLO without refusals (0 when none)."""
+    return max((s["rate"] for s in steps if s["ok"]), default=0.0)
 
 
 # --- clipstream ---------------------------------------------------------------------------

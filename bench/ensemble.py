@@ -29,7 +29,7 @@ import numpy as np
 
 from bench import load
 from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_json
-from bench.cost import Target, step
+from bench.cost import Target, highest_ok, search
 from bench.machine import machine_info
 
 APP = "digits"
@@ -74,20 +74,8 @@ def run(quick: bool) -> dict[str, Any]:
             out: dict[str, Any] = {"models": list(accuracy), "startup_s": round(pipe.started_s, 1)}
             out["closed_loop"] = closed(pipe.url, 400 if quick else 1200)
             t = Target("clipstream", pipe.url, f"/v1/apps/{APP}/predict", load.json_bodies, pipe.processes)
-            out["search"], misses = [], 0
-            for i, rate in enumerate(QUICK_SEARCH if quick else SEARCH):
-                s = step(t, rate, 5.0 if quick else 7.0, 200 + i, warmup_s=1.0, slo_ms=SLO_MS, app=APP)
-                out["search"].append(s)
-                misses = 0 if s["ok"] else misses + 1
-                if misses >= (1 if quick else 2):
-                    break
-            for i, rate in enumerate(DOWN if not any(s["ok"] for s in out["search"]) else ()):
-                s = step(t, rate, 5.0 if quick else 7.0, 230 + i, warmup_s=1.0, slo_ms=SLO_MS, app=APP)
-                out["search"].append(s)
-                if s["ok"]:
-                    break
-    ok = [s["rate"] for s in out["search"] if s["ok"]]
-    out["max_rate_qps"] = max(ok) if ok else 0.0
+            out["search"] = search(t, QUICK_SEARCH if quick else SEARCH, DOWN, quick, 200, slo_ms=SLO_MS, app=APP)
+    out["max_rate_qps"] = highest_ok(out["search"])
     out["vs_baseline"] = round(out["max_rate_qps"] / BASELINE_QPS, 2)
     say(f"ensemble: highest rate within the SLO without refusals {out['max_rate_qps']:g} q/s = "
         f"{out['vs_baseline']:.2f}x the issue's {BASELINE_QPS:g} q/s")

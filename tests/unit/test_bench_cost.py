@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from bench.accel_model import CLOCKWORK_MS, Model, latency_ms
-from bench.cost import summarize, v2_bodies
+from bench import cost
+from bench.cost import highest_ok, search, summarize, v2_bodies
 from bench.figures import NO, YES, cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, ensemble
 
 
@@ -79,3 +80,18 @@ def test_the_ensemble_row_judges_the_rate_against_three_times_the_baseline() -> 
     measured, ok = ensemble(report(400.0))
     assert ok == YES and "400 q/s" in measured and "3.08x" in measured and "5,000 µs" in measured
     assert ensemble(report(300.0))[1] == NO
+
+
+def test_the_search_steps_up_until_two_misses_and_down_only_when_nothing_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_step(t, rate, seconds, seed, warmup_s=1.0, slo_ms=50.0, app="a"):  # type: ignore[no-untyped-def]
+        return {"rate": rate, "ok": rate <= limit}
+
+    monkeypatch.setattr(cost, "step", fake_step)
+    limit = 400.0
+    steps = search(None, (300.0, 400.0, 500.0, 600.0, 700.0), (200.0, 100.0), False, 0)  # type: ignore[arg-type]
+    assert [s["rate"] for s in steps] == [300.0, 400.0, 500.0, 600.0] and highest_ok(steps) == 400.0
+    limit = 150.0
+    steps = search(None, (300.0, 400.0, 500.0), (200.0, 100.0, 50.0), True, 0)  # type: ignore[arg-type]
+    assert [s["rate"] for s in steps] == [300.0, 200.0, 100.0] and highest_ok(steps) == 100.0
+    limit = 0.0
+    assert highest_ok(search(None, (300.0,), (200.0,), True, 0)) == 0.0  # type: ignore[arg-type]

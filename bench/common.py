@@ -127,6 +127,12 @@ class Pipeline:
         self.log(f"  pipeline ready in {self.started_s:.0f}s at {self.url}")
         return self
 
+    @property
+    def broker_port(self) -> int | None:
+        """The port of the (first) broker the stages send to."""
+        first = self.kafka.split(",")[0]
+        return int(first.rsplit(":", 1)[1]) if ":" in first else None
+
     def settings(self) -> Any:
         from clipstream.settings import get_settings
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import load
+from bench import load, trips
 from bench.common import OUT, Pipeline, figure, free_port, save_figure, say, wait_warm, warm_up, write_app_file, write_json
 from bench.load_http import run_gateway
 from bench.machine import cpu_delta, cpu_snapshot, descendants, jit_cpu_s, machine_info
@@ -91,6 +91,7 @@ class Target:
     path: str
     bodies: Callable[[np.ndarray], list[bytes]]
     processes: Callable[[], dict[int, str]]
+    broker_port: int | None = None  # where its stages send their Kafka requests (None: no Kafka)
 
 
 def v2_bodies(inputs: np.ndarray) -> list[bytes]:
@@ -108,8 +109,10 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     procs = t.processes()
     broker = next((pid for pid, name in procs.items() if name == "kafka"), None)
     c0, j0 = cpu_snapshot(procs), jit_cpu_s(broker) if broker else None
+    k0, w0 = trips.broker_segments(procs, t.broker_port) if t.broker_port else None, trips.context_switches(procs)
     run = run_gateway(t.url, app, bodies, times, path=t.path)
     cpu = cpu_delta(c0, cpu_snapshot(procs))
+    k1, w1 = trips.broker_segments(procs, t.broker_port) if t.broker_port else None, trips.context_switches(procs)
     j1 = jit_cpu_s(broker) if broker else None
     if j0 is not None and j1 is not None and "kafka" in cpu:
         # a fresh broker compiles for minutes: its JIT's share is shown apart, still in the total
@@ -125,10 +128,13 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
              cpu_us_per_answered_query=round(sum(cpu.values()) * 1e6 / answered, 1),
              generator_cpu_us_per_query=round(run.cpu_s * 1e6 / n, 1),
              refused=sum(r.status == 503 for r in run.results),
+             kafka_requests_per_query=trips.per_query(k0, k1, n),
+             context_switches_per_query=trips.per_query(w0, w1, n),
              ok=bool(s["effective_ms"]["p99"] <= slo_ms and s["error"] == 0 and s["lost"] == 0))
     say(f"  {t.name} {rate:6.0f} q/s: p50 {s['latency_ms']['p50']:.1f} ms, p99 {s['effective_ms']['p99']:.1f} ms "
         f"(effective), goodput {s['goodput_qps']:.0f}, errors {s['error']}, lost {s['lost']}, defaults "
-        f"{s['default']}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}")
+        f"{s['default']}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}"
+        + (f"; Kafka requests/query {s['kafka_requests_per_query']}" if s["kafka_requests_per_query"] else ""))
     return s
 
 
@@ -187,7 +193,7 @@ def run_clipstream(quick: bool) -> dict[str, Any]:
         wait_warm(pipe.url, APP, load.json_bodies(load.unique_inputs(1))[0])
         warm_up(pipe, APP, mode="gateway")
         t = Target("clipstream", pipe.url, f"/v1/apps/{APP}/predict", lambda x: load.json_bodies(x, SLO_MS),
-                   pipe.processes)
+                   pipe.processes, pipe.broker_port)
         out = measure(t, quick, 100)
         # the cache-hit round trip: one input again and again at a light rate
         one = load.unique_inputs(1, seed=4242)

@@ -73,7 +73,7 @@ def run(quick: bool) -> dict[str, Any]:
             warm_up(pipe, APP, mode="gateway")
             out: dict[str, Any] = {"models": list(accuracy), "startup_s": round(pipe.started_s, 1)}
             out["closed_loop"] = closed(pipe.url, 400 if quick else 1200)
-            t = Target("clipstream", pipe.url, f"/v1/apps/{APP}/predict", load.json_bodies, pipe.processes)
+            t = Target("clipstream", pipe.url, f"/v1/apps/{APP}/predict", load.json_bodies, pipe.processes, pipe.broker_port)
             out["search"] = search(t, QUICK_SEARCH if quick else SEARCH, DOWN, quick, 200, slo_ms=SLO_MS, app=APP)
     out["max_rate_qps"] = highest_ok(out["search"])
     out["vs_baseline"] = round(out["max_rate_qps"] / BASELINE_QPS, 2)

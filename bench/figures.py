@@ -271,6 +271,9 @@ def cost_cpu(rate: str, target: float) -> Callable[[dict[str, Any]], Result]:
         split = ", ".join(f"{k} {v:,.0f}" for k, v in per.items())
         answered = c.get("cpu_us_per_answered_query")
         also = f"; {answered:,.0f} µs per query answered" if answered is not None else ""
+        trips = c.get("kafka_requests_per_query")
+        if trips:
+            also += f"; {sum(trips.values()):.1f} Kafka requests per query"
         return f"{total:,.0f} µs ({split}){also}", met(total <= target)
     return figure
 

@@ -1,5 +1,5 @@
-"""Per-query cost (issue 33): CPU per query over every process, the highest rate within the SLO
-through the gateway, and MLServer beside it on the same model, the same load, in the same run.
+"""Per-query cost: CPU per query over every process, the highest rate within the SLO through the
+gateway, and MLServer and Ray Serve beside it on the same model, the same load, in the same run.
 
 The model is the python-backend class ``bench.accel_model`` (a device lock, then a sleep of
 Clockwork's ResNet-50 batch latency), one replica, in a ``policy: single`` app with a 50 ms SLO
@@ -9,20 +9,21 @@ Poisson load posts distinct inputs to ``POST /v1/apps/{app}/predict`` (``bench.l
 For each system:
 
 - CPU per query at 100 and 300 q/s: utime + stime from /proc of every process (broker JVM,
-  Redis, gateway, both selectors, batcher, worker, ``up``; MLServer and its children) over the
-  step, divided by the queries sent, per process;
+  Redis, gateway, both selectors, batcher, worker, ``up``; every process of MLServer or Ray)
+  over the step, divided by the queries sent, per process; for clipstream also the requests
+  each process sent to the broker and its context switches, per query (``bench.trips``);
 - the highest offered rate whose effective p99 is within the SLO (every default, error, lost or
   late answer counts as infinitely slow) with no refusal (no error status): a short search;
 - the p50 at 100 q/s (light load); for clipstream also the cache-hit round trip (one input
   again and again at a light rate).
 
-MLServer 1.7.1 is installed by this benchmark into a virtualenv of its own
-(``~/.cache/clipstream/mlserver-1.7.1``, never a project dependency) and serves the same class
-through a small runtime with adaptive batching (32 items or 2 ms); its V2 inference route gets
-the same arrival times and inputs. The two systems run one after the other, never together:
-they share the machine's cores with the load generator.
+MLServer 1.7.1 and Ray Serve 2.60.0 are installed by this benchmark into virtualenvs of their
+own (``bench.baselines``, never project dependencies) and serve the same class with adaptive
+batching (32 items or 2 ms); their V2 inference routes get the same arrival times and inputs.
+The systems run one after the other, never together: they share the machine's cores with the
+load generator.
 
-    .venv/bin/python -m bench.cost [--quick] [--only clipstream|mlserver] [--name cost]
+    .venv/bin/python -m bench.cost [--quick] [--only clipstream|mlserver|rayserve] [--name cost]
 """
 
 from __future__ import annotations
@@ -30,11 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,44 +40,20 @@ from typing import Any
 import numpy as np
 
 from bench import load, trips
-from bench.common import OUT, Pipeline, figure, free_port, save_figure, say, wait_warm, warm_up, write_app_file, write_json
+from bench.baselines import MAX_BATCH, MAX_WAIT_S, SETTINGS, MLServer, RayServe, Server
+from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_app_file, write_json
 from bench.load_http import run_gateway
-from bench.machine import cpu_delta, cpu_snapshot, descendants, jit_cpu_s, machine_info
+from bench.machine import cpu_delta, cpu_snapshot, jit_cpu_s, machine_info
 
 APP = "accel"
 SLO_MS = 50.0
 CPU_RATES = (100.0, 300.0)
 SEARCH = (300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0, 1100.0)
 QUICK_SEARCH = (300.0, 500.0, 800.0)
+BASELINES: dict[str, type[Server]] = {"mlserver": MLServer, "rayserve": RayServe}
 DOWN = (200.0, 100.0)  # when even the first step misses
-MLSERVER_VERSION = "1.7.1"
-MLSERVER_VENV = Path.home() / ".cache" / "clipstream" / f"mlserver-{MLSERVER_VERSION}"
 TARGETS = {"cpu_us_300": 1000.0, "cpu_us_100": 1500.0, "max_rate_qps": 800.0, "vs_mlserver": 2.0,
            "light_p50_ms": 10.0, "cache_hit_p50_ms": 10.0}
-
-RUNTIME_SOURCE = '''
-import asyncio
-
-from mlserver import MLModel
-from mlserver.codecs import NumpyCodec
-from mlserver.types import InferenceRequest, InferenceResponse
-
-from accel_model import Model
-
-
-class AccelRuntime(MLModel):
-    """bench.accel_model behind MLServer: the blocking device call runs off the event loop."""
-
-    async def load(self) -> bool:
-        self.model = Model()
-        return True
-
-    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
-        x = NumpyCodec.decode_input(payload.inputs[0])
-        y = await asyncio.to_thread(self.model.predict_batch, x)
-        return InferenceResponse(model_name=self.name, outputs=[NumpyCodec.encode_output("scores", y)])
-'''
-
 
 @dataclass
 class Target:
@@ -206,80 +179,11 @@ def run_clipstream(quick: bool) -> dict[str, Any]:
 # --- MLServer -----------------------------------------------------------------------------
 
 
-def mlserver_venv() -> Path:
-    """MLServer in a virtualenv of its own, installed once (pip, from PyPI)."""
-    exe = MLSERVER_VENV / "bin" / "mlserver"
-    if exe.exists():
-        return exe
-    say(f"cost: installing MLServer {MLSERVER_VERSION} into {MLSERVER_VENV} (once)")
-    MLSERVER_VENV.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
-    subprocess.run([str(MLSERVER_VENV / "bin" / "pip"), "install", "-q", f"mlserver=={MLSERVER_VERSION}"], check=True)
-    return exe
-
-
-class MLServer:
-    """``mlserver start`` on a folder with the runtime and the model class; stopped on exit."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> "MLServer":
-        exe = mlserver_venv()
-        model = self.root / APP
-        model.mkdir(parents=True, exist_ok=True)
-        (model / "accel_model.py").write_text((Path(__file__).parent / "accel_model.py").read_text())
-        (model / "runtime.py").write_text(RUNTIME_SOURCE)
-        (model / "model-settings.json").write_text(json.dumps({
-            "name": APP, "implementation": "runtime.AccelRuntime", "max_batch_size": 32, "max_batch_time": 0.002}))
-        # inference in the server process itself (no worker pool and its IPC), metrics off: its
-        # cheapest setting on a small machine
-        (self.root / "settings.json").write_text(json.dumps({
-            "http_port": self.port, "grpc_port": free_port(), "metrics_port": free_port(),
-            "parallel_workers": 0, "metrics_endpoint": None, "debug": False}))
-        log = open(self.root / "mlserver.log", "wb")
-        self.proc = subprocess.Popen([str(exe), "start", str(self.root)], cwd=self.root, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        import httpx
-
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlserver exited: {(self.root / 'mlserver.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/v2/models/{APP}/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.__exit__()
-        raise RuntimeError("mlserver did not get ready in 120 s")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def processes(self) -> dict[int, str]:
-        if self.proc is None:
-            return {}
-        return {self.proc.pid: "mlserver", **{p: "mlserver" for p in descendants(self.proc.pid)}}
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-
-def run_mlserver(quick: bool) -> dict[str, Any]:
-    say(f"cost: MLServer {MLSERVER_VERSION}, the same class, adaptive batching (32 items or 2 ms)")
-    with tempfile.TemporaryDirectory(prefix="bench-cost-mls-") as tmp, MLServer(Path(tmp)) as srv:
-        t = Target("mlserver", srv.url, f"/v2/models/{APP}/infer", v2_bodies, srv.processes)
+def run_baseline(server: type[Server], quick: bool) -> dict[str, Any]:
+    """One in-process server (``bench.baselines``) under the same steps as clipstream."""
+    say(f"cost: {server.name}, the same class, adaptive batching ({MAX_BATCH} items or {MAX_WAIT_S * 1e3:g} ms)")
+    with tempfile.TemporaryDirectory(prefix=f"bench-cost-{server.name}-") as tmp, server(Path(tmp)) as srv:
+        t = Target(server.name, srv.url, server.route, v2_bodies, srv.processes)
         step(t, 150.0, 6.0, 7)  # warm-up, not reported
         return measure(t, quick, 100)
 
@@ -297,12 +201,13 @@ def summarize(systems: dict[str, Any]) -> dict[str, Any]:
                  per_process_100=c["cpu"]["100"]["cpu_us_per_query"],
                  max_rate_qps=c["max_rate_qps"], light_p50_ms=c["light_p50_ms"],
                  cache_hit_p50_ms=c["cache_hit"]["latency_ms"]["p50"])
-    m = systems.get("mlserver")
-    if m:
-        s.update(mlserver_max_rate_qps=m["max_rate_qps"], mlserver_light_p50_ms=m["light_p50_ms"],
-                 mlserver_cpu_us_per_query_300=m["cpu"]["300"]["cpu_us_per_query_total"])
-    if c and m:
-        s["vs_mlserver"] = round(c["max_rate_qps"] / m["max_rate_qps"], 2) if m["max_rate_qps"] else None
+    for name in BASELINES:
+        m = systems.get(name)
+        if m:
+            s.update({f"{name}_max_rate_qps": m["max_rate_qps"], f"{name}_light_p50_ms": m["light_p50_ms"],
+                      f"{name}_cpu_us_per_query_300": m["cpu"]["300"]["cpu_us_per_query_total"]})
+        if c and m:
+            s[f"vs_{name}"] = round(c["max_rate_qps"] / m["max_rate_qps"], 2) if m["max_rate_qps"] else None
     return s
 
 
@@ -336,19 +241,19 @@ def plot(systems: dict[str, Any], name: str, out_dir: Path) -> None:
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("clipstream", "mlserver"))
+    ap.add_argument("--only", choices=("clipstream", *BASELINES))
     ap.add_argument("--name", default="cost", help="report name under out/bench/ (e.g. cost-baseline)")
     args = ap.parse_args(argv)
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
         "app": APP, "policy": "single", "slo_ms": SLO_MS, "model": "bench.accel_model (Clockwork ResNet-50 table)",
         "replicas": 1, "arrivals": "Poisson", "inputs": "distinct", "cpu_rates": CPU_RATES,
         "search": QUICK_SEARCH if args.quick else SEARCH, "quick": args.quick,
-        "mlserver": {"version": MLSERVER_VERSION, "max_batch_size": 32, "max_batch_time_s": 0.002,
-                     "parallel_workers": 0}}, "systems": {}}
-    if args.only != "mlserver":
+        **SETTINGS}, "systems": {}}
+    if args.only in (None, "clipstream"):
         report["systems"]["clipstream"] = run_clipstream(args.quick)
-    if args.only != "clipstream":
-        report["systems"]["mlserver"] = run_mlserver(args.quick)
+    for name, server in BASELINES.items():
+        if args.only in (None, name):
+            report["systems"][name] = run_baseline(server, args.quick)
     report["summary"] = summarize(report["systems"])
     report["machine_after"] = {"loadavg": list(os.getloadavg())}
     say(f"cost: {json.dumps({k: v for k, v in report['summary'].items() if k != 'targets'})}")

@@ -24,6 +24,24 @@ from bench.load import Outcome, Progress, RunResult, now_us, ticker, without_gc_
 SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 
 
+def dechunk(buf: bytes | bytearray, start: int) -> tuple[bytes, int] | None:
+    """The body of a chunked response whose chunks begin at ``start`` and the offset just past
+    its last chunk; None while the last chunk has not arrived (Ray Serve's proxy chunks)."""
+    parts, pos = [], start
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
+        if size == 0:
+            trailer = buf.find(b"\r\n\r\n", eol)
+            return (b"".join(parts), trailer + 4) if trailer >= 0 else None
+        if len(buf) < eol + 2 + size + 2:
+            return None
+        parts.append(bytes(buf[eol + 2:eol + 2 + size]))
+        pos = eol + 2 + size + 2
+
+
 class _Conn:
     """One keep-alive connection of ``RawHTTP``: its socket, what it has read so far, the
     response it awaits, and the kernel's arrival time of the last bytes read."""
@@ -107,13 +125,21 @@ class RawHTTP:
         if end < 0:
             return
         head = bytes(conn.buf[:end])
-        length = 0
+        length, chunked = 0, False
         for line in head.split(b"\r\n")[1:]:
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
-        if len(conn.buf) < end + 4 + length:
+            elif line.lower().replace(b" ", b"") == b"transfer-encoding:chunked":
+                chunked = True
+        if chunked:
+            framed = dechunk(conn.buf, end + 4)
+            if framed is None:
+                return
+            body, length = framed[0], framed[1] - end - 4
+        elif len(conn.buf) < end + 4 + length:
             return
-        body = bytes(conn.buf[end + 4:end + 4 + length])
+        else:
+            body = bytes(conn.buf[end + 4:end + 4 + length])
         del conn.buf[:end + 4 + length]
         if conn.waiter is not None and not conn.waiter.done():
             conn.waiter.set_result((int(head[9:12]), body, conn.arrived_us))

@@ -66,6 +66,26 @@ def test_the_summary_and_the_figures_rows_judge_each_target() -> None:
     assert "kafka" in cost_cpu("300", 1000)(slow)[0]
 
 
+def test_ray_serve_is_reported_beside_mlserver_without_changing_the_target() -> None:
+    report = {"systems": {"clipstream": _system(900, 300), "mlserver": _system(1200, 300),
+                          "rayserve": _system(2000, 100)}}
+    report["summary"] = summarize(report["systems"])
+    assert report["summary"]["vs_rayserve"] == 3.0 and report["summary"]["rayserve_max_rate_qps"] == 100
+    text, ok = cost_vs_mlserver(report)
+    assert "Ray Serve 100 q/s, 3.00x" in text and ok != "yes"  # judged against MLServer alone
+    alone = {"systems": {"clipstream": _system(900, 300), "mlserver": _system(1200, 300)}}
+    alone["summary"] = summarize(alone["systems"])
+    assert "Ray Serve" not in cost_vs_mlserver(alone)[0]
+
+
+def test_the_kafka_requests_per_query_join_the_cpu_row() -> None:
+    system = _system(900, 300)
+    system["cpu"]["300"]["kafka_requests_per_query"] = {"selector": 4.0, "gateway": 2.0, "batcher": 2.5}
+    report = {"systems": {"clipstream": system}}
+    assert "8.5 Kafka requests per query" in cost_cpu("300", 1000)(report)[0]
+    assert "Kafka requests" not in cost_cpu("100", 1500)(report)[0]
+
+
 def test_no_mlserver_rate_gives_no_ratio() -> None:
     s = summarize({"clipstream": _system(900, 800), "mlserver": _system(1200, 0)})
     assert s["vs_mlserver"] is None

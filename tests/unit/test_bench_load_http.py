@@ -101,3 +101,14 @@ def test_the_arrival_stamp_leaves_out_the_generators_own_delay_in_reading() -> N
         assert read - arrived >= 80_000
     finally:
         server.listener.close()
+
+
+def test_a_chunked_body_is_read_whole_only_once_its_last_chunk_is_in() -> None:
+    from bench.load_http import dechunk
+
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    wire = head + b"5\r\n{\"a\":\r\n3;x=1\r\n 1}\r\n0\r\n\r\nHTTP/1.1 200 OK"
+    body, end = dechunk(wire, len(head))
+    assert body == b'{"a": 1}' and wire[end:] == b"HTTP/1.1 200 OK"
+    for cut in (len(head) + 3, len(head) + 12, len(wire) - 17):
+        assert dechunk(wire[:cut], len(head)) is None

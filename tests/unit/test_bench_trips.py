@@ -42,3 +42,15 @@ def test_context_switches_add_up_every_thread_of_a_process(tmp_path: Path) -> No
                                       f"nonvoluntary_ctxt_switches:\t{invol}\n")
     # two processes under one label add up; a process that is gone counts nothing
     assert context_switches({11: "selector", 12: "selector", 99: "gone"}, proc=tmp_path) == {"selector": 19}
+
+
+def test_a_baseline_server_is_every_process_of_its_session(tmp_path: Path) -> None:
+    from bench.baselines import session_pids
+
+    # pid 30 put itself in a process group of its own (Ray's workers do) but stays in session 20
+    for pid, pgrp, sid in ((20, 20, 20), (21, 20, 20), (30, 30, 20), (40, 40, 40)):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} (ray::Proxy Actor) S 1 {pgrp} {sid} 0 -1 4194560 0 0\n")
+    (tmp_path / "self").mkdir()
+    assert sorted(session_pids(20, proc=tmp_path)) == [20, 21, 30]

@@ -287,8 +287,12 @@ def cost_max_rate(r: dict[str, Any]) -> Result:
 def cost_vs_mlserver(r: dict[str, Any]) -> Result:
     s = get(r, "summary")
     ratio = get(s, "vs_mlserver")
-    ray = s.get("rayserve_max_rate_qps")
-    also = f"; Ray Serve {q(ray)} q/s, {x(s.get('vs_rayserve'))}" if ray is not None else ""
+    ray, also = s.get("rayserve_max_rate_qps"), ""
+    if ray:
+        also = f"; Ray Serve {q(ray)} q/s, {x(s.get('vs_rayserve'))}"
+    elif ray is not None:
+        steps = r.get("systems", {}).get("rayserve", {}).get("search") or [{"rate": 0}]
+        also = f"; Ray Serve: no step within the SLO, down to {q(min(st['rate'] for st in steps))} q/s"
     return (f"{x(ratio)} ({q(get(s, 'max_rate_qps'))} vs MLServer {q(get(s, 'mlserver_max_rate_qps'))} q/s{also})",
             met(ge(ratio, 2.0)))
 

@@ -76,6 +76,10 @@ def test_ray_serve_is_reported_beside_mlserver_without_changing_the_target() -> 
     alone = {"systems": {"clipstream": _system(900, 300), "mlserver": _system(1200, 300)}}
     alone["summary"] = summarize(alone["systems"])
     assert "Ray Serve" not in cost_vs_mlserver(alone)[0]
+    none = {"systems": {"clipstream": _system(900, 300), "mlserver": _system(1200, 300),
+                        "rayserve": {**_system(2000, 0), "search": [{"rate": 300.0}, {"rate": 100.0}]}}}
+    none["summary"] = summarize(none["systems"])
+    assert "Ray Serve: no step within the SLO, down to 100 q/s" in cost_vs_mlserver(none)[0]
 
 
 def test_the_kafka_requests_per_query_join_the_cpu_row() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import free_port, say
+from clipstream.infra import proc_stat_fields
 
 ACCEL_MODEL = Path(__file__).parent / "accel_model.py"
 MAX_BATCH, MAX_WAIT_S = 32, 0.002
@@ -107,18 +108,8 @@ def venv(name: str, version: str, requirement: str, exe: str) -> Path:
 
 def session_pids(sid: int, proc: Path = Path("/proc")) -> list[int]:
     """Every process of session ``sid`` (field 6 of /proc/<pid>/stat)."""
-    out = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            out.append(int(entry.name))
-    return out
+    pids = [int(entry.name) for entry in proc.iterdir() if entry.name.isdigit()]
+    return [pid for pid in pids if (fields := proc_stat_fields(pid, proc)) is not None and int(fields[3]) == sid]
 
 
 class Server:

@@ -139,11 +139,11 @@ def process_start_ticks(pid: int) -> int | None:
     return None if stat is None else stat[1]
 
 
-def proc_stat_fields(pid: int) -> list[str] | None:
+def proc_stat_fields(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name, from the state letter on (field 3
     of proc(5) is index 0); None where the process is gone or /proc is unavailable."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        raw = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
     # the command name is in parentheses and may itself contain spaces or ')'

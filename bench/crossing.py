@@ -10,7 +10,9 @@ open-loop sends (a record every ``1/rate`` s), and reports per record: the broke
 + stime of its JVM, compiler threads apart), this process's CPU (the producer and the consumer,
 librdkafka's threads included), the produce requests the broker served, and the p50 of the
 crossing (send to poll). The broker's own idle CPU (measured apart and reported) is part of
-each row, as it is of the pipeline's figures.
+each row, as it is of the pipeline's figures. Apart from the rows, a fan-out (five records for
+five topics produced back to back, as the selector sends an ensemble's requests) reports the
+produce requests it costs.
 
     .venv/bin/python -m bench.crossing [--quick]     # out/bench/crossing.json and .png
 """
@@ -50,6 +52,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 # the stages' settings, with the same records/s sent this many at a time: what a crossing
 # costs when a record shares its wake-ups and requests with others (a stage's group or batch)
 BURSTS = {"stages' settings, bursts of 8": 8}
+FAN_OUT = 5  # the demo ensemble's models: one request record per model, each on its model's topic
 
 
 def _cpu_s(pid: int) -> float:
@@ -127,6 +130,37 @@ def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
     }
 
 
+def fan_out(settings: Settings, topics: int = FAN_OUT, rounds: int = 100, linger_ms: int = 0) -> dict[str, Any]:
+    """A selector's fan-out to an ensemble: ``topics`` records for as many one-partition topics,
+    produced back to back, ``rounds`` times; the produce requests each round cost (librdkafka
+    sends each partition's records in requests of their own)."""
+    names = [f"fanout-{uuid.uuid4().hex[:8]}" for _ in range(topics)]
+    admin = AdminClient(admin_config(settings))
+    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in names]).values():
+        fut.result(10)
+    latest: dict[str, Any] = {}
+    producer = Producer(producer_config(settings, **{"linger.ms": linger_ms, "statistics.interval.ms": 500,
+                                                     "stats_cb": lambda s: latest.update(json.loads(s))}))
+    for t in names:  # metadata and a producer id first, outside the count
+        producer.produce(t, b"x")
+    producer.flush(10)
+    time.sleep(1.0)
+    producer.poll(0)
+    requests0 = _produce_requests(latest)
+    payload = b"x" * RECORD_BYTES
+    for _ in range(rounds):
+        for t in names:
+            producer.produce(t, payload)
+        producer.poll(0)
+        time.sleep(0.02)
+    producer.flush(10)
+    time.sleep(0.6)  # the last stats report
+    producer.poll(0)
+    admin.delete_topics(names)
+    return {"topics": topics, "rounds": rounds, "linger_ms": linger_ms,
+            "produce_requests_per_fan_out": round((_produce_requests(latest) - requests0) / rounds, 2)}
+
+
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
     fig, axes = figure(size=(7, 4))
     ax = axes[0][0]
@@ -167,13 +201,18 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                     say(f"  {name:24s} {rate:6.0f}/s: broker {row['broker_cpu_us_per_record']:6.0f} µs, clients "
                         f"{row['clients_cpu_us_per_record']:6.0f} µs per record; {row['records_per_produce_request']} "
                         f"records per produce request; p50 {row['p50_ms']} ms")
+            fans = [fan_out(settings, linger_ms=linger) for linger in (0, 1)]
+            for f in fans:
+                say(f"  fan-out of {f['topics']} records to {f['topics']} topics, linger {f['linger_ms']} ms: "
+                    f"{f['produce_requests_per_fan_out']} produce requests each")
         finally:
             launcher.down(infra)
     base = {r["rate"]: r for r in rows if r["variant"] == "stages' settings"}
     floor = {f"{rate:g}": round(CROSSINGS_PER_QUERY * r["broker_cpu_us_per_record"], 1) for rate, r in base.items()}
     say(f"crossing: {CROSSINGS_PER_QUERY} crossings per query cost the broker alone {floor} µs per query")
     report = {"machine": machine_info(), "seconds": seconds, "broker_idle_cores": round(idle, 4), "record_bytes": RECORD_BYTES,
-              "crossings_per_query": CROSSINGS_PER_QUERY, "broker_floor_us_per_query": floor, "rows": rows}
+              "crossings_per_query": CROSSINGS_PER_QUERY, "broker_floor_us_per_query": floor, "rows": rows,
+              "fan_out": fans}
     write_json("crossing", report, out_dir)
     plot(rows, out_dir)
     return report

@@ -319,6 +319,10 @@ def crossing(r: dict[str, Any]) -> Result:
                  None)
     shared = (f"; sent in bursts of 8: broker {burst['broker_cpu_us_per_record']:,.0f} + clients "
               f"{burst['clients_cpu_us_per_record']:,.0f} µs") if burst else ""
+    fan = next((f for f in r.get("fan_out") or [] if f["linger_ms"] == 0), None)
+    if fan:
+        shared += (f"; {fan['topics']} records for {fan['topics']} topics sent back to back: "
+                   f"{fan['produce_requests_per_fan_out']:g} produce requests")
     return (f"broker {row['broker_cpu_us_per_record']:,.0f} µs + clients {row['clients_cpu_us_per_record']:,.0f} µs "
             f"per crossing; x{get(r, 'crossings_per_query')} per query = broker alone {floor:,.0f} µs{shared}"), NONE
 

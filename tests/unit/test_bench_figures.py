@@ -177,3 +177,13 @@ def test_the_crossing_row_gives_both_sides_and_the_floor_of_five(tmp_path: Path)
     row = _row(tmp_path, "cost floor")
     assert "broker 350 µs + clients 200 µs" in row.measured and "1,750 µs" in row.measured
     assert row.met == NONE
+
+
+def test_the_crossing_row_names_the_requests_of_a_fan_out(tmp_path: Path) -> None:
+    rows = [{"variant": "stages' settings", "rate": 300.0, "broker_cpu_us_per_record": 350.0,
+             "clients_cpu_us_per_record": 200.0}]
+    fans = [{"topics": 5, "linger_ms": 0, "produce_requests_per_fan_out": 5.0},
+            {"topics": 5, "linger_ms": 1, "produce_requests_per_fan_out": 4.0}]
+    _write(tmp_path, "crossing", {"rows": rows, "crossings_per_query": 5, "broker_floor_us_per_query": {"300": 1750.0},
+                                  "fan_out": fans})
+    assert "5 records for 5 topics sent back to back: 5 produce requests" in _row(tmp_path, "cost floor").measured

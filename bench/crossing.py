@@ -68,20 +68,38 @@ def idle_cores(pid: int, seconds: float = 5.0) -> float:
     return ((_cpu_s(pid) - c0) - ((jit_cpu_s(pid) or 0.0) - j0)) / seconds
 
 
-def _produce_requests(stats: dict[str, Any]) -> int:
-    return sum(b.get("req", {}).get("Produce", 0) for b in stats.get("brokers", {}).values())
+class CountedProducer:
+    """A producer whose produce requests so far are read from librdkafka's statistics, which it
+    emits every half second and ``poll`` serves."""
+
+    def __init__(self, settings: Settings, **extra: Any) -> None:
+        self.latest: dict[str, Any] = {}
+        self.producer = Producer(producer_config(settings, **extra, **{
+            "statistics.interval.ms": 500, "stats_cb": lambda s: self.latest.update(json.loads(s))}))
+
+    def requests(self) -> int:
+        """Produce requests sent so far, as of a report taken now (waits for the next one)."""
+        time.sleep(0.6)
+        self.producer.poll(0)
+        return sum(b.get("req", {}).get("Produce", 0) for b in self.latest.get("brokers", {}).values())
+
+
+def fresh_topics(settings: Settings, prefix: str, n: int) -> tuple[AdminClient, list[str]]:
+    """``n`` new one-partition topics (the caller deletes them with the admin client)."""
+    names = [f"{prefix}-{uuid.uuid4().hex[:8]}" for _ in range(n)]
+    admin = AdminClient(admin_config(settings))
+    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in names]).values():
+        fut.result(10)
+    return admin, names
 
 
 def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
              producer_extra: dict[str, Any], consumer_extra: dict[str, Any], burst: int = 1) -> dict[str, Any]:
     """One open-loop run of ``rate`` records/s over a fresh one-partition topic, ``burst``
     records back to back at a time."""
-    topic = f"crossing-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient(admin_config(settings))
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
-    latest: dict[str, Any] = {}
-    producer = Producer(producer_config(settings, **producer_extra, **{
-        "statistics.interval.ms": 500, "stats_cb": lambda s: latest.update(json.loads(s))}))
+    admin, (topic,) = fresh_topics(settings, "crossing", 1)
+    counted = CountedProducer(settings, **producer_extra)
+    producer = counted.producer
     consumer = Consumer(consumer_config(settings, f"crossing-{topic}", **{"auto.offset.reset": "earliest"},
                                         **consumer_extra))
     consumer.subscribe([topic])
@@ -100,9 +118,7 @@ def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     payload = b"x" * RECORD_BYTES
-    producer.poll(0)
-    time.sleep(1.0)  # a stats report before the run
-    requests0 = _produce_requests(latest)
+    requests0 = counted.requests()
     c0, b0, j0 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
     start = time.perf_counter()
     for i in range(n):
@@ -115,9 +131,7 @@ def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
     reader.join(10)
     done.set()
     c1, b1, j1 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
-    time.sleep(0.6)  # the last stats report
-    producer.poll(0)
-    requests = _produce_requests(latest) - requests0
+    requests = counted.requests() - requests0
     consumer.close()
     admin.delete_topics([topic])
     got = max(1, len(latencies))
@@ -134,19 +148,13 @@ def fan_out(settings: Settings, topics: int = FAN_OUT, rounds: int = 100, linger
     """A selector's fan-out to an ensemble: ``topics`` records for as many one-partition topics,
     produced back to back, ``rounds`` times; the produce requests each round cost (librdkafka
     sends each partition's records in requests of their own)."""
-    names = [f"fanout-{uuid.uuid4().hex[:8]}" for _ in range(topics)]
-    admin = AdminClient(admin_config(settings))
-    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in names]).values():
-        fut.result(10)
-    latest: dict[str, Any] = {}
-    producer = Producer(producer_config(settings, **{"linger.ms": linger_ms, "statistics.interval.ms": 500,
-                                                     "stats_cb": lambda s: latest.update(json.loads(s))}))
+    admin, names = fresh_topics(settings, "fanout", topics)
+    counted = CountedProducer(settings, **{"linger.ms": linger_ms})
+    producer = counted.producer
     for t in names:  # metadata and a producer id first, outside the count
         producer.produce(t, b"x")
     producer.flush(10)
-    time.sleep(1.0)
-    producer.poll(0)
-    requests0 = _produce_requests(latest)
+    requests0 = counted.requests()
     payload = b"x" * RECORD_BYTES
     for _ in range(rounds):
         for t in names:
@@ -154,11 +162,10 @@ def fan_out(settings: Settings, topics: int = FAN_OUT, rounds: int = 100, linger
         producer.poll(0)
         time.sleep(0.02)
     producer.flush(10)
-    time.sleep(0.6)  # the last stats report
-    producer.poll(0)
+    requests = counted.requests() - requests0
     admin.delete_topics(names)
     return {"topics": topics, "rounds": rounds, "linger_ms": linger_ms,
-            "produce_requests_per_fan_out": round((_produce_requests(latest) - requests0) / rounds, 2)}
+            "produce_requests_per_fan_out": round(requests / rounds, 2)}
 
 
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> None:

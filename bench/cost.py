@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from bench import load, trips
-from bench.baselines import MAX_BATCH, MAX_WAIT_S, SETTINGS, MLServer, RayServe, Server
+from bench.baselines import ACCEL_MODEL, MAX_BATCH, MAX_WAIT_S, SETTINGS, MLServer, RayServe, Server
 from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_app_file, write_json
 from bench.load_http import run_gateway
 from bench.machine import cpu_delta, cpu_snapshot, jit_cpu_s, machine_info
@@ -82,10 +82,10 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     procs = t.processes()
     broker = next((pid for pid, name in procs.items() if name == "kafka"), None)
     c0, j0 = cpu_snapshot(procs), jit_cpu_s(broker) if broker else None
-    k0, w0 = trips.broker_segments(procs, t.broker_port) if t.broker_port else None, trips.context_switches(procs)
+    k0, w0 = trips.snapshot(procs, t.broker_port)
     run = run_gateway(t.url, app, bodies, times, path=t.path)
     cpu = cpu_delta(c0, cpu_snapshot(procs))
-    k1, w1 = trips.broker_segments(procs, t.broker_port) if t.broker_port else None, trips.context_switches(procs)
+    k1, w1 = trips.snapshot(procs, t.broker_port)
     j1 = jit_cpu_s(broker) if broker else None
     if j0 is not None and j1 is not None and "kafka" in cpu:
         # a fresh broker compiles for minutes: its JIT's share is shown apart, still in the total
@@ -153,7 +153,7 @@ def build(root: Path) -> Path:
     """The app file: one replica of the accelerator class, ``policy: single``, default batcher."""
     from clipstream.testing.models import make_python_model
 
-    source = (Path(__file__).parent / "accel_model.py").read_text()
+    source = ACCEL_MODEL.read_text()
     folder = make_python_model(root / "models", APP, source, labels=list(range(10)))
     return write_app_file(root / "app.yaml", [
         {"name": APP, "policy": "single", "slo_ms": SLO_MS, "default_output": -1, "models": [APP]},

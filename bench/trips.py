@@ -76,6 +76,12 @@ def context_switches(pids: Mapping[int, str], proc: Path = Path("/proc")) -> dic
     return out
 
 
+def snapshot(pids: Mapping[int, str], port: int | None) -> tuple[dict[str, int] | None, dict[str, int]]:
+    """Both counts now: segments sent to the broker at ``port`` (None without a broker) and
+    context switches, per label."""
+    return (broker_segments(pids, port) if port else None), context_switches(pids)
+
+
 def per_query(before: Mapping[str, int] | None, after: Mapping[str, int] | None, queries: int) -> dict[str, float] | None:
     """The growth of each count over a step, per query, largest first."""
     if before is None or after is None:

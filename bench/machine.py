@@ -69,6 +69,7 @@ def machine_info() -> dict[str, Any]:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "other_busy_processes": busy_processes(),
         "cpu_probe_ms": cpu_probe_ms(),
+        "handoff_us": handoff_us(),
     }
 
 
@@ -84,6 +85,49 @@ def cpu_probe_ms(rounds: int = 3) -> float:
             acc += i & 7
         best = min(best, time.perf_counter() - t0)
     return round(best * 1000, 1)
+
+
+def handoff_us(rounds: int = 5000) -> dict[str, float] | None:
+    """CPU µs per round trip of one byte between two processes, on one core and across two.
+
+    A record's hand-off from one thread to another is such a wake-up; on a virtual machine one
+    across cores costs an inter-processor interrupt, so the two say what pinning a stage's
+    threads to one core saves (docs/design/0043). None with fewer than two CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {"same_core": _ping_pong(cpus[0], cpus[0], rounds),
+            "across_cores": _ping_pong(cpus[0], cpus[1], rounds)}
+
+
+def _ping_pong(a: int, b: int, rounds: int) -> float:
+    """Two children pinned to CPUs ``a`` and ``b`` pass a byte back and forth ``rounds`` times;
+    their CPU time per round trip, in µs."""
+    there, back = os.pipe(), os.pipe()
+    pids = []
+    for cpu, first in ((a, True), (b, False)):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            try:
+                os.sched_setaffinity(0, {cpu})
+                read, write = (back[0], there[1]) if first else (there[0], back[1])
+                for _ in range(rounds):
+                    if first:
+                        os.write(write, b"x")
+                        os.read(read, 1)
+                    else:
+                        os.read(read, 1)
+                        os.write(write, b"x")
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    cpu_s = 0.0
+    for pid in pids:
+        _, _, usage = os.wait4(pid, 0)
+        cpu_s += usage.ru_utime + usage.ru_stime
+    for fd in (*there, *back):
+        os.close(fd)
+    return round(cpu_s * 1e6 / rounds, 1)
 
 
 # --- per-process CPU ------------------------------------------------------------------------

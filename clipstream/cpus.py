@@ -1,10 +1,11 @@
-"""One CPU per stage process: its threads hand records to each other without crossing cores.
+"""One CPU per stage process, stages next to each other in a record's path on the same CPU.
 
 A record's trip through a stage passes between threads (librdkafka's broker thread, the
-stage's poll loop, an emitter): on a virtual machine, waking a thread that sleeps on another
-core costs an inter-processor interrupt and more CPU than the stage's own work on the record.
-``up`` gives each stage a CPU (``CpuPlan``, spreading them evenly) through ``CPU_ENV``, and the
-stage pins all its threads there at start (``pin_from_env``). Docs: docs/design/0043.
+stage's poll loop, an emitter), and from one stage to the next through the broker: on a
+virtual machine, waking a thread that sleeps on another core costs an inter-processor
+interrupt, more CPU than the stage's own work on the record. ``up`` gives each stage a CPU
+(``CpuPlan``) through ``CPU_ENV``, and the stage pins all its threads there at start
+(``pin_from_env``). Docs: docs/design/0043.
 """
 
 from __future__ import annotations
@@ -17,14 +18,23 @@ from collections.abc import Iterable
 CPU_ENV = "CLIPSTREAM_CPU"
 
 
-class CpuPlan:
-    """Which CPU each named stage runs on: the one with the fewest stages, lowest first.
+# stages a query meets before its models (the rest: batchers and workers, after)
+FRONT = ("gateway", "selector")
 
-    A restarted stage keeps its CPU (it is assigned by name); a removed one frees it. With
-    fewer than two CPUs there is nothing to choose and no stage is pinned."""
+
+class CpuPlan:
+    """Which CPU each named stage runs on.
+
+    The gateway and selectors share the first half of the CPUs (at least one), batchers and
+    workers the rest: a query's hops from gateway to selector and back, and from batcher to
+    worker and back, then stay on one core. Within its half a stage gets the CPU with the
+    fewest stages, lowest first. A restarted stage keeps its CPU (it is assigned by name); a
+    removed one frees it. With fewer than two CPUs no stage is pinned."""
 
     def __init__(self, cpus: Iterable[int]) -> None:
         self.cpus = sorted(set(cpus))
+        half = max(1, len(self.cpus) // 2)
+        self.front, self.back = self.cpus[:half], self.cpus[half:]
         self.held: dict[str, int] = {}
 
     @classmethod
@@ -37,7 +47,8 @@ class CpuPlan:
             return None
         if name not in self.held:
             load = Counter(self.held.values())
-            self.held[name] = min(self.cpus, key=lambda cpu: (load[cpu], cpu))
+            side = self.front if name.startswith(FRONT) else self.back
+            self.held[name] = min(side, key=lambda cpu: (load[cpu], cpu))
         return self.held[name]
 
     def release(self, name: str) -> None:

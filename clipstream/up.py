@@ -73,8 +73,8 @@ class UpSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(15.0, ge=0)
     # a stage that served this long before it died starts its restart backoff over (0.1 s)
     healthy_s: float = Field(60.0, gt=0)
-    # each stage process on one CPU of its own choosing, so that its threads' hand-offs stay
-    # on one core (clipstream/cpus.py, docs/design/0043)
+    # each stage process on one CPU, the gateway and selectors apart from batchers and workers,
+    # so that a record's hand-offs mostly stay on one core (clipstream/cpus.py, docs/design/0043)
     pin_stages: bool = True
 
     @field_validator("heartbeat_timeout_s")

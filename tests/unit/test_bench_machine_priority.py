@@ -6,6 +6,8 @@ import os
 import threading
 from typing import Any
 
+import pytest
+
 from bench.machine import raised_priority
 
 
@@ -57,3 +59,22 @@ def test_the_old_priority_is_back_when_the_block_raises() -> None:
 
     r = _in_a_thread(check)
     assert r["after"] == r["before"]
+
+
+def test_handoff_round_trips_cost_cpu_on_one_core_and_across_two() -> None:
+    from bench.machine import handoff_us
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    before = os.sched_getaffinity(0)
+    got = handoff_us(rounds=200)
+    assert got is not None and set(got) == {"same_core", "across_cores"}
+    assert all(v > 0 for v in got.values())
+    assert os.sched_getaffinity(0) == before  # only the children were pinned
+
+
+def test_handoff_needs_two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import machine
+
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0})
+    assert machine.handoff_us(rounds=10) is None

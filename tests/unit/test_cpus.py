@@ -18,15 +18,21 @@ ALLOWED = sorted(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two CPUs to pin stages apart")
 
 
-def test_stages_spread_evenly_and_keep_their_cpu_by_name() -> None:
+def test_the_front_stages_share_one_half_and_batchers_and_workers_the_other() -> None:
     plan = CpuPlan([1, 0])
-    got = {name: plan.assign(name) for name in ("selector-1", "selector-2", "gateway", "batchers", "worker")}
-    assert got == {"selector-1": 0, "selector-2": 1, "gateway": 0, "batchers": 1, "worker": 0}
-    assert plan.assign("selector-2") == 1  # a restart keeps the CPU
-    plan.release("selector-2")
-    plan.release("batchers")
-    assert plan.assign("worker-2") == 1  # the CPU with fewer stages after the removals
+    got = {name: plan.assign(name) for name in ("selector-1", "selector-2", "gateway", "batchers-a+b", "worker-a-v1-0")}
+    assert got == {"selector-1": 0, "selector-2": 0, "gateway": 0, "batchers-a+b": 1, "worker-a-v1-0": 1}
+    assert plan.assign("selector-2") == 0  # a restart keeps the CPU
     assert plan.env("gateway", {"A": "b"}) == {"A": "b", CPU_ENV: "0"}
+
+
+def test_within_its_half_a_stage_gets_the_cpu_with_fewest_stages() -> None:
+    plan = CpuPlan(range(5))  # front 0-1, back 2-4
+    fronts = [plan.assign(f"selector-{i}") for i in range(1, 4)] + [plan.assign("gateway-1")]
+    backs = [plan.assign(name) for name in ("batcher-a", "worker-a-v1-0", "worker-b-v1-0", "worker-c-v1-0")]
+    assert fronts == [0, 1, 0, 1] and backs == [2, 3, 4, 2]
+    plan.release("worker-a-v1-0")
+    assert plan.assign("worker-d-v1-0") == 3  # the CPU freed by the removal
 
 
 def test_one_cpu_pins_nothing() -> None:
@@ -89,13 +95,13 @@ def test_up_s_supervisor_gives_each_stage_a_cpu_it_pins_itself_to(tmp_path: Path
     sup = Supervisor(tmp_path / "logs", report=lambda line: None, cpus=CpuPlan(ALLOWED[:2]))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     try:
-        for name in ("a", "b"):
+        for name in ("gateway", "worker-m-v1-0"):
             sup.add(name, [sys.executable, "-c", READY_CHILD], env)
         sup.wait_ready(60)
-        assert sup.stages["a"].ready_line == f"ready: [{ALLOWED[0]}]"
-        assert sup.stages["b"].ready_line == f"ready: [{ALLOWED[1]}]"
-        sup.remove("a")
-        assert sup.cpus is not None and sup.cpus.assign("c") == ALLOWED[0]  # a's CPU is free again
+        assert sup.stages["gateway"].ready_line == f"ready: [{ALLOWED[0]}]"
+        assert sup.stages["worker-m-v1-0"].ready_line == f"ready: [{ALLOWED[1]}]"
+        sup.remove("gateway")
+        assert sup.cpus is not None and sup.cpus.held == {"worker-m-v1-0": ALLOWED[1]}  # the gateway's CPU is free
     finally:
         sup.stop_all()
 

@@ -22,7 +22,6 @@ import click
 from batchers.app import run
 from batchers.service import ModelSetup
 from batchers.settings import BatcherSettings
-from clipstream.cpus import pin_from_env
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import get_settings, settings_or_exit
 from registry.topic import ModelConfig, RegistryFollower
@@ -61,7 +60,6 @@ def batcher(
 ) -> None:
     """Run the batcher of one model (or of several, --model repeated) until interrupted."""
     settings, bs = settings_or_exit(get_settings), settings_or_exit(BatcherSettings)
-    pin_from_env("batcher")
     try:
         for name in model_names:
             check_name("model", name)

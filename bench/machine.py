@@ -91,8 +91,8 @@ def handoff_us(rounds: int = 5000) -> dict[str, float] | None:
     """CPU µs per round trip of one byte between two processes, on one core and across two.
 
     A record's hand-off from one thread to another is such a wake-up; on a virtual machine one
-    across cores costs an inter-processor interrupt, so the two say what pinning a stage's
-    threads to one core saves (docs/design/0043). None with fewer than two CPUs."""
+    across cores costs an inter-processor interrupt (docs/design/0043). None with fewer than
+    two CPUs."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return None

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clipstream.cpus import CpuPlan
 from clipstream.errors import ClipstreamError
 from topics.stage import HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
 
@@ -83,7 +82,7 @@ class Supervisor:
 
     def __init__(self, log_dir: Path, report: Report = print, heartbeat_timeout_s: float = 15.0,
                  healthy_s: float = 60.0, backoff_first_s: float = 0.1, backoff_max_s: float = 30.0,
-                 kill_grace_s: float = 5.0, cpus: CpuPlan | None = None):
+                 kill_grace_s: float = 5.0):
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.report = report
@@ -96,14 +95,10 @@ class Supervisor:
         Backoff(backoff_first_s, backoff_max_s, healthy_s)  # bad values fail here, not at a death
         self._backoff = (backoff_first_s, backoff_max_s, healthy_s)
         self.stages: dict[str, Stage] = {}
-        # each stage's CPU, given by name so that a restart keeps it (None: stages unpinned)
-        self.cpus = cpus
         self._lock = threading.Lock()
         self._stopping = False
 
     def add(self, name: str, argv: list[str], env: dict[str, str]) -> Stage:
-        if self.cpus is not None:
-            env = self.cpus.env(name, env)
         stage = Stage(name, argv, env, self.log_dir / f"{name}.log", Backoff(*self._backoff))
         with self._lock:
             self.stages[name] = stage
@@ -209,7 +204,6 @@ class Supervisor:
             stage = self.stages.pop(name, None)
             if stage is not None:
                 stage.removed = True  # under the lock, so a ``check`` under way does not restart it
-        self._free_cpu(name)
         return stage
 
     def adopt(self, stage: Stage, restart: bool = True) -> None:
@@ -222,14 +216,9 @@ class Supervisor:
     def remove(self, name: str) -> None:
         with self._lock:
             stage = self.stages.pop(name, None)
-        self._free_cpu(name)
         if stage is not None:
             stage.removed = True  # ``check`` must not restart it
             _terminate([stage])
-
-    def _free_cpu(self, name: str) -> None:
-        if self.cpus is not None:
-            self.cpus.release(name)
 
     def stop_all(self) -> None:
         self._stopping = True

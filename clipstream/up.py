@@ -36,7 +36,6 @@ from clipstream.errors import ClipstreamError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, MetricTargets
-from clipstream.cpus import CpuPlan
 from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
 from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Stage, Supervisor
 from clipstream.warmup import warm_up
@@ -73,9 +72,6 @@ class UpSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(15.0, ge=0)
     # a stage that served this long before it died starts its restart backoff over (0.1 s)
     healthy_s: float = Field(60.0, gt=0)
-    # each stage process on one CPU, the gateway and selectors apart from batchers and workers,
-    # so that a record's hand-offs mostly stay on one core (clipstream/cpus.py, docs/design/0043)
-    pin_stages: bool = True
 
     @field_validator("heartbeat_timeout_s")
     @classmethod
@@ -303,8 +299,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
         supervisor = Supervisor(log_dir, report=_say, heartbeat_timeout_s=up_settings.heartbeat_timeout_s,
-                                healthy_s=up_settings.healthy_s,
-                                cpus=CpuPlan.from_machine() if up_settings.pin_stages else None)
+                                healthy_s=up_settings.healthy_s)
         targets = MetricTargets(log_dir / TARGETS_FILE)
         pipeline = Pipeline(supervisor, env, shared_batcher=shared, targets=targets,
                             batcher_members=up_settings.batcher_members)

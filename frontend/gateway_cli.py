@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from clipstream.cpus import pin_from_env
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
 from frontend.gateway import create_app
@@ -47,8 +46,8 @@ def gateway(
     }
     gw = settings_or_exit(lambda: get_gateway_settings(**overrides))
     settings = settings_or_exit(get_settings)
-    pin_from_env("gateway")
     try:
+
         Catalogue.from_settings(settings).replies(gw.instance)  # a bad instance id fails here
     except ClipstreamError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -7,7 +7,6 @@ import sys
 
 import click
 
-from clipstream.cpus import pin_from_env
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
 from selector.process import serve
@@ -25,7 +24,6 @@ def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ss = settings_or_exit(SelectorSettings)
-    pin_from_env("selector")
     if group:
         ss = ss.model_copy(update={"group": group})
     stop = stop_on_signals()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import click
 
-from clipstream.cpus import pin_from_env
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.repository import Repository, sibling
@@ -21,7 +20,6 @@ from registry.spec import load_spec
 from registry.topic import RegistryFollower
 from topics.stage import exit_code
 from workers.backends import load_model
-from workers.backends.devices import fits_one_core, thread_count
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -89,8 +87,6 @@ def worker(
             version = version or folder.resolve().name
         replicas = max(replicas or 1, replica + 1)
         model = load_model(load_spec(folder), device=ws.device, threads=ws.threads)
-        if fits_one_core(model.spec.backend, model.device, thread_count(model.spec.config, ws.threads)):
-            pin_from_env(f"worker {name}")
         Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws,
                own_version_only=own_version_only).run()
     except ClipstreamError as exc:

@@ -98,15 +98,6 @@ def thread_count(config: Mapping[str, Any], override: int | None = None) -> int 
     return None
 
 
-def fits_one_core(backend: str, device: str, threads: int | None) -> bool:
-    """True when the model computes on one CPU thread at most, so the worker may be pinned to
-    one core (clipstream/cpus.py): on CUDA, with one intra-op thread, or a python or profile
-    model that asks for no more (its ``threads:`` above 1 keeps the worker unpinned)."""
-    if device == "cuda" or threads == 1:
-        return True
-    return threads is None and backend in ("python", "profile")
-
-
 def _positive(value: Any, what: str) -> int:
     try:
         n = int(value)

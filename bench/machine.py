@@ -109,8 +109,10 @@ def _ping_pong(a: int, b: int, rounds: int) -> float:
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child)
             try:
-                os.sched_setaffinity(0, {cpu})
                 read, write = (back[0], there[1]) if first else (there[0], back[1])
+                for fd in {*there, *back} - {read, write}:  # a partner that dies gives EOF, not a hang
+                    os.close(fd)
+                os.sched_setaffinity(0, {cpu})
                 for _ in range(rounds):
                     if first:
                         os.write(write, b"x")
@@ -121,12 +123,12 @@ def _ping_pong(a: int, b: int, rounds: int) -> float:
             finally:
                 os._exit(0)
         pids.append(pid)
+    for fd in (*there, *back):
+        os.close(fd)
     cpu_s = 0.0
     for pid in pids:
         _, _, usage = os.wait4(pid, 0)
         cpu_s += usage.ru_utime + usage.ru_stime
-    for fd in (*there, *back):
-        os.close(fd)
     return round(cpu_s * 1e6 / rounds, 1)
 
 

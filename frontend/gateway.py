@@ -112,6 +112,8 @@ class GatewayState:
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
         self.loop_lag_ms = 0.0
         self.loop_late = False
+        self.lag_ticks = 0  # wake-ups of the watcher (parked ones excluded)
+        self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
         self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit)
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:
@@ -119,18 +121,34 @@ class GatewayState:
 
         Past a few milliseconds every timer (and so every deadline) fires late, so new work is
         refused with 503 until the loop catches up: a quick 'no' beats an answer after the SLO.
+        While no prediction is in flight it parks: nobody waits on the loop then, and a timer
+        every few milliseconds would cost a wake-up each, most of an idle gateway's CPU
+        (docs/design/0045). The first prediction let in wakes it.
         """
         loop = asyncio.get_running_loop()
         late_in_a_row = 0
         while True:
+            if self.inflight == 0:
+                self._busy.clear()
+                self.loop_lag_ms, self.loop_late, late_in_a_row = 0.0, False, 0
+                await self._busy.wait()
             t0 = loop.time()
             await asyncio.sleep(every_s)
+            self.lag_ticks += 1
             self.loop_lag_ms = (loop.time() - t0 - every_s) * 1000.0
             # one late wake-up is a hiccup (a GC, an import); three in a row is a queue
             late_in_a_row = late_in_a_row + 1 if self.loop_lag_ms > self.gw.max_loop_lag_ms else 0
             if late_in_a_row >= 2:  # late again: not one pause but work waiting for the CPU
                 self.cut_for_lag(now_us())
             self.loop_late = late_in_a_row >= 3
+
+    def hold(self) -> int:
+        """Take an admission slot; how many were in flight before (wakes a parked watcher)."""
+        before = self.inflight
+        self.inflight += 1
+        if before == 0:
+            self._busy.set()
+        return before
 
     def cut_for_lag(self, now: int) -> None:
         """A late loop is a process queueing for the CPU: let fewer predictions in.
@@ -300,8 +318,7 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
         raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight{how}")
     if state.loop_late:
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
-    inflight = state.inflight
-    state.inflight += 1  # the slot is held from parsing to the answer
+    inflight = state.hold()  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:
         if len(raw) > OFFLOAD_BYTES:

@@ -259,6 +259,37 @@ def test_a_late_loop_cuts_the_limit_in_use_once_per_interval():
         assert fixed.admission.cuts == 0
 
 
+def test_the_loop_watcher_parks_while_nothing_is_in_flight_and_ticks_while_something_is():
+    from frontend.gateway import GatewayState
+
+    state = GatewayState(GatewaySettings(instance="unit"), Settings(topic_prefix="t."))
+
+    async def until(cond: Any, timeout_s: float = 5.0) -> None:
+        end = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < end, "condition not met within the deadline"
+            await asyncio.sleep(0.001)
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(state.watch_loop_lag(every_s=0.002))
+        try:
+            await asyncio.sleep(0.05)  # 25 ticks' worth of idle
+            assert state.lag_ticks == 0
+            assert state.hold() == 0  # the first prediction let in wakes it
+            await until(lambda: state.lag_ticks >= 3)
+            assert state.hold() == 1
+            state.inflight -= 2  # both answered
+            await until(lambda: state._busy.is_set() is False)
+            parked_at = state.lag_ticks
+            await asyncio.sleep(0.05)
+            assert state.lag_ticks == parked_at
+            assert (state.loop_late, state.loop_lag_ms) == (False, 0.0)
+        finally:
+            watcher.cancel()
+
+    asyncio.run(scenario())
+
+
 def test_slow_answers_cut_the_admission_limit_but_one_does_not_and_an_idle_limit_does_not_grow():
     # app SLO 30 ms: an answer after 22 ms, every model in hand, is in time but past 0.6 of
     # the SLO (queueing); one is a pause, a quarter of a limit's worth (4 of 16) is not

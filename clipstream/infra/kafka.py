@@ -53,25 +53,13 @@ DEV_BROKER_PROPERTIES: dict[str, str] = {
     "transaction.state.log.replication.factor": "1",
     "transaction.state.log.min.isr": "1",
     "transaction.state.log.num.partitions": "4",
+    "num.network.threads": "2",
+    "num.io.threads": "4",
     "log.retention.hours": "6",
     "log.segment.bytes": str(64 * 1024 * 1024),
     "log.retention.check.interval.ms": "60000",
     "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),  # 128 MiB by default
 }
-
-
-def broker_threads(cpus: int | None) -> dict[str, str]:
-    """Network and request threads for a broker sharing ``cpus`` with the pipeline.
-
-    Each request wakes a network thread and a request thread; with fewer of them, one wake-up
-    serves whatever else has queued meanwhile (docs/design/0044). One network thread, and one
-    request thread per two CPUs (at most Kafka's default of 8)."""
-    return {"num.network.threads": "1", "num.io.threads": str(max(1, min(8, (cpus or 1) // 2)))}
-
-
-def _usable_cpus() -> int | None:
-    """The CPUs this process may run on (a container's share, not the host's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def kafka_home(settings: Settings) -> Path:
@@ -217,7 +205,6 @@ def render_server_properties(
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(data_dir),
         **DEV_BROKER_PROPERTIES,
-        **broker_threads(_usable_cpus()),
         **(extra or {}),
     }
     return "".join(f"{key}={_prop_escape(value)}\n" for key, value in props.items())

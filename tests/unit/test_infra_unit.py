@@ -62,22 +62,6 @@ def test_server_properties_single_node_kraft_on_loopback(tmp_path: Path) -> None
     assert props["num.partitions"] == "3"  # extra settings win over the dev defaults
 
 
-def test_broker_threads_follow_the_cpus_the_broker_shares() -> None:
-    assert kafka.broker_threads(2) == {"num.network.threads": "1", "num.io.threads": "1"}
-    assert kafka.broker_threads(None) == {"num.network.threads": "1", "num.io.threads": "1"}
-    assert kafka.broker_threads(8)["num.io.threads"] == "4"
-    assert kafka.broker_threads(64)["num.io.threads"] == "8"  # Kafka's own default is the most
-
-
-def test_server_properties_carry_the_thread_counts(tmp_path: Path) -> None:
-    props = _props(kafka.render_server_properties(port=19092, controller_port=19093, data_dir=tmp_path))
-    expected = kafka.broker_threads(len(os.sched_getaffinity(0)))
-    assert {k: props[k] for k in expected} == expected
-    over = _props(kafka.render_server_properties(port=19092, controller_port=19093, data_dir=tmp_path,
-                                                 extra={"num.io.threads": "6"}))
-    assert over["num.io.threads"] == "6"  # an operator's extra settings still win
-
-
 def test_broker_files_and_command(tmp_path: Path) -> None:
     files = kafka.write_broker_files(tmp_path, 19092, 19093)
     assert _props(files.config.read_text())["log.dirs"] == str(files.data_dir)

@@ -112,7 +112,7 @@ class GatewayState:
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
         self.loop_lag_ms = 0.0
         self.loop_late = False
-        self.lag_ticks = 0  # wake-ups of the watcher (parked ones excluded)
+        self.lag_ticks = 0  # the watcher's ticks so far (none while it is parked)
         self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
         self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit)
 

@@ -1,34 +1,30 @@
-"""The batcher process: a thin faust-streaming shell around one ``BatcherService`` per model.
+"""The batcher process: asyncio tasks around one ``BatcherService`` per model.
 
-Faust runs the process: its lifecycle, signals and logging, and its tasks (intake, cache
-lookups, the batching loops, delivery reports, readiness). Its own Kafka consumer and
-producer are switched off (faust's ``BootStrategy``): the batcher's Kafka I/O is one record
-per query at batch size 1, and librdkafka's own threads do it with far less Python per record
+The tasks are the intake, delivery reports, each model's cache lookups and batching loop, and
+readiness; ``topics.stage.run_tasks`` runs them until SIGTERM and cancels them so each closes
+what it opened. The batcher's Kafka I/O is one record per query at batch size 1, and
+librdkafka's own threads do it with far less Python per record than an asyncio Kafka client
 (docs/design/0009). Both kinds of topic it reads, ``requests.<model>`` and
 ``batch-stats.<model>`` (one record per batch), come in through ``topics.intake`` consumer
-threads; what it writes goes out through a ``topics.emitter`` producer.
-One process may serve several models (``create_app``); every decision lives in ``core.py`` and
-the modules under it, and the I/O of one model in ``service.py``.
+threads; what it writes goes out through a ``topics.emitter`` producer. No stream framework
+runs the process: a restarted member is back in its group sooner without one to import and
+boot (docs/design/0046).
+One process may serve several models (``create_tasks``); every decision lives in ``core.py``
+and the modules under it, and the I/O of one model in ``service.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import hashlib
 import logging
 import os
 import re
-import shutil
 import socket
-import sys
-import tempfile
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
-import faust
 from confluent_kafka import TopicPartition
-from faust.app.base import BootStrategy
 
 from batchers.metrics import batcher_registry
 from batchers.offsets import Part, RequestHandover, RequestOffsets
@@ -37,42 +33,17 @@ from batchers.settings import BatcherSettings
 from clipstream.errors import ConfigError
 from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.settings import Settings
-from topics.admin import ensure_core_topics, ensure_model_topics
+from topics.admin import ensure_model_topics, ensure_stage_topics
 from topics.catalogue import Catalogue
-from topics.client import aiokafka_kwargs
 from topics.emitter import Emitter
 from topics.intake import Intake, Record
 from topics.membership import member_name, membership_config
 from topics.metrics import LAG, expose, serve_metrics
-from topics.stage import announce_ready, beat_on_loop, exit_code
+from topics.stage import Task, announce_ready, beat_on_loop, run_tasks
 
 log = logging.getLogger("clipstream.batcher")
 
-__all__ = ["create_app", "deliver_by_topic", "faust_app", "group_name", "run", "serve"]
-
-def faust_app(settings: Settings, app_id: str, datadir: str, consumer: bool = True, producer: bool = True,
-              **overrides: Any) -> faust.App:
-    """A faust app as clipstream runs one: raw bytes (our Avro codec decodes), no tables, no web
-    server, topics created by ``topics.admin`` rather than by faust, records sent at once.
-    ``consumer``/``producer`` False: faust does not start its own (the app's tasks do that I/O)."""
-    options: dict[str, Any] = {
-        "broker": "kafka://" + aiokafka_kwargs(settings)["bootstrap_servers"],
-        "value_serializer": "raw",
-        "key_serializer": "raw",
-        "store": "memory://",
-        "web_enabled": False,
-        "topic_disable_leader": True,
-        "topic_allow_declare": False,
-        "datadir": datadir,
-        "consumer_auto_offset_reset": "latest",
-        "producer_linger": 0.0,
-        "producer_acks": 1,
-    }
-    options.update(overrides)
-    app = faust.App(app_id, **options)
-    if not (consumer and producer):
-        app.boot_strategy = BootStrategy(app, enable_kafka_consumer=consumer, enable_kafka_producer=producer)
-    return app
+__all__ = ["create_tasks", "deliver_by_topic", "group_name", "run"]
 
 
 def group_name(settings: Settings, models: list[ModelSetup]) -> str:
@@ -98,9 +69,9 @@ def deliver_by_topic(records: list[Record], services: dict[str, Any],
             log.exception("batcher: %d records of %s failed", len(part), topic)
 
 
-def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup],
-               follower: Any = None, member: str | None = None) -> faust.App:
-    """The faust app of a batcher process serving one or several models (run it with ``serve``).
+def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetup],
+                 follower: Any = None, member: str | None = None) -> list[Task]:
+    """The tasks of a batcher process serving one or several models (run them with ``run_tasks``).
 
     Every model keeps its own queue, AIMD state and credit (its own ``BatcherService``); what
     the models share is the process: one consumer for all their request topics, one for all
@@ -117,7 +88,7 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
     group = group_name(settings, models)
     member = _member(member or member_name())
     label = ",".join(m.name for m in models)
-    app = faust_app(settings, group, _datadir(label), consumer=False, producer=False)
+    tasks: list[Task] = []
     holder: dict[str, Any] = {}
     offsets = RequestOffsets()  # what this member may commit (docs/design/0024)
     expose(batcher_registry(lambda: holder.get("s", {})))
@@ -138,7 +109,6 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
         by_topic = {topic: services()[model] for topic, model in topic_model.items()}  # once, not per fetch
         return lambda records: deliver_by_topic(records, by_topic, accept)
 
-    @app.task
     async def read_topics() -> None:
         loop = asyncio.get_running_loop()
         requests = {cat.requests(m.name).name: m.name for m in models}
@@ -177,7 +147,6 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
             for intake in intakes:
                 intake.stop()
 
-    @app.task
     async def deliveries() -> None:
         services()
         await holder["emitter"].serve_reports()
@@ -193,11 +162,6 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
             loop.__qualname__ = loop.__name__ = f"{loop.__name__}_{name}"
         return [lookups, batches]
 
-    for m in models:  # each model's own loops, as tasks of the one app
-        for loop in model_loops(m.name):
-            app.task(loop)
-
-    @app.task
     async def announce() -> None:
         while "intakes" not in holder or not all(i.ready.is_set() for i in holder["intakes"]):
             await asyncio.sleep(0.05)
@@ -215,19 +179,15 @@ def create_app(settings: Settings, bs: BatcherSettings, models: list[ModelSetup]
                         print(f"stats: {line}", flush=True)
                         last[name] = line
 
-    return app
+    tasks += [read_topics, deliveries]
+    for m in models:  # each model's own loops, as tasks of the one process
+        tasks += model_loops(m.name)
+    return [*tasks, announce]
 
 
 def _member(name: str | None) -> str | None:
     """A member name as a group instance id allows it (a shared batcher's stage name has '+')."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) if name else None
-
-
-def _datadir(label: str) -> str:
-    """Faust insists on a data dir; with no tables it stays empty, so a temporary one, removed at exit."""
-    path = tempfile.mkdtemp(prefix=f"faust-batcher-{label[:40]}-")
-    atexit.register(shutil.rmtree, path, True)
-    return path
 
 
 async def _follow(svc: BatcherService, follower: Any) -> None:
@@ -246,9 +206,8 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
 
 
 def _use_uvloop() -> None:
-    """libuv's event loop (what ``faust -L uvloop`` picks): every request costs the batcher
-    several loop wake-ups and socket calls, and uvloop makes each cheaper. Also the loop of
-    faust's consumer thread, which is made from the same policy."""
+    """libuv's event loop: every request costs the batcher several loop wake-ups and socket
+    calls, and uvloop makes each cheaper."""
     try:
         import uvloop
     except ImportError:  # an optional speed-up; asyncio's own loop works the same
@@ -259,24 +218,8 @@ def _use_uvloop() -> None:
 def run(settings: Settings, bs: BatcherSettings, models: list[ModelSetup], follower: Any = None,
         member: str | None = None) -> None:
     """Run the batcher until SIGINT/SIGTERM."""
-    ensure_core_topics(settings)
-    for model in models:
-        ensure_model_topics(settings, model.name, model.replicas)
+    ensure_stage_topics(settings, {m.name: m.replicas for m in models})
     if bs.uvloop:
         _use_uvloop()
     serve_metrics("batcher")
-    serve(create_app(settings, bs, models, follower, member))
-
-
-def serve(app: faust.App) -> None:
-    """Run a faust app until SIGINT/SIGTERM. Faust's own output (banner, spinner, logs) goes
-    to stderr and stdout is not redirected into logging, so stdout carries only our lines
-    ("ready: ...", "stats: ...")."""
-    worker = faust.Worker(app, loglevel="WARNING", quiet=True, stdout=sys.stderr, redirect_stdouts=False)
-    worker.spinner = None
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as exc:  # faust exits 0 after a stop; a ``fail`` asks to be restarted
-        if not exc.code and exit_code():
-            raise SystemExit(exit_code()) from None
-        raise
+    raise SystemExit(run_tasks(create_tasks(settings, bs, models, follower, member)))

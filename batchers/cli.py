@@ -15,6 +15,7 @@ group and owns some of every model's request partitions (docs/design/0024).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import click
@@ -59,6 +60,7 @@ def batcher(
     member: str | None,
 ) -> None:
     """Run the batcher of one model (or of several, --model repeated) until interrupted."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings, bs = settings_or_exit(get_settings), settings_or_exit(BatcherSettings)
     try:
         for name in model_names:

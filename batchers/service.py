@@ -107,7 +107,7 @@ class BatcherService:
         self.producer = producer or Emitter(settings, name=f"batcher {model.name}").producer
 
     # -- producing --------------------------------------------------------------------
-    # librdkafka, not faust's aiokafka producer: at batch size 1 the batcher sends one record per
+    # librdkafka, not an aiokafka producer: at batch size 1 the batcher sends one record per
     # query, and librdkafka's own thread does the I/O with far less Python per record
     # (docs/design/0009). ``produce`` only queues the record (acks=all); ``Emitter.serve_reports``
     # polls for the delivery reports.

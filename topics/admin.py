@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
@@ -69,7 +69,8 @@ def ensure_topics(
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.INVALID_PARTITIONS:
                     raise InfraError(f"cannot grow topic {name}: {exc}") from exc
-    _wait_for(admin, specs, timeout_s)
+    if new or grow or any(existing[s.name].error is not None for s in specs if s.name in existing):
+        _wait_for(admin, specs, timeout_s)  # a restart finds them all: no second round trip
     return changed
 
 
@@ -102,6 +103,13 @@ def ensure_core_topics(settings: Settings) -> list[str]:
 
 def ensure_model_topics(settings: Settings, model: str, replicas: int = 1) -> list[str]:
     return ensure_topics(settings, Catalogue.from_settings(settings).for_model(model, replicas))
+
+
+def ensure_stage_topics(settings: Settings, models: Mapping[str, int]) -> list[str]:
+    """The core topics and those of every model (name -> replicas), with one client and one
+    metadata request: a restarted stage is back in its group sooner."""
+    cat = Catalogue.from_settings(settings)
+    return ensure_topics(settings, [*cat.core(), *(s for m, n in models.items() for s in cat.for_model(m, n))])
 
 
 def learn_leaders(consumer: Consumer, topics: Iterable[str], timeout_s: float = 10.0) -> None:

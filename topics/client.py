@@ -83,7 +83,7 @@ def admin_config(settings: Settings) -> dict[str, Any]:
 
 
 def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
-    """The same connection for aiokafka (and so faust-streaming)."""
+    """The same connection for an aiokafka client (an application's own)."""
     kwargs: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap}
     if settings.kafka_security_protocol:
         kwargs["security_protocol"] = settings.kafka_security_protocol

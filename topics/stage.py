@@ -10,7 +10,7 @@ Each working loop of a stage also beats a heartbeat (``heartbeat``, ``beat_on_lo
 file the supervisor names in ``CLIPSTREAM_HEARTBEAT_FILE``: a stage whose loop is wedged stops
 beating, and ``clipstream up`` kills and restarts it (docs/design/0014). A part that cannot go
 on at all (``fail``: a Kafka client in a fatal state) stops the whole stage, which exits with
-``FATAL_EXIT`` to be started afresh.
+``FATAL_EXIT`` to be started afresh. An asyncio stage runs its tasks with ``run_tasks``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,37 @@ def announce_ready(stage: str, detail: str = "") -> None:
     """Freeze the start-up heap (``clipstream.heap``), then print the ready line."""
     freeze_startup_heap()
     print(ready_line(stage, detail), flush=True)
+
+
+Task = Callable[[], Coroutine[Any, Any, None]]
+
+
+def run_tasks(tasks: Sequence[Task]) -> int:
+    """Run an asyncio stage's tasks until SIGTERM/SIGINT (or ``fail``), then cancel them so each
+    one's ``finally`` closes what it opened (consumers commit and leave, producers flush); the
+    exit status. A task that ends or raises stops the stage: the supervisor starts it afresh
+    rather than leave the other tasks beating while a part of it serves nothing."""
+    return asyncio.run(_run_tasks(tasks))
+
+
+async def _run_tasks(tasks: Sequence[Task]) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    running = [loop.create_task(task(), name=task.__name__) for task in tasks]
+    stopped = loop.create_task(stop.wait(), name="signals")
+    done, _ = await asyncio.wait([stopped, *running], return_when=asyncio.FIRST_COMPLETED)
+    for task in done - {stopped}:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            traceback.print_exception(error, file=sys.stderr)
+        _FAILED.append(f"task {task.get_name()} {'ended' if error is None else f'raised {error!r}'}")
+        print(f"fatal: {_FAILED[-1]}; stopping, to be restarted", file=sys.stderr, flush=True)
+    for task in [stopped, *running]:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    return exit_code()
 
 
 def stop_on_signals(stop: threading.Event | Callable[..., Any] | None = None) -> threading.Event:

@@ -2,7 +2,7 @@
 
 Why Maven and not the release tarball: the network here reaches package registries only, and
 Maven Central carries the same jars. Why Kafka 3.9: it still speaks every old protocol version,
-which aiokafka (under faust-streaming) needs. The broker is tuned to be gentle on a small
+which older clients such as aiokafka need. The broker is tuned to be gentle on a small
 machine (small heap, a short-pause collector, few threads) and convenient for tests (topics
 are never created by accident, consumer groups start without the initial rebalance delay).
 """

@@ -45,8 +45,8 @@ OBSERVE_EXTRA_S = 30.0
 GAP_BOUND_S = 3.0
 HUNG_PAST_SESSION_S = 3.0  # a hung member stays stopped this long past its session timeout
 BROKER_BOUND_S = 10.0  # the target for a broker of three
-# the bound too: a restarted batcher member is slow to start (faust and the metrics
-# stack to import), so it is the one most likely to miss it (docs/design/0024)
+# the bound too: a restarted batcher member has the most to import and to join (its
+# registry, its request group), so it is the one most likely to miss it (docs/design/0024, 0046)
 BATCHER_BOUND_S = GAP_BOUND_S
 REDIS_FREEZE_S = 10.0
 OUT = ROOT / "out" / "faults"

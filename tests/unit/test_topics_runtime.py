@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 import topics.emitter as emitter_mod
 import topics.intake as intake_mod
+import topics.stage as stage_mod
 from clipstream.errors import DecodeError, InfraError
 from clipstream.settings import Settings
 from schemas import DeadLetter, decode_as
@@ -23,7 +24,7 @@ from topics.deadletters import COUNTS, DeadLetters, dead_letter_record, dead_let
 from topics.emitter import DeliveryFailed, Emitter
 from topics.intake import Intake, raw_record
 from topics.offsets import SpacedCommits, assign_at_end, committed_offset, pin_and_assign
-from topics.stage import announce_ready, ready_line, stop_on_signals
+from topics.stage import FATAL_EXIT, announce_ready, ready_line, run_tasks, stop_on_signals
 
 
 class FakeConsumer:
@@ -370,3 +371,48 @@ def test_sigterm_sets_the_stop_event_and_calls_the_callback() -> None:
     finally:
         signal.signal(signal.SIGTERM, before[0])
         signal.signal(signal.SIGINT, before[1])
+
+
+def _serving(closed: list[str]) -> Any:
+    """A task that serves until cancelled and says so when it closes."""
+    async def serving() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closed.append("serving")
+    return serving
+
+
+def test_run_tasks_stops_on_sigterm_and_lets_every_task_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stage_mod, "_FAILED", [])
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    closed: list[str] = []
+
+    async def terminated() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # as `up` stops a stage
+            await asyncio.Event().wait()
+        finally:
+            closed.append("terminated")
+
+    try:
+        assert run_tasks([_serving(closed), terminated]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    assert sorted(closed) == ["serving", "terminated"]
+
+
+def test_a_task_that_raises_stops_the_stage_to_be_restarted(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(stage_mod, "_FAILED", [])
+    closed: list[str] = []
+
+    async def broken() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("no such replica")
+
+    assert run_tasks([_serving(closed), broken]) == FATAL_EXIT
+    assert closed == ["serving"]
+    err = capsys.readouterr().err
+    assert "task broken raised ValueError('no such replica')" in err and "to be restarted" in err

@@ -88,7 +88,6 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
     group = group_name(settings, models)
     member = _member(member or member_name())
     label = ",".join(m.name for m in models)
-    tasks: list[Task] = []
     holder: dict[str, Any] = {}
     offsets = RequestOffsets()  # what this member may commit (docs/design/0024)
     expose(batcher_registry(lambda: holder.get("s", {})))
@@ -179,10 +178,8 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
                         print(f"stats: {line}", flush=True)
                         last[name] = line
 
-    tasks += [read_topics, deliveries]
-    for m in models:  # each model's own loops, as tasks of the one process
-        tasks += model_loops(m.name)
-    return [*tasks, announce]
+    loops = [loop for m in models for loop in model_loops(m.name)]  # each model's own, in one process
+    return [read_topics, deliveries, *loops, announce]
 
 
 def _member(name: str | None) -> str | None:

@@ -109,7 +109,8 @@ def ensure_stage_topics(settings: Settings, models: Mapping[str, int]) -> list[s
     """The core topics and those of every model (name -> replicas), with one client and one
     metadata request: a restarted stage is back in its group sooner."""
     cat = Catalogue.from_settings(settings)
-    return ensure_topics(settings, [*cat.core(), *(s for m, n in models.items() for s in cat.for_model(m, n))])
+    specs = [*cat.core(), *(spec for model, n in models.items() for spec in cat.for_model(model, n))]
+    return ensure_topics(settings, specs)
 
 
 def learn_leaders(consumer: Consumer, topics: Iterable[str], timeout_s: float = 10.0) -> None:

@@ -3,10 +3,10 @@ the event loop with one ``call_soon_threadsafe``.
 
 librdkafka calls block in C, so none runs on the loop. A confluent-kafka consumer in a thread
 that wakes the loop once per fetch costs a fraction of the CPU per record of a stream
-framework's per-event path (faust on aiokafka: an Event with acks and sensors per record), with lower latency too
-(docs/design/0009-batcher-intake-on-librdkafka.md). One intake may read several topics: one
-fetch then brings every topic's records and wakes the process once; each record carries its
-topic.
+framework's per-event path (faust on aiokafka: an Event with acks and sensors per record),
+with lower latency too (docs/design/0009-batcher-intake-on-librdkafka.md). One intake may read
+several topics: one fetch then brings every topic's records and wakes the process once; each
+record carries its topic.
 
 Two ways to get partitions:
 

@@ -65,8 +65,7 @@ async def _run_tasks(tasks: Sequence[Task]) -> int:
         error = None if task.cancelled() else task.exception()
         if error is not None:
             traceback.print_exception(error, file=sys.stderr)
-        _FAILED.append(f"task {task.get_name()} {'ended' if error is None else f'raised {error!r}'}")
-        print(f"fatal: {_FAILED[-1]}; stopping, to be restarted", file=sys.stderr, flush=True)
+        fail(f"task {task.get_name()} {'ended' if error is None else f'raised {error!r}'}")
     for task in [stopped, *running]:
         task.cancel()
     await asyncio.gather(*running, return_exceptions=True)

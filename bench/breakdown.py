@@ -1,19 +1,22 @@
 """Where a query's time and CPU go: latency split by stage from the trace stamps, CPU per process.
 
-Every record carries trace stamps (epoch us): ``produced`` (QueryEvent made), ``dispatched``
+Every record carries trace stamps (epoch us): ``produced`` (the query made: through the
+gateway, when the server began reading the request, as its deadline counts), ``dispatched``
 (selector), ``batcher_in``/``batched`` (batcher), ``worker_in``/``worker_out`` (worker) and
 ``joined`` (selector); the selector copies the stamps of the last prediction that reached the
 join into the Response. With the generator's own send and receive times, a query's latency
 splits into:
 
-    gateway             produced - sent       (REST only: HTTP in, parse, QueryEvent encode)
-    queries hop         dispatched - produced (Kafka hop, selector decode + select)
+    gateway             produced - sent       (REST only: the request's bytes reaching the server)
+    queries hop         dispatched - produced (Kafka hop, selector decode + select; through the
+                                               gateway: + its body read, parse, encode, produce)
     requests hop        batcher_in - dispatched
     batcher             batched - batcher_in  (cache lookup, deadline queue, delayed batching)
     batches hop         worker_in - batched   (Kafka hop, and waiting behind a batch in flight)
     model service       worker_out - worker_in
     predictions + join  joined - worker_out   (Kafka hop, selector decode + combine)
-    reply               received - joined     (Kafka hop back; through the gateway: + HTTP out)
+    reply               received - joined     (Kafka hop back; through the gateway: + its reply
+                                               thread, the event loop, HTTP out)
 
 Through the gateway, the Responses are read from the gateway's own reply topic (its instance is
 pinned by ``bench.common.Pipeline``) and matched by query id. Straight into Kafka, the

@@ -105,12 +105,16 @@ def ensure_model_topics(settings: Settings, model: str, replicas: int = 1) -> li
     return ensure_topics(settings, Catalogue.from_settings(settings).for_model(model, replicas))
 
 
-def ensure_stage_topics(settings: Settings, models: Mapping[str, int]) -> list[str]:
-    """The core topics and those of every model (name -> replicas), with one client and one
-    metadata request: a restarted stage is back in its group sooner."""
+def stage_topics(settings: Settings, models: Mapping[str, int]) -> list[TopicSpec]:
+    """The core topics and those of every model (name -> replicas)."""
     cat = Catalogue.from_settings(settings)
-    specs = [*cat.core(), *(spec for model, n in models.items() for spec in cat.for_model(model, n))]
-    return ensure_topics(settings, specs)
+    return [*cat.core(), *(spec for model, n in models.items() for spec in cat.for_model(model, n))]
+
+
+def ensure_stage_topics(settings: Settings, models: Mapping[str, int]) -> list[str]:
+    """``stage_topics``, with one client and one metadata request: a restarted stage is back in
+    its group sooner."""
+    return ensure_topics(settings, stage_topics(settings, models))
 
 
 def learn_leaders(consumer: Consumer, topics: Iterable[str], timeout_s: float = 10.0) -> None:

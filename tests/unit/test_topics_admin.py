@@ -10,7 +10,7 @@ import pytest
 
 import topics.admin as admin_mod
 from clipstream.settings import Settings
-from topics.admin import ensure_stage_topics
+from topics.admin import ensure_stage_topics, stage_topics
 from topics.catalogue import Catalogue
 
 SETTINGS = Settings(topic_prefix="t.")
@@ -40,8 +40,7 @@ class FakeAdmin:
 
 
 def _stage_specs(models: dict[str, int]) -> dict[str, int]:
-    cat = Catalogue.from_settings(SETTINGS)
-    return {s.name: s.partitions for s in [*cat.core(), *(s for m, n in models.items() for s in cat.for_model(m, n))]}
+    return {s.name: s.partitions for s in stage_topics(SETTINGS, models)}
 
 
 def test_a_restart_finds_every_topic_with_one_metadata_request(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,6 +60,7 @@ def test_server_properties_single_node_kraft_on_loopback(tmp_path: Path) -> None
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert props["offsets.topic.replication.factor"] == "1"
     assert props["num.partitions"] == "3"  # extra settings win over the dev defaults
+    assert props["metadata.max.idle.interval.ms"] == "30000"  # no no-op record every 500 ms
 
 
 def test_broker_files_and_command(tmp_path: Path) -> None:

@@ -278,10 +278,24 @@ def cost_cpu(rate: str, target: float) -> Callable[[dict[str, Any]], Result]:
     return figure
 
 
+def next_miss(steps: list[dict[str, Any]], rate: float) -> str:
+    """Why the row stopped at ``rate``: the lowest step above it that missed, with the p99 of
+    what it answered and what it refused, so a refusal is told apart from a slow answer."""
+    missed = sorted((st for st in steps if st["rate"] > rate and not st.get("ok")), key=lambda st: st["rate"])
+    if not missed:
+        return ""
+    st = missed[0]
+    why = [f"p99 of answers {ms(st['latency_ms']['p99'])} ms"]
+    why += [f"{st[k]:,} {word}" for k, word in (("refused", "refused"), ("default", "defaults"), ("lost", "lost"))
+            if st.get(k)]
+    return f"; {q(st['rate'])} q/s missed: {', '.join(why)}"
+
+
 def cost_max_rate(r: dict[str, Any]) -> Result:
     s = get(r, "summary")
     v = get(s, "max_rate_qps")
-    return f"{q(v)} q/s", met(ge(v, 800))
+    steps = r.get("systems", {}).get("clipstream", {}).get("search") or []
+    return f"{q(v)} q/s{next_miss(steps, v)}", met(ge(v, 800))
 
 
 def cost_vs_mlserver(r: dict[str, Any]) -> Result:
@@ -308,7 +322,8 @@ def ensemble(r: dict[str, Any]) -> Result:
     c = get(r, "closed_loop")
     at = next((s for s in get(r, "search") if s["rate"] == v), None)
     cpu = f", {at['cpu_us_per_query_total']:,.0f} µs CPU/query there" if at else ""
-    return (f"{q(v)} q/s within SLO {get(r, 'settings', 'slo_ms'):g} ms = {x(v / base)} of {q(base)}{cpu}; "
+    return (f"{q(v)} q/s within SLO {get(r, 'settings', 'slo_ms'):g} ms = {x(v / base)} of {q(base)}{cpu}"
+            f"{next_miss(get(r, 'search'), v)}; "
             f"{c['callers']} callers: {q(c['qps'])} q/s, p99 {ms(c['p99_ms'])} ms"), met(ge(v, times * base))
 
 

@@ -90,6 +90,23 @@ def test_the_kafka_requests_per_query_join_the_cpu_row() -> None:
     assert "Kafka requests" not in cost_cpu("100", 1500)(report)[0]
 
 
+def test_the_rate_row_says_what_the_next_step_up_missed_by() -> None:
+    system = _system(900, 200)
+    system["search"] = [
+        {"rate": 300.0, "ok": False, "latency_ms": {"p99": 46.3}, "refused": 17, "default": 0, "lost": 0},
+        {"rate": 400.0, "ok": False, "latency_ms": {"p99": 40.3}, "refused": 12, "default": 2, "lost": 0},
+        {"rate": 200.0, "ok": True, "latency_ms": {"p99": 29.6}, "refused": 0, "default": 1, "lost": 0},
+    ]
+    report = {"systems": {"clipstream": system}}
+    report["summary"] = summarize(report["systems"])
+    text, ok = cost_max_rate(report)
+    assert text == "200 q/s; 300 q/s missed: p99 of answers 46.3 ms, 17 refused" and ok == NO
+    system["search"][0].update(refused=0, default=3, latency_ms={"p99": 61.0})
+    assert cost_max_rate(report)[0] == "200 q/s; 300 q/s missed: p99 of answers 61.0 ms, 3 defaults"
+    system["search"] = system["search"][2:]  # nothing above it was tried
+    assert cost_max_rate(report)[0] == "200 q/s"
+
+
 def test_no_mlserver_rate_gives_no_ratio() -> None:
     s = summarize({"clipstream": _system(900, 800), "mlserver": _system(1200, 0)})
     assert s["vs_mlserver"] is None

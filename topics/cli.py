@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from clipstream.settings import get_settings
-from topics.admin import ensure_core_topics, ensure_model_topics
+from topics.admin import ensure_stage_topics
 
 
 @click.group()
@@ -18,8 +18,5 @@ def topics() -> None:
 @click.option("--replicas", default=1, show_default=True)
 def create(models: tuple[str, ...], replicas: int) -> None:
     """Create the core topics (idempotent)."""
-    settings = get_settings()
-    made = ensure_core_topics(settings)
-    for model in models:
-        made += ensure_model_topics(settings, model, replicas)
+    made = ensure_stage_topics(get_settings(), {model: replicas for model in models})
     click.echo(f"topics ready ({len(made)} created or grown)")

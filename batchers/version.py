@@ -61,6 +61,9 @@ class VersionSwitch:
         return "timeout" if now_us - self.since_us >= self.timeout_us else None
 
     def switch(self) -> str | None:
-        """Move to the target; returns the version left."""
+        """Move to the target; returns the version left. Its workers are told to leave, so
+        their markers no longer say anything: a rollback to it waits for new ones, even within
+        ``MARKER_LEAD_US`` of the old."""
         left, self.current, self.target = self.current, self.target, None
+        self._marks = {key: made for key, made in self._marks.items() if key[0] != left}
         return left

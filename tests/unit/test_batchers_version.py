@@ -37,6 +37,19 @@ def test_a_marker_from_an_earlier_attempt_does_not_count() -> None:
     assert sw.due(100 * S + MARKER_LEAD_US + 2 * S) == "ready"
 
 
+def test_a_rollback_waits_for_the_old_version_to_start_again() -> None:
+    sw = VersionSwitch("1", timeout_us=600 * S)
+    sw.mark_ready("1", 0, 100 * S)  # version 1's worker at its start
+    sw.want("2", 1, now_us=101 * S)
+    sw.mark_ready("2", 0, 104 * S)
+    assert sw.due(104 * S) == "ready" and sw.switch() == "1"  # version 1's worker is told to leave
+    rolled_back = 100 * S + MARKER_LEAD_US - S  # its marker is still within the lead
+    sw.want("1", 1, now_us=rolled_back)
+    assert sw.due(rolled_back) is None and sw.missing() == [0]
+    sw.mark_ready("1", 0, rolled_back + 3 * S)  # a new worker of version 1, loaded
+    assert sw.due(rolled_back + 3 * S) == "ready" and sw.switch() == "2"
+
+
 def test_a_marker_just_ahead_of_the_registry_change_counts() -> None:
     sw = VersionSwitch("1", timeout_us=600 * S)
     sw.mark_ready("2", 0, 100 * S)  # the worker read the registry before this batcher did

@@ -26,6 +26,8 @@ from topics.stage import HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
 
 Report = Callable[[str], None]
 MIN_HEARTBEAT_TIMEOUT_S = 2 * HEARTBEAT_EVERY_S  # a beat on time is up to one interval old
+# how often ``watch`` reads the heartbeats when nothing happens; an exit is seen at once
+CHECK_S = 0.5
 
 
 class Backoff:
@@ -97,6 +99,7 @@ class Supervisor:
         self.stages: dict[str, Stage] = {}
         self._lock = threading.Lock()
         self._stopping = False
+        self._wake = threading.Event()  # a stage's output ended (it exited), or ``interrupt``
 
     def add(self, name: str, argv: list[str], env: dict[str, str]) -> Stage:
         stage = Stage(name, argv, env, self.log_dir / f"{name}.log", Backoff(*self._backoff))
@@ -129,6 +132,8 @@ class Supervisor:
                     stage.ready_line = raw.decode(errors="replace").strip()
                     stage.ready_at = time.monotonic()
                     stage.ready.set()
+        proc.wait()  # its output ends as it exits: ``watch`` restarts it now, not at its next look
+        self._wake.set()
 
     def wait_ready(self, timeout_s: float, names: list[str] | None = None) -> None:
         """Block until the named stages (default all) are ready; a stage that exits is an error."""
@@ -151,9 +156,34 @@ class Supervisor:
                 )
             time.sleep(0.05)
 
+    def watch(self, stop: threading.Event, upkeep: Callable[[], None] = lambda: None,
+              every_s: float = CHECK_S) -> None:
+        """``up``'s loop, until ``stop`` is set (then call ``interrupt``): ``check`` as soon as
+        a stage exits or a restart or kill is due, else every ``every_s``, then ``upkeep``.
+
+        Waiting on the exits rather than looking often sees a death sooner and leaves ``up``
+        asleep while nothing happens (docs/design/0049)."""
+        while not stop.is_set():
+            self._wake.wait(self._until_due(every_s))
+            self._wake.clear()
+            if stop.is_set():
+                return
+            self.check()
+            upkeep()
+
+    def interrupt(self) -> None:
+        """End ``watch``'s wait now (its ``stop`` was set)."""
+        self._wake.set()
+
+    def _until_due(self, every_s: float) -> float:
+        """Until the next restart or kill falls due (those past due were acted on), at most ``every_s``."""
+        now = time.monotonic()
+        return min([every_s, *(t - now for s in list(self.stages.values()) for t in (s.next_start, s.kill_at)
+                               if t > now)])
+
     def check(self) -> None:
         """Restart stages that died, after their backoff, and kill the ones that hung; each
-        restart is reported with its reason. Called every half second or so by ``up``."""
+        restart is reported with its reason. ``watch`` calls it."""
         if self._stopping:
             return
         now = time.monotonic()

@@ -50,7 +50,6 @@ READY_TIMEOUT_S = 180.0
 LEAVE_GRACE_S = 30.0
 
 
-CHECK_S = 0.1  # how often up looks at its stages: a killed one is restarted within this and its backoff
 
 class UpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_UP_", extra="ignore")
@@ -268,16 +267,18 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
     up_settings = settings_or_exit(UpSettings)
     shared = up_settings.batchers == "shared"
     stop, serving = threading.Event(), threading.Event()
+    supervisor: Supervisor | None = None
 
     def on_signal(*_: Any) -> None:
         stop.set()
+        if supervisor is not None:
+            supervisor.interrupt()
         if not serving.is_set():  # still starting: interrupt whatever waits; ``finally`` cleans up
             raise KeyboardInterrupt
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     started_infra = False
-    supervisor: Supervisor | None = None
     pipeline: Pipeline | None = None
     follower: RegistryFollower | None = None
     try:
@@ -323,15 +324,13 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()
         follower.add_listener(lambda v: _report_started(pipeline.sync(v), targets))
-        # a dead stage is seen within CHECK_S (its restart is what a failover waits for);
-        # the rest of the upkeep runs every fifth round
-        rounds = 0
-        while not stop.wait(CHECK_S):
-            supervisor.check()
-            rounds += 1
-            if rounds % 5 == 0:
-                targets.keep([*supervisor.stages, *pipeline.leaving])
-                pipeline.retire()
+        # a dead stage is restarted as soon as it exits (a failover waits for that)
+
+        def upkeep() -> None:
+            targets.keep([*supervisor.stages, *pipeline.leaving])
+            pipeline.retire()
+
+        supervisor.watch(stop, upkeep)
     except ClipstreamError as exc:
         _say(f"error: {exc}")
         raise SystemExit(1) from None

@@ -29,8 +29,12 @@ from topics.admin import ensure_core_topics, learn_leaders, watermarks
 from topics.catalogue import Catalogue, check_name
 from topics.client import consumer_config, producer_config
 from topics.deadletters import DeadLetters
+from topics.stage import IDLE_POLL_S
 
 log = logging.getLogger(__name__)
+
+# a follower that stops as soon as it has read what it came for (a CLI verb, a test)
+ONE_OFF_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -157,8 +161,10 @@ class RegistryState:
 class RegistryFollower:
     """Reads the registry topic from the beginning in a thread and keeps a current view."""
 
-    def __init__(self, settings: Settings, on_change: Callable[[RegistryView], None] | None = None):
+    def __init__(self, settings: Settings, on_change: Callable[[RegistryView], None] | None = None,
+                 idle_poll_s: float = IDLE_POLL_S):
         self._settings = settings
+        self._idle_poll_s = idle_poll_s  # how soon ``stop`` is seen: short for a one-off read
         self._topic = Catalogue.from_settings(settings).registry.name
         self._state = RegistryState(Repository.from_settings(settings))
         self._view = RegistryView()
@@ -203,9 +209,10 @@ class RegistryFollower:
             if high <= 0:
                 self._ready.set()
             while not self._stop.is_set():
-                # consume waits out its timeout unless 500 records come: short until caught up,
-                # as every stage's start waits for that
-                msgs = consumer.consume(500, timeout=0.1 if self._ready.is_set() else 0.01)
+                # short polls until caught up, as every stage's start waits for that; then a
+                # poll returns with the first record, and the rest already fetched come with it
+                first = consumer.poll(self._idle_poll_s if self._ready.is_set() else 0.01)
+                msgs = [first, *consumer.consume(499, timeout=0)] if first is not None else []
                 if not msgs and not self._ready.is_set():
                     # compaction leaves gaps in offsets: compare the position, not the last offset
                     pos = consumer.position([tp])[0].offset
@@ -255,7 +262,7 @@ class RegistryFollower:
 
 def read_view(settings: Settings, timeout_s: float = 30.0) -> RegistryView:
     """A one-off snapshot of the registry (CLI verbs, tests)."""
-    follower = RegistryFollower(settings).start()
+    follower = RegistryFollower(settings, idle_poll_s=ONE_OFF_POLL_S).start()
     try:
         return follower.wait_ready(timeout_s)
     finally:
@@ -348,7 +355,7 @@ def wait_for(
     settings: Settings, predicate: Callable[[RegistryView], bool], timeout_s: float = 10.0
 ) -> RegistryView:
     """Follow the registry until ``predicate(view)`` holds (tests, CLI)."""
-    follower = RegistryFollower(settings).start()
+    follower = RegistryFollower(settings, idle_poll_s=ONE_OFF_POLL_S).start()
     try:
         follower.wait_ready(timeout_s)
         deadline = time.monotonic() + timeout_s

@@ -30,7 +30,7 @@ from selector.policies import align_state
 from selector.store import StateStore
 from selector.types import Feedback, Output, Query
 from topics.deadletters import DeadLetters
-from topics.stage import fail_if_fatal, heartbeat
+from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
 
 class Learner:
@@ -110,7 +110,7 @@ class Learner:
             self.stats["repeated"] += 1
         return True
 
-    def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
+    def run(self, stop: threading.Event, max_poll_s: float = IDLE_POLL_S, drain_max: int = 500) -> None:
         while not stop.is_set():
             heartbeat("learn")  # proof of life for `up`: a wedged learn loop stops it
             if self._rewind:  # Redis was away: keep the group alive, resume once it answers

@@ -41,7 +41,7 @@ from topics.admin import ensure_model_topics
 from topics.catalogue import Catalogue
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
-from topics.stage import fail_if_fatal, heartbeat
+from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
 # built-in policies whose select and combine never read learned state (``single`` counts
 # feedback only); any policy may say so itself with a ``stateless`` attribute
@@ -373,12 +373,12 @@ class Selector:
             # this loop got to it (the CPU was elsewhere) as well as the trip to the broker
             self._answer_safely(pending, late_us=max(0, now_us() - pending.deadline_us))
 
-    def run(self, stop: threading.Event, max_poll_s: float = 0.1, drain_max: int = 500) -> None:
+    def run(self, stop: threading.Event, max_poll_s: float = IDLE_POLL_S, drain_max: int = 500) -> None:
         queries = self.catalogue.queries.name
         # a delivery report marks a query answered (its offset may be committed), and its
         # latency runs until the report is served: the reply producer is polled by a thread of
         # its own, which serves each one as it comes (until the reply producer is closed)
-        self.reply_producer.start_polling(0.05)
+        self.reply_producer.start_polling()
         while not stop.is_set():
             heartbeat("join")  # proof of life for `up`: a wedged join loop stops it
             due = self.join.next_deadline()

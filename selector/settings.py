@@ -14,7 +14,8 @@ class SelectorSettings(BaseSettings):
     group: str = "clipstream-selector"  # dispatch+join group; learners use <group>.learn
     answered_capacity: int = 100_000  # answered ids remembered to count late predictions ...
     answered_window_s: float = Field(60.0, gt=0)  # ... for at most this long after their deadline
-    max_poll_s: float = 0.1  # longest poll when nothing is due (how fast a stop is noticed)
+    # longest poll when nothing is due: how soon a stop is noticed (``topics.stage.IDLE_POLL_S``)
+    max_poll_s: float = 0.5
     drain_max: int = 500  # records taken per poll once one has arrived
     learn_global: bool = True  # feedback with a context also teaches the app's global state
     registry_timeout_s: float = 30.0

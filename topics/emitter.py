@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, Producer
 
 from clipstream.settings import Settings
 from topics.client import producer_config
+from topics.stage import IDLE_POLL_S
 
 log = logging.getLogger("clipstream.topics")
 
@@ -54,6 +55,10 @@ class Emitter:
         self.errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        """Records sent whose delivery reports are not served yet (the broker's ack pending)."""
+        return len(self.producer)
 
     # -- sending ----------------------------------------------------------------------------
     def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, partition: int | None = None,
@@ -93,7 +98,7 @@ class Emitter:
             log.warning("%s: a record for %s was not delivered: %s", self.name or "emitter", msg.topic(), err)
 
     # -- serving delivery reports --------------------------------------------------------------
-    def start_polling(self, every_s: float = 0.1) -> Emitter:
+    def start_polling(self, every_s: float = IDLE_POLL_S) -> Emitter:
         """A thread that serves delivery reports as they come, until ``close``."""
         def run() -> None:
             while not self._stop.is_set():

@@ -35,7 +35,7 @@ from clipstream.settings import Settings
 from topics.client import consumer_config
 from topics.deadletters import Source
 from topics.offsets import assign_at_end, pin_and_assign
-from topics.stage import fail_if_fatal
+from topics.stage import IDLE_POLL_S, fail_if_fatal
 
 log = logging.getLogger("clipstream.topics")
 
@@ -152,7 +152,7 @@ class Intake:
         while not self._stop.is_set():
             if self._to_store:
                 self._store(consumer)
-            first = consumer.poll(0.1)  # returns as soon as one record is there
+            first = consumer.poll(IDLE_POLL_S)  # returns as soon as one record is there
             if first is None:
                 continue
             group: list[Any] = []

@@ -124,6 +124,11 @@ def exit_code() -> int:
 HEARTBEAT_FILE_ENV = "CLIPSTREAM_HEARTBEAT_FILE"
 HEARTBEAT_EVERY_S = 1.0
 
+# How long a Kafka client's thread with nothing to do blocks in one poll. A poll returns as
+# soon as a record or a delivery report is there, so this bounds only how soon the thread sees
+# a stop; each timeout that runs out wakes an idle process for nothing (docs/design/0049).
+IDLE_POLL_S = 0.5
+
 
 class Heartbeat:
     """Proof of life for a supervisor, beaten by each working loop of the stage from the loop

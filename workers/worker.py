@@ -35,7 +35,7 @@ from topics.emitter import Emitter
 from topics.markers import is_handover, ready_marker
 from topics.metrics import LAG, expose, serve_metrics
 from topics.offsets import SpacedCommits, committed_offset
-from topics.stage import announce_ready, fail_if_fatal, heartbeat, stop_on_signals
+from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, stop_on_signals
 from workers.backends import BatchModel, warm_up
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
 from workers.metrics import WorkerMetrics
@@ -271,7 +271,9 @@ class Worker:
     def _emit_loop(self) -> None:
         while True:
             try:
-                job = self._to_emit.get(timeout=0.05)
+                # while acks are pending, their reports are served between jobs; with none
+                # pending there is nothing to serve until the next job
+                job = self._to_emit.get(timeout=0.05 if len(self.producer) else IDLE_POLL_S)
             except queue.Empty:
                 self.producer.poll(0)  # delivery reports while idle
                 continue

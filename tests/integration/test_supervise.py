@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clipstream.supervise import Stage, Supervisor
+from clipstream.supervise import CHECK_S, Stage, Supervisor
 from clipstream.testing.procs import wait_until
 from topics.stage import read_heartbeat
 
@@ -39,7 +39,8 @@ RESTART_BOUND_S = 30.0
 class Running:
     """A supervisor with ``up``'s check loop on a thread, its reports collected."""
 
-    def __init__(self, tmp_path: Path, **kw: float) -> None:
+    def __init__(self, tmp_path: Path, every_s: float = CHECK_S, **kw: float) -> None:
+        self.every_s = every_s
         self.reports: list[str] = []
         self.reported_at: list[float] = []
         self.sup = Supervisor(tmp_path / "logs", report=self._report, **kw)
@@ -51,8 +52,7 @@ class Running:
         self.reports.append(line)
 
     def _loop(self) -> None:
-        while not self._stop.wait(0.05):
-            self.sup.check()
+        self.sup.watch(self._stop, every_s=self.every_s)
 
     def start_child(self, script: Path) -> Stage:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -63,6 +63,7 @@ class Running:
 
     def close(self) -> None:
         self._stop.set()
+        self.sup.interrupt()
         self._thread.join(5)
         for stage in self.sup.stages.values():
             if stage.proc is not None and stage.proc.poll() is None:
@@ -113,6 +114,18 @@ def test_a_stage_killed_again_and_again_is_restarted_every_time(tmp_path, child,
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
     assert r.reports[-1].startswith("restarting child in 0.05s (exit code -9, SIGKILL)"), r.reports
+
+
+def test_an_exit_wakes_the_supervisor_at_once_however_seldom_it_looks(tmp_path, child, running) -> None:
+    # an hour between looks: only the end of the child's output can bring the restart in time
+    r = Running(tmp_path, every_s=3600.0, heartbeat_timeout_s=0, backoff_first_s=0.05)
+    running.append(r)
+    stage = r.start_child(child)
+    assert stage.proc is not None
+    old = stage.proc.pid
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
+    assert r.reports == ["restarting child in 0.05s (exit code -9, SIGKILL); log: " + str(stage.log_path)]
 
 
 def test_a_stage_that_stops_beating_is_killed_and_restarted(tmp_path, child, running) -> None:

@@ -52,6 +52,9 @@ class FakeProducer:
     def poll(self, timeout: float) -> int:
         return 0
 
+    def __len__(self) -> int:  # as a Producer: records whose reports are not served yet
+        return len(self.pending)
+
     def flush(self, timeout: float) -> int:
         for callback, topic in self.pending:
             callback("broker down" if self.fail else None, Msg(b"", 0, topic))

@@ -50,7 +50,6 @@ READY_TIMEOUT_S = 180.0
 LEAVE_GRACE_S = 30.0
 
 
-
 class UpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_UP_", extra="ignore")
 
@@ -324,12 +323,12 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()
         follower.add_listener(lambda v: _report_started(pipeline.sync(v), targets))
-        # a dead stage is restarted as soon as it exits (a failover waits for that)
 
         def upkeep() -> None:
             targets.keep([*supervisor.stages, *pipeline.leaving])
             pipeline.retire()
 
+        # a dead stage is restarted as soon as it exits (a failover waits for that)
         supervisor.watch(stop, upkeep)
     except ClipstreamError as exc:
         _say(f"error: {exc}")

@@ -56,8 +56,9 @@ class Emitter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __len__(self) -> int:
-        """Records sent whose delivery reports are not served yet (the broker's ack pending)."""
+    def pending(self) -> int:
+        """Records sent whose delivery reports are not served yet (the broker's ack pending).
+        A method, not ``__len__``: an emitter with nothing pending must still be truthy."""
         return len(self.producer)
 
     # -- sending ----------------------------------------------------------------------------

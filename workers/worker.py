@@ -273,7 +273,7 @@ class Worker:
             try:
                 # while acks are pending, their reports are served between jobs; with none
                 # pending there is nothing to serve until the next job
-                job = self._to_emit.get(timeout=0.05 if len(self.producer) else IDLE_POLL_S)
+                job = self._to_emit.get(timeout=0.05 if self.producer.pending() else IDLE_POLL_S)
             except queue.Empty:
                 self.producer.poll(0)  # delivery reports while idle
                 continue

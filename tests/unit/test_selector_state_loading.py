@@ -130,6 +130,25 @@ def test_answers_leave_on_their_own_producer() -> None:
     assert [t for t, _ in replies.sent] == [cat.responses.name] and replies.polls == 1
 
 
+def test_a_reply_emitter_with_nothing_pending_is_still_the_one_answers_use() -> None:
+    """``Selector`` falls back on the request producer only when it is given no reply producer:
+    a real emitter with no record in flight must count as given."""
+    from clipstream.settings import Settings
+    from topics.emitter import Emitter
+
+    settings = Settings(kafka_bootstrap="127.0.0.1:9")  # nothing is sent: no broker needed
+    requests, replies = Emitter(settings, name="requests"), Emitter(settings, name="replies")
+    try:
+        assert replies.pending() == 0
+        sel = Selector(None, requests, StateStore(FakeRedis()), SimpleNamespace(),  # type: ignore[arg-type]
+                       SimpleNamespace(send=lambda *a, **k: None), Catalogue.from_settings(settings),  # type: ignore[arg-type]
+                       settings, reply_producer=replies)
+        assert sel.reply_producer is replies
+    finally:
+        requests.close(0)
+        replies.close(0)
+
+
 def test_answers_now_due_go_before_the_new_queries_of_a_group() -> None:
     """A group's new queries (each a fan-out of requests) must not delay a straggler cutoff."""
     import time

@@ -40,25 +40,25 @@ class Msg:
 class FakeProducer:
     def __init__(self, fail: bool = False) -> None:
         self.sent: list[tuple[str, int | None, bytes]] = []
-        self.pending: list[Any] = []
+        self.unacked: list[Any] = []
         self.fail = fail
         self.log: list[str] = []
 
     def produce(self, topic: str, value: bytes, on_delivery: Any, partition: int | None = None) -> None:
         self.sent.append((topic, partition, value))
-        self.pending.append((on_delivery, topic))
+        self.unacked.append((on_delivery, topic))
         self.log.append("produce")
 
     def poll(self, timeout: float) -> int:
         return 0
 
-    def __len__(self) -> int:  # as a Producer: records whose reports are not served yet
-        return len(self.pending)
+    def pending(self) -> int:  # as an Emitter: records whose reports are not served yet
+        return len(self.unacked)
 
     def flush(self, timeout: float) -> int:
-        for callback, topic in self.pending:
+        for callback, topic in self.unacked:
             callback("broker down" if self.fail else None, Msg(b"", 0, topic))
-        self.pending.clear()
+        self.unacked.clear()
         self.log.append("flush")
         return 0
 

@@ -136,8 +136,13 @@ def test_a_reply_emitter_with_nothing_pending_is_still_the_one_answers_use() -> 
     from clipstream.settings import Settings
     from topics.emitter import Emitter
 
+    class Idle:  # librdkafka's queue with nothing in it (a real one soon holds connection errors)
+        def __len__(self) -> int:
+            return 0
+
     settings = Settings(kafka_bootstrap="127.0.0.1:9")  # nothing is sent: no broker needed
     requests, replies = Emitter(settings, name="requests"), Emitter(settings, name="replies")
+    producer, replies.producer = replies.producer, Idle()  # type: ignore[assignment]
     try:
         assert replies.pending() == 0
         sel = Selector(None, requests, StateStore(FakeRedis()), SimpleNamespace(),  # type: ignore[arg-type]
@@ -145,6 +150,7 @@ def test_a_reply_emitter_with_nothing_pending_is_still_the_one_answers_use() -> 
                        settings, reply_producer=replies)
         assert sel.reply_producer is replies
     finally:
+        replies.producer = producer
         requests.close(0)
         replies.close(0)
 

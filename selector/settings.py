@@ -7,6 +7,8 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from topics.stage import IDLE_POLL_S
+
 
 class SelectorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_SELECTOR_", extra="ignore")
@@ -14,8 +16,7 @@ class SelectorSettings(BaseSettings):
     group: str = "clipstream-selector"  # dispatch+join group; learners use <group>.learn
     answered_capacity: int = 100_000  # answered ids remembered to count late predictions ...
     answered_window_s: float = Field(60.0, gt=0)  # ... for at most this long after their deadline
-    # longest poll when nothing is due: how soon a stop is noticed (``topics.stage.IDLE_POLL_S``)
-    max_poll_s: float = 0.5
+    max_poll_s: float = IDLE_POLL_S  # longest poll when nothing is due: how soon a stop is noticed
     drain_max: int = 500  # records taken per poll once one has arrived
     learn_global: bool = True  # feedback with a context also teaches the app's global state
     registry_timeout_s: float = 30.0

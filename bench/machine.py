@@ -70,6 +70,7 @@ def machine_info() -> dict[str, Any]:
         "other_busy_processes": busy_processes(),
         "cpu_probe_ms": cpu_probe_ms(),
         "handoff_us": handoff_us(),
+        "cold_start_us": cold_start_us(),
     }
 
 
@@ -98,6 +99,35 @@ def handoff_us(rounds: int = 5000) -> dict[str, float] | None:
         return None
     return {"same_core": _ping_pong(cpus[0], cpus[0], rounds),
             "across_cores": _ping_pong(cpus[0], cpus[1], rounds)}
+
+
+def cold_start_us(rounds: int = 200, sleep_s: float = 0.005) -> dict[str, float]:
+    """CPU µs of one stage's typical work, a ``ModelRequest`` encoded and decoded, run back to
+    back and run right after a sleep, medians.
+
+    A stage thread sleeps between records at light load. On this virtual machine the work a
+    thread does after a sleep costs several times what it costs warm, so a query's cost follows
+    the wake-ups it takes more than the Python it runs (docs/design/0050)."""
+    import numpy as np
+
+    from schemas import ModelRequest, Tensor, decode_as, encode
+
+    record = ModelRequest(query_id="q" * 36, app="app", model="model", deadline_us=0, selector_partition=0,
+                          input=Tensor.of(np.zeros(784, np.float32)), trace={"produced": 0, "dispatched": 0})
+
+    def once() -> float:
+        t0 = time.thread_time()
+        decode_as(ModelRequest, encode(record)).input.array()
+        return time.thread_time() - t0
+
+    warm = sorted(once() for _ in range(rounds))
+    cold = []
+    for _ in range(rounds):
+        time.sleep(sleep_s)
+        cold.append(once())
+    cold.sort()
+    return {"warm": round(warm[rounds // 2] * 1e6, 1), "after_sleep": round(cold[rounds // 2] * 1e6, 1),
+            "sleep_ms": sleep_s * 1000}
 
 
 def _ping_pong(a: int, b: int, rounds: int) -> float:

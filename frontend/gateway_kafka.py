@@ -5,10 +5,13 @@ instances run side by side without seeing each other's answers and without a con
 (the topic has one partition, assigned directly: no rebalance ever delays a reply).
 
 Threads, and why: librdkafka calls are blocking C calls, so none of them runs on the event
-loop. ``produce`` only enqueues (linger 0 sends at once); the ``topics.emitter`` thread serves
-delivery reports; a ``topics.intake`` thread polls the reply topic, decodes the Responses and
-hands each batch to the loop with one ``call_soon_threadsafe``, where the waiting futures are
-resolved. The futures dict is touched only on the loop thread, so it needs no lock.
+loop. ``produce`` only enqueues (linger 0 sends at once). A query's delivery report matters
+only when it failed, so the loop serves the queries' reports every ``IDLE_POLL_S``, many at a
+time, instead of a thread waking for each query (docs/design/0050); feedback goes through a
+producer of its own whose thread serves each report at once, as its caller waits for the ack.
+A ``topics.intake`` thread polls the reply topic, decodes the Responses and hands each batch
+to the loop with one ``call_soon_threadsafe``, where the waiting futures are resolved. The
+futures dict is touched only on the loop thread, so it needs no lock.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from topics.client import admin_config
 from topics.deadletters import DeadLetters
 from topics.emitter import DeliveryFailed, Emitter
 from topics.intake import Intake
+from topics.stage import IDLE_POLL_S
 
 __all__ = ["DeliveryFailed", "KafkaBus", "Overloaded", "watermarks"]
 
@@ -53,6 +57,8 @@ class KafkaBus:
         self._pending: dict[str, asyncio.Future[Response]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Emitter | None = None
+        self._acked: Emitter | None = None  # feedback's producer, made at the first feedback
+        self._reports: asyncio.Task[None] | None = None
         self._intake: Intake | None = None
         # set by the gateway to count into its metrics (called on the loop thread)
         self.on_late: Callable[[int], None] = lambda n: None
@@ -64,12 +70,18 @@ class KafkaBus:
         self._loop = loop
         cat = Catalogue.from_settings(self._settings)
         ensure_topics(self._settings, [self.reply_spec, cat.queries, cat.feedback, cat.deadletter])
-        self._producer = Emitter(self._settings, name="gateway", **{"message.timeout.ms": 10_000}).start_polling()
+        self._producer = Emitter(self._settings, name="gateway", **{"message.timeout.ms": 10_000})
+        loop.call_soon_threadsafe(self._serve_reports)
         # the one partition from its end now, as a number (``topics.offsets.assign_at_end``)
         self._intake = Intake(self._settings, self.reply_topic, f"gateway-{self.reply_topic}", self._deliver,
                               max_group=999, convert=_decode_reply, assign=[TopicPartition(self.reply_topic, 0)],
                               name="gateway-replies", on_undecodable=self._undecodable)
         self._intake.start(loop)
+
+    def _serve_reports(self) -> None:
+        """On the loop: the queries' delivery reports, served every ``IDLE_POLL_S``."""
+        assert self._loop is not None and self._producer is not None
+        self._reports = self._loop.create_task(self._producer.serve_reports(IDLE_POLL_S))
 
     def _undecodable(self, msg: Any, exc: Exception) -> None:
         """A record on the reply topic that is no Response: a dead letter (consumer thread)."""
@@ -82,8 +94,11 @@ class KafkaBus:
         process will reuse (otherwise every restart would leave a topic behind)."""
         if self._intake is not None:
             self._intake.stop()
-        if self._producer is not None:
-            self._producer.close(5)
+        if self._reports is not None:
+            self._reports.cancel()
+        for emitter in (self._producer, self._acked):
+            if emitter is not None:
+                emitter.close(5)
         if delete_reply_topic:
             admin = AdminClient(admin_config(self._settings))
             for fut in admin.delete_topics([self.reply_topic], operation_timeout=5).values():
@@ -130,9 +145,12 @@ class KafkaBus:
     async def publish_feedback(self, record: Feedback, key: bytes, timeout_s: float) -> None:
         """Send a Feedback record and wait for the broker to take it (DeliveryFailed if not)."""
         assert self._loop is not None and self._producer is not None, "bus not started"
-        done, fut = self._producer.delivered(self._loop)
+        if self._acked is None:
+            self._acked = Emitter(self._settings, name="gateway feedback",
+                                  **{"message.timeout.ms": 10_000}).start_polling()
+        done, fut = self._acked.delivered(self._loop)
         try:
-            self._producer.produce(
+            self._acked.produce(
                 self.feedback_topic, value=encode(record), key=key, on_delivery=done
             )
         except BufferError:

@@ -49,7 +49,7 @@ class SelectorSettings(BaseSettings):
     max_contexts: int = Field(100_000, gt=0)
     # answered queries' predictions are stored for feedback in one Redis round trip per this
     # many ms (0: one per wake-up of the writer), off the answer path (selector.saver)
-    save_gather_ms: float = Field(20.0, ge=0, le=1000)
+    save_gather_ms: float = Field(250.0, ge=0, le=1000)
 
     @field_validator("policy_imports", mode="before")
     @classmethod

@@ -1,10 +1,12 @@
 """One model replica = one process: consume its ``batches.<model>`` partition, predict, emit.
 
-The worker is a three-stage pipeline, so the device never waits for the CPU work around it
-(Triton and TF-Serving overlap the same way): the main thread reads and checks the next batch,
-a device thread runs ``predict_batch`` (ONNX Runtime, torch and the simulated accelerator
-release the GIL while they compute), and an emitter thread shapes the outputs and writes them
-out. Delivery stays at-least-once: a batch's offset is committed only after the broker
+Under load the worker is a three-stage pipeline, so the device never waits for the CPU work
+around it (Triton and TF-Serving overlap the same way): the main thread reads and checks the
+next batch, a device thread runs ``predict_batch`` (ONNX Runtime, torch and the simulated
+accelerator release the GIL while they compute), and an emitter thread shapes the outputs and
+writes them out. A batch that finds both threads idle is served on the main thread instead,
+with no hand-off to wake them; if the next batch arrives while it runs on the device, its
+outputs go to the emitter and the pipeline takes over (docs/design/0050). Delivery stays at-least-once: a batch's offset is committed only after the broker
 acknowledged every record it produced (``workers.offsets``), so a worker killed mid-batch
 redoes that batch on restart and the selector may see a duplicate, never a gap.
 """
@@ -162,13 +164,12 @@ class Worker:
         self.start()
         self.start_pipeline()
         try:
-            if self._first is not None:
-                self.feed(self._first)
+            msg = self._first
             while self.running:
+                while msg is not None:  # a batch served on this thread may have read the next
+                    msg = self.feed(msg)
                 heartbeat("consume")  # proof of life for `up`: a wedged loop or device stops it
                 msg = self.consumer.poll(self.ws.poll_timeout_s)
-                if msg is not None:
-                    self.feed(msg)
                 self.housekeep()
         finally:
             self.stop_pipeline()
@@ -210,14 +211,16 @@ class Worker:
                     return False
         return True
 
-    def feed(self, msg: Message) -> None:
-        """Main thread: decode and check one batch, then queue it for the device (blocking while
-        the device is a batch behind, which is the backpressure on reading)."""
+    def feed(self, msg: Message) -> Message | None:
+        """Main thread: decode and check one batch, then serve it here when the device and
+        emitter threads are idle, else queue it for the device (blocking while the device is a
+        batch behind, which is the backpressure on reading). Returns a message read meanwhile,
+        to be fed next."""
         if msg.error() is not None:
             if msg.error().code() != KafkaError._PARTITION_EOF:
                 log(f"consume error: {msg.error()}")
                 fail_if_fatal(msg.error(), f"the consumer of {self.batches_topic}")
-            return
+            return None
         source = (msg.topic(), msg.partition(), msg.offset())
         job = Job(msg.offset())
         try:
@@ -234,13 +237,30 @@ class Worker:
             job.outcome = _crashed(exc, source, msg.value())
         job.source, job.payload = source, msg.value()
         self.tracker.begin(msg.offset())
+        if self._to_device.unfinished_tasks == 0 and self._to_emit.unfinished_tasks == 0:
+            return self._serve_here(job)  # only this thread adds work: idle stays idle meanwhile
         while True:
             try:
                 self._to_device.put(job, timeout=0.1)
-                return
+                return None
             except queue.Full:
                 if self.housekeep():
-                    return  # recovered from a failed delivery: this batch is read again after the seek
+                    return None  # recovered from a failed delivery: this batch is read again after the seek
+
+    def _serve_here(self, job: Job) -> Message | None:
+        """An idle worker's batch, on the main thread: no hand-off wakes the device and emitter
+        threads. A batch that arrived while the device ran goes to the pipeline, and this one's
+        outputs to the emitter, so the device does not wait for them."""
+        if job.prepared is None:  # nothing to run: a handover, or a batch that failed its checks
+            self._complete(job)
+            return None
+        job.ran = run_batch(self.model, job.prepared)
+        nxt = self.consumer.poll(0)
+        if nxt is not None and nxt.error() is None:
+            self._to_emit.put(job)
+            return nxt
+        self._complete(job)
+        return nxt
 
     def _not_ours(self, batch: Batch) -> bool:
         """A batch with nothing for this worker: a handover (no items), or, when it serves only
@@ -280,15 +300,19 @@ class Worker:
             if job is None:
                 self._to_emit.task_done()
                 return
-            try:
-                outcome = job.outcome
-                if outcome is None and job.prepared is not None:
-                    outcome = finish_batch(job.prepared, job.ran, worker_id=self.worker_id)
-            except Exception as exc:
-                outcome = _crashed(exc, job.source, job.payload)
-            self.emit(outcome or BatchOutcome(), job.offset)
-            self.producer.poll(0)
+            self._complete(job)
             self._to_emit.task_done()
+
+    def _complete(self, job: Job) -> None:
+        """Shape a batch's outputs and write them out (the emitter's part)."""
+        try:
+            outcome = job.outcome
+            if outcome is None and job.prepared is not None:
+                outcome = finish_batch(job.prepared, job.ran, worker_id=self.worker_id)
+        except Exception as exc:
+            outcome = _crashed(exc, job.source, job.payload)
+        self.emit(outcome or BatchOutcome(), job.offset)
+        self.producer.poll(0)
 
     def housekeep(self, asynchronous: bool = True) -> bool:
         """Main thread: commit what the broker has acknowledged; redo from the oldest open batch

@@ -8,6 +8,7 @@ REST contract of the gateway is checked end to end over HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -22,16 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from clipstream.clock import now_us
 from clipstream.settings import Settings
 from frontend.client import Client
-from frontend.gateway_kafka import watermarks
+from frontend.gateway_kafka import KafkaBus, watermarks
 from frontend.producer import Producer as QueryProducer
 from frontend.producer import ResponseReader
 from registry.topic import RegistryWriter
-from schemas import Feedback, QueryEvent, Response, decode_as, encode
+from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from clipstream.testing.procs import predict_admitted, stop_process, wait_until
 from topics import Catalogue, consumer_config, producer_config
 
@@ -303,3 +306,36 @@ def test_producer_and_response_reader(gateway: GatewayProcess, selector: FakeSel
     event, key = selector.event_of(ids[0])
     assert event.reply_topic is None and key == b"p0"
     assert event.deadline_us - event.created_us == int(APP_SLO_MS * 1000)  # the app's SLO
+
+
+def test_a_query_the_broker_refuses_is_counted_with_no_thread_serving_reports(gw_settings: Settings):
+    """The loop serves the queries' delivery reports (docs/design/0050): a query the broker
+    takes wakes no thread, and one it refuses is still counted as a delivery error."""
+    from topics.admin import ensure_topics
+    from topics.catalogue import TopicSpec
+
+    small = TopicSpec(f"{gw_settings.topic_prefix}small-{uuid.uuid4().hex[:8]}", 1, {"max.message.bytes": "256"})
+    ensure_topics(gw_settings, [small])
+    bus = KafkaBus(gw_settings, f"t{uuid.uuid4().hex[:8]}")
+    query = QueryEvent(query_id="q-big", app="pets", context=None, input=Tensor.of(np.zeros(256, np.float32)),
+                       created_us=now_us(), deadline_us=now_us() + 5_000_000)
+
+    async def run() -> tuple[int, list[str]]:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, bus.start, loop)
+        errors: list[int] = []
+        bus.on_delivery_error = lambda: errors.append(1)
+        try:
+            bus.publish_query(query, b"q-ok")  # the real queries topic takes it
+            bus.queries_topic = small.name  # a record over this topic's limit is refused
+            bus.publish_query(query, b"q-big")
+            deadline = time.monotonic() + 10
+            while not errors and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return len(errors), [t.name for t in threading.enumerate()]
+        finally:
+            bus.close(delete_reply_topic=True)
+
+    errors, threads = asyncio.run(run())
+    assert errors == 1, "the refused query was not counted"
+    assert "gateway-poll" not in threads, "a thread still serves the queries' reports"

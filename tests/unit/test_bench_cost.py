@@ -90,6 +90,16 @@ def test_the_kafka_requests_per_query_join_the_cpu_row() -> None:
     assert "Kafka requests" not in cost_cpu("100", 1500)(report)[0]
 
 
+def test_the_300_row_says_what_a_record_costs_on_the_machine_warm_and_after_a_sleep() -> None:
+    report = {"systems": {"clipstream": _system(900, 300)},
+              "machine": {"cold_start_us": {"warm": 17.5, "after_sleep": 162.9, "sleep_ms": 5.0}}}
+    text = cost_cpu("300", 1000, machine=True)(report)[0]
+    assert "encode + decode costs 18 µs back to back, 163 µs after a 5 ms sleep" in text
+    assert "after a" not in cost_cpu("100", 1500)(report)[0]
+    del report["machine"]
+    assert "after a" not in cost_cpu("300", 1000, machine=True)(report)[0]  # an older report
+
+
 def test_the_rate_row_says_what_the_next_step_up_missed_by() -> None:
     system = _system(900, 200)
     system["search"] = [

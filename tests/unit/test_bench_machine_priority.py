@@ -73,6 +73,17 @@ def test_handoff_round_trips_cost_cpu_on_one_core_and_across_two() -> None:
     assert os.sched_getaffinity(0) == before  # only the children were pinned
 
 
+def test_cold_start_times_a_record_warm_and_after_each_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import machine
+
+    slept: list[float] = []
+    monkeypatch.setattr(machine.time, "sleep", slept.append)
+    got = machine.cold_start_us(rounds=20, sleep_s=0.003)
+    assert set(got) == {"warm", "after_sleep", "sleep_ms"} and got["sleep_ms"] == 3.0
+    assert got["warm"] > 0 and got["after_sleep"] > 0
+    assert slept == [0.003] * 20  # one sleep before each timed run of the second set
+
+
 def test_handoff_needs_two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     from bench import machine
 

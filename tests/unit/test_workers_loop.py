@@ -68,6 +68,10 @@ class FakeConsumer:
         self.log = log
         self.commits: list[int] = []
         self.seeks: list[int] = []
+        self.fetched: list[Msg] = []  # what a poll returns next (the broker's next batches)
+
+    def poll(self, timeout: float) -> Msg | None:
+        return self.fetched.pop(0) if self.fetched else None
 
     def commit(self, offsets: list[Any], asynchronous: bool) -> None:
         self.commits.append(offsets[0].offset)
@@ -139,15 +143,41 @@ def test_outputs_are_acknowledged_before_the_offset_is_committed(tmp_path: Path)
 
 
 def test_the_device_runs_a_batch_while_the_next_is_read(tmp_path: Path) -> None:
-    """With a 200 ms simulated device, two batches fed back to back overlap: the second is read
-    and checked while the first runs, so both finish in about two service times, not more."""
+    """With a 200 ms simulated device, a batch that arrives while the one before it runs is
+    pipelined: the first one's outputs go to the emitter thread, and the third batch is read and
+    checked while the second runs on the device thread."""
     w, producer, consumer, _ = make_worker(tmp_path, table={1: 200.0, 3: 200.0})
-    w.feed(Msg(batch_bytes(0), 0))
-    w.feed(Msg(batch_bytes(1), 1))  # returns while batch 0 is still on the device
-    assert not any(t == "p.batch-stats.sim" for t, _, _ in producer.sent)
+    consumer.fetched.append(Msg(batch_bytes(1), 1))  # arrives while batch 0 is on the device
+    nxt = w.feed(Msg(batch_bytes(0), 0))
+    assert nxt is not None and nxt.offset() == 1
+    assert w.feed(nxt) is None
+    assert w.feed(Msg(batch_bytes(2), 2)) is None  # returns while batch 1 is still on the device
+    assert not any(v for t, _, v in producer.sent if t == "p.batch-stats.sim" and b"b2" in v)
     assert w.drain(5.0)
     stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
-    assert [s.batch_id for s in stats] == ["b0", "b1"] and all(s.service_us >= 190_000 for s in stats)
+    assert [s.batch_id for s in stats] == ["b0", "b1", "b2"] and all(s.service_us >= 190_000 for s in stats)
+
+
+def test_an_idle_worker_serves_a_batch_on_its_main_thread(tmp_path: Path) -> None:
+    """With nothing in the pipeline, a batch is run and written out before ``feed`` returns,
+    by the calling thread: no hand-off wakes the device and emitter threads."""
+    import threading
+
+    w, producer, consumer, cache = make_worker(tmp_path)
+    threads: list[str] = []
+    send = producer.produce
+
+    def produce(*args: Any, **kwargs: Any) -> None:
+        threads.append(threading.current_thread().name)
+        send(*args, **kwargs)
+
+    producer.produce = produce  # type: ignore[method-assign]
+    assert w.feed(Msg(batch_bytes(0), 4)) is None
+    assert [t for t, _, _ in producer.sent].count("p.batch-stats.sim") == 1  # done already
+    assert set(threads) == {threading.current_thread().name} and cache.store["round_trips"] == 1
+    producer.flush(0)
+    w.housekeep()
+    assert consumer.commits == [5]
 
 
 def test_undelivered_outputs_mean_no_commit_and_a_redo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,9 +6,10 @@ next batch, a device thread runs ``predict_batch`` (ONNX Runtime, torch and the 
 accelerator release the GIL while they compute), and an emitter thread shapes the outputs and
 writes them out. A batch that finds both threads idle is served on the main thread instead,
 with no hand-off to wake them; if the next batch arrives while it runs on the device, its
-outputs go to the emitter and the pipeline takes over (docs/design/0050). Delivery stays at-least-once: a batch's offset is committed only after the broker
-acknowledged every record it produced (``workers.offsets``), so a worker killed mid-batch
-redoes that batch on restart and the selector may see a duplicate, never a gap.
+outputs go to the emitter and the pipeline takes over (docs/design/0050). Delivery stays
+at-least-once: a batch's offset is committed only after the broker acknowledged every record
+it produced (``workers.offsets``), so a worker killed mid-batch redoes that batch on restart
+and the selector may see a duplicate, never a gap.
 """
 
 from __future__ import annotations
@@ -166,10 +167,11 @@ class Worker:
         try:
             msg = self._first
             while self.running:
+                heartbeat("consume")  # proof of life for `up`: a wedged loop or device stops it
+                if msg is None:
+                    msg = self.consumer.poll(self.ws.poll_timeout_s)
                 while msg is not None:  # a batch served on this thread may have read the next
                     msg = self.feed(msg)
-                heartbeat("consume")  # proof of life for `up`: a wedged loop or device stops it
-                msg = self.consumer.poll(self.ws.poll_timeout_s)
                 self.housekeep()
         finally:
             self.stop_pipeline()

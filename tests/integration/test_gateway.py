@@ -36,7 +36,8 @@ from frontend.producer import ResponseReader
 from registry.topic import RegistryWriter
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from clipstream.testing.procs import predict_admitted, stop_process, wait_until
-from topics import Catalogue, consumer_config, producer_config
+from topics import Catalogue, TopicSpec, consumer_config, producer_config
+from topics.admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -311,9 +312,6 @@ def test_producer_and_response_reader(gateway: GatewayProcess, selector: FakeSel
 def test_a_query_the_broker_refuses_is_counted_with_no_thread_serving_reports(gw_settings: Settings):
     """The loop serves the queries' delivery reports (docs/design/0050): a query the broker
     takes wakes no thread, and one it refuses is still counted as a delivery error."""
-    from topics.admin import ensure_topics
-    from topics.catalogue import TopicSpec
-
     small = TopicSpec(f"{gw_settings.topic_prefix}small-{uuid.uuid4().hex[:8]}", 1, {"max.message.bytes": "256"})
     ensure_topics(gw_settings, [small])
     bus = KafkaBus(gw_settings, f"t{uuid.uuid4().hex[:8]}")

@@ -3,6 +3,7 @@ committed only after the broker acknowledged every record its batch produced."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +162,6 @@ def test_the_device_runs_a_batch_while_the_next_is_read(tmp_path: Path) -> None:
 def test_an_idle_worker_serves_a_batch_on_its_main_thread(tmp_path: Path) -> None:
     """With nothing in the pipeline, a batch is run and written out before ``feed`` returns,
     by the calling thread: no hand-off wakes the device and emitter threads."""
-    import threading
-
     w, producer, consumer, cache = make_worker(tmp_path)
     threads: list[str] = []
     send = producer.produce

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from clipstream.errors import ConfigError, ModelError
 from registry.spec import load_spec
@@ -19,10 +23,13 @@ from clipstream.testing.models import (
     make_python_model,
     make_torch_model,
     set_slowdown,
+    write_model_yaml,
 )
 from workers.backends import BatchModel, load_model, warm_up
 from workers.backends.onnx_backend import pick_output
 from workers.backends.profile_backend import LatencyProfile
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Doubler:
@@ -63,6 +70,44 @@ def test_pick_output() -> None:
     assert pick_output("regression", ["y"]) == "y"
     with pytest.raises(ConfigError):
         pick_output("label", ["label"], requested="nope")
+
+
+def test_onnx_threads_do_not_spin_unless_model_yaml_allows_it(tmp_path: Path) -> None:
+    entry = "session.intra_op.allow_spinning"
+    quiet = load_model(load_spec(make_onnx_digits_model(tmp_path, "quiet")))
+    assert quiet.session.get_session_options().get_session_config_entry(entry) == "0"
+    folder = make_onnx_digits_model(tmp_path, "spinning")
+    config = yaml.safe_load((folder / "model.yaml").read_text())
+    write_model_yaml(folder, {**config, "allow_spinning": True})
+    spinning = load_model(load_spec(folder))
+    assert spinning.session.get_session_options().get_session_config_entry(entry) == "1"
+    write_model_yaml(folder, {**config, "allow_spinning": "sometimes"})
+    with pytest.raises(ConfigError, match="allow_spinning"):
+        load_model(load_spec(folder))
+
+
+@pytest.mark.parametrize(("allowed", "policy"), [(False, "PASSIVE"), (True, None)])
+def test_a_torch_model_loads_openmp_with_sleeping_threads_unless_spinning_is_allowed(
+    tmp_path: Path, allowed: bool, policy: str | None
+) -> None:
+    pytest.importorskip("torch")
+    folder = make_torch_model(tmp_path)
+    config = yaml.safe_load((folder / "model.yaml").read_text())
+    write_model_yaml(folder, {**config, "allow_spinning": allowed})
+    script = (
+        "import os, sys\n"
+        "from registry.spec import load_spec\n"
+        "from workers.backends import load_model\n"
+        "assert 'torch' not in sys.modules\n"
+        f"model = load_model(load_spec({str(folder)!r}), device='cpu')\n"
+        "assert model.predict_batch(__import__('numpy').zeros((3, 64), 'float32')).shape == (3, 10)\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == str(policy)
 
 
 def test_torch_torchscript(tmp_path: Path) -> None:

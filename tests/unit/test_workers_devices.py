@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from clipstream.errors import ConfigError
 from workers.backends.devices import (
     CPU_EP,
     CUDA_EP,
+    OMP_WAIT_POLICY,
     THREADS_ENV,
+    allow_spinning,
     cuda_driver_device_count,
     onnx_providers,
+    passive_waits,
     resolve_device,
     thread_count,
 )
@@ -60,3 +65,23 @@ def test_thread_count_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(THREADS_ENV)
     with pytest.raises(ConfigError):
         thread_count({"threads": "many"})
+
+
+def test_spinning_is_off_unless_model_yaml_allows_it() -> None:
+    assert allow_spinning({}) is False
+    assert allow_spinning({"allow_spinning": True}) is True
+    with pytest.raises(ConfigError, match="allow_spinning"):
+        allow_spinning({"allow_spinning": "yes"})
+
+
+def test_openmp_threads_sleep_unless_spinning_is_allowed_or_the_operator_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(OMP_WAIT_POLICY, raising=False)
+    passive_waits({"allow_spinning": True})
+    assert OMP_WAIT_POLICY not in os.environ
+    passive_waits({})
+    assert os.environ[OMP_WAIT_POLICY] == "PASSIVE"
+    monkeypatch.setenv(OMP_WAIT_POLICY, "ACTIVE")
+    passive_waits({})
+    assert os.environ[OMP_WAIT_POLICY] == "ACTIVE"

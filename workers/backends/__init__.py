@@ -14,7 +14,7 @@ import numpy as np
 
 from clipstream.errors import ConfigError
 from registry.spec import ModelSpec
-from workers.backends.devices import cuda_usable, resolve_device
+from workers.backends.devices import cuda_usable, passive_waits, resolve_device
 
 # backend name -> "module:factory"; each factory is (spec, device, threads) -> BatchModel
 BACKENDS: dict[str, str] = {
@@ -48,6 +48,7 @@ def load_model(
     target = BACKENDS.get(spec.backend)
     if target is None:
         raise ConfigError(f"unknown backend {spec.backend!r}; known: {sorted(BACKENDS)}")
+    passive_waits(spec.config)
     module_name, attr = target.split(":")
     factory = getattr(importlib.import_module(module_name), attr)
     if spec.backend in ("onnx", "torch"):

@@ -21,6 +21,8 @@ from clipstream.errors import ConfigError
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
 THREADS_ENV = "CLIPSTREAM_WORKER_THREADS"
+# OpenMP (torch, and the numeric libraries a python model may load) reads it once, at load time
+OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
 
 _DRIVER_LIBS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 
@@ -106,3 +108,24 @@ def _positive(value: Any, what: str) -> int:
     if n < 1:
         raise ConfigError(f"{what} must be a positive integer, got {value!r}")
     return n
+
+
+def allow_spinning(config: Mapping[str, Any]) -> bool:
+    """model.yaml ``allow_spinning:``; off unless asked for.
+
+    A framework's intra-op threads busy-wait after each run by default, which burns the cores
+    that the other stages and workers on the same machine need (docs/design/0051).
+    """
+    value = config.get("allow_spinning", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"model.yaml allow_spinning must be true or false, got {value!r}")
+    return value
+
+
+def passive_waits(config: Mapping[str, Any]) -> None:
+    """Make OpenMP threads sleep when idle, unless the model allows spinning or the operator set it.
+
+    It must run before the first OpenMP library loads; one already loaded keeps its policy.
+    """
+    if not allow_spinning(config):
+        os.environ.setdefault(OMP_WAIT_POLICY, "PASSIVE")

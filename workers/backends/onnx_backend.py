@@ -13,7 +13,7 @@ import numpy as np
 
 from clipstream.errors import ConfigError, ModelError
 from registry.spec import ModelSpec
-from workers.backends.devices import CUDA_EP, onnx_providers, thread_count
+from workers.backends.devices import CUDA_EP, allow_spinning, onnx_providers, thread_count
 
 # onnxruntime's type strings -> numpy dtypes, to feed the graph what it declares
 _ORT_TYPES = {
@@ -63,6 +63,8 @@ class OnnxModel:
         n = thread_count(spec.config, threads)
         if n is not None:
             options.intra_op_num_threads = n
+        spin = "1" if allow_spinning(spec.config) else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         providers = onnx_providers(device, ort.get_available_providers())
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)

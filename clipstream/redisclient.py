@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
@@ -71,6 +71,40 @@ def async_client(settings: RedisSettings) -> aioredis.Redis:
     from redis.backoff import NoBackoff
 
     return aioredis.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **client_options(settings))
+
+
+class UnansweredWrites:
+    """Writes on a connection of their own that asks Redis for no replies (``CLIENT REPLY OFF``).
+
+    For writes whose outcome changes nothing for the caller, such as a worker filling the
+    prediction cache: waiting for Redis's reply would put the calling thread to sleep and wake
+    it again for every batch. A failure to send (Redis gone, or frozen with the socket's buffer
+    full until the timeout) still raises one of ``REDIS_AWAY``; a command Redis rejects is lost
+    unseen. A reconnect asks for no replies again before anything else is sent.
+    """
+
+    def __init__(self, settings: RedisSettings) -> None:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        pool = redis.ConnectionPool.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0),
+                                             **client_options(settings))
+        self._conn = pool.make_connection()
+        self._conn.register_connect_callback(self._no_replies)
+
+    def _no_replies(self, conn: Any) -> None:
+        conn.send_command("CLIENT", "REPLY", "OFF")
+
+    def send(self, commands: Sequence[tuple[Any, ...]]) -> None:
+        """Send ``commands`` (each a tuple of its words) in one write, without waiting."""
+        try:
+            self._conn.send_packed_command(self._conn.pack_commands(commands), check_health=False)
+        except REDIS_AWAY:
+            self._conn.disconnect()  # the next send connects afresh, replies off again
+            raise
+
+    def close(self) -> None:
+        self._conn.disconnect()
 
 
 class RedisGuard:

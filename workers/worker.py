@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
-from clipstream.redisclient import REDIS_AWAY, RedisGuard, sync_client
+from clipstream.redisclient import REDIS_AWAY, RedisGuard, UnansweredWrites, sync_client
 from clipstream.settings import Settings
 from schemas import Batch, Record, decode_as, encode
 from topics.admin import ensure_model_topics, ensure_topics, learn_leaders
@@ -113,6 +113,7 @@ class Worker:
         # bounded waits, and no cache writes at all while Redis is away: the cache is an
         # optimisation, and a batch's answers must not wait on it
         self.redis = sync_client(self.settings)
+        self.cache_writes = UnansweredWrites(self.settings)  # no reply to wait for on each batch
         self.ready_us = now_us()
         expose(self.metrics.registry)
         serve_metrics("worker")
@@ -178,6 +179,7 @@ class Worker:
             self.consumer.close()
             self.redis_guard.close()
             self.redis.close()
+            self.cache_writes.close()
 
     # -- the pipeline -----------------------------------------------------------------
     def start_pipeline(self) -> None:
@@ -348,10 +350,8 @@ class Worker:
             self.produce(topic, partition, record, offset)
         if outcome.cache and self.redis_guard.available():
             try:
-                pipe = self.redis.pipeline(transaction=False)
-                for key, value in outcome.cache:
-                    pipe.set(key, value, ex=self.settings.cache_ttl_s)
-                pipe.execute()
+                ttl = self.settings.cache_ttl_s
+                self.cache_writes.send([("SET", key, value, "EX", ttl) for key, value in outcome.cache])
             except (redis.RedisError, *REDIS_AWAY) as exc:  # the cache is an optimisation: keep serving
                 if isinstance(exc, REDIS_AWAY):
                     self.redis_guard.failed(exc)

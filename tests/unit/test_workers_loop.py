@@ -82,25 +82,17 @@ class FakeConsumer:
         self.seeks.append(tp.offset)
 
 
-class FakePipe:
-    def __init__(self, store: dict[str, Any]) -> None:
-        self.store, self.ops = store, []
-
-    def set(self, key: str, value: bytes, ex: int) -> None:
-        self.ops.append((key, value, ex))
-
-    def execute(self) -> None:
-        self.store["round_trips"] = self.store.get("round_trips", 0) + 1
-        for key, value, ex in self.ops:
-            self.store[key] = (value, ex)
-
-
 class FakeRedis:
+    """The worker's unanswered cache writes: each ``send`` is one write of every command."""
+
     def __init__(self) -> None:
         self.store: dict[str, Any] = {}
 
-    def pipeline(self, transaction: bool) -> FakePipe:
-        return FakePipe(self.store)
+    def send(self, commands: list[tuple[Any, ...]]) -> None:
+        self.store["writes"] = self.store.get("writes", 0) + 1
+        for verb, key, value, ex_word, ex in commands:
+            assert (verb, ex_word) == ("SET", "EX")
+            self.store[key] = (value, ex)
 
 
 def batch_bytes(n: int, items: int = 3, version: str | None = "1", created_us: int = 1) -> bytes:
@@ -118,7 +110,7 @@ def make_worker(tmp_path: Path, fail: bool = False, table: dict[int, float] | No
                own_version_only=own_version_only)
     w.producer = producer = FakeProducer(fail)  # type: ignore[assignment]
     w.consumer = consumer = FakeConsumer(producer.log)  # type: ignore[assignment]
-    w.redis = cache = FakeRedis()  # type: ignore[assignment]
+    w.cache_writes = cache = FakeRedis()  # type: ignore[assignment]
     w.ws = w.ws.model_copy(update={"flush_timeout_s": 5.0})
     w.selector_partitions = 4
     w.start_pipeline()
@@ -140,7 +132,7 @@ def test_outputs_are_acknowledged_before_the_offset_is_committed(tmp_path: Path)
     assert topics.count(("p.batch-stats.sim", None)) == 2
     first = decode_as(Predictions, producer.sent[0][2])
     assert first.selector_partition == 0 and [p.query_id for p in first.items] == ["b0q0", "b0q2"]
-    assert cache.store["round_trips"] == 2 and cache.store["k1.2"][1] == w.settings.cache_ttl_s
+    assert cache.store["writes"] == 2 and cache.store["k1.2"][1] == w.settings.cache_ttl_s
 
 
 def test_the_device_runs_a_batch_while_the_next_is_read(tmp_path: Path) -> None:
@@ -173,7 +165,7 @@ def test_an_idle_worker_serves_a_batch_on_its_main_thread(tmp_path: Path) -> Non
     producer.produce = produce  # type: ignore[method-assign]
     assert w.feed(Msg(batch_bytes(0), 4)) is None
     assert [t for t, _, _ in producer.sent].count("p.batch-stats.sim") == 1  # done already
-    assert set(threads) == {threading.current_thread().name} and cache.store["round_trips"] == 1
+    assert set(threads) == {threading.current_thread().name} and cache.store["writes"] == 1
     producer.flush(0)
     w.housekeep()
     assert consumer.commits == [5]

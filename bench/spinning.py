@@ -74,7 +74,8 @@ def models(root: Path) -> dict[str, Path]:
     folders: dict[str, Path] = {}
     for name in NAMES:
         folder = root / "demo" / name / "1"
-        config = {k: v for k, v in yaml.safe_load((folder / "model.yaml").read_text()).items() if k != "threads"}
+        spec = yaml.safe_load((folder / "model.yaml").read_text())
+        config = {k: v for k, v in spec.items() if k != "threads"}
         for spin in (False, True):
             target = root / f"{name}-{'spinning' if spin else 'sleeping'}"
             target.mkdir()
@@ -111,6 +112,7 @@ def plot(rows: dict[str, list[dict[str, Any]]], out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one round instead of two")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -118,8 +120,9 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         return {}
     rows: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-spinning-") as tmp:
+        say(f"spinning: training the demo's models, then {', '.join(NAMES)} each way")
         folders = models(Path(tmp))
-        for r in range(ROUNDS):
+        for r in range(1 if args.quick else ROUNDS):
             for name in (sorted(folders) if r % 2 == 0 else sorted(folders, reverse=True)):
                 rows.setdefault(name, []).append(got := run_child(folders[name]))
                 say(f"  {name:16s} " + ", ".join(

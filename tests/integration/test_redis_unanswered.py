@@ -4,6 +4,7 @@ and a connection Redis dropped is replaced by one that asks for no replies again
 from __future__ import annotations
 
 import select
+import socket
 import time
 import uuid
 
@@ -74,8 +75,6 @@ def test_a_dropped_connection_raises_once_then_a_new_one_asks_for_no_replies(
 
 
 def test_no_redis_there_is_an_away_error(settings: Settings) -> None:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there

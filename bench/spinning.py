@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,11 +38,6 @@ ROUNDS = 2
 NAMES = ("linsvm", "knn", "mlp")  # the demo's models with intra-op parallel work at batch 32
 
 
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def child(folder: str) -> dict[str, Any]:
     """Load one model folder as a worker does and time its runs (the child process's work)."""
     from registry.spec import load_spec
@@ -55,13 +50,13 @@ def child(folder: str) -> dict[str, Any]:
         x = (rng.random((batch, 64)) * 16).astype(np.float32)
         for _ in range(30):
             model.predict_batch(x)
-        c0, wall = _cpu_s(), 0.0
+        c0, wall = time.process_time(), 0.0
         for _ in range(RUNS):
             t = time.perf_counter()
             model.predict_batch(x)
             wall += time.perf_counter() - t
             time.sleep(GAP_S)
-        out[str(batch)] = {"cpu_us": round((_cpu_s() - c0) * 1e6 / RUNS, 1), "wall_us": round(wall * 1e6 / RUNS, 1)}
+        out[str(batch)] = {"cpu_us": round((time.process_time() - c0) * 1e6 / RUNS, 1), "wall_us": round(wall * 1e6 / RUNS, 1)}
     return out
 
 
@@ -78,10 +73,7 @@ def models(root: Path) -> dict[str, Path]:
         config = {k: v for k, v in spec.items() if k != "threads"}
         for spin in (False, True):
             target = root / f"{name}-{'spinning' if spin else 'sleeping'}"
-            target.mkdir()
-            for f in folder.iterdir():
-                if f.name != "model.yaml":
-                    (target / f.name).write_bytes(f.read_bytes())
+            shutil.copytree(folder, target, ignore=shutil.ignore_patterns("model.yaml"))
             (target / "model.yaml").write_text(yaml.safe_dump({**config, "allow_spinning": spin}))
             folders[target.name] = target
     return folders

@@ -82,7 +82,7 @@ class FakeConsumer:
         self.seeks.append(tp.offset)
 
 
-class FakeRedis:
+class FakeCacheWrites:
     """The worker's unanswered cache writes: each ``send`` is one write of every command."""
 
     def __init__(self) -> None:
@@ -104,13 +104,13 @@ def batch_bytes(n: int, items: int = 3, version: str | None = "1", created_us: i
 
 
 def make_worker(tmp_path: Path, fail: bool = False, table: dict[int, float] | None = None,
-                own_version_only: bool = False) -> tuple[Worker, FakeProducer, FakeConsumer, FakeRedis]:
+                own_version_only: bool = False) -> tuple[Worker, FakeProducer, FakeConsumer, FakeCacheWrites]:
     folder = make_profile_model(tmp_path, "sim", table=table or {1: 0.0}, shape=[4], labels=[0, 1])
     w = Worker(Settings(topic_prefix="p."), load_model(load_spec(folder)), "sim", version="1",
                own_version_only=own_version_only)
     w.producer = producer = FakeProducer(fail)  # type: ignore[assignment]
     w.consumer = consumer = FakeConsumer(producer.log)  # type: ignore[assignment]
-    w.cache_writes = cache = FakeRedis()  # type: ignore[assignment]
+    w.cache_writes = cache = FakeCacheWrites()  # type: ignore[assignment]
     w.ws = w.ws.model_copy(update={"flush_timeout_s": 5.0})
     w.selector_partitions = 4
     w.start_pipeline()

@@ -28,8 +28,9 @@ Where = tuple[str, int, int]  # (topic, partition, offset)
 class RequestOffsets:
     """Per owned partition: the offsets read and not yet done, and how far a commit may go.
 
-    ``read`` and ``done`` run on the event loop; the rebalance callbacks (consumer thread)
-    change what is owned, hence the lock. Offsets are read in increasing order per partition."""
+    ``read`` and ``done`` run on the event loop; the rebalance callbacks (where the consumer
+    is polled: the loop, or the intake's thread) change what is owned, hence the lock. Offsets
+    are read in increasing order per partition."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -95,7 +96,7 @@ class RequestHandover:
     them straight back: a revoke commits what is done; a partition that comes back resumes
     where this member was reading (its requests are still queued here), one new to it starts
     at the group's committed offset. ``on_owned`` hears the new assignment (for the credit
-    share), on the consumer thread."""
+    share), where the consumer is polled."""
 
     def __init__(self, offsets: RequestOffsets, on_owned: Callable[[set[Part]], None] = lambda _: None) -> None:
         self.offsets, self.on_owned = offsets, on_owned

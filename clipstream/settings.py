@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     kafka_ssl_ca_location: str | None = None
     kafka_ssl_certificate_location: str | None = None
     kafka_ssl_key_location: str | None = None
+    # an asyncio stage's event loop polls its consumers itself, woken by librdkafka through a
+    # pipe, instead of a thread per consumer (topics.wakeup); false: the thread
+    kafka_loop_wakeup: bool = True
 
     # local infrastructure (clipstream infra up)
     cache_dir: Path = _default_cache_dir()

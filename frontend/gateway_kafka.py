@@ -9,9 +9,9 @@ loop. ``produce`` only enqueues (linger 0 sends at once). A query's delivery rep
 only when it failed, so the loop serves the queries' reports every ``IDLE_POLL_S``, many at a
 time, instead of a thread waking for each query (docs/design/0050); feedback goes through a
 producer of its own whose thread serves each report at once, as its caller waits for the ack.
-A ``topics.intake`` thread polls the reply topic, decodes the Responses and hands each batch
-to the loop with one ``call_soon_threadsafe``, where the waiting futures are resolved. The
-futures dict is touched only on the loop thread, so it needs no lock.
+A ``topics.intake`` reads the reply topic: the loop polls it when librdkafka's queue wakes it
+(or a thread hands each fetch over), decodes the Responses and resolves the waiting futures.
+The futures dict is touched only on the loop thread, so it needs no lock.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class KafkaBus:
         self._reports = self._loop.create_task(self._producer.serve_reports(IDLE_POLL_S))
 
     def _undecodable(self, msg: Any, exc: Exception) -> None:
-        """A record on the reply topic that is no Response: a dead letter (consumer thread)."""
+        """A record on the reply topic that is no Response: a dead letter (where the intake polls)."""
         if self._producer is not None:
             DeadLetters(self._producer, self._deadletter_topic, stage="gateway", max_payload=65536).send(
                 reason=f"undecodable reply: {exc}", msg=msg)
@@ -188,5 +188,5 @@ class KafkaBus:
 
 
 def _decode_reply(msg: Message) -> Response:
-    """On the intake's thread: a Response off the reply topic (DecodeError: dropped, logged)."""
+    """Where the intake polls: a Response off the reply topic (DecodeError: dropped, logged)."""
     return decode_as(Response, msg.value())

@@ -1,5 +1,5 @@
 """The topic catalogue, topic creation, the Kafka client settings, and the Kafka runtime every
-stage uses: ``intake`` (consumer thread -> event loop), ``offsets`` (start offsets, commits),
+stage uses: ``intake`` (consumer -> event loop), ``offsets`` (start offsets, commits),
 ``emitter`` (producer and delivery reports), ``deadletters``, ``stage`` (the ``ready:`` line)."""
 
 from topics.catalogue import Catalogue, TopicSpec, check_name

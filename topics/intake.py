@@ -182,9 +182,11 @@ class Intake:
         """librdkafka wants a consumer polled now and then even with nothing queued (a group
         member that is not polled leaves after ``max.poll.interval.ms``)."""
         assert self._loop is not None
-        self._serve()
-        if not self._stop.is_set():
-            self._tick = self._loop.call_later(IDLE_POLL_S, self._idle_poll)
+        try:
+            self._serve()
+        finally:  # a ``deliver`` that raised must not end the polls
+            if not self._stop.is_set():
+                self._tick = self._loop.call_later(IDLE_POLL_S, self._idle_poll)
 
     def _serve(self) -> None:
         """Everything queued, without waiting; librdkafka writes to the pipe again only once its
@@ -195,12 +197,12 @@ class Intake:
         if self._to_store:
             self._store(self._consumer)
         msgs = self._consumer.consume(self._max_group, timeout=0)
-        group = self._convert_all(msgs)
-        if group:
-            self._deliver(group)
         if len(msgs) == self._max_group:
             assert self._loop is not None
             self._loop.call_soon(self._serve)  # more than one group's worth was queued
+        group = self._convert_all(msgs)
+        if group:
+            self._deliver(group)  # what it raises goes to the loop's handler, as a callback's
 
     def _unwatch(self) -> None:
         if self._tick is not None:

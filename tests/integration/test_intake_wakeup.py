@@ -145,3 +145,34 @@ def test_attach_takes_only_a_consumer_whose_handle_names_its_client_id(settings:
         wakeup.close()  # twice is harmless
     finally:
         consumer.close()
+
+
+def test_a_deliver_that_raises_does_not_stop_the_records_after_it(settings: Settings) -> None:
+    topic = _topic(settings)
+
+    async def main() -> list[bytes]:
+        got: list[bytes] = []
+        done, raised = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: None)  # the failure is expected here
+
+        def deliver(records: list[Any]) -> None:
+            values = [v for v, _ in records]
+            if b"boom" in values:
+                raised.set()
+                raise RuntimeError("a stage's bug")
+            got.extend(values)
+            done.set()
+
+        intake = Intake(settings, topic, f"g-{uuid.uuid4().hex[:6]}", deliver, assign=[TopicPartition(topic, 0)])
+        try:
+            intake.start(loop)
+            await loop.run_in_executor(None, _send, settings, topic, [b"boom"])
+            await asyncio.wait_for(raised.wait(), 20)
+            await loop.run_in_executor(None, _send, settings, topic, [b"fine"])
+            await asyncio.wait_for(done.wait(), 20)
+            return got
+        finally:
+            intake.stop()
+
+    assert asyncio.run(main()) == [b"fine"]

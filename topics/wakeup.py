@@ -17,11 +17,17 @@ import logging
 import os
 from typing import Any
 
+import confluent_kafka  # loads librdkafka into the process
+from confluent_kafka import Consumer
+
 log = logging.getLogger("clipstream.topics")
 
 RD_KAFKA_CONSUMER = 1  # rd_kafka_type_t
-# confluent-kafka's Handle struct begins with the rd_kafka_t pointer, right after PyObject_HEAD
-_HANDLE_OFFSET = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+# confluent-kafka's Handle struct begins with the rd_kafka_t pointer, right after the object
+# header, whose size this interpreter's build gives as ``object.__basicsize__``
+_HANDLE_OFFSET = object.__basicsize__
+# the confluent-kafka major versions whose Handle starts that way
+_KNOWN_MAJORS = frozenset({"1", "2"})
 
 _lib: Any = None
 
@@ -34,7 +40,6 @@ def librdkafka() -> Any:
         return _lib or None
     _lib = False
     try:
-        import confluent_kafka  # noqa: F401  (loads librdkafka into the process)
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             paths = {line.split()[-1] for line in maps if "librdkafka" in line and "/" in line}
         if len(paths) != 1:
@@ -47,7 +52,7 @@ def librdkafka() -> Any:
         lib.rd_kafka_queue_io_event_enable.restype = None
         lib.rd_kafka_queue_io_event_enable.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         lib.rd_kafka_queue_destroy.restype, lib.rd_kafka_queue_destroy.argtypes = None, [ctypes.c_void_p]
-    except (OSError, AttributeError, ImportError) as exc:
+    except (OSError, AttributeError) as exc:
         log.info("librdkafka's queue events are not reachable (%s): consumers keep a thread", exc)
         return None
     _lib = lib
@@ -88,10 +93,8 @@ class QueueWakeup:
 def attach(consumer: Any, client_id: str) -> QueueWakeup | None:
     """A ``QueueWakeup`` on ``consumer``'s queue (a confluent-kafka ``Consumer`` made with
     ``client.id`` = ``client_id``), or None: not such a consumer, or librdkafka not reachable."""
-    from confluent_kafka import Consumer
-
     lib = librdkafka()
-    if lib is None or type(consumer) is not Consumer:
+    if lib is None or type(consumer) is not Consumer or confluent_kafka.version()[0].split(".")[0] not in _KNOWN_MAJORS:
         return None
     handle = ctypes.c_void_p.from_address(id(consumer) + _HANDLE_OFFSET).value
     if not handle:

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 import topics.intake as intake_mod
+import topics.wakeup as wakeup_mod
 from clipstream.settings import Settings
 from topics import consumer_config, producer_config
 from topics.admin import ensure_topics
@@ -132,13 +133,17 @@ def test_stopped_from_another_thread_the_pipe_is_closed_and_later_records_go_now
         os.fstat(fd)
 
 
-def test_attach_takes_only_a_consumer_whose_handle_names_its_client_id(settings: Settings) -> None:
+def test_attach_takes_only_a_consumer_whose_handle_names_its_client_id(settings: Settings,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     consumer = Consumer(consumer_config(settings, "g-attach", **{"client.id": "attach-probe"}))
     producer = Producer(producer_config(settings))
     try:
         assert attach(producer, "attach-probe") is None
         assert attach(object(), "attach-probe") is None
         assert attach(consumer, "someone-else") is None
+        with monkeypatch.context() as m:  # a release whose object layout is not known here
+            m.setattr(wakeup_mod.confluent_kafka, "version", lambda: ("3.0.0", 0x03000000))
+            assert attach(consumer, "attach-probe") is None
         wakeup = attach(consumer, "attach-probe")
         assert wakeup is not None
         wakeup.close()

@@ -13,6 +13,7 @@ client name librdkafka gives it before anything is enabled. When any part of tha
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 from typing import Any
@@ -29,16 +30,11 @@ _HANDLE_OFFSET = object.__basicsize__
 # the confluent-kafka major versions whose Handle starts that way
 _KNOWN_MAJORS = frozenset({"1", "2"})
 
-_lib: Any = None
 
-
+@functools.cache
 def librdkafka() -> Any:
     """The librdkafka this process loaded for confluent-kafka (the same copy, from the
     process's own map of loaded files), with the calls used here typed; None when not found."""
-    global _lib
-    if _lib is not None:
-        return _lib or None
-    _lib = False
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             paths = {line.split()[-1] for line in maps if "librdkafka" in line and "/" in line}
@@ -55,7 +51,6 @@ def librdkafka() -> Any:
     except (OSError, AttributeError) as exc:
         log.info("librdkafka's queue events are not reachable (%s): consumers keep a thread", exc)
         return None
-    _lib = lib
     return lib
 
 

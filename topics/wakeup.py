@@ -29,6 +29,24 @@ RD_KAFKA_CONSUMER = 1  # rd_kafka_type_t
 _HANDLE_OFFSET = object.__basicsize__
 # the confluent-kafka major versions whose Handle starts that way
 _KNOWN_MAJORS = frozenset({"1", "2"})
+# bytes from the handle that librdkafka reads to name it; a pointer into less readable memory
+# than this is not a client handle, and is never passed to librdkafka
+_HANDLE_SPAN = 4096
+
+
+def readable(address: int, span: int) -> bool:
+    """Whether ``span`` bytes from ``address`` lie in one readable mapping of this process: a
+    pointer read from a layout that moved must not reach librdkafka, which would fault on it."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            for line in maps:
+                bounds, perms = line.split(maxsplit=2)[:2]
+                low, high = (int(x, 16) for x in bounds.split("-"))
+                if low <= address and address + span <= high:
+                    return perms.startswith("r")
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 @functools.cache
@@ -92,7 +110,7 @@ def attach(consumer: Any, client_id: str) -> QueueWakeup | None:
     if lib is None or type(consumer) is not Consumer or confluent_kafka.version()[0].split(".")[0] not in _KNOWN_MAJORS:
         return None
     handle = ctypes.c_void_p.from_address(id(consumer) + _HANDLE_OFFSET).value
-    if not handle:
+    if not handle or not readable(handle, _HANDLE_SPAN):
         return None
     name = lib.rd_kafka_name(handle) or b""
     if not name.startswith(f"{client_id}#consumer-".encode()) or lib.rd_kafka_type(handle) != RD_KAFKA_CONSUMER:

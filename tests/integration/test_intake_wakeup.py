@@ -144,6 +144,10 @@ def test_attach_takes_only_a_consumer_whose_handle_names_its_client_id(settings:
         with monkeypatch.context() as m:  # a release whose object layout is not known here
             m.setattr(wakeup_mod.confluent_kafka, "version", lambda: ("3.0.0", 0x03000000))
             assert attach(consumer, "attach-probe") is None
+        with monkeypatch.context() as m:  # a layout that moved: the pointer read is not mapped
+            m.setattr(wakeup_mod, "_HANDLE_OFFSET", wakeup_mod._HANDLE_OFFSET + 8)
+            m.setattr(wakeup_mod, "readable", lambda address, span: False)
+            assert attach(consumer, "attach-probe") is None
         wakeup = attach(consumer, "attach-probe")
         assert wakeup is not None
         wakeup.close()

@@ -108,7 +108,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
                                  ss.reply_budget_quantile)
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
                            budget, reply_producer, guard=guard, save=saver.put if saver else None,
-                           answered_window_s=ss.answered_window_s)
+                           answered_window_s=ss.answered_window_s, state_fresh_s=ss.state_fresh_ms / 1000.0)
             sel.handover = handover = Handover(catalogue.queries.name, catalogue.predictions.name, sel.offsets,
                                                sel.join.drop_partitions, on_assigned=lambda: assigned("join"))
             expose(sel.metrics.registry)

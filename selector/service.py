@@ -72,7 +72,7 @@ class Selector:
                  dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
                  reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None,
                  guard: RedisGuard | None = None, save: Callable[[str, dict[str, Any]], None] | None = None,
-                 answered_window_s: float = 60.0) -> None:
+                 answered_window_s: float = 60.0, state_fresh_s: float = 0.0) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
         self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
@@ -97,6 +97,9 @@ class Selector:
         # frozen, up to its socket timeout) finishes off the thread into the store's memory,
         # and the group is served from memory (docs/design/0023)
         self.state_wait_s = STATE_WAIT_S
+        # states read this recently are used from the store's memory, with no round trip
+        # (0: every poll group asks Redis)
+        self.state_fresh_s = state_fresh_s
         self._state_reader: ThreadPoolExecutor | None = None
         self._state_read: Future[Any] | None = None  # a read still out: no second one meanwhile
         self.save = save or store.save_predictions
@@ -333,8 +336,12 @@ class Selector:
         self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), default, reason))
 
     def states(self, pairs: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
-        """The policy states of ``pairs``: one MGET while Redis answers, else (and when that
-        MGET fails) the last states read, so a query still gets a combined prediction."""
+        """The policy states of ``pairs``: those read within ``state_fresh_s`` from memory, else
+        one MGET while Redis answers, else (and when that MGET fails) the last states read, so a
+        query still gets a combined prediction."""
+        fresh = self.store.fresh(pairs, self.state_fresh_s)
+        if fresh is not None:
+            return fresh
         if self.guard.available() and self._state_read is None:
             if self._state_reader is None:
                 self._state_reader = ThreadPoolExecutor(1, thread_name_prefix="selector-states")

@@ -50,6 +50,10 @@ class SelectorSettings(BaseSettings):
     # answered queries' predictions are stored for feedback in one Redis round trip per this
     # many ms (0: one per wake-up of the writer), off the answer path (selector.saver)
     save_gather_ms: float = Field(250.0, ge=0, le=1000)
+    # a policy state read (or learnt here) this many ms ago is used as it is, with no Redis
+    # round trip; another member's feedback reaches this one's answers at most this late
+    # (0: every poll group reads Redis; docs/design/0054)
+    state_fresh_ms: float = Field(250.0, ge=0, le=10_000)
 
     @field_validator("policy_imports", mode="before")
     @classmethod

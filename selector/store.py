@@ -16,7 +16,10 @@
 
 Redis is a cache of the weights, not their only home while serving: every state ``load_many``
 reads is remembered (a bounded LRU), and ``recall`` answers from that memory while Redis is
-away, so queries still get a combined prediction from the last weights seen.
+away, so queries still get a combined prediction from the last weights seen. ``fresh`` answers
+from it too while every state asked for was read recently enough: a bandit's weights move by
+feedback, and one round trip per poll group bought nothing that a read a moment ago had not
+(docs/design/0054).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class StateStore:
         self.context_ttl_s = context_ttl_s
         self.max_contexts = max_contexts
         self._memory: OrderedDict[tuple[str, str | None], State | None] = OrderedDict()
+        self._read_at: dict[tuple[str, str | None], float] = {}  # when each remembered state was read
         self._remember = remember  # (app, context) states kept for ``recall``
 
     def load(self, app: str, context: str | None) -> State | None:
@@ -94,12 +98,27 @@ class StateStore:
         return out
 
     def _keep(self, states: dict[tuple[str, str | None], State | None]) -> None:
-        memory = self._memory
+        memory, read_at, now = self._memory, self._read_at, time.monotonic()
         for pair, state in states.items():
             memory[pair] = copy.deepcopy(state)  # callers may change theirs in place
             memory.move_to_end(pair)
+            read_at[pair] = now
         while len(memory) > self._remember:
-            memory.popitem(last=False)
+            gone, _ = memory.popitem(last=False)
+            read_at.pop(gone, None)
+
+    def fresh(self, pairs: Iterable[tuple[str, str | None]],
+              max_age_s: float) -> dict[tuple[str, str | None], State | None] | None:
+        """``recall``, when every pair's state was read (or written here) within ``max_age_s``;
+        None when one was not, or ``max_age_s`` is 0: then Redis must be asked."""
+        if max_age_s <= 0:
+            return None
+        pairs = [(app, ctx or None) for app, ctx in pairs]
+        oldest = time.monotonic() - max_age_s
+        read_at = self._read_at
+        if any(read_at.get(pair, oldest - 1.0) < oldest for pair in pairs):
+            return None
+        return self.recall(pairs)
 
     def recall(self, pairs: Iterable[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
         """What ``load_many`` last read for each pair, without Redis: a context never read gets
@@ -134,6 +153,7 @@ class StateStore:
             result["state"] = new
 
         self.redis.transaction(txn, key)
+        self._keep({(app, context or None): result["state"]})  # this process sees its own update at once
         return result["state"]
 
     def observe_once(self, app: str, context: str | None, query_id: str, models: Iterable[str],
@@ -144,7 +164,7 @@ class StateStore:
         capped set of contexts."""
         key, glob, seen = state_key(app, context), state_key(app, None), seen_key(query_id)
         models = list(models)
-        result: dict[str, list[str]] = {"applied": []}
+        result: dict[str, Any] = {"applied": []}
 
         def txn(pipe: Any) -> None:
             had = {m.decode() if isinstance(m, bytes) else m for m in pipe.smembers(seen)}
@@ -159,6 +179,7 @@ class StateStore:
                 if seed:
                     current = dict(json.loads(seed), n_observed=0)
             new = fn(current, todo)
+            result["state"] = new
             pipe.multi()
             pipe.set(key, json.dumps(new), ex=self.context_ttl_s if context else None)
             pipe.sadd(seen, *(f"{key}|{m}" for m in todo))
@@ -167,8 +188,10 @@ class StateStore:
                 pipe.zadd(contexts_key(app), {context: time.time()})
 
         self.redis.transaction(txn, key, seen)
-        if context and result["applied"]:
-            self._cap_contexts(app)
+        if result["applied"]:
+            self._keep({(app, context or None): result["state"]})  # this process sees its own update at once
+            if context:
+                self._cap_contexts(app)
         return result["applied"]
 
     def _cap_contexts(self, app: str) -> None:

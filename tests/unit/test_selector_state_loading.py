@@ -179,3 +179,99 @@ def test_answers_now_due_go_before_the_new_queries_of_a_group() -> None:
     order = [(t, decode_as(Response, v).query_id if t == cat.responses.name else decode_as(ModelRequest, v).query_id)
              for t, v in producer.sent]
     assert order == [(cat.requests("m1").name, "q0"), (cat.responses.name, "q0"), (cat.requests("m1").name, "q1")]
+
+
+class Clock:
+    """``time.monotonic`` for the store, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_states_read_within_the_freshness_window_come_from_memory(monkeypatch: Any) -> None:
+    from clipstream.settings import get_settings
+    from selector import store as store_mod
+
+    clock = Clock()
+    monkeypatch.setattr(store_mod.time, "monotonic", clock)
+    settings = get_settings()
+    queries = Catalogue.from_settings(settings).queries.name
+    glob = json.dumps({"policy": "exp3", "models": ["m1", "m2"], "log_w": [0.0, -1.0], "n_observed": 5})
+    r = FakeRedis({state_key("app", None): glob})
+    sel, _ = _selector(Exp3({}), r, settings)
+    sel.state_fresh_s = 0.25
+
+    sel.handle([Msg(_query(0, None).value(), queries)], queries)
+    clock.now += 0.2  # within the window: no round trip, the same state
+    sel.handle([Msg(_query(1, None).value(), queries)], queries)
+    assert [c[0] for c in r.calls] == ["mget"]
+    first, second = (sel.join.get(f"q{i}").asked.state for i in (0, 1))
+    assert second == first and second is not first and second["n_observed"] == 5
+
+    sel.handle([Msg(_query(2, "c1").value(), queries)], queries)  # a pair not read yet: Redis
+    assert [c[0] for c in r.calls] == ["mget", "mget"]
+
+    r.data[state_key("app", None)] = json.dumps({**json.loads(glob), "n_observed": 9}).encode()
+    clock.now += 0.3  # the global state (read again with c1's) is now 0.3 s old: read again, the new one used
+    sel.handle([Msg(_query(3, None).value(), queries)], queries)
+    assert [c[0] for c in r.calls] == ["mget", "mget", "mget"]
+    assert sel.join.get("q3").asked.state["n_observed"] == 9
+
+    sel.state_fresh_s = 0.0  # off: every group reads
+    sel.handle([Msg(_query(4, None).value(), queries)], queries)
+    assert len(r.calls) == 4
+
+
+def test_a_state_learnt_in_this_process_is_fresh_at_once(monkeypatch: Any) -> None:
+    from selector import store as store_mod
+
+    clock = Clock()
+    monkeypatch.setattr(store_mod.time, "monotonic", clock)
+
+    class TxnRedis(FakeRedis):
+        """``transaction`` runs the body once on a pipe that reads and writes this fake."""
+
+        def transaction(self, body: Any, *keys: str) -> None:
+            fake = self
+
+            class Pipe:
+                def get(self, key: str) -> bytes | None:
+                    return fake.data.get(key)
+
+                def smembers(self, key: str) -> set[bytes]:
+                    return set()
+
+                def multi(self) -> None:
+                    pass
+
+                def set(self, key: str, value: str, ex: int | None = None) -> None:
+                    fake.data[key] = value.encode()
+
+                def sadd(self, *a: Any) -> None:
+                    pass
+
+                def expire(self, *a: Any) -> None:
+                    pass
+
+                def zadd(self, *a: Any) -> None:
+                    pass
+
+            body(Pipe())
+
+        def zcard(self, key: str) -> int:
+            return 0
+
+    store = StateStore(TxnRedis())
+    assert store.fresh([("app", None)], 0.25) is None  # never read
+    applied = store.observe_once("app", None, "q1", ["m1"], lambda state, models: {"n_observed": 1})
+    assert applied == ["m1"]
+    assert store.fresh([("app", None)], 0.25) == {("app", None): {"n_observed": 1}}
+    assert store.fresh([("app", None)], 0) is None  # a window of 0 always asks Redis
+    clock.now += 0.3
+    assert store.fresh([("app", None)], 0.25) is None
+    store.update("app", "c1", lambda state: {"n_observed": 2})
+    assert store.fresh([("app", "c1")], 0.25) == {("app", "c1"): {"n_observed": 2}}
+    assert store.fresh([("app", "c1"), ("app", None)], 0.25) is None  # the global one is old

@@ -17,9 +17,8 @@
 Redis is a cache of the weights, not their only home while serving: every state ``load_many``
 reads is remembered (a bounded LRU), and ``recall`` answers from that memory while Redis is
 away, so queries still get a combined prediction from the last weights seen. ``fresh`` answers
-from it too while every state asked for was read recently enough: a bandit's weights move by
-feedback, and one round trip per poll group bought nothing that a read a moment ago had not
-(docs/design/0054).
+from it too while every state asked for was read recently enough: a bandit's weights move only
+with feedback, so a read made a moment ago serves as well as a new round trip (docs/design/0054).
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from batchers.lookups import SharedLookups
 from batchers.metrics import batcher_registry
 from batchers.offsets import Part, RequestHandover, RequestOffsets
 from batchers.service import BatcherService, ModelSetup
@@ -100,8 +99,7 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
             redis = async_client(settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
             guard = RedisGuard(sync_client(settings).ping, name="batcher")
             holder["emitter"] = emitter
-            lookups = SharedLookups(redis.mget)  # one MGET for the models' lookups of one fetch
-            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets, lookups)
+            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets)
                            for m in models}
         return holder["s"]
 

@@ -29,7 +29,6 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
-from batchers.lookups import SharedLookups
 from batchers.offsets import RequestOffsets, Where
 from batchers.settings import BatcherSettings
 from batchers.version import VersionSwitch
@@ -68,14 +67,11 @@ class BatcherService:
 
     def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup,
                  producer: Producer | None = None, redis: aioredis.Redis | None = None,
-                 guard: RedisGuard | None = None, offsets: RequestOffsets | None = None,
-                 lookups: SharedLookups | None = None) -> None:
+                 guard: RedisGuard | None = None, offsets: RequestOffsets | None = None) -> None:
         """``producer``, ``redis`` and its ``guard``: the process's shared clients (made here when
         not given). While the guard says Redis is away, every lookup is a miss: the request goes
         to the model rather than wait on the cache. ``offsets``: told which request records are
-        read and which are done (acknowledged by the broker), so a member commits only those.
-        ``lookups``: the process's shared cache lookups over that ``redis`` (``batchers.lookups``),
-        so the models' lookups of one fetch go out as one MGET."""
+        read and which are done (acknowledged by the broker), so a member commits only those."""
         self.settings = settings
         self.model = model
         self.cat = Catalogue.from_settings(settings)
@@ -97,7 +93,6 @@ class BatcherService:
         self.switch = VersionSwitch(model.version, int(bs.version_switch_timeout_s * 1e6))
         self._wanted: tuple[int, ModelSpec | None] = (model.replicas, model.spec)
         self.redis = (redis or async_client(settings)) if model.cache else None
-        self.lookups = lookups or (SharedLookups(self.redis.mget) if self.redis is not None else None)
         self.guard = guard or RedisGuard(sync_client(settings).ping, name="batcher")
         self.wake = asyncio.Event()
         self.offsets = offsets
@@ -269,10 +264,10 @@ class BatcherService:
     async def _mget(self, keys: list[str]) -> list[bytes | None]:
         """The cached values of ``keys``; all misses when there is no cache, when Redis is away
         (one bounded wait finds that out, then none until it answers again) or fails."""
-        if self.lookups is None or not self.guard.available():
+        if self.redis is None or not self.guard.available():
             return [None] * len(keys)
         try:
-            return await self.lookups(keys)
+            return await self.redis.mget(keys)
         except Exception as exc:  # Redis down: serve from the models, not from nothing
             if isinstance(exc, REDIS_AWAY):
                 self.guard.failed(exc)

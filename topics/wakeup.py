@@ -5,8 +5,9 @@ wake-up and a GIL hand-off per fetch, on top of the loop's own wake-up. librdkaf
 to a file descriptor whenever a queue that was empty gets an entry
 (``rd_kafka_queue_io_event_enable``), so the loop can watch that descriptor and poll the
 consumer itself with no wait. confluent-kafka does not expose that call; it is reached through
-the librdkafka library the process already loaded, and the consumer's handle is checked by the
-client name librdkafka gives it before anything is enabled. When any part of that is missing,
+the librdkafka library the process already loaded, and the consumer's handle is checked before
+anything is enabled: it must point into readable memory, and librdkafka must give it the
+consumer's client name. When any part of that is missing,
 ``attach`` answers None and the caller keeps its thread (docs/design/0053).
 """
 

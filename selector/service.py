@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -37,7 +37,7 @@ from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
 from selector.store import StateStore
 from selector.types import Query, State
-from topics.admin import ensure_model_topics
+from topics.admin import ensure_model_topics, ensure_topics
 from topics.catalogue import Catalogue
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
@@ -163,6 +163,16 @@ class Selector:
         if model not in self._model_topics:
             ensure_model_topics(self.settings, model)
             self._model_topics.add(model)
+
+    def prepare_model_topics(self, models: Iterable[str]) -> None:
+        """Make sure the topics of ``models`` exist, with one admin client and one metadata
+        request, before the member joins its group. Otherwise the first query to each model
+        waits on the join thread for an admin client of its own, and the queries behind it
+        miss their deadlines. A model linked later is made sure of at its first query."""
+        todo = sorted(set(models) - self._model_topics)
+        if todo:
+            ensure_topics(self.settings, [spec for m in todo for spec in self.catalogue.for_model(m, 1)])
+            self._model_topics.update(todo)
 
     # -- join: combine ----------------------------------------------------------------
     def collect(self, msg: Any, received_us: int | None = None) -> None:

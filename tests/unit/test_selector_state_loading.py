@@ -275,3 +275,27 @@ def test_a_state_learnt_in_this_process_is_fresh_at_once(monkeypatch: Any) -> No
     store.update("app", "c1", lambda state: {"n_observed": 2})
     assert store.fresh([("app", "c1")], 0.25) == {("app", "c1"): {"n_observed": 2}}
     assert store.fresh([("app", "c1"), ("app", None)], 0.25) is None  # the global one is old
+
+
+def test_model_topics_made_sure_of_at_start_cost_the_first_query_no_admin_client(monkeypatch: Any) -> None:
+    from clipstream.settings import get_settings
+    from selector import service as service_mod
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    batches: list[list[str]] = []
+    singles: list[str] = []
+    monkeypatch.setattr(service_mod, "ensure_topics", lambda s, specs: batches.append([t.name for t in specs]))
+    monkeypatch.setattr(service_mod, "ensure_model_topics", lambda s, model: singles.append(model))
+    sel, producer = _selector(Single(), FakeRedis(), settings)
+    sel._model_topics.clear()
+
+    sel.prepare_model_topics(["m2", "m1", "m2"])
+    sel.prepare_model_topics(["m1"])  # known already: no second round trip
+    assert batches == [[t.name for m in ("m1", "m2") for t in cat.for_model(m, 1)]]
+    sel.handle([Msg(_query(0, None).value(), cat.queries.name)], cat.queries.name)
+    assert singles == [] and [t for t, _ in producer.sent] == [cat.requests("m1").name]
+
+    sel._model_topics.discard("m1")  # a model linked after the start: made sure of at its first query
+    sel.handle([Msg(_query(1, None).value(), cat.queries.name)], cat.queries.name)
+    assert singles == ["m1"]

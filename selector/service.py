@@ -37,7 +37,7 @@ from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
 from selector.store import StateStore
 from selector.types import Query, State
-from topics.admin import ensure_model_topics, ensure_topics
+from topics.admin import ensure_topics
 from topics.catalogue import Catalogue
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
@@ -152,23 +152,20 @@ class Selector:
         if not chosen or ev.deadline_us <= now:
             return  # answered by the timer with the default
         for model in chosen:
-            self._ensure_model_topic(model)
+            if model not in self._model_topics:
+                self.prepare_model_topics((model,))
             request = ModelRequest(query_id=qid, app=app.name, model=model, input=ev.input, deadline_us=last_resort_us,
                                    selector_partition=msg.partition(), trace=trace)
             self.producer.produce(self.catalogue.requests(model).name, encode(request), key=qid.encode())
         if poll:
             self.producer.poll(0)
 
-    def _ensure_model_topic(self, model: str) -> None:
-        if model not in self._model_topics:
-            ensure_model_topics(self.settings, model)
-            self._model_topics.add(model)
-
     def prepare_model_topics(self, models: Iterable[str]) -> None:
         """Make sure the topics of ``models`` exist, with one admin client and one metadata
         request, before the member joins its group. Otherwise the first query to each model
         waits on the join thread for an admin client of its own, and the queries behind it
-        miss their deadlines. A model linked later is made sure of at its first query."""
+        miss their deadlines. A model linked later is made sure of at its first query
+        (``dispatch``), the same way."""
         todo = sorted(set(models) - self._model_topics)
         if todo:
             ensure_topics(self.settings, [spec for m in todo for spec in self.catalogue.for_model(m, 1)])

@@ -61,8 +61,8 @@ class StateStore:
         self.ttl_s = predictions_ttl_s
         self.context_ttl_s = context_ttl_s
         self.max_contexts = max_contexts
-        self._memory: OrderedDict[tuple[str, str | None], State | None] = OrderedDict()
-        self._read_at: dict[tuple[str, str | None], float] = {}  # when each remembered state was read
+        # (app, context) -> (when it was read or learnt here, its state), least recent first
+        self._memory: OrderedDict[tuple[str, str | None], tuple[float, State | None]] = OrderedDict()
         self._remember = remember  # (app, context) states kept for ``recall``
 
     def load(self, app: str, context: str | None) -> State | None:
@@ -97,14 +97,12 @@ class StateStore:
         return out
 
     def _keep(self, states: dict[tuple[str, str | None], State | None]) -> None:
-        memory, read_at, now = self._memory, self._read_at, time.monotonic()
+        memory, now = self._memory, time.monotonic()
         for pair, state in states.items():
-            memory[pair] = copy.deepcopy(state)  # callers may change theirs in place
+            memory[pair] = (now, copy.deepcopy(state))  # callers may change theirs in place
             memory.move_to_end(pair)
-            read_at[pair] = now
         while len(memory) > self._remember:
-            gone, _ = memory.popitem(last=False)
-            read_at.pop(gone, None)
+            memory.popitem(last=False)
 
     def fresh(self, pairs: Iterable[tuple[str, str | None]],
               max_age_s: float) -> dict[tuple[str, str | None], State | None] | None:
@@ -114,8 +112,8 @@ class StateStore:
             return None
         pairs = [(app, ctx or None) for app, ctx in pairs]
         oldest = time.monotonic() - max_age_s
-        read_at = self._read_at
-        if any(read_at.get(pair, oldest - 1.0) < oldest for pair in pairs):
+        memory = self._memory
+        if any(pair not in memory or memory[pair][0] < oldest for pair in pairs):
             return None
         return self.recall(pairs)
 
@@ -126,7 +124,7 @@ class StateStore:
         out: dict[tuple[str, str | None], State | None] = {}
         for app, ctx in pairs:
             pair = (app, ctx or None)
-            state = memory.get(pair, memory.get((app, None)))
+            _, state = memory.get(pair) or memory.get((app, None)) or (0.0, None)
             out[pair] = copy.deepcopy(state)
         return out
 

@@ -35,16 +35,21 @@ _KNOWN_MAJORS = frozenset({"1", "2"})
 _HANDLE_SPAN = 4096
 
 
+def _mappings() -> list[list[str]]:
+    """This process's memory map (``/proc/self/maps``), a line's fields each: address range,
+    permissions, offset, device, inode and, for a file, its path."""
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        return [line.split() for line in maps]
+
+
 def readable(address: int, span: int) -> bool:
     """Whether ``span`` bytes from ``address`` lie in one readable mapping of this process: a
     pointer read from a layout that moved must not reach librdkafka, which would fault on it."""
     try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
-            for line in maps:
-                bounds, perms = line.split(maxsplit=2)[:2]
-                low, high = (int(x, 16) for x in bounds.split("-"))
-                if low <= address and address + span <= high:
-                    return perms.startswith("r")
+        for fields in _mappings():
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= address and address + span <= high:
+                return fields[1].startswith("r")
     except (OSError, ValueError):
         return False
     return False
@@ -55,8 +60,7 @@ def librdkafka() -> Any:
     """The librdkafka this process loaded for confluent-kafka (the same copy, from the
     process's own map of loaded files), with the calls used here typed; None when not found."""
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            paths = {line.split()[-1] for line in maps if "librdkafka" in line and "/" in line}
+        paths = {fields[-1] for fields in _mappings() if len(fields) > 5 and "librdkafka" in fields[-1]}
         if len(paths) != 1:
             return None
         lib = ctypes.CDLL(paths.pop())

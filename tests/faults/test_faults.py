@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]  # the first one sta
 
 RATE_QPS = 20.0  # on each path: 40 q/s in all, the steady load
 HEALTHY_RUN = 20  # the last this many queries on each path real and on time: the pipeline is well
-HEALTHY_S = 240.0  # bound on a recovery from the previous fault (a restarted broker's JVM, ...) or a cold start on a busy machine
+# bound on a recovery from the previous fault (a restarted broker's JVM, ...) or on a cold start:
+# three fresh brokers on a slow 2-core machine carry each query too slowly for the SLO until
+# their JIT compilers have run, which took about four minutes under this load
+HEALTHY_S = 420.0
 BASELINE_S = 2.0  # of steady load in the ledger before the fault
 SETTLED_S = 3.0  # after the gaps close and the killed stage is back, so a second dip would show
 DRAIN_S = SLO_MS / 1000 + 20.0

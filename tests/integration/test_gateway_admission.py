@@ -77,7 +77,7 @@ def test_a_straggler_answered_by_the_cutoff_is_not_refused_as_overload(settings,
     # limit. Most answers here are made at the straggler cutoff, just under the deadline, so the
     # bound is the gateway's own promise to a caller, an answer within SLO + 20 ms. Answers later
     # than that, defaults and refusals may be 5% of the calls together: on 2 shared cores a
-    # collection in the broker stops every query's trip for tens of milliseconds at a time
+    # collection in the broker, or a stage waiting for a core, holds up every query in flight
     late = sum(1 for c in calls if c.status == 200 and float(c.body["latency_ms"]) > SLO_MS + 20)
     assert late + got["defaults"] + got["refused_503"] <= 0.05 * CALLS, (
         f"the pipeline did not answer in time (is the machine saturated?): {late} answers after "
@@ -85,8 +85,8 @@ def test_a_straggler_answered_by_the_cutoff_is_not_refused_as_overload(settings,
     # a flagged call meets the straggler's stall: answered by the others, the straggler named missing
     assert got["flagged_answered"] >= 0.9 * CALLS * SHARE, got
     assert got["flagged_naming_straggler"] == got["flagged_answered"], got
-    # never refused at the admission limit, and the limit not cut by the cutoff's answers:
-    # reading them as overload cuts it once per window of answers, down to its floor, and a
-    # refusal of these callers would take a limit cut to their number
+    # never refused at the admission limit, and the limit not cut by the cutoff's answers.
+    # Reading them as overload cuts the limit once per window of answers, down to its floor;
+    # two callers fit under the floor, so the limit is the check that tells
     assert not [r for r in got["refusal_reasons"] if "at its limit" in r], got
     assert limit >= 2 * FLOOR, (limit, got)

@@ -25,11 +25,11 @@ from clipstream.infra.launcher import pick_free_ports
 from clipstream.testing.callers import closed_loop, flagged_input, tally
 from clipstream.testing.models import make_stalling_model
 from clipstream.testing.procs import UpProcess, wait_until
+from frontend.settings import GatewaySettings
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 CALLERS, CALLS, SLO_MS, STALL_MS, SHARE = 2, 200, 200.0, 500.0, 0.3
-FLOOR = 4  # the gateway's admission floor (CLIPSTREAM_GATEWAY_ADMISSION_FLOOR's default)
 
 
 def _limit(url: str) -> float:
@@ -89,4 +89,4 @@ def test_a_straggler_answered_by_the_cutoff_is_not_refused_as_overload(settings,
     # Reading them as overload cuts the limit once per window of answers, down to its floor;
     # two callers fit under the floor, so the limit is the check that tells
     assert not [r for r in got["refusal_reasons"] if "at its limit" in r], got
-    assert limit >= 2 * FLOOR, (limit, got)
+    assert limit >= 2 * GatewaySettings().admission_floor, (limit, got)

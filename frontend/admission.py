@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from schemas.reasons import NOTHING_ARRIVED
+from schemas.reasons import BEHIND
 
 MIN_WINDOW = 8  # answers a cut is judged over, at the least (a limit's worth when larger)
 BAD_SHARE = 0.25  # the share of that window that must be bad for a cut
@@ -43,12 +43,12 @@ def verdict(answer: Mapping[str, Any], timed_out: bool, slo_ms: float, slow_frac
     """What an answer (the caller's JSON) says about load; None: nothing (a default for another
     reason than an empty pipeline, such as every model failing).
 
-    Late: no reply, a default because nothing arrived, or an answer after the SLO. Slow: every
-    model answered, but past ``slow_fraction`` of the SLO. Any other answer with predictions in
+    Late: no reply, a default because nothing arrived (or there was no time left to ask), or an
+    answer after the SLO. Slow: every model answered, but past ``slow_fraction`` of the SLO. Any other answer with predictions in
     hand is on time, a straggler missing or not: the cutoff, not the load, set its latency.
     """
     if timed_out or answer["latency_ms"] > slo_ms or (
-            answer["default"] and answer.get("default_reason") == NOTHING_ARRIVED):
+            answer["default"] and answer.get("default_reason") in BEHIND):
         return "late"
     if answer["default"]:
         return None

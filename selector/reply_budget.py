@@ -15,28 +15,18 @@ recent trips, kept between a floor and a cap; no Kafka here, the selector feeds 
 
 from __future__ import annotations
 
-import math
-from collections import deque
+from selector.trips import RecentQuantile
 
 
 class ReplyBudget:
     """A high quantile of recent reply trips, clamped to ``[floor_us, cap_us]``.
-
-    The quantile is recomputed every ``every`` observations rather than on each one: the
-    selector asks for the budget once per query, and sorting the window each time would cost
-    more than the answer itself. ``cap_us <= floor_us`` fixes the budget at ``floor_us``.
-    """
+    ``cap_us <= floor_us`` fixes the budget at ``floor_us``."""
 
     def __init__(self, floor_us: int, cap_us: int, quantile: float = 0.95, window: int = 256,
                  every: int = 16) -> None:
-        if not 0.0 < quantile <= 1.0:
-            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
-        if window < 1 or every < 1:
-            raise ValueError("window and every must be at least 1")
+        self._trips = RecentQuantile(quantile, window, every)
         self.floor_us, self.cap_us = int(floor_us), max(int(floor_us), int(cap_us))
         self.quantile = quantile
-        self._trips: deque[int] = deque(maxlen=window)
-        self._every, self._since = every, 0
         self._us = self.floor_us
 
     @property
@@ -53,14 +43,5 @@ class ReplyBudget:
         observes (the selector's reply-acks thread); ``us`` may be read from any."""
         if not self.adaptive or trip_us < 0:
             return
-        self._trips.append(trip_us)
-        self._since += 1
-        if self._since >= self._every or len(self._trips) < self._every:
-            self._since = 0
-            self._us = min(self.cap_us, max(self.floor_us, self._quantile()))
-
-    def _quantile(self) -> int:
-        ranked = sorted(self._trips)
-        # nearest rank: the smallest trip with at least ``quantile`` of the window at or below it
-        k = max(0, math.ceil(self.quantile * len(ranked)) - 1)
-        return ranked[k]
+        self._trips.observe(trip_us)
+        self._us = min(self.cap_us, max(self.floor_us, self._trips.value or 0))

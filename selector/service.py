@@ -27,7 +27,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard
 from clipstream.settings import Settings
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
-from schemas.reasons import NOTHING_ARRIVED
+from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
 from selector.handover import Handover, QueryOffsets
 from selector.join import Asked, JoinState, Pending
 from selector.kafka import Apps, log
@@ -36,6 +36,7 @@ from selector.outputs import response_record, to_output
 from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
 from selector.store import StateStore
+from selector.trips import FastestTrips
 from selector.types import Query, State
 from topics.admin import ensure_topics
 from topics.catalogue import Catalogue
@@ -61,6 +62,9 @@ def is_stateless(policy: Any) -> bool:
     return type(policy) in STATELESS_POLICIES
 
 
+# a model's failure when it was not asked: its fastest recent trips are longer than the time left
+NOT_ASKED = "not asked: its fastest recent trips take longer than the time left"
+
 # a group's policy states are read from Redis in about a millisecond; the join thread never
 # waits longer than this for them, so a frozen Redis cannot hold back the answers due meanwhile
 STATE_WAIT_S = 0.02
@@ -72,7 +76,8 @@ class Selector:
                  dead: DeadLetters, catalogue: Catalogue, settings: Settings, answered_capacity: int = 100_000,
                  reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None,
                  guard: RedisGuard | None = None, save: Callable[[str, dict[str, Any]], None] | None = None,
-                 answered_window_s: float = 60.0, state_fresh_s: float = 0.0) -> None:
+                 answered_window_s: float = 60.0, state_fresh_s: float = 0.0,
+                 trips: FastestTrips | None = None) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
         self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
@@ -88,7 +93,11 @@ class Selector:
         self.offsets = QueryOffsets()
         self.handover: Handover | None = None
         self._model_topics: set[str] = set()
-        self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0, "recalled_states": 0}
+        self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0, "recalled_states": 0,
+                      "not_asked": 0}
+        # each model's fastest recent trips: a model that cannot answer in the time a query has
+        # left is not asked (FastestTrips(0) asks every model)
+        self.trips = trips if trips is not None else FastestTrips(0.0)
         # while Redis is away, states come from the store's memory (no wait on Redis per group);
         # ``save`` stores what the join combined (``serve`` gives a PredictionSaver's: off the
         # answer path)
@@ -151,7 +160,17 @@ class Selector:
         self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us if chosen else None, asked=asked)
         if not chosen or ev.deadline_us <= now:
             return  # answered by the timer with the default
+        hopeless = [m for m in chosen if self.trips.hopeless(m, last_resort_us - now, now)]
+        if hopeless:
+            self.stats["not_asked"] += len(hopeless)
+            for model in hopeless:  # reported as failed at once: a query with no model left is answered now
+                done = self.join.add(qid, model, "expired", error=NOT_ASKED)
+                if done is not None:
+                    self._answer_safely(done)
+                    return
         for model in chosen:
+            if model in hopeless:
+                continue
             if model not in self._model_topics:
                 self.prepare_model_topics((model,))
             request = ModelRequest(query_id=qid, app=app.name, model=model, input=ev.input, deadline_us=last_resort_us,
@@ -182,6 +201,8 @@ class Selector:
             self.dead.send(reason=f"undecodable predictions: {exc}", msg=msg)
             return
         for item in batch.items:
+            if item.status in ("ok", "cached") and "dispatched" in item.trace:
+                self.trips.observe(item.model, received_us - item.trace["dispatched"], received_us)
             pending = self.join.get(item.query_id)
             if pending is not None:  # the last prediction's stage stamps ride on the Response
                 trace = pending.asked.trace
@@ -218,6 +239,8 @@ class Selector:
             reason = ("every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
                       if pending.failed and len(pending.failed) == len(pending.expected)
                       else NOTHING_ARRIVED)
+            if pending.expected and all(pending.failed.get(m) == NOT_ASKED for m in pending.expected):
+                reason = NO_TIME_TO_ASK
             if not pending.expected:
                 reason = "the policy selected no model"
             self.stats["defaults"] += 1

@@ -1,0 +1,80 @@
+"""Quantiles of recent trips, which the selector learns from what it measures rather than
+from settings: the reply's trip (``selector.reply_budget``) and each model's trip from dispatch
+to its prediction back here (``FastestTrips``). No Kafka here; the selector feeds both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class RecentQuantile:
+    """A quantile of the last ``window`` observations, recomputed every ``every`` of them
+    rather than on each one: it is read once per query, and sorting the window each time
+    would cost more than the answer itself. ``value`` is None until the first observation."""
+
+    def __init__(self, quantile: float, window: int = 256, every: int = 16) -> None:
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if window < 1 or every < 1:
+            raise ValueError("window and every must be at least 1")
+        self.quantile = quantile
+        self._seen: deque[int] = deque(maxlen=window)
+        self._every, self._since = every, 0
+        self.value: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def observe(self, x: int) -> None:
+        self._seen.append(x)
+        self._since += 1
+        if self._since >= self._every or len(self._seen) < self._every:
+            self._since = 0
+            ranked = sorted(self._seen)
+            # nearest rank: the smallest value with at least ``quantile`` of the window at or below it
+            self.value = ranked[max(0, math.ceil(self.quantile * len(ranked)) - 1)]
+
+
+class FastestTrips:
+    """Each model's fastest recent trips, from dispatch to its prediction at the selector.
+
+    A query with less time left than a model's low quantile of them (its fastest twentieth, by
+    default) will not have that model's prediction in time: asking anyway costs two Kafka
+    crossings and the batcher's report of the expiry, on a pipeline already behind. Clipper
+    answers at the deadline with what arrived; a model that is hopeless before it is asked is
+    not asked. Predictions that came after their answer count too (they are trips the pipeline
+    made), and a model unheard of for ``stale_us`` is asked again whatever its trips said, so
+    skipping cannot starve the learning that would end it. ``quantile`` 0 asks every model.
+    """
+
+    def __init__(self, quantile: float = 0.05, window: int = 256, every: int = 16, min_trips: int = 16,
+                 stale_us: int = 2_000_000) -> None:
+        if not 0.0 <= quantile < 1.0:
+            raise ValueError(f"quantile must be in [0, 1), got {quantile}")
+        self.quantile, self.window, self.every = quantile, window, every
+        self.min_trips, self.stale_us = min_trips, stale_us
+        self._trips: dict[str, RecentQuantile] = {}
+        self._heard_us: dict[str, int] = {}
+
+    def observe(self, model: str, trip_us: int, now_us: int) -> None:
+        if self.quantile <= 0 or trip_us < 0:
+            return
+        trips = self._trips.get(model)
+        if trips is None:
+            trips = self._trips[model] = RecentQuantile(self.quantile, self.window, self.every)
+        trips.observe(trip_us)
+        self._heard_us[model] = now_us
+
+    def fastest_us(self, model: str, now_us: int) -> int | None:
+        """The model's low quantile of trips, or None while it is unknown or stale."""
+        trips = self._trips.get(model)
+        if trips is None or len(trips) < self.min_trips or now_us - self._heard_us[model] > self.stale_us:
+            return None
+        return trips.value
+
+    def hopeless(self, model: str, left_us: int, now_us: int) -> bool:
+        """True when ``left_us`` is shorter than the model's fastest recent trips."""
+        fastest = self.fastest_us(model, now_us)
+        return fastest is not None and left_us < fastest

@@ -66,6 +66,9 @@ class SelectorMetrics:
         self._stragglers = Family("clipstream_selector_stragglers",
                                   "Predictions cut off by the deadline (the model was asked, did not answer in "
                                   "time), by app and model.", ("app", "model"), registry=r)
+        self._not_asked = Family("clipstream_selector_not_asked",
+                                 "Models not asked for a query: their fastest recent trips were longer than the "
+                                 "time it had left, by app and model.", ("app", "model"), registry=r)
         self._latency = Family("clipstream_selector_answer_seconds",
                                "From the query's creation (its `produced` stamp) to its Response, by app.",
                                ("app",),
@@ -78,6 +81,7 @@ class SelectorMetrics:
         self._app: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._defaults_by: dict[tuple[str, str], Any] = {}
         self._stragglers_by: dict[tuple[str, str], Any] = {}
+        self._not_asked_by: dict[tuple[str, str], Any] = {}
 
     def _children(self, app: str) -> tuple[Any, Any, Any, Any]:
         c = self._app.get(app)
@@ -109,13 +113,21 @@ class SelectorMetrics:
         self.stages.observe(record.trace)
 
     def stragglers(self, app: str, models: Iterable[str]) -> None:
-        for model in models:
-            key = (app, model)
-            s = self._stragglers_by.get(key)
-            if s is None:
-                s = self._stragglers_by[key] = self._stragglers.labels(app, model)
-            s.inc()
+        _count(self._stragglers, self._stragglers_by, app, models)
+
+    def not_asked(self, app: str, models: Iterable[str]) -> None:
+        _count(self._not_asked, self._not_asked_by, app, models)
 
     def _weights(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
         return {WEIGHT: [((app, model), w) for app, state in list(self.latest_state.items())
                          for model, w in policy_weights(state).items()]}
+
+
+def _count(family: Family, children: dict[tuple[str, str], Any], app: str, models: Iterable[str]) -> None:
+    """One more for each of ``models`` of ``app``; each (app, model) child made once."""
+    for model in models:
+        key = (app, model)
+        c = children.get(key)
+        if c is None:
+            c = children[key] = family.labels(app, model)
+        c.inc()

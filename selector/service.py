@@ -163,6 +163,7 @@ class Selector:
         hopeless = [m for m in chosen if self.trips.hopeless(m, last_resort_us - now, now)]
         if hopeless:
             self.stats["not_asked"] += len(hopeless)
+            self.metrics.not_asked(app.name, hopeless)
             for model in hopeless:  # reported as failed at once: a query with no model left is answered now
                 done = self.join.add(qid, model, "expired", error=NOT_ASKED)
                 if done is not None:

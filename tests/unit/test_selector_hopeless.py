@@ -96,6 +96,8 @@ def test_the_selector_asks_only_the_models_that_can_answer_in_the_time_left() ->
     asked = [decode_as(ModelRequest, v).model for _, v in requests.sent]
     assert asked == ["m1"]
     assert sel.join.get("q").failed == {"m2": NOT_ASKED} and sel.stats["not_asked"] == 1
+    assert sel.metrics.registry.get_sample_value("clipstream_selector_not_asked_total",
+                                                 {"app": "app", "model": "m2"}) == 1
     assert replies.sent == []  # m1 may still answer: no Response yet
 
 

@@ -6,7 +6,7 @@ records both sides share, rather than in either stage.
 """
 
 NOTHING_ARRIVED = "no prediction arrived by the deadline"
-# the selector asked no model: by their fastest recent trips, none could answer in time
+# the selector asked no model: by their recent trips, none could answer in time
 NO_TIME_TO_ASK = "too little time left to ask any model"
 # defaults that say the pipeline is behind
 BEHIND = frozenset({NOTHING_ARRIVED, NO_TIME_TO_ASK})

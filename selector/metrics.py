@@ -67,7 +67,7 @@ class SelectorMetrics:
                                   "Predictions cut off by the deadline (the model was asked, did not answer in "
                                   "time), by app and model.", ("app", "model"), registry=r)
         self._not_asked = Family("clipstream_selector_not_asked",
-                                 "Models not asked for a query: their fastest recent trips were longer than the "
+                                 "Models not asked for a query: their recent trips (a quantile) were longer than the "
                                  "time it had left, by app and model.", ("app", "model"), registry=r)
         self._latency = Family("clipstream_selector_answer_seconds",
                                "From the query's creation (its `produced` stamp) to its Response, by app.",

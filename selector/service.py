@@ -36,7 +36,7 @@ from selector.outputs import response_record, to_output
 from selector.policies import Single, align_state
 from selector.reply_budget import ReplyBudget
 from selector.store import StateStore
-from selector.trips import FastestTrips
+from selector.trips import ModelTrips
 from selector.types import Query, State
 from topics.admin import ensure_topics
 from topics.catalogue import Catalogue
@@ -62,8 +62,8 @@ def is_stateless(policy: Any) -> bool:
     return type(policy) in STATELESS_POLICIES
 
 
-# a model's failure when it was not asked: its fastest recent trips are longer than the time left
-NOT_ASKED = "not asked: its fastest recent trips take longer than the time left"
+# a model's failure when it was not asked: its recent trips take longer than the time left
+NOT_ASKED = "not asked: its recent trips take longer than the time left"
 
 # a group's policy states are read from Redis in about a millisecond; the join thread never
 # waits longer than this for them, so a frozen Redis cannot hold back the answers due meanwhile
@@ -77,7 +77,7 @@ class Selector:
                  reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None,
                  guard: RedisGuard | None = None, save: Callable[[str, dict[str, Any]], None] | None = None,
                  answered_window_s: float = 60.0, state_fresh_s: float = 0.0,
-                 trips: FastestTrips | None = None) -> None:
+                 trips: ModelTrips | None = None) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
         self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
@@ -95,9 +95,9 @@ class Selector:
         self._model_topics: set[str] = set()
         self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0, "recalled_states": 0,
                       "not_asked": 0}
-        # each model's fastest recent trips: a model that cannot answer in the time a query has
-        # left is not asked (FastestTrips(0) asks every model)
-        self.trips = trips if trips is not None else FastestTrips(0.0)
+        # each model's recent trips: a model that cannot answer in the time a query has
+        # left is not asked (ModelTrips(0) asks every model)
+        self.trips = trips if trips is not None else ModelTrips(0.0)
         # while Redis is away, states come from the store's memory (no wait on Redis per group);
         # ``save`` stores what the join combined (``serve`` gives a PredictionSaver's: off the
         # answer path)

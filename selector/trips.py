@@ -1,6 +1,6 @@
 """Quantiles of recent trips, which the selector learns from what it measures rather than
 from settings: the reply's trip (``selector.reply_budget``) and each model's trip from dispatch
-to its prediction back here (``FastestTrips``). No Kafka here; the selector feeds both.
+to its prediction back here (``ModelTrips``). No Kafka here; the selector feeds both.
 """
 
 from __future__ import annotations
@@ -37,19 +37,21 @@ class RecentQuantile:
             self.value = ranked[max(0, math.ceil(self.quantile * len(ranked)) - 1)]
 
 
-class FastestTrips:
-    """Each model's fastest recent trips, from dispatch to its prediction at the selector.
+class ModelTrips:
+    """Each model's recent trips, from dispatch to its prediction back at the selector.
 
-    A query with less time left than a model's low quantile of them (its fastest twentieth, by
-    default) will not have that model's prediction in time: asking anyway costs two Kafka
-    crossings and the batcher's report of the expiry, on a pipeline already behind. Clipper
-    answers at the deadline with what arrived; a model that is hopeless before it is asked is
-    not asked. Predictions that came after their answer count too (they are trips the pipeline
-    made), and a model unheard of for ``stale_us`` is asked again whatever its trips said, so
-    skipping cannot starve the learning that would end it. ``quantile`` 0 asks every model.
+    A query with less time left than a quantile of a model's trips (the median, by default: its
+    typical trip) will likely not have that model's prediction in time. Asked anyway, under
+    overload, its request takes a place in the batcher's queue and the worker's batches only to
+    come back after the answer, or to expire there: work and Kafka crossings for nothing, which
+    make the queries behind it late too. Clipper answers at the deadline with what arrived; a
+    model that is hopeless before it is asked is not asked. Predictions that came after their
+    answer count too (they are trips the pipeline made), and a model unheard of for
+    ``stale_us`` is asked again whatever its trips said, so skipping it cannot starve the
+    learning that would end the skip. ``quantile`` 0 asks every model.
     """
 
-    def __init__(self, quantile: float = 0.05, window: int = 256, every: int = 16, min_trips: int = 16,
+    def __init__(self, quantile: float = 0.5, window: int = 256, every: int = 16, min_trips: int = 16,
                  stale_us: int = 2_000_000) -> None:
         if not 0.0 <= quantile < 1.0:
             raise ValueError(f"quantile must be in [0, 1), got {quantile}")
@@ -67,14 +69,14 @@ class FastestTrips:
         trips.observe(trip_us)
         self._heard_us[model] = now_us
 
-    def fastest_us(self, model: str, now_us: int) -> int | None:
-        """The model's low quantile of trips, or None while it is unknown or stale."""
+    def typical_us(self, model: str, now_us: int) -> int | None:
+        """The model's quantile of recent trips, or None while it is unknown or stale."""
         trips = self._trips.get(model)
         if trips is None or len(trips) < self.min_trips or now_us - self._heard_us[model] > self.stale_us:
             return None
         return trips.value
 
     def hopeless(self, model: str, left_us: int, now_us: int) -> bool:
-        """True when ``left_us`` is shorter than the model's fastest recent trips."""
-        fastest = self.fastest_us(model, now_us)
-        return fastest is not None and left_us < fastest
+        """True when ``left_us`` is shorter than the model's quantile of recent trips."""
+        typical = self.typical_us(model, now_us)
+        return typical is not None and left_us < typical

@@ -1,4 +1,4 @@
-"""A model is not asked when its fastest recent trips are longer than the time a query has left."""
+"""A model is not asked when its recent trips are longer than the time a query has left."""
 
 from __future__ import annotations
 
@@ -15,31 +15,31 @@ from schemas.reasons import NO_TIME_TO_ASK
 from selector.metrics import default_reason
 from selector.service import NOT_ASKED, Selector
 from selector.store import StateStore
-from selector.trips import FastestTrips
+from selector.trips import ModelTrips
 from selector.types import Output
 from tests.fakes import FakeMsg as Msg
 from tests.unit.test_selector_state_loading import FakeProducer
 from topics.catalogue import Catalogue
 
 
-def test_a_model_is_hopeless_only_below_its_known_fresh_fastest_trips() -> None:
-    trips = FastestTrips(0.1, window=10, every=1, min_trips=5, stale_us=1_000_000)
+def test_a_model_is_hopeless_only_below_its_known_fresh_trips() -> None:
+    trips = ModelTrips(0.1, window=10, every=1, min_trips=5, stale_us=1_000_000)
     for i in range(4):
         trips.observe("m", 20_000 + i * 1_000, now_us=0)
     assert not trips.hopeless("m", 1, 0)  # four trips: too few to judge by
     for i in range(4, 10):
         trips.observe("m", 20_000 + i * 1_000, now_us=0)
-    assert trips.fastest_us("m", 0) == 20_000  # the 10th percentile of 20..29 ms, nearest rank
+    assert trips.typical_us("m", 0) == 20_000  # the 10th percentile of 20..29 ms, nearest rank
     assert trips.hopeless("m", 19_999, 0) and not trips.hopeless("m", 20_000, 0)
     assert not trips.hopeless("other", 1, 0)  # a model never heard of is asked
     assert not trips.hopeless("m", 1, 1_000_001)  # unheard of for too long: asked again
     trips.observe("m", 25_000, now_us=1_000_001)
     assert trips.hopeless("m", 1, 1_000_001)
-    off = FastestTrips(0.0, min_trips=1)
+    off = ModelTrips(0.0, min_trips=1)
     off.observe("m", 50_000, 0)
     assert not off.hopeless("m", 1, 0)
     with pytest.raises(ValueError):
-        FastestTrips(1.0)
+        ModelTrips(1.0)
 
 
 class BothModels:
@@ -68,7 +68,7 @@ def _selector() -> tuple[Selector, FakeProducer, FakeProducer, Catalogue]:
     requests, replies = FakeProducer(), FakeProducer()
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_producer=replies,  # type: ignore[arg-type]
-                   trips=FastestTrips(0.05, window=16, every=1, min_trips=4))
+                   trips=ModelTrips(0.05, window=16, every=1, min_trips=4))
     sel._model_topics |= {"m1", "m2"}
     sel.save = lambda *a: None
     return sel, requests, replies, cat
@@ -127,6 +127,6 @@ def test_expired_and_error_reports_teach_no_trips() -> None:
         for _ in range(8):
             item = Prediction("old", "m1", None, status, None, "x", {"dispatched": now - 500_000})
             sel.collect(Msg(encode(Predictions(0, [item])), cat.predictions.name))
-    assert sel.trips.fastest_us("m1", now_us()) is None
+    assert sel.trips.typical_us("m1", now_us()) is None
     sel.dispatch(_query(cat, "q", left_us=20_000))
     assert len(requests.sent) == 2

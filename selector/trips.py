@@ -47,8 +47,8 @@ class ModelTrips:
     make the queries behind it late too. Clipper answers at the deadline with what arrived; a
     model that is hopeless before it is asked is not asked. Predictions that came after their
     answer count too (they are trips the pipeline made), and a model unheard of for
-    ``stale_us`` is asked again whatever its trips said, so skipping it cannot starve the
-    learning that would end the skip. ``quantile`` 0 asks every model.
+    ``stale_us`` has its trips forgotten and is asked again until it has ``min_trips`` new ones,
+    so skipping it cannot starve the learning that would end the skip. ``quantile`` 0 asks every model.
     """
 
     def __init__(self, quantile: float = 0.5, window: int = 256, every: int = 16, min_trips: int = 16,
@@ -70,11 +70,16 @@ class ModelTrips:
         self._heard_us[model] = now_us
 
     def typical_us(self, model: str, now_us: int) -> int | None:
-        """The model's quantile of recent trips, or None while it is unknown or stale."""
+        """The model's quantile of recent trips, or None while it is unknown or stale. Stale
+        trips are forgotten: one new trip must not revive a window full of old ones, or a
+        skip made in a slow moment would go on after the pipeline is quick again."""
         trips = self._trips.get(model)
-        if trips is None or len(trips) < self.min_trips or now_us - self._heard_us[model] > self.stale_us:
+        if trips is None:
             return None
-        return trips.value
+        if now_us - self._heard_us[model] > self.stale_us:
+            del self._trips[model], self._heard_us[model]
+            return None
+        return trips.value if len(trips) >= self.min_trips else None
 
     def hopeless(self, model: str, left_us: int, now_us: int) -> bool:
         """True when ``left_us`` is shorter than the model's quantile of recent trips."""

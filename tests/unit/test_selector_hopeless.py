@@ -33,8 +33,13 @@ def test_a_model_is_hopeless_only_below_its_known_fresh_trips() -> None:
     assert trips.hopeless("m", 19_999, 0) and not trips.hopeless("m", 20_000, 0)
     assert not trips.hopeless("other", 1, 0)  # a model never heard of is asked
     assert not trips.hopeless("m", 1, 1_000_001)  # unheard of for too long: asked again
-    trips.observe("m", 25_000, now_us=1_000_001)
-    assert trips.hopeless("m", 1, 1_000_001)
+    # and its old trips are forgotten: a new one does not bring back the skip they made
+    trips.observe("m", 2_000, now_us=1_000_001)
+    assert not trips.hopeless("m", 1, 1_000_001) and trips.typical_us("m", 1_000_001) is None
+    for _ in range(4):
+        trips.observe("m", 2_000, now_us=1_000_002)
+    assert trips.typical_us("m", 1_000_002) == 2_000  # judged by the new trips alone
+    assert trips.hopeless("m", 1_999, 1_000_002) and not trips.hopeless("m", 3_000, 1_000_002)
     off = ModelTrips(0.0, min_trips=1)
     off.observe("m", 50_000, 0)
     assert not off.hopeless("m", 1, 0)

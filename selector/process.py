@@ -24,11 +24,11 @@ from selector.handover import Handover
 from selector.kafka import Apps
 from selector.learn import Learner
 from selector.reply_budget import ReplyBudget
-from selector.trips import ModelTrips
 from selector.saver import PredictionSaver
 from selector.service import Selector
 from selector.settings import SelectorSettings
 from selector.store import StateStore
+from selector.trips import ModelTrips
 from topics.catalogue import Catalogue
 from topics.client import consumer_config
 from topics.deadletters import DeadLetters

@@ -29,7 +29,7 @@ from clipstream.settings import Settings
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
 from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
 from selector.handover import Handover, QueryOffsets
-from selector.join import Asked, JoinState, Pending
+from selector.join import OK_STATUSES, Asked, JoinState, Pending
 from selector.kafka import Apps, log
 from selector.metrics import SelectorMetrics
 from selector.outputs import response_record, to_output
@@ -64,6 +64,18 @@ def is_stateless(policy: Any) -> bool:
 
 # a model's failure when it was not asked: its recent trips take longer than the time left
 NOT_ASKED = "not asked: its recent trips take longer than the time left"
+
+
+def why_default(pending: Pending) -> str:
+    """Why a query with no prediction in hand gets the default."""
+    if not pending.expected:
+        return "the policy selected no model"
+    if all(pending.failed.get(m) == NOT_ASKED for m in pending.expected):
+        return NO_TIME_TO_ASK
+    if len(pending.failed) == len(pending.expected):
+        return "every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
+    return NOTHING_ARRIVED
+
 
 # a group's policy states are read from Redis in about a millisecond; the join thread never
 # waits longer than this for them, so a frozen Redis cannot hold back the answers due meanwhile
@@ -202,7 +214,7 @@ class Selector:
             self.dead.send(reason=f"undecodable predictions: {exc}", msg=msg)
             return
         for item in batch.items:
-            if item.status in ("ok", "cached") and "dispatched" in item.trace:
+            if item.status in OK_STATUSES and "dispatched" in item.trace:
                 self.trips.observe(item.model, received_us - item.trace["dispatched"], received_us)
             pending = self.join.get(item.query_id)
             if pending is not None:  # the last prediction's stage stamps ride on the Response
@@ -237,14 +249,8 @@ class Selector:
         except ClipstreamError:
             app, policy, outputs, default = None, None, None, None
         if not pending.arrived or policy is None:
-            reason = ("every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
-                      if pending.failed and len(pending.failed) == len(pending.expected)
-                      else NOTHING_ARRIVED)
-            if pending.expected and all(pending.failed.get(m) == NOT_ASKED for m in pending.expected):
-                reason = NO_TIME_TO_ASK
-            if not pending.expected:
-                reason = "the policy selected no model"
             self.stats["defaults"] += 1
+            reason = why_default(pending)
             record = response_record(pending.query_id, asked, None, 0.0, [], missing, None, now, default, reason)
             self._reply(asked, record, late_us)
             return

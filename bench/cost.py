@@ -23,7 +23,7 @@ batching (32 items or 2 ms); their V2 inference routes get the same arrival time
 The systems run one after the other, never together: they share the machine's cores with the
 load generator.
 
-    .venv/bin/python -m bench.cost [--quick] [--only clipstream|mlserver|rayserve] [--name cost]
+    .venv/bin/python -m bench.cost [--quick] [--only clipstream,mlserver,rayserve] [--name cost]
 """
 
 from __future__ import annotations
@@ -238,10 +238,21 @@ def plot(systems: dict[str, Any], name: str, out_dir: Path) -> None:
     save_figure(fig, name, out_dir)
 
 
+def systems_arg(text: str) -> tuple[str, ...]:
+    """``--only``'s value: known system names, comma-separated."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(set(names) - {"clipstream", *BASELINES})
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown system {', '.join(unknown) or '(none)'}; choose from clipstream, {', '.join(BASELINES)}")
+    return names
+
+
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("clipstream", *BASELINES))
+    ap.add_argument("--only", type=systems_arg, default=None, metavar="SYSTEMS",
+                    help="comma-separated: " + ",".join(("clipstream", *BASELINES)) + " (default: all)")
     ap.add_argument("--name", default="cost", help="report name under out/bench/ (e.g. cost-baseline)")
     args = ap.parse_args(argv)
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
@@ -249,10 +260,11 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         "replicas": 1, "arrivals": "Poisson", "inputs": "distinct", "cpu_rates": CPU_RATES,
         "search": QUICK_SEARCH if args.quick else SEARCH, "quick": args.quick,
         **SETTINGS}, "systems": {}}
-    if args.only in (None, "clipstream"):
+    only = args.only or ("clipstream", *BASELINES)
+    if "clipstream" in only:
         report["systems"]["clipstream"] = run_clipstream(args.quick)
     for name, server in BASELINES.items():
-        if args.only in (None, name):
+        if name in only:
             report["systems"][name] = run_baseline(server, args.quick)
     report["summary"] = summarize(report["systems"])
     report["machine_after"] = {"loadavg": list(os.getloadavg())}

@@ -82,7 +82,7 @@ def run(quick: bool) -> dict[str, Any]:
     return out
 
 
-def plot(r: dict[str, Any], out_dir: Path) -> None:
+def plot(r: dict[str, Any], out_dir: Path, name: str = "ensemble") -> None:
     fig, axes = figure(1, 2, size=(12, 4.5))
     rows = sorted(r["search"], key=lambda s: s["rate"])
     ax = axes[0][0]
@@ -98,12 +98,13 @@ def plot(r: dict[str, Any], out_dir: Path) -> None:
     ax.plot([s["rate"] for s in rows], [s["cpu_us_per_query_total"] for s in rows], "o-")
     ax.set_xlabel("offered (q/s)")
     ax.set_ylabel("CPU µs per query, every process")
-    save_figure(fig, "ensemble", out_dir)
+    save_figure(fig, name, out_dir)
 
 
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--name", default="ensemble", help="report name under out/bench/ (e.g. ensemble-16core)")
     args = ap.parse_args(argv)
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
         "app": APP, "policy": "exp4", "slo_ms": SLO_MS, "replicas": 1, "arrivals": "Poisson",
@@ -111,8 +112,8 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         "baseline_qps": BASELINE_QPS, "target_x": TARGET_X}}
     report.update(run(args.quick))
     report["machine_after"] = {"loadavg": list(os.getloadavg())}
-    write_json("ensemble", report, out_dir)
-    plot(report, out_dir)
+    write_json(args.name, report, out_dir)
+    plot(report, out_dir, args.name)
     return report
 
 

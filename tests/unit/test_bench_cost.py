@@ -146,3 +146,16 @@ def test_the_search_steps_up_until_two_misses_and_down_only_when_nothing_passed(
     assert [s["rate"] for s in steps] == [300.0, 200.0, 100.0] and highest_ok(steps) == 100.0
     limit = 0.0
     assert highest_ok(search(None, (300.0,), (200.0,), True, 0)) == 0.0  # type: ignore[arg-type]
+
+
+def test_only_takes_a_comma_separated_list_of_known_systems() -> None:
+    import argparse
+
+    from bench.cost import systems_arg
+
+    assert systems_arg("clipstream, mlserver") == ("clipstream", "mlserver")
+    assert systems_arg("rayserve") == ("rayserve",)
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown system tensorflow"):
+        systems_arg("clipstream,tensorflow")
+    with pytest.raises(argparse.ArgumentTypeError):
+        systems_arg(",")

@@ -187,3 +187,43 @@ def test_the_crossing_row_names_the_requests_of_a_fan_out(tmp_path: Path) -> Non
     _write(tmp_path, "crossing", {"rows": rows, "crossings_per_query": 5, "broker_floor_us_per_query": {"300": 1750.0},
                                   "fan_out": fans})
     assert "5 records for 5 topics sent back to back: 5 produce requests" in _row(tmp_path, "cost floor").measured
+
+
+def _cost(rate: float, mlserver: float, cpus: int) -> dict[str, Any]:
+    step = {"rate": rate + 100, "ok": False, "latency_ms": {"p99": 36.4}, "refused": 27}
+    return {"machine": {"cpus": cpus},
+            "summary": {"max_rate_qps": rate, "mlserver_max_rate_qps": mlserver, "vs_mlserver": rate / mlserver},
+            "systems": {"clipstream": {"search": [{"rate": rate, "ok": True}, step],
+                                       "cpu": {"300": {"cpu_us_per_query_total": 4852.1}}}}}
+
+
+def test_the_wide_machines_cost_row_needs_both_the_rate_and_the_ratio(tmp_path: Path) -> None:
+    _write(tmp_path, "cost-16core", _cost(700.0, 300.0, 16))
+    row = _row(tmp_path, "cost on a 16-core machine")
+    assert row.met == NO  # 2.33x MLServer, but 700 < 800 q/s
+    assert row.measured.startswith("700 q/s; 800 q/s missed: p99 of answers 36.4 ms, 27 refused; 2.33x")
+    assert "4,852 µs CPU per query at 300 q/s; 16 cores" in row.measured
+    _write(tmp_path, "cost-16core", _cost(900.0, 400.0, 16))
+    assert _row(tmp_path, "cost on a 16-core machine").met == YES
+
+
+def test_the_wide_machines_ensemble_row_is_not_judged_and_says_when_the_search_ran_out(tmp_path: Path) -> None:
+    report = {"machine": {"cpus": 16}, "max_rate_qps": 800.0, "settings": {
+        "search": [200.0, 800.0], "slo_ms": 150.0, "baseline_qps": 130.0, "target_x": 3.0},
+        "search": [{"rate": 800.0, "ok": True, "cpu_us_per_query_total": 10129.0}],
+        "closed_loop": {"callers": 4, "qps": 326.0, "p99_ms": 17.2}}
+    _write(tmp_path, "ensemble-16core", report)
+    row = _row(tmp_path, "the 5-model ensemble on a 16-core machine")
+    assert row.met == NONE
+    assert row.measured.startswith("800 q/s (the highest step searched) within SLO 150 ms = 6.15x of 130")
+    assert row.measured.endswith("; 16 cores")
+
+
+def test_the_gpu_row_sets_the_real_model_beside_the_simulated_one(tmp_path: Path) -> None:
+    _write(tmp_path, "gpu", {"device": "NVIDIA H200", "backend_device": "cuda",
+                             "batches": {b: {"p50_ms": p} for b, p in (("1", 2.0), ("4", 2.4), ("16", 3.9), ("32", 7.6))},
+                             "clockwork_ms": {"1": 2.61, "4": 5.61, "16": 15.67}})
+    row = _row(tmp_path, "GPU: a real ResNet-50")
+    assert row.met == NONE
+    assert row.measured == ("NVIDIA H200, backend on cuda: p50 2.00 / 2.40 / 3.90 / 7.60 ms at batch 1 / 4 / 16 / 32; "
+                            "the simulated accelerator sleeps 2.61 / 5.61 / 15.7 ms at batch 1 / 4 / 16")

@@ -22,7 +22,7 @@ from bench.common import OUT, say
 from bench.machine import machine_info
 
 ORDER = ("breakdown", "e2e", "efficiency", "scaling", "members", "stragglers", "cache", "gateway", "join", "batching",
-         "crossing", "cost", "ensemble", "spinning")
+         "crossing", "cost", "ensemble", "hopeless", "spinning")
 # run as their own process: name -> extra arguments of the quick mode
 SUBPROCESS = {"batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
 BUDGET_S = 40 * 60

@@ -362,6 +362,14 @@ def gpu(r: dict[str, Any]) -> Result:
             f"at batch {' / '.join(sim)}"), NONE
 
 
+def hopeless(r: dict[str, Any]) -> Result:
+    s, cfg = get(r, "summary"), get(r, "settings")
+    g = get(s, "median_goodput_qps")
+    return (f"median goodput {q(get(g, 'skip'))} q/s with the skip at {cfg['quantile']:g} vs {q(get(g, 'ask'))} q/s "
+            f"asking every model = {x(s.get('skip_vs_ask'))}; {get(s, 'not_asked'):,.0f} models not asked; "
+            f"{q(cfg['rate'])} q/s offered, {cfg['rounds']} round(s) each way"), NONE
+
+
 def crossing(r: dict[str, Any]) -> Result:
     row = next(x for x in get(r, "rows") if x["variant"] == "stages' settings" and x["rate"] == 300.0)
     floor = get(r, "broker_floor_us_per_query", "300")
@@ -409,6 +417,8 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("cost: the demo's 5-model digits ensemble, highest rate within its SLO (bench.ensemble)",
      "≥ 3x today's 130 q/s", "ensemble", ensemble),
     ("cost: light load p50; cache-hit round trip", "p50 ≤ 10 ms; hit p50 < 10 ms", "cost", cost_light),
+    ("selector's skip of hopeless models vs asking every model, Kafka path, overload (bench.hopeless)", NONE,
+     "hopeless", hopeless),
     ("cost on a 16-core machine: highest rate through the gateway; vs MLServer (bench.cost --name cost-16core)",
      "≥ 800 q/s; ≥ 2x", "cost-16core", cost_wide),
     ("the 5-model ensemble on a 16-core machine (bench.ensemble --name ensemble-16core)", NONE,

@@ -38,7 +38,8 @@ class RecentQuantile:
 
 
 class ModelTrips:
-    """Each model's recent trips, from dispatch to its prediction back at the selector.
+    """Each model's trips of the last ``horizon_us``, from dispatch to its prediction back at
+    the selector.
 
     A query with less time left than a quantile of a model's trips (the median, by default: its
     typical trip) will likely not have that model's prediction in time. Asked anyway, under
@@ -46,40 +47,58 @@ class ModelTrips:
     come back after the answer, or to expire there: work and Kafka crossings for nothing, which
     make the queries behind it late too. Clipper answers at the deadline with what arrived; a
     model that is hopeless before it is asked is not asked. Predictions that came after their
-    answer count too (they are trips the pipeline made), and a model unheard of for
-    ``stale_us`` has its trips forgotten and is asked again until it has ``min_trips`` new ones,
-    so skipping it cannot starve the learning that would end the skip. ``quantile`` 0 asks every model.
+    answer count too (they are trips the pipeline made).
+
+    The window is one of time, not of count: a backlog's slow trips leave it ``horizon_us``
+    after they came, however few trips follow them, so a skip made in a slow moment ends soon
+    after the pipeline is quick again. With fewer than ``min_trips`` in the window the model is
+    asked, so skipping it cannot starve the learning that would end the skip. ``quantile`` 0
+    asks every model.
     """
 
-    def __init__(self, quantile: float = 0.5, window: int = 256, every: int = 16, min_trips: int = 16,
-                 stale_us: int = 2_000_000) -> None:
+    def __init__(self, quantile: float = 0.5, horizon_us: int = 1_000_000, min_trips: int = 16,
+                 every: int = 16, most: int = 4096) -> None:
         if not 0.0 <= quantile < 1.0:
             raise ValueError(f"quantile must be in [0, 1), got {quantile}")
-        self.quantile, self.window, self.every = quantile, window, every
-        self.min_trips, self.stale_us = min_trips, stale_us
-        self._trips: dict[str, RecentQuantile] = {}
-        self._heard_us: dict[str, int] = {}
+        if horizon_us < 1 or min_trips < 1 or every < 1:
+            raise ValueError("horizon_us, min_trips and every must be at least 1")
+        self.quantile, self.horizon_us, self.min_trips, self.every = quantile, horizon_us, min_trips, every
+        self.most = most  # trips kept per model at the most, whatever the rate
+        self._trips: dict[str, deque[tuple[int, int]]] = {}  # model -> (arrived, trip) in arrival order
+        self._typical: dict[str, int] = {}
+        self._changed: dict[str, int] = {}  # trips added or dropped since the quantile was taken
 
     def observe(self, model: str, trip_us: int, now_us: int) -> None:
         if self.quantile <= 0 or trip_us < 0:
             return
         trips = self._trips.get(model)
         if trips is None:
-            trips = self._trips[model] = RecentQuantile(self.quantile, self.window, self.every)
-        trips.observe(trip_us)
-        self._heard_us[model] = now_us
+            trips = self._trips[model] = deque(maxlen=self.most)
+        trips.append((now_us, trip_us))
+        self._changed[model] = self._changed.get(model, 0) + 1
 
     def typical_us(self, model: str, now_us: int) -> int | None:
-        """The model's quantile of recent trips, or None while it is unknown or stale. Stale
-        trips are forgotten: one new trip must not revive a window full of old ones, or a
-        skip made in a slow moment would go on after the pipeline is quick again."""
+        """The model's quantile of the trips in the window, or None while it holds too few.
+
+        The quantile is taken again once ``every`` trips came or left, not on each query: it is
+        read once per query, and sorting the window each time would cost more than the answer.
+        """
         trips = self._trips.get(model)
         if trips is None:
             return None
-        if now_us - self._heard_us[model] > self.stale_us:
-            del self._trips[model], self._heard_us[model]
+        oldest = now_us - self.horizon_us
+        while trips and trips[0][0] < oldest:
+            trips.popleft()
+            self._changed[model] += 1
+        if len(trips) < self.min_trips:
+            self._typical.pop(model, None)
             return None
-        return trips.value if len(trips) >= self.min_trips else None
+        if self._changed[model] >= self.every or model not in self._typical:
+            ranked = sorted(trip for _, trip in trips)
+            # nearest rank: the smallest trip with at least ``quantile`` of the window at or below it
+            self._typical[model] = ranked[max(0, math.ceil(self.quantile * len(ranked)) - 1)]
+            self._changed[model] = 0
+        return self._typical[model]
 
     def hopeless(self, model: str, left_us: int, now_us: int) -> bool:
         """True when ``left_us`` is shorter than the model's quantile of recent trips."""

@@ -227,3 +227,13 @@ def test_the_gpu_row_sets_the_real_model_beside_the_simulated_one(tmp_path: Path
     assert row.met == NONE
     assert row.measured == ("NVIDIA H200, backend on cuda: p50 2.00 / 2.40 / 3.90 / 7.60 ms at batch 1 / 4 / 16 / 32; "
                             "the simulated accelerator sleeps 2.61 / 5.61 / 15.7 ms at batch 1 / 4 / 16")
+
+
+def test_the_hopeless_row_gives_both_medians_and_their_ratio(tmp_path: Path) -> None:
+    _write(tmp_path, "hopeless", {"settings": {"quantile": 0.5, "rate": 450.0, "rounds": 2},
+                                  "summary": {"median_goodput_qps": {"skip": 65.0, "ask": 26.5},
+                                              "skip_vs_ask": 2.45, "not_asked": 5547.0}})
+    row = _row(tmp_path, "selector's skip of hopeless models")
+    assert row.met == NONE
+    assert row.measured == ("median goodput 65.0 q/s with the skip at 0.5 vs 26.5 q/s asking every model = 2.45x; "
+                            "5,547 models not asked; 450 q/s offered, 2 round(s) each way")

@@ -22,8 +22,8 @@ from tests.unit.test_selector_state_loading import FakeProducer
 from topics.catalogue import Catalogue
 
 
-def test_a_model_is_hopeless_only_below_its_known_fresh_trips() -> None:
-    trips = ModelTrips(0.1, window=10, every=1, min_trips=5, stale_us=1_000_000)
+def test_a_model_is_hopeless_only_below_the_quantile_of_its_trips_in_the_window() -> None:
+    trips = ModelTrips(0.1, horizon_us=1_000_000, min_trips=5, every=1)
     for i in range(4):
         trips.observe("m", 20_000 + i * 1_000, now_us=0)
     assert not trips.hopeless("m", 1, 0)  # four trips: too few to judge by
@@ -32,11 +32,8 @@ def test_a_model_is_hopeless_only_below_its_known_fresh_trips() -> None:
     assert trips.typical_us("m", 0) == 20_000  # the 10th percentile of 20..29 ms, nearest rank
     assert trips.hopeless("m", 19_999, 0) and not trips.hopeless("m", 20_000, 0)
     assert not trips.hopeless("other", 1, 0)  # a model never heard of is asked
-    assert not trips.hopeless("m", 1, 1_000_001)  # unheard of for too long: asked again
-    # and its old trips are forgotten: a new one does not bring back the skip they made
-    trips.observe("m", 2_000, now_us=1_000_001)
-    assert not trips.hopeless("m", 1, 1_000_001) and trips.typical_us("m", 1_000_001) is None
-    for _ in range(4):
+    assert not trips.hopeless("m", 1, 1_000_001)  # its trips have left the window: asked again
+    for _ in range(5):
         trips.observe("m", 2_000, now_us=1_000_002)
     assert trips.typical_us("m", 1_000_002) == 2_000  # judged by the new trips alone
     assert trips.hopeless("m", 1_999, 1_000_002) and not trips.hopeless("m", 3_000, 1_000_002)
@@ -45,6 +42,34 @@ def test_a_model_is_hopeless_only_below_its_known_fresh_trips() -> None:
     assert not off.hopeless("m", 1, 0)
     with pytest.raises(ValueError):
         ModelTrips(1.0)
+    with pytest.raises(ValueError):
+        ModelTrips(0.5, horizon_us=0)
+
+
+def test_a_backlogs_slow_trips_leave_the_window_however_few_trips_follow_them() -> None:
+    # a burst of slow trips, then one quick trip every 100 ms: a window of count would keep the
+    # slow ones (and the skip they make) for as long as the trickle lasts
+    trips = ModelTrips(0.5, horizon_us=1_000_000, min_trips=4, every=16)
+    for i in range(100):
+        trips.observe("m", 300_000, now_us=i * 1_000)
+    assert trips.hopeless("m", 100_000, 100_000)
+    t = 100_000
+    while t < 1_100_000:
+        t += 100_000
+        trips.observe("m", 2_000, now_us=t)
+    assert trips.typical_us("m", t) == 2_000 and not trips.hopeless("m", 100_000, t)
+
+
+def test_the_quantile_is_taken_again_every_few_changes_not_on_each_read() -> None:
+    trips = ModelTrips(0.75, horizon_us=10_000_000, min_trips=1, every=4)
+    for _ in range(4):
+        trips.observe("m", 10_000, now_us=0)
+    assert trips.typical_us("m", 0) == 10_000
+    for _ in range(3):  # three changes: the quantile read is the one taken before them
+        trips.observe("m", 90_000, now_us=1)
+    assert trips.typical_us("m", 1) == 10_000
+    trips.observe("m", 90_000, now_us=2)  # the fourth: taken again
+    assert trips.typical_us("m", 2) == 90_000
 
 
 class BothModels:
@@ -73,7 +98,7 @@ def _selector() -> tuple[Selector, FakeProducer, FakeProducer, Catalogue]:
     requests, replies = FakeProducer(), FakeProducer()
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_producer=replies,  # type: ignore[arg-type]
-                   trips=ModelTrips(0.05, window=16, every=1, min_trips=4))
+                   trips=ModelTrips(0.05, every=1, min_trips=4))
     sel._model_topics |= {"m1", "m2"}
     sel.save = lambda *a: None
     return sel, requests, replies, cat

@@ -9,6 +9,11 @@ import math
 from collections import deque
 
 
+def nearest_rank(ranked: list[int], quantile: float) -> int:
+    """The smallest of ``ranked`` (sorted, not empty) with at least ``quantile`` of them at or below it."""
+    return ranked[max(0, math.ceil(quantile * len(ranked)) - 1)]
+
+
 class RecentQuantile:
     """A quantile of the last ``window`` observations, recomputed every ``every`` of them
     rather than on each one: it is read once per query, and sorting the window each time
@@ -32,9 +37,7 @@ class RecentQuantile:
         self._since += 1
         if self._since >= self._every or len(self._seen) < self._every:
             self._since = 0
-            ranked = sorted(self._seen)
-            # nearest rank: the smallest value with at least ``quantile`` of the window at or below it
-            self.value = ranked[max(0, math.ceil(self.quantile * len(ranked)) - 1)]
+            self.value = nearest_rank(sorted(self._seen), self.quantile)
 
 
 class ModelTrips:
@@ -94,9 +97,7 @@ class ModelTrips:
             self._typical.pop(model, None)
             return None
         if self._changed[model] >= self.every or model not in self._typical:
-            ranked = sorted(trip for _, trip in trips)
-            # nearest rank: the smallest trip with at least ``quantile`` of the window at or below it
-            self._typical[model] = ranked[max(0, math.ceil(self.quantile * len(ranked)) - 1)]
+            self._typical[model] = nearest_rank(sorted(trip for _, trip in trips), self.quantile)
             self._changed[model] = 0
         return self._typical[model]
 

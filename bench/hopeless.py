@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import Pipeline, load_step, say, wait_warm, warm_up, write_json
 from bench.cost import APP, SLO_MS, build
@@ -36,18 +37,18 @@ COUNTERS = {"not_asked": "clipstream_selector_not_asked_total", "expired": "clip
 
 def metric_urls(pipe: Pipeline) -> list[str]:
     """Every stage's /metrics, from the lines ``clipstream up`` printed."""
-    words = (line.split() for line in pipe.lines if line.startswith("metrics: "))
-    return [w[-1] for w in words if w[-1].startswith("http")]
+    return [line.split()[-1] for line in pipe.lines if line.startswith("metrics: ") and line.endswith("/metrics")]
 
 
 def counters(urls: list[str]) -> dict[str, float]:
     """The sum over every stage and label of each counter in COUNTERS."""
+    key_of = {name: key for key, name in COUNTERS.items()}
     out = dict.fromkeys(COUNTERS, 0.0)
     for url in urls:
-        for line in httpx.get(url, timeout=10).text.splitlines():
-            for key, name in COUNTERS.items():
-                if line.startswith(name + "{") or line.startswith(name + " "):
-                    out[key] += float(line.rsplit(" ", 1)[1])
+        for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+            for sample in family.samples:
+                if sample.name in key_of:
+                    out[key_of[sample.name]] += sample.value
     return out
 
 

@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.figures_cost import (
+    cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, cost_wide, crossing, ensemble, ensemble_wide, gpu, hopeless,
+)
+from bench.figures_format import NONE, Result, ge, get, j, met, ms, pts, q, x
+
 DEFAULT_OUT = Path("out/bench")
-YES, NO, NONE = "yes", "**no**", "—"
-Result = tuple[str, str]  # (measured, met)
 
 
 @dataclass(frozen=True)
@@ -36,43 +39,6 @@ class Row:
     measured: str
     met: str
     report: str
-
-
-def get(d: Any, *path: str) -> Any:
-    """d[path[0]][path[1]]...; KeyError when a step is absent (a None value is returned as is)."""
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            raise KeyError(key)
-        d = d[key]
-    return d
-
-
-def met(*ok: bool) -> str:
-    return YES if all(ok) else NO
-
-
-def ge(v: float | None, t: float) -> bool:
-    return v is not None and v >= t
-
-
-def q(v: float | None) -> str:
-    """A rate in q/s: whole numbers from 100 up."""
-    return "n/a" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
-
-
-def x(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}x"
-
-
-def ms(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
-
-
-pts: Callable[[float], str] = "{:.2f}".format
-
-
-def j(values: list[Any], fmt: Callable[[Any], str]) -> str:
-    return " / ".join(fmt(v) for v in values)
 
 
 # --- one function per figure: report dict -> (measured, met) ------------------------------------
@@ -262,127 +228,6 @@ def soak(r: dict[str, Any]) -> Result:
     text = (f"{minutes:g} min at {q(get(r, 'rate_qps'))} q/s: worst stage RSS growth {worst} "
             f"{stages[worst]:+.1%}; p99 last/first third {x(drift)}")
     return text, met(minutes >= 30, stages[worst] < 0.10, drift is not None and drift <= 1.5)
-
-
-def cost_cpu(rate: str, target: float, machine: bool = False) -> Callable[[dict[str, Any]], Result]:
-    """``machine``: also what a record's work costs on this machine warm and after a sleep."""
-    def figure(r: dict[str, Any]) -> Result:
-        c = get(r, "systems", "clipstream", "cpu", rate)
-        total, per = get(c, "cpu_us_per_query_total"), get(c, "cpu_us_per_query")
-        split = ", ".join(f"{k} {v:,.0f}" for k, v in per.items())
-        answered = c.get("cpu_us_per_answered_query")
-        also = f"; {answered:,.0f} µs per query answered" if answered is not None else ""
-        trips = c.get("kafka_requests_per_query")
-        if trips:
-            also += f"; {sum(trips.values()):.1f} Kafka requests per query"
-        cold = r.get("machine", {}).get("cold_start_us") if machine else None
-        if cold:
-            also += (f"; on this machine a record's encode + decode costs {cold['warm']:.0f} µs back to back, "
-                     f"{cold['after_sleep']:.0f} µs after a {cold['sleep_ms']:g} ms sleep")
-        return f"{total:,.0f} µs ({split}){also}", met(total <= target)
-    return figure
-
-
-def next_miss(steps: list[dict[str, Any]], rate: float) -> str:
-    """Why the row stopped at ``rate``: the lowest step above it that missed, with the p99 of
-    what it answered and what it refused, so a refusal is told apart from a slow answer."""
-    missed = sorted((st for st in steps if st["rate"] > rate and not st.get("ok")), key=lambda st: st["rate"])
-    if not missed:
-        return ""
-    st = missed[0]
-    why = [f"p99 of answers {ms(st['latency_ms']['p99'])} ms"]
-    why += [f"{st[k]:,} {word}" for k, word in (("refused", "refused"), ("default", "defaults"), ("lost", "lost"))
-            if st.get(k)]
-    return f"; {q(st['rate'])} q/s missed: {', '.join(why)}"
-
-
-def cost_max_rate(r: dict[str, Any]) -> Result:
-    s = get(r, "summary")
-    v = get(s, "max_rate_qps")
-    steps = r.get("systems", {}).get("clipstream", {}).get("search") or []
-    return f"{q(v)} q/s{next_miss(steps, v)}", met(ge(v, 800))
-
-
-def cost_vs_mlserver(r: dict[str, Any]) -> Result:
-    s = get(r, "summary")
-    ratio = get(s, "vs_mlserver")
-    ray, also = s.get("rayserve_max_rate_qps"), ""
-    if ray:
-        also = f"; Ray Serve {q(ray)} q/s, {x(s.get('vs_rayserve'))}"
-    elif ray is not None:
-        steps = r.get("systems", {}).get("rayserve", {}).get("search") or [{"rate": 0}]
-        also = f"; Ray Serve: no step within the SLO, down to {q(min(st['rate'] for st in steps))} q/s"
-    return (f"{x(ratio)} ({q(get(s, 'max_rate_qps'))} vs MLServer {q(get(s, 'mlserver_max_rate_qps'))} q/s{also})",
-            met(ge(ratio, 2.0)))
-
-
-def cost_light(r: dict[str, Any]) -> Result:
-    s = get(r, "summary")
-    p50, hit = get(s, "light_p50_ms"), get(s, "cache_hit_p50_ms")
-    return f"p50 {ms(p50)} ms at 100 q/s; cache hit p50 {ms(hit)} ms", met(p50 <= 10, hit < 10)
-
-
-def ensemble(r: dict[str, Any]) -> Result:
-    v, base, times = get(r, "max_rate_qps"), get(r, "settings", "baseline_qps"), get(r, "settings", "target_x")
-    c = get(r, "closed_loop")
-    at = next((s for s in get(r, "search") if s["rate"] == v), None)
-    cpu = f", {at['cpu_us_per_query_total']:,.0f} µs CPU/query there" if at else ""
-    return (f"{q(v)} q/s within SLO {get(r, 'settings', 'slo_ms'):g} ms = {x(v / base)} of {q(base)}{cpu}"
-            f"{next_miss(get(r, 'search'), v)}; "
-            f"{c['callers']} callers: {q(c['qps'])} q/s, p99 {ms(c['p99_ms'])} ms"), met(ge(v, times * base))
-
-
-def cores(r: dict[str, Any]) -> str:
-    return f"; {get(r, 'machine', 'cpus')} cores"
-
-
-def cost_wide(r: dict[str, Any]) -> Result:
-    """The rate and MLServer rows of ``bench.cost`` on a machine with more cores, in one row."""
-    rate, rate_ok = cost_max_rate(r)
-    vs, vs_ok = cost_vs_mlserver(r)
-    cpu = get(r, "systems", "clipstream", "cpu", "300", "cpu_us_per_query_total")
-    return (f"{rate}; {vs}; {cpu:,.0f} µs CPU per query at 300 q/s{cores(r)}",
-            met(rate_ok == YES, vs_ok == YES))
-
-
-def ensemble_wide(r: dict[str, Any]) -> Result:
-    """The ensemble row on another machine: no target, as its baseline was measured on 2 cores."""
-    text = ensemble(r)[0]
-    if get(r, "max_rate_qps") >= max(get(r, "settings", "search")):
-        text = text.replace(" q/s within SLO", " q/s (the highest step searched) within SLO", 1)
-    return text + cores(r), NONE
-
-
-def gpu(r: dict[str, Any]) -> Result:
-    b, table = get(r, "batches"), get(r, "clockwork_ms")
-    ks = [k for k in ("1", "4", "16", "32") if k in b]
-    sim = [k for k in ks if k in table]
-    return (f"{get(r, 'device')}, backend on {get(r, 'backend_device')}: p50 {j([get(b, k, 'p50_ms') for k in ks], ms)} "
-            f"ms at batch {' / '.join(ks)}; the simulated accelerator sleeps {j([table[k] for k in sim], ms)} ms "
-            f"at batch {' / '.join(sim)}"), NONE
-
-
-def hopeless(r: dict[str, Any]) -> Result:
-    s, cfg = get(r, "summary"), get(r, "settings")
-    g = get(s, "median_goodput_qps")
-    return (f"median goodput {q(get(g, 'skip'))} q/s with the skip at {cfg['quantile']:g} vs {q(get(g, 'ask'))} q/s "
-            f"asking every model = {x(s.get('skip_vs_ask'))}; {get(s, 'not_asked'):,.0f} models not asked; "
-            f"{q(cfg['rate'])} q/s offered, {cfg['rounds']} round(s) each way"), NONE
-
-
-def crossing(r: dict[str, Any]) -> Result:
-    row = next(x for x in get(r, "rows") if x["variant"] == "stages' settings" and x["rate"] == 300.0)
-    floor = get(r, "broker_floor_us_per_query", "300")
-    burst = next((x for x in get(r, "rows") if x["variant"].startswith("stages' settings, bursts") and x["rate"] == 300.0),
-                 None)
-    shared = (f"; sent in bursts of 8: broker {burst['broker_cpu_us_per_record']:,.0f} + clients "
-              f"{burst['clients_cpu_us_per_record']:,.0f} µs") if burst else ""
-    fan = next((f for f in r.get("fan_out") or [] if f["linger_ms"] == 0), None)
-    if fan:
-        shared += (f"; {fan['topics']} records for {fan['topics']} topics sent back to back: "
-                   f"{fan['produce_requests_per_fan_out']:g} produce requests")
-    return (f"broker {row['broker_cpu_us_per_record']:,.0f} µs + clients {row['clients_cpu_us_per_record']:,.0f} µs "
-            f"per crossing; x{get(r, 'crossings_per_query')} per query = broker alone {floor:,.0f} µs{shared}"), NONE
 
 
 # (figure, target, report, function)

@@ -11,7 +11,8 @@ import pytest
 from bench.accel_model import CLOCKWORK_MS, Model, latency_ms
 from bench import cost
 from bench.cost import highest_ok, search, summarize, v2_bodies
-from bench.figures import NO, YES, cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, ensemble
+from bench.figures_cost import cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, ensemble
+from bench.figures_format import NO, YES
 
 
 def test_latency_is_the_table_at_its_points_and_linear_between_and_beyond() -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import figures
-from bench.figures import NO, NONE, YES, Row
+from bench.figures import Row
+from bench.figures_format import NO, NONE, YES
 
 
 def _write(out: Path, name: str, report: dict[str, Any]) -> None:

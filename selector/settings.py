@@ -34,8 +34,8 @@ class SelectorSettings(BaseSettings):
     # above 0, a model is asked only when the time a query has left is at least this quantile of
     # its dispatch-to-prediction trips of the last second (0.5: its typical trip fits). In
     # sustained overload the requests it would not get come back too late or expire in the
-    # batcher; after a fault, trips learnt in the slow moments keep models unasked for a while.
-    # 0: ask every model (docs/design/0057, 0059)
+    # batcher; near capacity it skips models that would often have answered in time.
+    # 0: ask every model (docs/design/0057, 0059, 0061)
     hopeless_quantile: float = Field(0.0, ge=0, lt=1)
     # the join group's failure detection: a killed member's partitions move to the others once
     # the broker has missed its heartbeats this long (a killed static member comes back sooner:

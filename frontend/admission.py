@@ -44,9 +44,10 @@ def verdict(answer: Mapping[str, Any], timed_out: bool, slo_ms: float, slow_frac
     reason than an empty pipeline, such as every model failing).
 
     Late: no reply, a default that says the pipeline is behind (nothing arrived, no time left
-    to ask, every request expired in a batcher's queue), or an answer after the SLO. Slow: every model answered, but past ``slow_fraction`` of the SLO. Any
-    other answer with predictions in hand is on time, a straggler missing or not: the cutoff,
-    not the load, set its latency.
+    to ask, every request expired in a batcher's queue), or an answer after the SLO. Slow:
+    every model answered, but past ``slow_fraction`` of the SLO. Any other answer with
+    predictions in hand is on time, a straggler missing or not: the cutoff, not the load, set
+    its latency.
     """
     if timed_out or answer["latency_ms"] > slo_ms or (
             answer["default"] and answer.get("default_reason") in BEHIND):

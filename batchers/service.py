@@ -38,7 +38,6 @@ from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_cl
 from clipstream.settings import Settings
 from registry.spec import ModelSpec
 from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
-from schemas.reasons import QUEUED_PAST_DEADLINE
 from topics.catalogue import Catalogue
 from topics.deadletters import dead_letter_value
 from topics.emitter import Emitter
@@ -294,7 +293,7 @@ class BatcherService:
         self.counts["expired"] += len(pendings)
         return [
             (p, prediction(p, self.model.name, self.core.version, "expired", now,
-                           error=QUEUED_PAST_DEADLINE))
+                           error="deadline passed while queued in the batcher"))
             for p in pendings
         ]
 

@@ -7,7 +7,7 @@ its latency, which nobody configures, so it is learnt the way Clipper learns a b
 each answer in time raises the limit a little (by one per limit's worth of answers), and a
 limit's worth of answers of which too many were bad cuts it by a fraction.
 
-What counts as bad is what says the pipeline is behind, and nothing else (docs/design/0015, 0060):
+What counts as bad is what says the pipeline is behind, and nothing else (docs/design/0015):
 an answer that came late or empty (``late``), or one that had every model's prediction yet
 came slowly (``slow``, queueing shows in latency before it shows in missed deadlines). An
 answer made at the straggler cutoff with predictions in hand is on time: its latency is the
@@ -43,11 +43,10 @@ def verdict(answer: Mapping[str, Any], timed_out: bool, slo_ms: float, slow_frac
     """What an answer (the caller's JSON) says about load; None: nothing (a default for another
     reason than an empty pipeline, such as every model failing).
 
-    Late: no reply, a default that says the pipeline is behind (nothing arrived, no time left
-    to ask, every request expired in a batcher's queue), or an answer after the SLO. Slow:
-    every model answered, but past ``slow_fraction`` of the SLO. Any other answer with
-    predictions in hand is on time, a straggler missing or not: the cutoff, not the load, set
-    its latency.
+    Late: no reply, a default because nothing arrived (or there was no time left to ask), or an
+    answer after the SLO. Slow: every model answered, but past ``slow_fraction`` of the SLO. Any
+    other answer with predictions in hand is on time, a straggler missing or not: the cutoff,
+    not the load, set its latency.
     """
     if timed_out or answer["latency_ms"] > slo_ms or (
             answer["default"] and answer.get("default_reason") in BEHIND):

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from clipstream.clock import now_us
 from schemas import Response
-from schemas.reasons import EXPIRED_IN_QUEUE, NO_TIME_TO_ASK, NOTHING_ARRIVED
+from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
 from topics.metrics import LATENCY_BUCKETS, Family, GaugesAtScrape, StageLatency
 
 WEIGHT = "clipstream_policy_weight"
@@ -31,8 +31,6 @@ def default_reason(reason: str | None) -> str:
         return "nothing_arrived"
     if reason == NO_TIME_TO_ASK:
         return "no_time_to_ask"
-    if reason == EXPIRED_IN_QUEUE:
-        return "expired_in_queue"
     if reason.startswith("every model failed"):
         return "models_failed"
     if reason == "the policy selected no model":

@@ -27,7 +27,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard
 from clipstream.settings import Settings
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
-from schemas.reasons import EXPIRED_IN_QUEUE, NO_TIME_TO_ASK, NOTHING_ARRIVED, QUEUED_PAST_DEADLINE
+from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
 from selector.handover import Handover, QueryOffsets
 from selector.join import OK_STATUSES, Asked, JoinState, Pending
 from selector.kafka import Apps, log
@@ -72,8 +72,6 @@ def why_default(pending: Pending) -> str:
         return "the policy selected no model"
     if all(pending.failed.get(m) == NOT_ASKED for m in pending.expected):
         return NO_TIME_TO_ASK
-    if all(pending.failed.get(m) in (NOT_ASKED, QUEUED_PAST_DEADLINE) for m in pending.expected):
-        return EXPIRED_IN_QUEUE  # queues too long for the deadline: behind, not broken
     if len(pending.failed) == len(pending.expected):
         return "every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
     return NOTHING_ARRIVED

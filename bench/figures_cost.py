@@ -1,4 +1,4 @@
-"""The ``bench.figures`` rows of issue 33's per-query cost: ``bench.cost``, ``bench.ensemble``,
+"""The ``bench.figures`` rows of the per-query cost: ``bench.cost``, ``bench.ensemble``,
 ``bench.crossing``, ``bench.hopeless`` and ``bench.gpu``, each on the machine that wrote it.
 
 They live apart from the other rows because they read the largest reports, with a step per
@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.figures_format import NONE, YES, Result, ge, get, j, met, ms, q, x
-
 
 
 def cost_cpu(rate: str, target: float, machine: bool = False) -> Callable[[dict[str, Any]], Result]:

@@ -9,10 +9,10 @@ last state each app's queries were dispatched with.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from clipstream.clock import now_us
 from schemas import Response
@@ -82,6 +82,13 @@ class SelectorMetrics:
         self._defaults_by: dict[tuple[str, str], Any] = {}
         self._stragglers_by: dict[tuple[str, str], Any] = {}
         self._not_asked_by: dict[tuple[str, str], Any] = {}
+
+    def reply_budget(self, budget_us: Callable[[], int]) -> None:
+        """Expose the reply budget as learnt now: a budget at its cap while callers still get
+        late answers says the reply's trip is longer than the cap allows for."""
+        g = Gauge("clipstream_selector_reply_budget_seconds",
+                  "How long before a query's deadline the straggler cutoff fires now.", registry=self.registry)
+        g.set_function(lambda: budget_us() / 1e6)
 
     def _children(self, app: str) -> tuple[Any, Any, Any, Any]:
         c = self._app.get(app)

@@ -125,6 +125,7 @@ class Selector:
         self._state_read: Future[Any] | None = None  # a read still out: no second one meanwhile
         self.save = save or store.save_predictions
         self.metrics = SelectorMetrics()
+        self.metrics.reply_budget(lambda: self.reply_budget.us)
 
     # -- dispatch: select -----------------------------------------------------------
     def dispatch(self, msg: Any, ev: QueryEvent | None = None,

@@ -120,6 +120,14 @@ def test_selector_counts_answers_defaults_stragglers_stage_times_and_weights():
     assert s[("clipstream_stage_latency_seconds_sum", (("segment", "device"),))] == pytest.approx(0.003)
 
 
+def test_selector_reads_its_reply_budget_at_scrape_time():
+    m, budget = SelectorMetrics(), [3000]
+    m.reply_budget(lambda: budget[0])
+    budget[0] = 12_500  # learnt since: a scrape sees the budget now, not at registration
+    s = samples(render(m.registry).decode())
+    assert s[("clipstream_selector_reply_budget_seconds", ())] == pytest.approx(0.0125)
+
+
 def test_batcher_families_are_read_from_its_counts_at_scrape_time():
     replica = {"replica": 0, "max_batch_size": 12, "in_flight": 1, "batches": 4, "items": 30, "suspect": False}
     svc = SimpleNamespace(counts={"requests": 40, "cached": 10, "expired": 2},

@@ -95,7 +95,22 @@ def ledger(queries: Iterable[Query], fault_at: float, window_s: float = 1.0, lat
         "gap_s": gap_s(qs, fault_at, window_s, late_s),
         "gap_complete_s": gap_s(qs, fault_at, window_s, late_s, complete=True),
         "last_not_real_s": round(max(bad_after), 3) if bad_after else None,
+        "good_by_second": timeline(qs, fault_at, late_s),
     }
+
+
+def timeline(queries: Iterable[Query], fault_at: float, late_s: float = 0.5) -> str:
+    """One digit per second of sends from the fault on: the tenths of that second's queries
+    that got a real answer in time (``9``: at least nine in ten; ``-``: none sent), so a
+    ledger shows whether a path came back at once, flickered or stayed down."""
+    by_second: dict[int, list[bool]] = {}
+    for q in queries:
+        if q.sent >= fault_at:
+            by_second.setdefault(int(q.sent - fault_at), []).append(q.good(late_s))
+    if not by_second:
+        return ""
+    return "".join(str(min(9, int(10 * sum(g) / len(g)))) if (g := by_second.get(s)) else "-"
+                   for s in range(max(by_second) + 1))
 
 
 def table(name: str, paths: dict[str, dict[str, Any]]) -> str:
@@ -109,6 +124,8 @@ def table(name: str, paths: dict[str, dict[str, Any]]) -> str:
         lines.append(f"{path:<6} " + " ".join(f"{'-' if row[c] is None else row[c]!s:>10}" for c in cols))
     for path, row in paths.items():
         lines.append(f"  {path}: defaults {row['default_reasons'] or '{}'}; refused {row['refusal_reasons'] or '{}'}")
+    for path, row in paths.items():
+        lines.append(f"  {path}: tenths in time by second from the fault: {row.get('good_by_second') or '-'}")
     return "\n".join(lines)
 
 

@@ -28,10 +28,14 @@ from tests.faults.conftest import CLUSTER_START_S, MODELS, ROOT, SLO_MS, Pipelin
 from topics.catalogue import Catalogue
 from topics.client import admin_config
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]  # the first one starts the cluster
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(720)]  # the first one starts the cluster
 
 RATE_QPS = 20.0  # on each path: 40 q/s in all, the steady load
-HEALTHY_RUN = 20  # the last this many queries on each path real and on time: the pipeline is well
+# the last this many queries on each path (5 s of load) real and on time: the pipeline is well.
+# A cold start on a busy 2-core machine lets most requests straggle for minutes, with lulls of
+# a second or two in which every answer is in time; a fault injected in such a lull measures
+# the rest of the cold start, not the fault
+HEALTHY_RUN = 100
 # bound on a recovery from the previous fault (a restarted broker's JVM, ...) or on a cold start:
 # three fresh brokers on a slow 2-core machine carry each query too slowly for the SLO until
 # their JIT compilers have run, which took about four minutes under this load
@@ -41,7 +45,7 @@ SETTLED_S = 3.0  # after the gaps close and the killed stage is back, so a secon
 DRAIN_S = SLO_MS / 1000 + 20.0
 # a run goes on this long past its bound while answers have not resumed, so the ledger gives
 # the real gap of a fault that misses its bound, not just "over"
-OBSERVE_EXTRA_S = 30.0
+OBSERVE_EXTRA_S = 60.0
 # The bound, for every stage killed: a selector member rejoins as the same static
 # member (its partitions wait for it, no rebalance; docs/design/0022), a gateway member's
 # callers retry on the other one (docs/design/0023)

@@ -3,7 +3,7 @@ and when real answers resumed, on hand-made queries."""
 
 from __future__ import annotations
 
-from clipstream.testing.faults import Query, gap_s, ledger
+from clipstream.testing.faults import Query, gap_s, ledger, timeline
 
 FAULT = 1000.0
 SLO = 0.3
@@ -59,3 +59,14 @@ def test_no_answer_is_lost_and_a_second_yield_is_a_duplicate() -> None:
 
 def test_no_clean_window_means_no_resumption() -> None:
     assert gap_s(steady(-1, 0) + steady(0, 3, outcome="default"), FAULT) is None
+
+
+def test_the_timeline_gives_each_second_the_tenths_answered_in_time() -> None:
+    # second 0 all defaults, second 1 half of it (the first ten of twenty), second 2 none sent,
+    # second 3 all real and in time; what came before the fault is not on it
+    qs = (steady(-1, 0, outcome="default") + steady(0, 1, outcome="default") + steady(1, 1.5, outcome="default")
+          + steady(1.5, 2) + steady(3, 4))
+    row = ledger(qs, FAULT)
+    assert row["good_by_second"] == "05-9"
+    assert timeline(steady(0, 2, took=1.0), FAULT) == "00"  # real, but past the SLO and its slack
+    assert timeline(steady(-2, 0), FAULT) == ""

@@ -34,7 +34,7 @@ RATE_QPS = 20.0  # on each path: 40 q/s in all, the issue's steady load
 # the last this many queries on each path (5 s of load) real and on time: the pipeline is well.
 # A cold start on a busy 2-core machine lets most requests straggle for minutes, with lulls of
 # a second or two in which every answer is in time; a fault injected in such a lull measures
-# the rest of the cold start, not the fault
+# the rest of the cold start, not the fault (docs/design/0060)
 HEALTHY_RUN = 100
 # bound on a recovery from the previous fault (a restarted broker's JVM, ...) or on a cold start:
 # three fresh brokers on a slow 2-core machine carry each query too slowly for the SLO until

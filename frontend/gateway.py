@@ -75,7 +75,7 @@ class Registry(Protocol):
 class Bus(Protocol):
     """What the routes need from Kafka (``KafkaBus``; a fake in unit tests)."""
 
-    on_late: Callable[[int], None]
+    on_late: Callable[[list[int]], None]  # replies nobody waited for: how late each came, in µs
     on_delivery_error: Callable[[], None]
 
     def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future[Response]: ...
@@ -430,7 +430,7 @@ async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> Non
         if state.stored is None:
             state.stored = lambda qid: _exists(client, stored_predictions_key(qid))
     assert state.bus is not None
-    state.bus.on_late = lambda n: state.metrics.late.inc(by=n)
+    state.bus.on_late = state.metrics.late_replies
     state.bus.on_delivery_error = state.metrics.delivery_errors.inc
 
 

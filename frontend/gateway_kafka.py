@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from clipstream.clock import now_us
 from clipstream.settings import Settings
 from schemas import Feedback, QueryEvent, Response, decode_as, encode
 from topics.admin import ensure_topics, watermarks
@@ -61,7 +62,7 @@ class KafkaBus:
         self._reports: asyncio.Task[None] | None = None
         self._intake: Intake | None = None
         # set by the gateway to count into its metrics (called on the loop thread)
-        self.on_late: Callable[[int], None] = lambda n: None
+        self.on_late: Callable[[list[int]], None] = lambda late_by_us: None
         self.on_delivery_error: Callable[[], None] = lambda: None
 
     # -- lifecycle (blocking: call from a worker thread or before the loop serves) ----------
@@ -176,11 +177,11 @@ class KafkaBus:
 
     # -- replies (the intake hands each fetch to the loop) ----------------------------------
     def _deliver(self, records: list[Response]) -> None:
-        late = 0
+        late: list[int] = []
         for record in records:
             fut = self._pending.pop(record.query_id, None)
             if fut is None or fut.done():
-                late += 1
+                late.append(now_us() - record.deadline_us)
             else:
                 fut.set_result(record)
         if late:

@@ -15,6 +15,11 @@ from prometheus_client import CollectorRegistry, Gauge
 from topics.metrics import LATENCY_BUCKETS, Family, expose, render
 
 
+# a late reply's lateness: the selector's reply budget (3-10 ms) and the gateway's margin (5 ms)
+# below, a backlog's seconds above
+LATE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
 class Labelled:
     """A counter or histogram family (``topics.metrics.Family``) with its children cached by
     label values, for call sites that name the values each time."""
@@ -53,6 +58,11 @@ class GatewayMetrics:
         self.late = Labelled(Family(
             "clipstream_gateway_late_responses",
             "Replies that arrived after their caller was answered (or for unknown queries).", registry=r))
+        self.late_by = Labelled(Family(
+            "clipstream_gateway_late_response_seconds",
+            "How long after its query's deadline a late reply arrived: a few milliseconds says the "
+            "reply's trip outgrew the selector's reply budget, seconds say a backlog.",
+            registry=r, buckets=LATE_BUCKETS))
         self.rejected = Labelled(Family(
             "clipstream_gateway_overload_rejections",
             "Predict requests refused with 503: at the admission limit, or the event loop behind.", registry=r))
@@ -73,6 +83,12 @@ class GatewayMetrics:
                   "Predict requests admitted at once (learnt from how the pipeline keeps up).", registry=r)
         g.set_function(lambda: float(limit()))
         self._per_app: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
+
+    def late_replies(self, late_by_us: list[int]) -> None:
+        """Replies that found no caller waiting, each by how long after its deadline it came."""
+        self.late.inc(by=len(late_by_us))
+        for us in late_by_us:
+            self.late_by.observe(max(0, us) / 1e6)
 
     def app(self, name: str) -> tuple[Any, Any, Any, Any, Any]:
         """The children of one app: (queries, prediction, default, refused, latency)."""

@@ -208,10 +208,13 @@ def test_default_within_slo_plus_20ms_when_nothing_answers(gateway: GatewayProce
 
 
 def test_late_responses_are_discarded_and_counted(gateway: GatewayProcess):
-    before = gateway.metric("clipstream_gateway_late_responses_total")
+    count, quick = "clipstream_gateway_late_response_seconds_count", 'clipstream_gateway_late_response_seconds_bucket{le="0.05"}'
+    before, before_count, before_quick = (gateway.metric(m) for m in ("clipstream_gateway_late_responses_total", count, quick))
     got = predict_admitted(Client(gateway.url), "pets", GOOD, context="late", slo_ms=30)
     assert got["default"] is True
     wait_until(lambda: gateway.metric("clipstream_gateway_late_responses_total") >= before + 1)
+    # the fake selector replied 80 ms past the deadline: timed in the histogram, above its 50 ms bucket
+    assert gateway.metric(count) - before_count > gateway.metric(quick) - before_quick
 
 
 def test_error_statuses(gateway: GatewayProcess):

@@ -61,7 +61,7 @@ class FakeBus:
         self.after_ms = after_ms
         self.queries: list[tuple[QueryEvent, bytes]] = []
         self.feedback: list[tuple[Feedback, bytes]] = []
-        self.on_late = lambda n: None
+        self.on_late = lambda late_by_us: None
         self.on_delivery_error = lambda: None
 
     def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future:

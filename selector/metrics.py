@@ -84,8 +84,9 @@ class SelectorMetrics:
         self._not_asked_by: dict[tuple[str, str], Any] = {}
 
     def reply_budget(self, budget_us: Callable[[], int]) -> None:
-        """Expose the reply budget as learnt now: a budget at its cap while callers still get
-        late answers says the reply's trip is longer than the cap allows for."""
+        """Expose the reply budget as learnt now. Read beside the gateway's late replies, it
+        tells a reply trip longer than the budget (replies a few milliseconds late) from a
+        backlog (replies hundreds of milliseconds late)."""
         g = Gauge("clipstream_selector_reply_budget_seconds",
                   "How long before a query's deadline the straggler cutoff fires now.", registry=self.registry)
         g.set_function(lambda: budget_us() / 1e6)

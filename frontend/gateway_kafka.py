@@ -178,10 +178,12 @@ class KafkaBus:
     # -- replies (the intake hands each fetch to the loop) ----------------------------------
     def _deliver(self, records: list[Response]) -> None:
         late: list[int] = []
+        now = 0  # read once per fetch, and only if a reply in it is late
         for record in records:
             fut = self._pending.pop(record.query_id, None)
             if fut is None or fut.done():
-                late.append(now_us() - record.deadline_us)
+                now = now or now_us()
+                late.append(now - record.deadline_us)
             else:
                 fut.set_result(record)
         if late:

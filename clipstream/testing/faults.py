@@ -125,7 +125,7 @@ def table(name: str, paths: dict[str, dict[str, Any]]) -> str:
     for path, row in paths.items():
         lines.append(f"  {path}: defaults {row['default_reasons'] or '{}'}; refused {row['refusal_reasons'] or '{}'}")
     for path, row in paths.items():
-        lines.append(f"  {path}: tenths in time by second from the fault: {row.get('good_by_second') or '-'}")
+        lines.append(f"  {path}: tenths in time by second from the fault: {row['good_by_second'] or '-'}")
     return "\n".join(lines)
 
 

@@ -7,8 +7,12 @@ Sub-commands live beside the stage they run and are imported only when called, s
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import click
+
+from clipstream.spare import SPARE_ENV, wait_if_spare
 
 # command name -> "module:attribute" of a click command or group
 COMMANDS: dict[str, str] = {
@@ -62,5 +66,14 @@ def main() -> None:
     """clipstream: Clipper-style prediction serving on Apache Kafka."""
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """``main``; a spare of ``up``'s supervisor first imports its command, then waits to be
+    told to go on (``clipstream.spare``)."""
+    if os.environ.get(SPARE_ENV) and len(sys.argv) > 1:
+        main.get_command(click.Context(main), sys.argv[1])
+        wait_if_spare()
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -8,6 +8,11 @@ A stage that dies is restarted, always: after a pause that doubles with each dea
 (``Backoff``) and starts over once the stage has served for a healthy while. A stage whose
 heartbeat file (``topics.stage.heartbeat``) goes stale is hung: it gets SIGTERM, then SIGKILL,
 and is restarted the same way (docs/design/0014).
+
+A stage added with ``spare`` gets a spare process once it has been ready a while: the same
+command, started ahead of need, which does its imports and then waits (``clipstream.spare``). A
+restart hands the stage's place to it, so a failover does not wait for an interpreter to start
+and import its libraries on a busy machine (docs/design/0062).
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipstream.errors import ClipstreamError
+from clipstream.spare import SPARE_ENV
 from topics.stage import HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
 
 Report = Callable[[str], None]
 MIN_HEARTBEAT_TIMEOUT_S = 2 * HEARTBEAT_EVERY_S  # a beat on time is up to one interval old
 # how often ``watch`` reads the heartbeats when nothing happens; an exit is seen at once
 CHECK_S = 0.5
+# a stage's spare is started once the stage has been ready this long: not while the pipeline
+# is still starting, where its imports would compete with the stages' own
+SPARE_AFTER_S = 5.0
 
 
 class Backoff:
@@ -69,6 +78,8 @@ class Stage:
     hung_for_s: float = 0.0
     kill_at: float = 0.0  # SIGKILL then, if SIGTERM has not ended it
     removed: bool = False
+    spare: bool = False  # keep a spare process ready to take its place
+    spare_proc: subprocess.Popen[bytes] | None = None
 
     @property
     def heartbeat_path(self) -> Path:
@@ -84,8 +95,9 @@ class Supervisor:
 
     def __init__(self, log_dir: Path, report: Report = print, heartbeat_timeout_s: float = 15.0,
                  healthy_s: float = 60.0, backoff_first_s: float = 0.1, backoff_max_s: float = 30.0,
-                 kill_grace_s: float = 5.0):
+                 kill_grace_s: float = 5.0, spare_after_s: float = SPARE_AFTER_S):
         self.log_dir = log_dir
+        self.spare_after_s = spare_after_s
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.report = report
         if 0 < heartbeat_timeout_s <= MIN_HEARTBEAT_TIMEOUT_S:
@@ -101,8 +113,11 @@ class Supervisor:
         self._stopping = False
         self._wake = threading.Event()  # a stage's output ended (it exited), or ``interrupt``
 
-    def add(self, name: str, argv: list[str], env: dict[str, str]) -> Stage:
-        stage = Stage(name, argv, env, self.log_dir / f"{name}.log", Backoff(*self._backoff))
+    def add(self, name: str, argv: list[str], env: dict[str, str], spare: bool = False) -> Stage:
+        """Start a stage; with ``spare``, its restarts are taken over by a spare process
+        (``clipstream.spare.wait_if_spare`` must be called by the command once its imports are
+        done)."""
+        stage = Stage(name, argv, env, self.log_dir / f"{name}.log", Backoff(*self._backoff), spare=spare)
         with self._lock:
             self.stages[name] = stage
         self._spawn(stage)
@@ -113,7 +128,7 @@ class Supervisor:
         stage.started_at, stage.ready_at = time.monotonic(), 0.0
         stage.hung, stage.hung_for_s, stage.kill_at = "", 0.0, 0.0
         stage.heartbeat_path.unlink(missing_ok=True)  # the last run's beats are not this one's
-        stage.proc = subprocess.Popen(
+        stage.proc = self._take_spare(stage) or subprocess.Popen(
             stage.argv,
             env={**stage.env, HEARTBEAT_FILE_ENV: str(stage.heartbeat_path)},
             stdout=subprocess.PIPE,
@@ -121,6 +136,42 @@ class Supervisor:
             start_new_session=True,
         )
         threading.Thread(target=self._tee, args=(stage, stage.proc), daemon=True).start()
+
+    def _start_spare(self, stage: Stage) -> None:
+        stage.spare_proc = subprocess.Popen(
+            stage.argv,
+            env={**stage.env, HEARTBEAT_FILE_ENV: str(stage.heartbeat_path), SPARE_ENV: "1"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def _take_spare(self, stage: Stage) -> subprocess.Popen[bytes] | None:
+        """The stage's spare, told to go on as the stage; None when it has none alive."""
+        spare, stage.spare_proc = stage.spare_proc, None
+        if spare is None:
+            return None
+        try:
+            if spare.poll() is None and spare.stdin is not None:
+                spare.stdin.write(b"go\n")
+                spare.stdin.close()
+                return spare
+        except OSError:  # it died as it was told
+            pass
+        self._spare_lost(stage, spare)
+        return None
+
+    def _spare_lost(self, stage: Stage, spare: subprocess.Popen[bytes]) -> None:
+        """A spare that ended before it was used: said once, and the stage has no more of them
+        (its restarts start a fresh process, as without spares)."""
+        stage.spare = False
+        if spare.poll() is None:
+            spare.kill()
+        output = spare.stdout.read().decode(errors="replace").strip() if spare.stdout is not None else ""
+        spare.wait()
+        self.report(f"the spare process of {stage.name} ended with code {spare.returncode} before it was "
+                    f"needed; its restarts start a fresh process" + (f":\n{output[-2000:]}" if output else ""))
 
     def _tee(self, stage: Stage, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -131,6 +182,9 @@ class Supervisor:
                 if raw.startswith(b"ready:") and proc is stage.proc and not stage.ready.is_set():
                     stage.ready_line = raw.decode(errors="replace").strip()
                     stage.ready_at = time.monotonic()
+                    if stage.restarts:  # how long a restart took, for whoever watches a failover
+                        self.report(f"{stage.name} is ready again, {stage.ready_at - stage.started_at:.1f}s "
+                                    f"after its restart")
                     stage.ready.set()
         proc.wait()  # its output ends as it exits: ``watch`` restarts it now, not at its next look
         self._wake.set()
@@ -192,6 +246,7 @@ class Supervisor:
                 continue
             if stage.proc.poll() is None:
                 self._watch(stage, now)
+                self._keep_spare(stage, now)
                 continue
             if stage.next_start == 0.0:
                 code = stage.proc.returncode
@@ -204,6 +259,17 @@ class Supervisor:
                 stage.restarts += 1
                 stage.next_start = 0.0
                 self._spawn(stage)
+
+    def _keep_spare(self, stage: Stage, now: float) -> None:
+        """Start the spare of a stage that has been ready ``spare_after_s``, or say that it died."""
+        if not stage.spare or self._stopping:
+            return
+        if stage.spare_proc is None:
+            if stage.ready_at and now - stage.ready_at >= self.spare_after_s:
+                self._start_spare(stage)
+        elif stage.spare_proc.poll() is not None:
+            spare, stage.spare_proc = stage.spare_proc, None
+            self._spare_lost(stage, spare)
 
     def _watch(self, stage: Stage, now: float) -> None:
         """A live stage: SIGKILL it if its SIGTERM grace is over; SIGTERM it if it hung."""
@@ -234,6 +300,8 @@ class Supervisor:
             stage = self.stages.pop(name, None)
             if stage is not None:
                 stage.removed = True  # under the lock, so a ``check`` under way does not restart it
+        if stage is not None:
+            _drop_spare(stage)
         return stage
 
     def adopt(self, stage: Stage, restart: bool = True) -> None:
@@ -255,7 +323,16 @@ class Supervisor:
         _terminate(list(self.stages.values()))
 
 
+def _drop_spare(stage: Stage) -> None:
+    spare, stage.spare_proc = stage.spare_proc, None
+    if spare is not None:  # it has nothing to finish
+        spare.kill()
+        spare.wait(5)
+
+
 def _terminate(stages: list[Stage], grace_s: float = 10.0) -> None:
+    for s in stages:
+        _drop_spare(s)
     live = [s for s in stages if s.proc is not None and s.proc.poll() is None]
     for s in live:
         _signal(s, signal.SIGTERM)

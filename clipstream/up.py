@@ -70,6 +70,9 @@ class UpSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(15.0, ge=0)
     # a stage that served this long before it died starts its restart backoff over (0.1 s)
     healthy_s: float = Field(60.0, gt=0)
+    # selectors, gateways and batchers each keep a spare process, imports done, that takes a
+    # dead one's place: a restart without an interpreter's start (docs/design/0062)
+    spares: bool = True
 
     @field_validator("heartbeat_timeout_s")
     @classmethod
@@ -96,8 +99,9 @@ class Pipeline:
     """Keeps the batcher(s) and one worker per replica in step with the registry."""
 
     def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = True,
-                 targets: MetricTargets | None = None, batcher_members: int = 1):
+                 targets: MetricTargets | None = None, batcher_members: int = 1, spares: bool = False):
         self.supervisor = supervisor
+        self.spares = spares  # batchers keep a spare process (workers load a model: none)
         self.batcher_members = batcher_members
         self.env = env
         self.targets = targets  # each stage's metrics port (``clipstream.metrics_targets``)
@@ -127,7 +131,8 @@ class Pipeline:
                     self.supervisor.adopt(back.stage)  # rolled back before it left: it serves on
                     continue
                 self.supervisor.add(stage, _stage_argv(*args),
-                                    self.targets.env(stage, self.env) if self.targets else self.env)
+                                    self.targets.env(stage, self.env) if self.targets else self.env,
+                                    spare=self.spares and not stage.startswith("worker-"))
                 started.append(stage)
             for stage in list(self.supervisor.stages):
                 if stage in wanted or stage in self.retiring:
@@ -302,14 +307,14 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
                                 healthy_s=up_settings.healthy_s)
         targets = MetricTargets(log_dir / TARGETS_FILE)
         pipeline = Pipeline(supervisor, env, shared_batcher=shared, targets=targets,
-                            batcher_members=up_settings.batcher_members)
+                            batcher_members=up_settings.batcher_members, spares=up_settings.spares)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
         for i in range(1, up_settings.selectors + 1):  # named: static group members (topics.membership)
             supervisor.add(f"selector-{i}", _stage_argv("selector"),
-                           targets.env(f"selector-{i}", {**env, MEMBER_ENV: f"selector-{i}"}))
+                           targets.env(f"selector-{i}", {**env, MEMBER_ENV: f"selector-{i}"}), spare=up_settings.spares)
         for name, argv in gateway_stages(up_settings.gateways, port):
-            supervisor.add(name, argv, targets.env(name, env))
+            supervisor.add(name, argv, targets.env(name, env), spare=up_settings.spares)
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
         supervisor.wait_ready(READY_TIMEOUT_S)

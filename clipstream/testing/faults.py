@@ -267,21 +267,25 @@ def _blank_numbers(text: str) -> str:
 
 def stage_pid(log_dir: Path, stage: str) -> int | None:
     """The pid of ``up``'s stage ``stage``, found by the heartbeat file ``up`` names for it in the
-    stage's environment (unique per stage and per ``up``); None while it is not running."""
+    stage's environment (unique per stage and per ``up``); None while it is not running.
+
+    The stage's spare (``clipstream.spare``) has the same environment, and is always started
+    after the process serving as the stage: the oldest of them is the stage."""
     from topics.stage import HEARTBEAT_FILE_ENV
 
     needle = f"{HEARTBEAT_FILE_ENV}={log_dir / stage}.heartbeat".encode()
+    found: list[tuple[int, int]] = []  # (start time in clock ticks, pid)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if needle in env and state != "Z":
-            return int(entry)
-    return None
+        if needle in env and fields[0] != "Z":
+            found.append((int(fields[19]), int(entry)))  # field 22 of stat, counted after the name
+    return min(found)[1] if found else None
 
 
 def ready_count(log_dir: Path, stage: str) -> int:

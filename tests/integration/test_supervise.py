@@ -1,5 +1,6 @@
 """`clipstream up`'s supervisor on real child processes: a stage killed again and again is
-restarted every time, and a stage that stops beating (SIGSTOP) is killed and restarted.
+restarted every time, a stage that stops beating (SIGSTOP) is killed and restarted, and a
+stage's spare takes a killed stage's place without its slow start.
 
 The child is a tiny stage (``ready:`` line, heartbeat from its loop), so these tests need no
 Kafka or Redis and carry no ``integration`` marker."""
@@ -32,6 +33,23 @@ while True:
     time.sleep(0.05)
 '''
 
+# a stage that takes SLOW_START_S to import, then (started as a spare) says so and waits
+SLOW_CHILD = '''
+import os, sys, time
+from pathlib import Path
+time.sleep(float(sys.argv[1]))
+from clipstream.spare import SPARE_ENV, wait_if_spare
+from topics.stage import announce_ready, heartbeat
+if os.environ.get(SPARE_ENV):
+    Path(sys.argv[2], str(os.getpid())).touch()
+wait_if_spare()
+announce_ready("child")
+while True:
+    heartbeat("main")
+    time.sleep(0.05)
+'''
+SLOW_START_S = 3.0
+
 # generous: a python start-up on the 2 shared cores of a loaded test machine can take seconds
 RESTART_BOUND_S = 30.0
 
@@ -54,9 +72,9 @@ class Running:
     def _loop(self) -> None:
         self.sup.watch(self._stop, every_s=self.every_s)
 
-    def start_child(self, script: Path) -> Stage:
+    def start_child(self, script: Path, *args: str, spare: bool = False) -> Stage:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-        stage = self.sup.add("child", [sys.executable, str(script)], env)
+        stage = self.sup.add("child", [sys.executable, str(script), *args], env, spare=spare)
         self.sup.wait_ready(RESTART_BOUND_S)
         self._thread.start()
         return stage
@@ -113,7 +131,8 @@ def test_a_stage_killed_again_and_again_is_restarted_every_time(tmp_path, child,
     old = stage.proc.pid
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
-    assert r.reports[-1].startswith("restarting child in 0.05s (exit code -9, SIGKILL)"), r.reports
+    assert r.reports[-2].startswith("restarting child in 0.05s (exit code -9, SIGKILL)"), r.reports
+    assert r.reports[-1].startswith("child is ready again, "), r.reports
 
 
 def test_an_exit_wakes_the_supervisor_at_once_however_seldom_it_looks(tmp_path, child, running) -> None:
@@ -125,7 +144,10 @@ def test_an_exit_wakes_the_supervisor_at_once_however_seldom_it_looks(tmp_path, 
     old = stage.proc.pid
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
-    assert r.reports == ["restarting child in 0.05s (exit code -9, SIGKILL); log: " + str(stage.log_path)]
+    assert r.reports[0] == "restarting child in 0.05s (exit code -9, SIGKILL); log: " + str(stage.log_path)
+    # the restart's own time, from its spawn to its ready line
+    took = float(r.reports[1].removeprefix("child is ready again, ").removesuffix("s after its restart"))
+    assert len(r.reports) == 2 and 0 < took <= round(stage.ready_at - stage.started_at, 1) + 0.05, r.reports
 
 
 def test_a_stage_that_stops_beating_is_killed_and_restarted(tmp_path, child, running) -> None:
@@ -152,3 +174,55 @@ def test_a_stage_that_stops_beating_is_killed_and_restarted(tmp_path, child, run
     wait_until(lambda: read_heartbeat(stage.heartbeat_path), 10, "the new child's first heartbeat")
     time.sleep(2 * timeout_s)
     assert stage.restarts == 1 and stage.proc is not None and stage.proc.poll() is None
+
+
+def _took(report: str) -> float:
+    """The seconds in ``child is ready again, <s>s after its restart``."""
+    return float(report.removeprefix("child is ready again, ").removesuffix("s after its restart"))
+
+
+def test_a_spare_takes_a_killed_stages_place_without_its_slow_start(tmp_path, running) -> None:
+    script, spares = tmp_path / "slow_child.py", tmp_path / "spares"
+    script.write_text(SLOW_CHILD)
+    spares.mkdir()
+    r = Running(tmp_path, heartbeat_timeout_s=0, backoff_first_s=0.05, spare_after_s=0.2)
+    running.append(r)
+    stage = r.start_child(script, str(SLOW_START_S), str(spares), spare=True)
+    # the spare is started once the stage is ready, and waits with its imports done
+    wait_until(lambda: any(spares.iterdir()), RESTART_BOUND_S, "the spare to finish its imports")
+    spare_pid = int(next(spares.iterdir()).name)
+    assert stage.proc is not None and stage.proc.pid != spare_pid
+
+    old = stage.proc.pid
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
+    assert stage.proc is not None and stage.proc.pid == spare_pid, "the spare took the stage's place"
+    # a fresh process needs SLOW_START_S before it can even be ready
+    assert _took(r.reports[-1]) < SLOW_START_S, r.reports
+
+    # a new spare follows; one that dies before it is needed is said, and the next restart
+    # starts a fresh process
+    wait_until(lambda: len(list(spares.iterdir())) == 2, RESTART_BOUND_S, "a new spare")
+    second = stage.spare_proc
+    assert second is not None and second.pid != spare_pid
+    second.kill()
+    wait_until(lambda: any(line.startswith("the spare process of child ended with code -9") for line in r.reports),
+               RESTART_BOUND_S, "the dead spare to be reported")
+    os.kill(spare_pid, signal.SIGKILL)
+    wait_until(lambda: _restarted(stage, spare_pid), RESTART_BOUND_S, "the stage restarted without a spare")
+    assert _took(r.reports[-1]) >= SLOW_START_S, r.reports
+    assert stage.spare_proc is None and not stage.spare
+
+
+def test_stopping_stops_the_spares(tmp_path, running) -> None:
+    script = tmp_path / "slow_child.py"
+    script.write_text(SLOW_CHILD)
+    (tmp_path / "spares").mkdir()
+    r = Running(tmp_path, heartbeat_timeout_s=0, spare_after_s=0.0)
+    running.append(r)
+    stage = r.start_child(script, "0", str(tmp_path / "spares"), spare=True)
+    wait_until(lambda: stage.spare_proc is not None, RESTART_BOUND_S, "the spare to start")
+    spare = stage.spare_proc
+    assert spare is not None and spare.poll() is None
+    r.close()
+    assert spare.poll() is not None and stage.spare_proc is None

@@ -50,6 +50,7 @@ class FakeStage:
         self.ready = threading.Event()
         self.proc = FakeProc()
         self.removed = False
+        self.spare = False
 
 
 class FakeSupervisor:
@@ -57,8 +58,9 @@ class FakeSupervisor:
         self.stages: dict[str, FakeStage] = {}
         self.removed: list[str] = []
 
-    def add(self, name: str, argv: list[str], env: dict[str, str]) -> FakeStage:
+    def add(self, name: str, argv: list[str], env: dict[str, str], spare: bool = False) -> FakeStage:
         self.stages[name] = FakeStage(name, argv)
+        self.stages[name].spare = spare
         return self.stages[name]
 
     def remove(self, name: str) -> None:
@@ -150,3 +152,11 @@ def test_batcher_members_share_one_group_each_a_named_static_member() -> None:
     assert w["batchers-a+b.2"] == ["batcher", "--model", "a", "--model", "b", "--member", "batcher-2"]
     per_model = wanted_stages(view(a="1"), shared_batcher=False, batcher_members=2)
     assert per_model["batcher-a.1"][-2:] == ["--member", "batcher-1"] and "batcher-a.2" in per_model
+
+
+def test_batchers_keep_a_spare_process_and_workers_none() -> None:
+    for spares in (True, False):
+        sup = FakeSupervisor()
+        Pipeline(sup, {}, shared_batcher=True, spares=spares).sync(view(a="1", b="3"))  # type: ignore[arg-type]
+        kept = {name: stage.spare for name, stage in sup.stages.items()}
+        assert kept == {"batchers-a+b": spares, "worker-a-v1-0": False, "worker-b-v3-0": False, "worker-b-v3-1": False}

@@ -1,0 +1,20 @@
+"""A spare stage process: started by ``up``'s supervisor ahead of need with ``SPARE_ENV`` set,
+it imports its command and then waits until it is told to take a dead stage's place, so that a
+restart does not wait for an interpreter to start and import its libraries on a busy machine
+(``clipstream.supervise``, docs/design/0062)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SPARE_ENV = "CLIPSTREAM_SPARE"
+
+
+def wait_if_spare() -> None:
+    """In a process started as a spare, wait here (its imports done) until the supervisor hands
+    it its stage's place; exit when the supervisor is gone. Anywhere else, return at once."""
+    if os.environ.pop(SPARE_ENV, None) is None:
+        return
+    if not sys.stdin.readline():
+        sys.exit(0)

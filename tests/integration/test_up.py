@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from clipstream.infra.launcher import pick_free_ports
+from clipstream.spare import SPARE_ENV
 from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
 from clipstream.testing.procs import UpProcess, predict_admitted, wait_until
 from frontend.client import Client, GatewayInputError, NotFound
@@ -40,18 +41,21 @@ class Model:
 '''
 
 
-def _ours(prefix: str) -> list[int]:
-    """Pids of processes started with our topic prefix in their environment."""
+def _ours(prefix: str, spares: bool = False) -> list[int]:
+    """Pids of processes started with our topic prefix in their environment; with ``spares``,
+    the stages' spares too (started with ``SPARE_ENV``: no stage dies in these tests, so each is
+    still waiting)."""
     found = []
     needle = f"CLIPSTREAM_TOPIC_PREFIX={prefix}".encode()
+    spare = f"{SPARE_ENV}=1".encode()
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if needle in env.split(b"\0"):
+        if needle in env and (spares or spare not in env):
             found.append(int(pid))
     return found
 
@@ -124,6 +128,10 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             assert "started batchers-logreg+sevens (registry change)" in lines
             wait_until(lambda: len(_ours(settings.topic_prefix)) == 7, 30,
                        "up, gateway, 2 selectors, 1 batcher and 2 workers")
+            # a spare for the gateway, each selector and the new batcher (the old one's went
+            # with it), none for workers
+            wait_until(lambda: len(_ours(settings.topic_prefix, spares=True)) == 7 + 4, 60,
+                       "a spare for the gateway, each selector and the batcher")
             # the new batcher serves logreg too
             again = predict_admitted(client, app, (x[1602] + np.float32(time.monotonic() % 1)).tolist())
             assert sorted(again["models"]["answered"]) == ["logreg", "sevens"]
@@ -135,7 +143,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         code = up.stop(90)
     assert code == 0, "\n".join(lines[-30:])
     assert "stopped" in lines
-    wait_until(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")
+    wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")
 
 
 SLOW_TO_LOAD = '''
@@ -181,4 +189,4 @@ def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(sett
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
-    wait_until(lambda: not _ours(settings.topic_prefix), 30, "every stage to exit")
+    wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")

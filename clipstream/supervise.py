@@ -260,6 +260,14 @@ class Supervisor:
                 stage.next_start = 0.0
                 self._spawn(stage)
 
+    def start_spares(self) -> None:
+        """Start the spare of every ready stage that keeps one and has none, now: ``up`` does so
+        before its warm-up, whose traffic absorbs their imports, rather than in the first
+        seconds of serving."""
+        for stage in list(self.stages.values()):
+            if stage.spare and stage.spare_proc is None and stage.ready.is_set() and not self._stopping:
+                self._start_spare(stage)
+
     def _keep_spare(self, stage: Stage, now: float) -> None:
         """Start the spare of a stage that has been ready ``spare_after_s``, or say that it died."""
         if not stage.spare or self._stopping:

@@ -70,8 +70,8 @@ class UpSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(15.0, ge=0)
     # a stage that served this long before it died starts its restart backoff over (0.1 s)
     healthy_s: float = Field(60.0, gt=0)
-    # selectors, gateways and batchers each keep a spare process, imports done, that takes a
-    # dead one's place: a restart without an interpreter's start (docs/design/0062)
+    # every stage keeps a spare process, imports done, that takes its place when it dies: a
+    # restart without an interpreter's start (docs/design/0062)
     spares: bool = True
 
     @field_validator("heartbeat_timeout_s")
@@ -101,7 +101,7 @@ class Pipeline:
     def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = True,
                  targets: MetricTargets | None = None, batcher_members: int = 1, spares: bool = False):
         self.supervisor = supervisor
-        self.spares = spares  # batchers keep a spare process (workers load a model: none)
+        self.spares = spares  # each stage keeps a spare process (docs/design/0062)
         self.batcher_members = batcher_members
         self.env = env
         self.targets = targets  # each stage's metrics port (``clipstream.metrics_targets``)
@@ -132,7 +132,7 @@ class Pipeline:
                     continue
                 self.supervisor.add(stage, _stage_argv(*args),
                                     self.targets.env(stage, self.env) if self.targets else self.env,
-                                    spare=self.spares and not stage.startswith("worker-"))
+                                    spare=self.spares)
                 started.append(stage)
             for stage in list(self.supervisor.stages):
                 if stage in wanted or stage in self.retiring:
@@ -322,6 +322,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
             click.echo(line)
         click.echo(f"metrics: targets for Prometheus (file_sd) in {targets.path}")
         click.echo(f"dashboard: http://{host}:{port}/dashboard")
+        if up_settings.warm_up_s > 0:  # its traffic absorbs the spares' imports (else: 5 s in)
+            supervisor.start_spares()
         warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m),
                 seconds=up_settings.warm_up_s)
         serving.set()

@@ -226,3 +226,19 @@ def test_stopping_stops_the_spares(tmp_path, running) -> None:
     assert spare is not None and spare.poll() is None
     r.close()
     assert spare.poll() is not None and stage.spare_proc is None
+
+
+def test_spares_start_when_asked_before_their_while(tmp_path, running) -> None:
+    script = tmp_path / "slow_child.py"
+    script.write_text(SLOW_CHILD)
+    (tmp_path / "spares").mkdir()
+    r = Running(tmp_path, heartbeat_timeout_s=0, spare_after_s=3600.0)  # never by itself here
+    running.append(r)
+    stage = r.start_child(script, "0", str(tmp_path / "spares"), spare=True)
+    assert stage.spare_proc is None
+    r.sup.start_spares()  # what `up` does before its warm-up
+    spare = stage.spare_proc
+    assert spare is not None and spare.poll() is None
+    wait_until(lambda: any((tmp_path / "spares").iterdir()), RESTART_BOUND_S, "the spare to finish its imports")
+    r.sup.start_spares()  # one is enough
+    assert stage.spare_proc is spare

@@ -128,10 +128,9 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             assert "started batchers-logreg+sevens (registry change)" in lines
             wait_until(lambda: len(_ours(settings.topic_prefix)) == 7, 30,
                        "up, gateway, 2 selectors, 1 batcher and 2 workers")
-            # a spare for the gateway, each selector and the new batcher (the old one's went
-            # with it), none for workers
-            wait_until(lambda: len(_ours(settings.topic_prefix, spares=True)) == 7 + 4, 60,
-                       "a spare for the gateway, each selector and the batcher")
+            # a spare for each of the six stages (the old batcher's went with it)
+            wait_until(lambda: len(_ours(settings.topic_prefix, spares=True)) == 7 + 6, 60,
+                       "a spare for each stage")
             # the new batcher serves logreg too
             again = predict_admitted(client, app, (x[1602] + np.float32(time.monotonic() % 1)).tolist())
             assert sorted(again["models"]["answered"]) == ["logreg", "sevens"]

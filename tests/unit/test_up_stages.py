@@ -154,9 +154,9 @@ def test_batcher_members_share_one_group_each_a_named_static_member() -> None:
     assert per_model["batcher-a.1"][-2:] == ["--member", "batcher-1"] and "batcher-a.2" in per_model
 
 
-def test_batchers_keep_a_spare_process_and_workers_none() -> None:
+def test_batchers_and_workers_keep_a_spare_process_unless_spares_are_off() -> None:
     for spares in (True, False):
         sup = FakeSupervisor()
         Pipeline(sup, {}, shared_batcher=True, spares=spares).sync(view(a="1", b="3"))  # type: ignore[arg-type]
         kept = {name: stage.spare for name, stage in sup.stages.items()}
-        assert kept == {"batchers-a+b": spares, "worker-a-v1-0": False, "worker-b-v3-0": False, "worker-b-v3-1": False}
+        assert kept == {"batchers-a+b": spares, "worker-a-v1-0": spares, "worker-b-v3-0": spares, "worker-b-v3-1": spares}

@@ -9,6 +9,7 @@ import os
 import sys
 
 SPARE_ENV = "CLIPSTREAM_SPARE"
+WAITING_LINE = b"spare: waiting"  # what a spare prints once its imports are done
 
 
 def wait_if_spare() -> None:
@@ -16,5 +17,6 @@ def wait_if_spare() -> None:
     it its stage's place; exit when the supervisor is gone. Anywhere else, return at once."""
     if os.environ.pop(SPARE_ENV, None) is None:
         return
+    print(WAITING_LINE.decode(), flush=True)
     if not sys.stdin.readline():
         sys.exit(0)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipstream.errors import ClipstreamError
-from clipstream.spare import SPARE_ENV
+from clipstream.spare import SPARE_ENV, WAITING_LINE
 from topics.stage import HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
 
 Report = Callable[[str], None]
@@ -80,6 +80,7 @@ class Stage:
     removed: bool = False
     spare: bool = False  # keep a spare process ready to take its place
     spare_proc: subprocess.Popen[bytes] | None = None
+    spare_waiting: threading.Event = field(default_factory=threading.Event)  # its imports are done
 
     @property
     def heartbeat_path(self) -> Path:
@@ -128,7 +129,9 @@ class Supervisor:
         stage.started_at, stage.ready_at = time.monotonic(), 0.0
         stage.hung, stage.hung_for_s, stage.kill_at = "", 0.0, 0.0
         stage.heartbeat_path.unlink(missing_ok=True)  # the last run's beats are not this one's
-        stage.proc = self._take_spare(stage) or subprocess.Popen(
+        if self._take_spare(stage):  # its output is already teed to the stage's log
+            return
+        stage.proc = subprocess.Popen(
             stage.argv,
             env={**stage.env, HEARTBEAT_FILE_ENV: str(stage.heartbeat_path)},
             stdout=subprocess.PIPE,
@@ -146,21 +149,24 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        stage.spare_waiting.clear()
+        threading.Thread(target=self._tee, args=(stage, stage.spare_proc), daemon=True).start()
 
-    def _take_spare(self, stage: Stage) -> subprocess.Popen[bytes] | None:
-        """The stage's spare, told to go on as the stage; None when it has none alive."""
+    def _take_spare(self, stage: Stage) -> bool:
+        """Make the stage's spare the stage and tell it to go on; False when it has none alive."""
         spare, stage.spare_proc = stage.spare_proc, None
         if spare is None:
-            return None
+            return False
         try:
             if spare.poll() is None and spare.stdin is not None:
+                stage.proc = spare  # before it can print its ready line
                 spare.stdin.write(b"go\n")
                 spare.stdin.close()
-                return spare
+                return True
         except OSError:  # it died as it was told
             pass
         self._spare_lost(stage, spare)
-        return None
+        return False
 
     def _spare_lost(self, stage: Stage, spare: subprocess.Popen[bytes]) -> None:
         """A spare that ended before it was used: said once, and the stage has no more of them
@@ -168,10 +174,9 @@ class Supervisor:
         stage.spare = False
         if spare.poll() is None:
             spare.kill()
-        output = spare.stdout.read().decode(errors="replace").strip() if spare.stdout is not None else ""
         spare.wait()
         self.report(f"the spare process of {stage.name} ended with code {spare.returncode} before it was "
-                    f"needed; its restarts start a fresh process" + (f":\n{output[-2000:]}" if output else ""))
+                    f"needed; its restarts start a fresh process (its output: {stage.log_path})")
 
     def _tee(self, stage: Stage, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -179,6 +184,8 @@ class Supervisor:
             for raw in proc.stdout:
                 log.write(raw)
                 log.flush()
+                if raw.startswith(WAITING_LINE) and proc is stage.spare_proc:
+                    stage.spare_waiting.set()
                 if raw.startswith(b"ready:") and proc is stage.proc and not stage.ready.is_set():
                     stage.ready_line = raw.decode(errors="replace").strip()
                     stage.ready_at = time.monotonic()
@@ -267,6 +274,20 @@ class Supervisor:
         for stage in list(self.stages.values()):
             if stage.spare and stage.spare_proc is None and stage.ready.is_set() and not self._stopping:
                 self._start_spare(stage)
+
+    def wait_spares(self, timeout_s: float) -> None:
+        """Wait until every spare has done its imports, so that none of them competes with the
+        first seconds of serving; one that takes longer is said, and waited for no more."""
+        deadline = time.monotonic() + timeout_s
+        for stage in list(self.stages.values()):
+            spare = stage.spare_proc
+            if spare is None:
+                continue
+            while not stage.spare_waiting.wait(0.1) and spare.poll() is None:
+                if time.monotonic() > deadline:
+                    self.report(f"the spare process of {stage.name} is still starting after {timeout_s:g}s; "
+                                f"going on without waiting for it")
+                    return
 
     def _keep_spare(self, stage: Stage, now: float) -> None:
         """Start the spare of a stage that has been ready ``spare_after_s``, or say that it died."""

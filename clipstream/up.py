@@ -45,6 +45,7 @@ from topics.catalogue import REQUEST_PARTITIONS
 from topics.membership import MEMBER_ENV
 
 READY_TIMEOUT_S = 180.0
+SPARES_TIMEOUT_S = 60.0
 # an old version's worker normally stops by itself when the batcher hands its partition over;
 # one still running this long after the new version's workers were all ready is stopped
 LEAVE_GRACE_S = 30.0
@@ -322,10 +323,10 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
             click.echo(line)
         click.echo(f"metrics: targets for Prometheus (file_sd) in {targets.path}")
         click.echo(f"dashboard: http://{host}:{port}/dashboard")
-        if up_settings.warm_up_s > 0:  # its traffic absorbs the spares' imports (else: 5 s in)
-            supervisor.start_spares()
+        supervisor.start_spares()  # the warm-up's traffic absorbs their imports
         warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m),
                 seconds=up_settings.warm_up_s)
+        supervisor.wait_spares(SPARES_TIMEOUT_S)  # none imports in the first seconds of serving
         serving.set()
         click.echo(f"ready: http://{host}:{port}", nl=True)
         sys.stdout.flush()

@@ -228,17 +228,20 @@ def test_stopping_stops_the_spares(tmp_path, running) -> None:
     assert spare.poll() is not None and stage.spare_proc is None
 
 
-def test_spares_start_when_asked_before_their_while(tmp_path, running) -> None:
-    script = tmp_path / "slow_child.py"
+def test_spares_start_when_asked_and_are_waited_for(tmp_path, running) -> None:
+    script, spares = tmp_path / "slow_child.py", tmp_path / "spares"
     script.write_text(SLOW_CHILD)
-    (tmp_path / "spares").mkdir()
+    spares.mkdir()
     r = Running(tmp_path, heartbeat_timeout_s=0, spare_after_s=3600.0)  # never by itself here
     running.append(r)
-    stage = r.start_child(script, "0", str(tmp_path / "spares"), spare=True)
+    stage = r.start_child(script, "1", str(spares), spare=True)
     assert stage.spare_proc is None
     r.sup.start_spares()  # what `up` does before its warm-up
     spare = stage.spare_proc
     assert spare is not None and spare.poll() is None
-    wait_until(lambda: any((tmp_path / "spares").iterdir()), RESTART_BOUND_S, "the spare to finish its imports")
+    r.sup.wait_spares(0.01)  # a second's imports are not done in 10 ms: said, not waited for
+    assert r.reports[-1].startswith("the spare process of child is still starting after 0.01s"), r.reports
+    r.sup.wait_spares(RESTART_BOUND_S)  # what `up` does before its ready line
+    assert stage.spare_waiting.is_set() and any(spares.iterdir())  # its imports are done
     r.sup.start_spares()  # one is enough
     assert stage.spare_proc is spare

@@ -313,7 +313,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         view = follower.wait_ready(30)
         for i in range(1, up_settings.selectors + 1):  # named: static group members (topics.membership)
             supervisor.add(f"selector-{i}", _stage_argv("selector"),
-                           targets.env(f"selector-{i}", {**env, MEMBER_ENV: f"selector-{i}"}), spare=up_settings.spares)
+                           targets.env(f"selector-{i}", {**env, MEMBER_ENV: f"selector-{i}"}),
+                           spare=up_settings.spares)
         for name, argv in gateway_stages(up_settings.gateways, port):
             supervisor.add(name, argv, targets.env(name, env), spare=up_settings.spares)
         pipeline.sync(view)

@@ -7,12 +7,11 @@ Sub-commands live beside the stage they run and are imported only when called, s
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import click
 
-from clipstream.spare import SPARE_ENV, wait_if_spare
+from clipstream.spare import wait_if_spare
 
 # command name -> "module:attribute" of a click command or group
 COMMANDS: dict[str, str] = {
@@ -69,9 +68,8 @@ def main() -> None:
 def run() -> None:
     """``main``; a spare of ``up``'s supervisor first imports its command, then waits to be
     told to go on (``clipstream.spare``)."""
-    if os.environ.get(SPARE_ENV) and len(sys.argv) > 1:
-        main.get_command(click.Context(main), sys.argv[1])
-        wait_if_spare()
+    if len(sys.argv) > 1:
+        wait_if_spare(lambda: main.get_command(click.Context(main), sys.argv[1]))
     main()
 
 

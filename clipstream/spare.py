@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 SPARE_ENV = "CLIPSTREAM_SPARE"
 WAITING_LINE = b"spare: waiting"  # what a spare prints once its imports are done
 
 
-def wait_if_spare() -> None:
-    """In a process started as a spare, wait here (its imports done) until the supervisor hands
-    it its stage's place; exit when the supervisor is gone. Anywhere else, return at once."""
+def wait_if_spare(prepare: Callable[[], object] = lambda: None) -> None:
+    """In a process started as a spare, run ``prepare`` (the imports a stage needs), then wait
+    until the supervisor hands it its stage's place; exit when the supervisor is gone. Anywhere
+    else, return at once."""
     if os.environ.pop(SPARE_ENV, None) is None:
         return
+    prepare()
     print(WAITING_LINE.decode(), flush=True)
     if not sys.stdin.readline():
         sys.exit(0)

@@ -271,9 +271,9 @@ class Supervisor:
         """Start the spare of every ready stage that keeps one and has none, now: ``up`` does so
         before its warm-up, whose traffic absorbs their imports, rather than in the first
         seconds of serving."""
+        now = time.monotonic()
         for stage in list(self.stages.values()):
-            if stage.spare and stage.spare_proc is None and stage.ready.is_set() and not self._stopping:
-                self._start_spare(stage)
+            self._keep_spare(stage, now, after_s=0.0)
 
     def wait_spares(self, timeout_s: float) -> None:
         """Wait until every spare has done its imports, so that none of them competes with the
@@ -289,12 +289,14 @@ class Supervisor:
                                 f"going on without waiting for it")
                     return
 
-    def _keep_spare(self, stage: Stage, now: float) -> None:
-        """Start the spare of a stage that has been ready ``spare_after_s``, or say that it died."""
+    def _keep_spare(self, stage: Stage, now: float, after_s: float | None = None) -> None:
+        """Start the spare of a stage that has been ready ``after_s`` (``spare_after_s`` unless
+        given), or say that its spare died."""
         if not stage.spare or self._stopping:
             return
         if stage.spare_proc is None:
-            if stage.ready_at and now - stage.ready_at >= self.spare_after_s:
+            wait_s = self.spare_after_s if after_s is None else after_s
+            if stage.ready.is_set() and now - stage.ready_at >= wait_s:
                 self._start_spare(stage)
         elif stage.spare_proc.poll() is not None:
             spare, stage.spare_proc = stage.spare_proc, None

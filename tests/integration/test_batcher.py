@@ -110,8 +110,14 @@ def test_two_replicas_both_work_each_with_its_own_aimd(run_batcher: Any, wire: A
         sizes[msg.partition()].append(len(batch.items))
         w.stats(batch, 1_000 if msg.partition() == 0 else 50_000)
 
-    w.take(w.cat.batches(model).name, Batch,
-           lambda g: sum(len(bb.items) for bb, _ in g) >= n, timeout_s=60, on=worker)
+    try:
+        w.take(w.cat.batches(model).name, Batch,
+               lambda g: sum(len(bb.items) for bb, _ in g) >= n, timeout_s=60, on=worker)
+    except AssertionError:
+        # which side stalled: the batcher's own stats lines say whether it kept sending
+        stats_lines = [x for x in b.output().splitlines() if x.startswith("stats: ")]
+        raise AssertionError(f"batch sizes taken per replica: {sizes}; the batcher's last stats lines:\n"
+                             + "\n".join(stats_lines[-5:])) from None
     assert sizes[0] and sizes[1], sizes
     assert max(sizes[0]) >= 4, sizes
     assert set(sizes[1]) == {1}, sizes

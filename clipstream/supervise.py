@@ -129,28 +129,23 @@ class Supervisor:
         stage.started_at, stage.ready_at = time.monotonic(), 0.0
         stage.hung, stage.hung_for_s, stage.kill_at = "", 0.0, 0.0
         stage.heartbeat_path.unlink(missing_ok=True)  # the last run's beats are not this one's
-        if self._take_spare(stage):  # its output is already teed to the stage's log
-            return
-        stage.proc = subprocess.Popen(
-            stage.argv,
-            env={**stage.env, HEARTBEAT_FILE_ENV: str(stage.heartbeat_path)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._tee, args=(stage, stage.proc), daemon=True).start()
+        if not self._take_spare(stage):  # a spare's output is already teed to the stage's log
+            self._start(stage, spare=False)
 
-    def _start_spare(self, stage: Stage) -> None:
-        stage.spare_proc = subprocess.Popen(
-            stage.argv,
-            env={**stage.env, HEARTBEAT_FILE_ENV: str(stage.heartbeat_path), SPARE_ENV: "1"},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        stage.spare_waiting.clear()
-        threading.Thread(target=self._tee, args=(stage, stage.spare_proc), daemon=True).start()
+    def _start(self, stage: Stage, spare: bool) -> None:
+        """Run the stage's command as the stage or as its spare (told to wait, on stdin), its
+        output teed to the stage's log; set as ``proc`` or ``spare_proc`` before the tee reads."""
+        env = {**stage.env, HEARTBEAT_FILE_ENV: str(stage.heartbeat_path)}
+        if spare:
+            env[SPARE_ENV] = "1"
+            stage.spare_waiting.clear()
+        proc = subprocess.Popen(stage.argv, env=env, stdin=subprocess.PIPE if spare else None,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        if spare:
+            stage.spare_proc = proc
+        else:
+            stage.proc = proc
+        threading.Thread(target=self._tee, args=(stage, proc), daemon=True).start()
 
     def _take_spare(self, stage: Stage) -> bool:
         """Make the stage's spare the stage and tell it to go on; False when it has none alive."""
@@ -172,9 +167,7 @@ class Supervisor:
         """A spare that ended before it was used: said once, and the stage has no more of them
         (its restarts start a fresh process, as without spares)."""
         stage.spare = False
-        if spare.poll() is None:
-            spare.kill()
-        spare.wait()
+        _end(spare)
         self.report(f"the spare process of {stage.name} ended with code {spare.returncode} before it was "
                     f"needed; its restarts start a fresh process (its output: {stage.log_path})")
 
@@ -297,7 +290,7 @@ class Supervisor:
         if stage.spare_proc is None:
             wait_s = self.spare_after_s if after_s is None else after_s
             if stage.ready.is_set() and now - stage.ready_at >= wait_s:
-                self._start_spare(stage)
+                self._start(stage, spare=True)
         elif stage.spare_proc.poll() is not None:
             spare, stage.spare_proc = stage.spare_proc, None
             self._spare_lost(stage, spare)
@@ -356,9 +349,15 @@ class Supervisor:
 
 def _drop_spare(stage: Stage) -> None:
     spare, stage.spare_proc = stage.spare_proc, None
-    if spare is not None:  # it has nothing to finish
+    if spare is not None:
+        _end(spare)
+
+
+def _end(spare: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a spare: it has nothing to finish."""
+    if spare.poll() is None:
         spare.kill()
-        spare.wait(5)
+    spare.wait(5)
 
 
 def _terminate(stages: list[Stage], grace_s: float = 10.0) -> None:

@@ -37,7 +37,8 @@ from typing import Any
 
 import yaml
 
-from bench.machine import cmdline, cpu_delta, cpu_snapshot, descendants, label_of, warm_until_jit_quiet
+from bench.machine import (cmdline, cpu_delta, cpu_snapshot, descendants, jit_apart, jit_cpu_s, label_of,
+                           warm_until_jit_quiet)
 
 OUT = Path("out/bench")
 
@@ -256,12 +257,13 @@ def load_step(pipe: Pipeline, app: str, rate: float, slo_ms: float, duration_s: 
     times = load.arrival_times(rate, cv, duration_s, seed)
     x = load.unique_inputs(len(times), seed=seed * 7919 + int(rate)) if inputs is None else inputs
     procs = pipe.processes()
-    c0 = cpu_snapshot(procs)
+    broker = next((pid for pid, name in procs.items() if name == "kafka"), None)
+    c0, j0 = cpu_snapshot(procs), jit_cpu_s(broker) if broker else None
     if mode == "kafka":
         run = kafka_load.run(app, load.tensors(x), times, slo_ms)
     else:
         run = run_gateway(pipe.url, app, load.json_bodies(x, slo_ms), times)
-    cpu = cpu_delta(c0, cpu_snapshot(procs))
+    cpu = jit_apart(cpu_delta(c0, cpu_snapshot(procs)), j0, jit_cpu_s(broker) if broker else None)
     s = run.summary(slo_ms, warmup_s)
     n = max(1, len(times))
     s["rate"] = rate

@@ -43,7 +43,7 @@ from bench import load, trips
 from bench.baselines import ACCEL_MODEL, MAX_BATCH, MAX_WAIT_S, SETTINGS, MLServer, RayServe, Server
 from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_app_file, write_json
 from bench.load_http import run_gateway
-from bench.machine import cpu_delta, cpu_snapshot, jit_cpu_s, machine_info
+from bench.machine import cpu_delta, cpu_snapshot, jit_apart, jit_cpu_s, machine_info
 
 APP = "accel"
 SLO_MS = 50.0
@@ -86,11 +86,7 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     run = run_gateway(t.url, app, bodies, times, path=t.path)
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     k1, w1 = trips.snapshot(procs, t.broker_port)
-    j1 = jit_cpu_s(broker) if broker else None
-    if j0 is not None and j1 is not None and "kafka" in cpu:
-        # a fresh broker compiles for minutes: its JIT's share is shown apart, still in the total
-        cpu["kafka (JIT)"] = round(j1 - j0, 3)
-        cpu["kafka"] = round(cpu["kafka"] - cpu["kafka (JIT)"], 3)
+    cpu = jit_apart(cpu, j0, jit_cpu_s(broker) if broker else None)
     s = run.summary(slo_ms, warmup_s)
     n = max(1, len(times))
     per = {k: round(v * 1e6 / n, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}

@@ -91,6 +91,16 @@ def test_warm_up_is_bounded_and_skipped_without_proc(monkeypatch: pytest.MonkeyP
     assert machine.warm_until_jit_quiet(None, steps.append, said.append) == []
 
 
+def test_jit_apart_moves_the_compilers_share_and_keeps_the_total() -> None:
+    from bench.machine import jit_apart
+
+    cpu = {"kafka": 2.5, "selector": 1.0}
+    out = jit_apart(cpu, 10.0, 10.75)
+    assert out == {"kafka": 1.75, "kafka (JIT)": 0.75, "selector": 1.0}
+    assert sum(out.values()) == pytest.approx(sum(cpu.values())) and cpu["kafka"] == 2.5  # input untouched
+    assert jit_apart(cpu, None, 10.75) == cpu and jit_apart({"selector": 1.0}, 1.0, 2.0) == {"selector": 1.0}
+
+
 def test_jit_cpu_counts_the_compiler_threads_own_time_not_the_process(tmp_path: Path) -> None:
     # /proc/<tid>/stat holds the whole process's counts; only task/<tid>/stat is the thread's
     from bench.machine import CLK_TCK, jit_cpu_s

@@ -8,7 +8,7 @@ The context is never the caller's: the learner takes the one stored with the que
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -17,11 +17,9 @@ from clipstream.clock import now_us
 from frontend.gateway_http import HTTPProblem, parse_json, read_body
 from frontend.gateway_kafka import DeliveryFailed, Overloaded
 from frontend.gateway_models import FeedbackRequest, validation_reason
+from frontend.state import GatewayState
 from registry.labels import label_problem
 from schemas import Feedback
-
-if TYPE_CHECKING:
-    from frontend.gateway import GatewayState
 
 
 async def feedback(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
 from selector.types import Output, Query, State
 
 OK_STATUSES = frozenset({"ok", "cached"})
@@ -157,3 +158,18 @@ class JoinState:
 
     def answered(self, query_id: str) -> bool:
         return query_id in self._answered
+
+
+# a model's failure when it was not asked: its recent trips take longer than the time left
+NOT_ASKED = "not asked: its recent trips take longer than the time left"
+
+
+def why_default(pending: Pending) -> str:
+    """Why a query with no prediction in hand gets the default."""
+    if not pending.expected:
+        return "the policy selected no model"
+    if all(pending.failed.get(m) == NOT_ASKED for m in pending.expected):
+        return NO_TIME_TO_ASK
+    if len(pending.failed) == len(pending.expected):
+        return "every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
+    return NOTHING_ARRIVED

@@ -27,13 +27,12 @@ from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard
 from clipstream.settings import Settings
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
-from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
 from selector.handover import Handover, QueryOffsets
-from selector.join import OK_STATUSES, Asked, JoinState, Pending
+from selector.join import NOT_ASKED, OK_STATUSES, Asked, JoinState, Pending, why_default
 from selector.kafka import Apps, log
 from selector.metrics import SelectorMetrics
 from selector.outputs import response_record, to_output
-from selector.policies import Single, align_state
+from selector.policies import align_state, is_stateless
 from selector.reply_budget import ReplyBudget
 from selector.store import StateStore
 from selector.trips import ModelTrips
@@ -44,42 +43,13 @@ from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
 from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
-# built-in policies whose select and combine never read learned state (``single`` counts
-# feedback only); any policy may say so itself with a ``stateless`` attribute
-STATELESS_POLICIES: tuple[type, ...] = (Single,)
-
 _NOT_LOADED = object()
-
-
-def is_stateless(policy: Any) -> bool:
-    """True when select/combine need no stored state, so dispatch skips Redis for it.
-
-    A policy's own ``stateless`` attribute decides; otherwise only the built-ins listed above
-    are stateless (a user's policy is assumed to need its state)."""
-    flag = getattr(policy, "stateless", None)
-    if flag is not None:
-        return bool(flag)
-    return type(policy) in STATELESS_POLICIES
-
-
-# a model's failure when it was not asked: its recent trips take longer than the time left
-NOT_ASKED = "not asked: its recent trips take longer than the time left"
-
-
-def why_default(pending: Pending) -> str:
-    """Why a query with no prediction in hand gets the default."""
-    if not pending.expected:
-        return "the policy selected no model"
-    if all(pending.failed.get(m) == NOT_ASKED for m in pending.expected):
-        return NO_TIME_TO_ASK
-    if len(pending.failed) == len(pending.expected):
-        return "every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
-    return NOTHING_ARRIVED
 
 
 # a group's policy states are read from Redis in about a millisecond; the join thread never
 # waits longer than this for them, so a frozen Redis cannot hold back the answers due meanwhile
 STATE_WAIT_S = 0.02
+
 
 class Selector:
     """Dispatch and join for the partitions this member owns."""

@@ -60,4 +60,21 @@ def get_policy(name: str, config: Mapping[str, Any] | None = None, allowed: Iter
     return policy
 
 
-__all__ = ["BUILTIN", "Exp3", "Exp4", "SelectionPolicy", "Single", "align_state", "get_policy", "policy_class"]
+# built-in policies whose select and combine never read learned state (``single`` counts
+# feedback only); any policy may say so itself with a ``stateless`` attribute
+STATELESS_POLICIES: tuple[type, ...] = (Single,)
+
+
+def is_stateless(policy: Any) -> bool:
+    """True when select/combine need no stored state, so dispatch skips Redis for it.
+
+    A policy's own ``stateless`` attribute decides; otherwise only the built-ins listed above
+    are stateless (a user's policy is assumed to need its state)."""
+    flag = getattr(policy, "stateless", None)
+    if flag is not None:
+        return bool(flag)
+    return type(policy) in STATELESS_POLICIES
+
+
+__all__ = ["BUILTIN", "STATELESS_POLICIES", "Exp3", "Exp4", "SelectionPolicy", "Single", "align_state", "get_policy",
+           "is_stateless", "policy_class"]

@@ -240,7 +240,7 @@ def _admission_limit(c: TestClient) -> float:
 
 
 def test_a_late_loop_cuts_the_limit_in_use_once_per_interval():
-    from frontend.gateway import LAG_CUT_EVERY_US, GatewayState
+    from frontend.state import LAG_CUT_EVERY_US, GatewayState
 
     state = GatewayState(GatewaySettings(instance="unit"), Settings(topic_prefix="t."))
     state.cut_for_lag(1_000_000)  # nothing in flight: an idle gateway's hiccup
@@ -260,7 +260,7 @@ def test_a_late_loop_cuts_the_limit_in_use_once_per_interval():
 
 
 def test_the_loop_watcher_parks_while_nothing_is_in_flight_and_ticks_while_something_is():
-    from frontend.gateway import GatewayState
+    from frontend.state import GatewayState
 
     state = GatewayState(GatewaySettings(instance="unit"), Settings(topic_prefix="t."))
 

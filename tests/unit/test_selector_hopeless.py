@@ -12,8 +12,9 @@ from clipstream.clock import now_us
 from frontend.admission import verdict
 from schemas import ModelRequest, Prediction, Predictions, QueryEvent, Response, Tensor, decode_as, encode
 from schemas.reasons import NO_TIME_TO_ASK
+from selector.join import NOT_ASKED
 from selector.metrics import default_reason
-from selector.service import NOT_ASKED, Selector
+from selector.service import Selector
 from selector.store import StateStore
 from selector.trips import ModelTrips
 from selector.types import Output

@@ -10,7 +10,8 @@ import numpy as np
 
 from schemas import ModelRequest, QueryEvent, Response, Tensor, decode_as, encode
 from selector.policies import Exp3, Single
-from selector.service import Selector, is_stateless
+from selector.policies import is_stateless
+from selector.service import Selector
 from selector.store import StateStore, state_key
 from tests.fakes import FakeMsg as Msg
 from topics.catalogue import Catalogue

@@ -1,0 +1,158 @@
+"""What the gateway's routes share: the registry and bus they talk to, the admission limit and
+the loop-lag watcher that feeds it, and each app's outputs and input as the registry says.
+
+Kept apart from the routes (``frontend.gateway``) so that the admission's state is read, and
+tested, without an HTTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from clipstream.clock import now_us
+from clipstream.settings import Settings
+from frontend.admission import AdmissionLimit, verdict
+from frontend.gateway_http import HTTPProblem
+from frontend.metrics import GatewayMetrics
+from frontend.settings import GatewaySettings
+from registry.spec import TensorSpec
+from registry.topic import AppConfig, RegistryView
+from schemas import Feedback, QueryEvent, Response
+
+LAG_CUT_EVERY_US = 50_000  # the gateway's late loop cuts its admission limit at most this often
+
+
+class Registry(Protocol):
+    def view(self) -> RegistryView: ...
+    def wait_ready(self, timeout_s: float = 30.0) -> RegistryView: ...
+
+
+class Bus(Protocol):
+    """What the routes need from Kafka (``KafkaBus``; a fake in unit tests)."""
+
+    on_late: Callable[[list[int]], None]  # replies nobody waited for: how late each came, in µs
+    on_delivery_error: Callable[[], None]
+
+    def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future[Response]: ...
+    def forget(self, query_id: str) -> None: ...
+    async def publish_feedback(self, record: Feedback, key: bytes, timeout_s: float) -> None: ...
+    def kafka_ok(self, timeout_s: float = 2.0) -> bool: ...
+
+    @property
+    def reply_topic(self) -> str: ...
+
+
+class GatewayState:
+    """What the routes share: settings, registry, bus, metrics, the in-flight count."""
+
+    def __init__(self, gw: GatewaySettings, settings: Settings) -> None:
+        self.gw, self.settings = gw, settings
+        self.registry: Registry | None = None
+        self.bus: Bus | None = None
+        self.redis_ping: Callable[[], Awaitable[bool]] | None = None
+        # whether the selector still holds a query's predictions (None: cannot tell now)
+        self.stored: Callable[[str], Awaitable[bool | None]] | None = None
+        self.inflight = 0
+        ceiling = gw.max_inflight
+        self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
+        self.loop_lag_ms = 0.0
+        self.loop_late = False
+        self.lag_ticks = 0  # the watcher's ticks so far (none while it is parked)
+        self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
+        self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit)
+
+    async def watch_loop_lag(self, every_s: float = 0.005) -> None:
+        """How late the event loop wakes up: a late loop means callers already wait in line.
+
+        Past a few milliseconds every timer (and so every deadline) fires late, so new work is
+        refused with 503 until the loop catches up: a quick 'no' beats an answer after the SLO.
+        While no prediction is in flight it parks: nobody waits on the loop then, and a timer
+        every few milliseconds would cost a wake-up each, most of an idle gateway's CPU
+        (docs/design/0045). The first prediction let in wakes it.
+        """
+        loop = asyncio.get_running_loop()
+        late_in_a_row = 0
+        while True:
+            if self.inflight == 0:
+                self._busy.clear()
+                self.loop_lag_ms, self.loop_late, late_in_a_row = 0.0, False, 0
+                await self._busy.wait()
+            t0 = loop.time()
+            await asyncio.sleep(every_s)
+            self.lag_ticks += 1
+            self.loop_lag_ms = (loop.time() - t0 - every_s) * 1000.0
+            # one late wake-up is a hiccup (a GC, an import); three in a row is a queue
+            late_in_a_row = late_in_a_row + 1 if self.loop_lag_ms > self.gw.max_loop_lag_ms else 0
+            if late_in_a_row >= 2:  # late again: not one pause but work waiting for the CPU
+                self.cut_for_lag(now_us())
+            self.loop_late = late_in_a_row >= 3
+
+    def hold(self) -> int:
+        """Take an admission slot; how many were in flight before (wakes a parked watcher)."""
+        before = self.inflight
+        self.inflight += 1
+        if before == 0:
+            self._busy.set()
+        return before
+
+    def cut_for_lag(self, now: int) -> None:
+        """A late loop is a process queueing for the CPU: let fewer predictions in.
+
+        The answers' latency, which teaches the limit otherwise, is timed from when the server
+        began reading a request; on a saturated machine the wait before that (the socket, the
+        caller's own process) grows first, unseen. So a loop late on two wake-ups in a row
+        also cuts the limit, at most once per LAG_CUT_EVERY_US (about a round trip at a usual
+        SLO, as TCP cuts once per window), and only while the limit is in use. One late wake-up
+        is one pause (a GC, an import), which says nothing about how much the gateway lets in.
+        """
+        if self.gw.adaptive_admission and 2 * self.inflight >= self.limit:
+            self.admission.cut(now, now - LAG_CUT_EVERY_US)
+
+    @property
+    def limit(self) -> int:
+        """Predictions admitted at once: learnt (``frontend.admission``) unless switched off."""
+        return int(self.admission.limit) if self.gw.adaptive_admission else self.gw.max_inflight
+
+    def observe(self, answer: dict[str, Any], timed_out: bool, admitted_us: int, inflight: int,
+                slo_ms: float) -> None:
+        """Teach the admission limit whether the pipeline kept up with this answer (admitted at
+        ``admitted_us`` with ``inflight`` others in flight): ``frontend.admission.verdict``."""
+        said = verdict(answer, timed_out, slo_ms, self.gw.admission_slow_fraction)
+        if said == "late":
+            self.admission.late(now_us(), admitted_us)
+        elif said == "slow":
+            self.admission.slow(now_us(), admitted_us)
+        elif said == "on_time":
+            self.admission.on_time(inflight, admitted_us)
+
+    def app_config(self, name: str) -> AppConfig:
+        view = self.registry.view() if self.registry is not None else RegistryView()
+        cfg = view.apps.get(name)
+        if cfg is None:
+            raise HTTPProblem(404, f"unknown app {name!r}")
+        return cfg
+
+    def outputs(self, cfg: AppConfig) -> tuple[str, tuple[Any, ...] | None]:
+        """What the app's models answer, as the selector reads it: regression if any model is,
+        else the first class-scores model's labels, else plain labels."""
+        view = self.registry.view() if self.registry is not None else RegistryView()
+        specs = [view.models[m].spec for m in cfg.models if m in view.models and view.models[m].spec is not None]
+        if any(s.output.kind == "regression" for s in specs):
+            return "regression", None
+        for s in specs:
+            if s.output.kind == "class_scores":
+                return "class_scores", s.output.labels
+        return "label", None
+
+    def input_spec(self, cfg: AppConfig) -> TensorSpec | None:
+        """The app's first linked model's declared input (None: nothing to check against)."""
+        if not cfg.models or self.registry is None:
+            return None
+        model = self.registry.view().models.get(cfg.models[0])
+        return model.spec.input if model is not None and model.spec is not None else None
+
+    def overloaded(self, why: str) -> HTTPProblem:
+        self.metrics.rejected.inc()
+        return HTTPProblem(503, why, {"Retry-After": str(self.gw.retry_after_s)})

@@ -101,8 +101,10 @@ def test_two_replicas_both_work_each_with_its_own_aimd(run_batcher: Any, wire: A
     b = run_batcher(model, "--version", "1", "--replicas", "2", "--no-cache", "--batch-delay-ms", "1",
                     "--latency-objective-ms", "20")
     n = 150
+    # deadlines past the take's own timeout: a slow start must not expire requests, which are
+    # then never batched (what this test checks is each replica's AIMD, not the deadlines)
     for i in range(n):
-        w.request(f"q{i}", np.array([float(i)], np.float32))
+        w.request(f"q{i}", np.array([float(i)], np.float32), deadline_us=now_us() + 120_000_000)
     sizes: dict[int, list[int]] = {0: [], 1: []}
 
     def worker(batch: Batch, msg: Any) -> None:

@@ -37,8 +37,8 @@ from typing import Any
 
 import yaml
 
-from bench.machine import (cmdline, cpu_delta, cpu_snapshot, descendants, jit_apart, jit_cpu_s, label_of,
-                           warm_until_jit_quiet)
+from bench.machine import (broker_jit_s, broker_pid, cmdline, cpu_delta, cpu_snapshot, descendants, jit_apart,
+                           label_of, warm_until_jit_quiet)
 
 OUT = Path("out/bench")
 
@@ -257,13 +257,12 @@ def load_step(pipe: Pipeline, app: str, rate: float, slo_ms: float, duration_s: 
     times = load.arrival_times(rate, cv, duration_s, seed)
     x = load.unique_inputs(len(times), seed=seed * 7919 + int(rate)) if inputs is None else inputs
     procs = pipe.processes()
-    broker = next((pid for pid, name in procs.items() if name == "kafka"), None)
-    c0, j0 = cpu_snapshot(procs), jit_cpu_s(broker) if broker else None
+    c0, j0 = cpu_snapshot(procs), broker_jit_s(procs)
     if mode == "kafka":
         run = kafka_load.run(app, load.tensors(x), times, slo_ms)
     else:
         run = run_gateway(pipe.url, app, load.json_bodies(x, slo_ms), times)
-    cpu = jit_apart(cpu_delta(c0, cpu_snapshot(procs)), j0, jit_cpu_s(broker) if broker else None)
+    cpu = jit_apart(cpu_delta(c0, cpu_snapshot(procs)), j0, broker_jit_s(procs))
     s = run.summary(slo_ms, warmup_s)
     n = max(1, len(times))
     s["rate"] = rate
@@ -289,7 +288,7 @@ def warm_up(pipe: Pipeline, app: str, *, mode: str = "kafka", kafka_load: Any = 
     load_step(pipe, app, rate, 50.0, seconds, mode=mode, kafka_load=kafka_load, inputs=inputs,
               seed=7, label=f"warm-up {app} (not reported) ").pop("_run")
     # then on, 10 s at a time, while the broker is still compiling
-    broker = next((pid for pid, name in pipe.processes().items() if name == "kafka"), None)
+    broker = broker_pid(pipe.processes())
     warm_until_jit_quiet(broker, lambda i: load_step(
         pipe, app, rate, 50.0, 10.0, mode=mode, kafka_load=kafka_load, inputs=inputs, seed=8 + i,
         label=f"warm-up {app}, extra {i + 1} (not reported) ").pop("_run"), say)

@@ -43,7 +43,7 @@ from bench import load, trips
 from bench.baselines import ACCEL_MODEL, MAX_BATCH, MAX_WAIT_S, SETTINGS, MLServer, RayServe, Server
 from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_app_file, write_json
 from bench.load_http import run_gateway
-from bench.machine import cpu_delta, cpu_snapshot, jit_apart, jit_cpu_s, machine_info
+from bench.machine import broker_jit_s, cpu_delta, cpu_snapshot, jit_apart, machine_info
 
 APP = "accel"
 SLO_MS = 50.0
@@ -80,13 +80,12 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     x = load.unique_inputs(len(times), seed=seed * 7919 + int(rate)) if inputs is None else inputs
     bodies = t.bodies(x)
     procs = t.processes()
-    broker = next((pid for pid, name in procs.items() if name == "kafka"), None)
-    c0, j0 = cpu_snapshot(procs), jit_cpu_s(broker) if broker else None
+    c0, j0 = cpu_snapshot(procs), broker_jit_s(procs)
     k0, w0 = trips.snapshot(procs, t.broker_port)
     run = run_gateway(t.url, app, bodies, times, path=t.path)
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     k1, w1 = trips.snapshot(procs, t.broker_port)
-    cpu = jit_apart(cpu, j0, jit_cpu_s(broker) if broker else None)
+    cpu = jit_apart(cpu, j0, broker_jit_s(procs))
     s = run.summary(slo_ms, warmup_s)
     n = max(1, len(times))
     per = {k: round(v * 1e6 / n, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}

@@ -200,6 +200,17 @@ def jit_cpu_s(pid: int, proc: Path = Path("/proc")) -> float | None:
 JIT_QUIET_CORES = 0.1  # the broker's compiler threads' share of a core below which it counts as warm
 
 
+def broker_pid(procs: Mapping[int, str], label: str = "kafka") -> int | None:
+    """The broker's pid among labelled processes (None: no broker among them)."""
+    return next((pid for pid, name in procs.items() if name == label), None)
+
+
+def broker_jit_s(procs: Mapping[int, str]) -> float | None:
+    """CPU seconds the broker's JIT compilers have used so far (None: no broker, or no /proc)."""
+    pid = broker_pid(procs)
+    return jit_cpu_s(pid) if pid is not None else None
+
+
 def jit_apart(cpu: Mapping[str, float], jit_before: float | None, jit_after: float | None,
               label: str = "kafka") -> dict[str, float]:
     """``cpu`` (seconds by process) with the broker's JIT compilers' share moved from ``label`` to

@@ -101,6 +101,15 @@ def test_jit_apart_moves_the_compilers_share_and_keeps_the_total() -> None:
     assert jit_apart(cpu, None, 10.75) == cpu and jit_apart({"selector": 1.0}, 1.0, 2.0) == {"selector": 1.0}
 
 
+def test_broker_jit_is_read_from_the_process_labelled_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.machine as machine
+
+    monkeypatch.setattr(machine, "jit_cpu_s", lambda pid: {7: 1.5}.get(pid))
+    assert machine.broker_pid({3: "selector", 7: "kafka"}) == 7
+    assert machine.broker_jit_s({3: "selector", 7: "kafka"}) == 1.5
+    assert machine.broker_jit_s({3: "selector"}) is None
+
+
 def test_jit_cpu_counts_the_compiler_threads_own_time_not_the_process(tmp_path: Path) -> None:
     # /proc/<tid>/stat holds the whole process's counts; only task/<tid>/stat is the thread's
     from bench.machine import CLK_TCK, jit_cpu_s

@@ -50,10 +50,12 @@ class Query:
     reason: str = ""  # a default's reason, or what refused it
     missing: int = 0  # models missing from a real answer
     yielded: int = 0  # Kafka: how often ResponseReader yielded its id
+    served_ms: float | None = None  # REST: the gateway's own latency for it (its ``latency_ms``)
 
-    def set(self, outcome: str, reason: str = "", missing: int = 0) -> None:
+    def set(self, outcome: str, reason: str = "", missing: int = 0, served_ms: float | None = None) -> None:
         if not self.outcome:  # the first outcome is the caller's; a later one is not its answer
             self.outcome, self.reason, self.missing, self.done = outcome, reason, missing, time.time()
+            self.served_ms = served_ms
 
     def good(self, late_s: float, complete: bool = False) -> bool:
         """A real answer in time (and with every model, for ``complete``)."""
@@ -96,7 +98,23 @@ def ledger(queries: Iterable[Query], fault_at: float, window_s: float = 1.0, lat
         "gap_complete_s": gap_s(qs, fault_at, window_s, late_s, complete=True),
         "last_not_real_s": round(max(bad_after), 3) if bad_after else None,
         "good_by_second": timeline(qs, fault_at, late_s),
+        "late_ms": late_where(qs, late_s),
     }
+
+
+def late_where(queries: Iterable[Query], late_s: float = 0.5) -> dict[str, float] | None:
+    """Where the late real answers' time went: the median time from send to the caller, and,
+    on REST, the median the gateway took, from the request's arrival to its answer. A gateway
+    figure within the SLO beside a long wait at the caller puts the delay before the gateway's
+    handler (the connection, the server, or the caller's own loop), not in the pipeline."""
+    late = [q for q in queries if q.outcome == "real" and not q.good(late_s)]
+    if not late:
+        return None
+    out = {"caller_p50": round(1000 * float(np.median([q.done - q.sent for q in late])), 1)}
+    served = [q.served_ms for q in late if q.served_ms is not None]
+    if served:
+        out["gateway_p50"] = round(float(np.median(served)), 1)
+    return out
 
 
 def timeline(queries: Iterable[Query], fault_at: float, late_s: float = 0.5) -> str:
@@ -126,6 +144,10 @@ def table(name: str, paths: dict[str, dict[str, Any]]) -> str:
         lines.append(f"  {path}: defaults {row['default_reasons'] or '{}'}; refused {row['refusal_reasons'] or '{}'}")
     for path, row in paths.items():
         lines.append(f"  {path}: tenths in time by second from the fault: {row['good_by_second'] or '-'}")
+    for path, row in paths.items():
+        if late := row.get("late_ms"):
+            medians = ", ".join(f"{k} {v:,.1f}" for k, v in late.items())
+            lines.append(f"  {path}: late real answers, median ms: {medians}")
     return "\n".join(lines)
 
 
@@ -227,7 +249,7 @@ class Load:
         if answer.get("default"):
             q.set("default", str(answer.get("default_reason")))
         else:
-            q.set("real", missing=len(answer.get("models", {}).get("missing", [])))
+            q.set("real", missing=len(answer.get("models", {}).get("missing", [])), served_ms=answer.get("latency_ms"))
 
     def _kafka(self) -> None:
         start, i = time.monotonic(), 0

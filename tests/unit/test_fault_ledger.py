@@ -70,3 +70,16 @@ def test_the_timeline_gives_each_second_the_tenths_answered_in_time() -> None:
     assert row["good_by_second"] == "05-9"
     assert timeline(steady(0, 2, took=1.0), FAULT) == "00"  # real, but past the SLO and its slack
     assert timeline(steady(-2, 0), FAULT) == ""
+
+
+def test_late_answers_say_whether_the_gateway_or_the_way_to_it_took_the_time() -> None:
+    on_time = steady(0, 1)
+    late = steady(1, 2, took=1.2)
+    for i, x in enumerate(late):
+        x.served_ms = 250.0 if i % 2 else 290.0  # the gateway answered within the SLO
+    row = ledger(on_time + late, FAULT)
+    assert row["real_late"] == len(late)
+    assert row["late_ms"] == {"caller_p50": 1200.0, "gateway_p50": 270.0}
+    assert ledger(on_time, FAULT)["late_ms"] is None
+    kafka_late = ledger(steady(0, 1, took=0.9), FAULT)["late_ms"]
+    assert kafka_late == {"caller_p50": 900.0}  # no gateway on the Kafka path

@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.figures_cost import (
     cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, cost_wide, crossing, ensemble, ensemble_wide, gpu, hopeless,
+    skip_near_capacity,
 )
 from bench.figures_format import NONE, Result, ge, get, j, met, ms, pts, q, x
 
@@ -264,6 +265,8 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("cost: light load p50; cache-hit round trip", "p50 ≤ 10 ms; hit p50 < 10 ms", "cost", cost_light),
     ("selector's skip of hopeless models vs asking every model, Kafka path, overload (bench.hopeless)", NONE,
      "hopeless", hopeless),
+    ("the same skip near capacity: make demo with more callers, Exp4's error (bench.skip_near_capacity)", NONE,
+     "skip_near_capacity", skip_near_capacity),
     ("cost on a 16-core machine: highest rate through the gateway; vs MLServer (bench.cost --name cost-16core)",
      "≥ 800 q/s; ≥ 2x", "cost-16core", cost_wide),
     ("the 5-model ensemble on a 16-core machine (bench.ensemble --name ensemble-16core)", NONE,

@@ -1,5 +1,6 @@
 """The ``bench.figures`` rows of the per-query cost: ``bench.cost``, ``bench.ensemble``,
-``bench.crossing``, ``bench.hopeless`` and ``bench.gpu``, each on the machine that wrote it.
+``bench.crossing``, ``bench.hopeless``, ``bench.skip_near_capacity`` and ``bench.gpu``, each on
+the machine that wrote it.
 
 They live apart from the other rows because they read the largest reports, with a step per
 rate and a table per process, and say which machine a figure came from.
@@ -117,6 +118,15 @@ def hopeless(r: dict[str, Any]) -> Result:
     return (f"median goodput {q(get(g, 'skip'))} q/s with the skip at {cfg['quantile']:g} vs {q(get(g, 'ask'))} q/s "
             f"asking every model = {x(s.get('skip_vs_ask'))}; {get(s, 'not_asked'):,.0f} models not asked; "
             f"{q(cfg['rate'])} q/s offered, {cfg['rounds']} round(s) each way"), NONE
+
+
+def skip_near_capacity(r: dict[str, Any]) -> Result:
+    s, cfg = get(r, "summary"), get(r, "settings")
+    err, asked = get(s, "median_exp4_error"), get(s, "models_not_asked")
+    variants = ", ".join(f"{name} {e:.3f}" + (f" ({asked.get(name, 0):,.0f} models not asked)" if name != "ask" else "")
+                         for name, e in err.items())
+    return (f"median Exp4 error {variants}; {cfg['concurrency']} callers, {cfg['rounds']} round(s), "
+            f"p50 {j(list(get(s, 'median_p50_ms').values()), ms)} ms"), NONE
 
 
 def crossing(r: dict[str, Any]) -> Result:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import warnings
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,14 @@ from typing import Any
 import numpy as np
 
 from clipstream.demo.dashboard import keep_history, screenshot
-from clipstream.demo.report import cumulative_error, plot, replay_exp3
+from clipstream.demo.report import cumulative_error, plot, replay_exp3, selector_total
 from clipstream.demo.tap import Tap
 from clipstream.demo.train import LABELS, load_digits_split, train_all, write_app_file, write_degraded
 from clipstream.settings import get_settings
+from selector.settings import SelectorSettings
 
 OUT = Path("out/demo")
+TARGETS_LINE = "metrics: targets for Prometheus (file_sd) in "
 
 
 def say(msg: str) -> None:
@@ -54,6 +57,8 @@ def start_up(app_file: Path, state_dir: Path, port: int, timeout_s: float = 300)
             info.update(kv.split("=", 1) for kv in line[len("infra: "):].split())
         if line.startswith("dashboard: "):
             info["dashboard"] = line[len("dashboard: "):]
+        if line.startswith(TARGETS_LINE):
+            info["targets"] = line[len(TARGETS_LINE):]
         if line.startswith("ready: "):
             info["url"] = line[len("ready: "):]
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
@@ -132,6 +137,7 @@ def main() -> None:
     keep_history(dashboard, history)
     try:
         rows = stream(args, info["url"], models, degraded, tap, env)
+        not_asked = selector_total(info.get("targets"), "clipstream_selector_not_asked_total")
         png = screenshot(dashboard, OUT / "dashboard.png")
         say(f"    wrote {png}" if png else "    no chromium installed: no dashboard.png")
     finally:
@@ -143,7 +149,7 @@ def main() -> None:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    write_report(rows, models, degraded, offline, tap, args)
+    write_report(rows, models, degraded, offline, tap, args, not_asked)
 
 
 def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str, tap: Tap,
@@ -175,7 +181,8 @@ def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str,
         with lock:
             rows.append({"i": i, "query_id": r["query_id"], "label": y, "output": r["output"],
                          "ensemble_ok": r["output"] == y, "latency_ms": r["latency_ms"],
-                         "default": r["default"], "missing": r["models"]["missing"]})
+                         "default": r["default"], "default_reason": r.get("default_reason"),
+                         "missing": r["models"]["missing"]})
 
     say(f"3/5 streaming {args.queries} held-out digits through {url} with feedback ...")
     t0 = time.monotonic()
@@ -209,7 +216,7 @@ def _join(rows: list[dict[str, Any]], tap: Tap) -> list[dict[str, Any]]:
 
 
 def write_report(rows: list[dict[str, Any]], models: list[str], degraded: str, offline: dict[str, float],
-                 tap: Tap, args: argparse.Namespace) -> None:
+                 tap: Tap, args: argparse.Namespace, not_asked: float | None) -> None:
     marks = (args.queries // 3, 2 * args.queries // 3)
     exp3 = replay_exp3(models, rows)
     _, status, sizes = tap.snapshot()
@@ -227,6 +234,10 @@ def write_report(rows: list[dict[str, Any]], models: list[str], degraded: str, o
         "latency_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
                        "max": float(lat.max())},
         "defaults": int(sum(r["default"] for r in rows)),
+        "default_reasons": dict(Counter(str(r["default_reason"]) for r in rows if r["default"])),
+        "models_not_asked": not_asked,
+        "concurrency": args.concurrency,
+        "hopeless_quantile": SelectorSettings().hopeless_quantile,
         "prediction_status": status,
         "cache_hit_rate": status.get("cached", 0) / max(1, sum(status.values())),
         "mean_batch_size": float(np.mean(sizes)) if sizes else 0.0,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from frontend.dashboard import read_targets
+from frontend.dashboard.series import parse
 from selector.policies import get_policy
 from selector.types import Feedback, Output, Query
 
@@ -15,6 +18,21 @@ def cumulative_error(correct: list[bool | None]) -> np.ndarray:
     """Running error rate; a missing answer counts as an error (the caller got nothing right)."""
     wrong = np.array([0.0 if c else 1.0 for c in correct])
     return np.cumsum(wrong) / np.arange(1, len(wrong) + 1)
+
+
+def selector_total(targets_file: str | None, sample: str) -> float | None:
+    """A counter summed over every selector member and label, read from their /metrics (the
+    targets `clipstream up` wrote); None when a member cannot be read."""
+    total = 0.0
+    selectors = [t for t in read_targets(targets_file) if t.stage == "selector"]
+    for target in selectors:
+        try:
+            with urllib.request.urlopen(target.url, timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return None
+        total += sum(value for name, _, value in parse(text) if name == sample)
+    return total if selectors else None
 
 
 def replay_exp3(models: list[str], rows: list[dict[str, Any]], seed: int = 0) -> list[bool]:

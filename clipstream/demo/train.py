@@ -18,6 +18,7 @@ import yaml
 LABELS = list(range(10))
 # the demo's models, in the order they are trained; docker-compose.yml runs the same five
 MODELS = ("logreg", "linsvm", "forest", "knn", "mlp")
+SLO_MS = 150.0  # the app's latency objective: the ensemble answers within it, stragglers or not
 ONNX_IR_VERSION = 9  # onnxruntime >= 1.16 reads IR 9
 ONNX_OPSET = {"": 17, "ai.onnx.ml": 3}
 
@@ -151,7 +152,7 @@ def write_degraded(repo: Path, name: str) -> Path:
     )
 
 
-def write_app_file(path: Path, models: list[str], slo_ms: float = 150.0) -> Path:
+def write_app_file(path: Path, models: list[str], slo_ms: float = SLO_MS) -> Path:
     app = {
         "apps": [
             {

@@ -238,3 +238,16 @@ def test_the_hopeless_row_gives_both_medians_and_their_ratio(tmp_path: Path) -> 
     assert row.met == NONE
     assert row.measured == ("median goodput 65.0 q/s with the skip at 0.5 vs 26.5 q/s asking every model = 2.45x; "
                             "5,547 models not asked; 450 q/s offered, 2 round(s) each way")
+
+
+def test_the_skip_near_capacity_row_gives_each_settings_median_error(tmp_path: Path) -> None:
+    _write(tmp_path, "skip_near_capacity", {
+        "settings": {"concurrency": 8, "rounds": 2},
+        "summary": {"median_exp4_error": {"skip 0.5": 0.0712, "skip 0.1": 0.052, "ask": 0.0641},
+                    "models_not_asked": {"skip 0.5": 1234.0, "skip 0.1": 0.0, "ask": 0},
+                    "median_p50_ms": {"skip 0.5": 70.25, "skip 0.1": 68.0, "ask": 71.5}}})
+    row = _row(tmp_path, "the same skip near capacity")
+    assert row.met == NONE
+    assert row.measured == ("median Exp4 error skip 0.5 0.071 (1,234 models not asked), skip 0.1 0.052 (0 models not asked), "
+                            "ask 0.064; "
+                            "8 callers, 2 round(s), p50 70.2 / 68.0 / 71.5 ms")

@@ -68,12 +68,17 @@ def gap_s(queries: Iterable[Query], fault_at: float, window_s: float = 1.0, late
     """Seconds from the fault until real answers resumed on these queries (module docstring);
     None when no window of ``window_s`` after the fault was clean."""
     seen = sorted((q for q in queries if q.sent >= fault_at - q.slo_s), key=lambda q: q.sent)
+    good = [q.good(late_s, complete) for q in seen]
+    end = bad = 0  # the window is seen[i:end]; ``bad`` of them did not get a real answer in time
     for i, first in enumerate(seen):
         if seen[-1].sent < first.sent + window_s:
             return None  # no full window left to judge
-        window = [q for q in seen[i:] if q.sent <= first.sent + window_s]
-        if all(q.good(late_s, complete) for q in window):
-            return 0.0 if i == 0 else round(max(0.0, min(q.done for q in window) - fault_at), 3)
+        while end < len(seen) and seen[end].sent <= first.sent + window_s:
+            bad += not good[end]
+            end += 1
+        if not bad:
+            return 0.0 if i == 0 else round(max(0.0, min(q.done for q in seen[i:end]) - fault_at), 3)
+        bad -= not good[i]  # one pass over the queries: the ledger is read while the load runs
     return None
 
 

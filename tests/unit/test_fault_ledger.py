@@ -83,3 +83,31 @@ def test_late_answers_say_whether_the_gateway_or_the_way_to_it_took_the_time() -
     assert ledger(on_time, FAULT)["late_ms"] is None
     kafka_late = ledger(steady(0, 1, took=0.9), FAULT)["late_ms"]
     assert kafka_late == {"caller_p50": 900.0}  # no gateway on the Kafka path
+
+
+def _gap_by_every_window(queries: list[Query], fault_at: float, window_s: float = 1.0, late_s: float = 0.5,
+                         complete: bool = False) -> float | None:
+    """The gap by its definition: every window built anew from its first query."""
+    seen = sorted((x for x in queries if x.sent >= fault_at - x.slo_s), key=lambda x: x.sent)
+    for i, first in enumerate(seen):
+        if seen[-1].sent < first.sent + window_s:
+            return None
+        window = [x for x in seen[i:] if x.sent <= first.sent + window_s]
+        if all(x.good(late_s, complete) for x in window):
+            return 0.0 if i == 0 else round(max(0.0, min(x.done for x in window) - fault_at), 3)
+    return None
+
+
+def test_the_one_pass_gap_agrees_with_the_definition_on_random_ledgers() -> None:
+    import random
+
+    rng = random.Random(7)
+    for trial in range(300):
+        n, bad_share = rng.randint(0, 120), rng.choice([0.0, 0.02, 0.1, 0.5, 1.0])
+        qs = []
+        for i in range(n):
+            sent = round(rng.uniform(-1.0, 8.0), 3)
+            outcome = "default" if rng.random() < bad_share else "real"
+            qs.append(q(sent, outcome=outcome, took=rng.choice([0.02, 0.1, 0.9]), missing=rng.choice([0, 0, 1])))
+        for complete in (False, True):
+            assert gap_s(qs, FAULT, complete=complete) == _gap_by_every_window(qs, FAULT, complete=complete), trial

@@ -109,9 +109,10 @@ def ledger(queries: Iterable[Query], fault_at: float, window_s: float = 1.0, lat
 
 def late_where(queries: Iterable[Query], late_s: float = 0.5) -> dict[str, float] | None:
     """Where the late real answers' time went: the median time from send to the caller, and,
-    on REST, the median the gateway took, from the request's arrival to its answer. A gateway
-    figure within the SLO beside a long wait at the caller puts the delay before the gateway's
-    handler (the connection, the server, or the caller's own loop), not in the pipeline."""
+    on REST, the median the gateway took, from when it began reading the request to its
+    answer. A gateway figure within the SLO beside a long wait at the caller puts the delay
+    before the gateway's handler (the connection, the server, or the caller's own loop), not
+    in the pipeline."""
     late = [q for q in queries if q.outcome == "real" and not q.good(late_s)]
     if not late:
         return None

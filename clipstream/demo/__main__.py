@@ -250,6 +250,11 @@ def write_report(rows: list[dict[str, Any]], models: list[str], degraded: str, o
     say(json.dumps(report["cumulative_error"], indent=2))
     say(f"latency p50 {report['latency_ms']['p50']:.1f} ms, p99 {report['latency_ms']['p99']:.1f} ms; "
         f"cache hit rate {report['cache_hit_rate']:.0%}; mean batch {report['mean_batch_size']:.1f}")
+    if report["defaults"]:
+        say(f"defaults: {report['default_reasons']}")
+    if report["hopeless_quantile"]:
+        say(f"models the selector did not ask (CLIPSTREAM_SELECTOR_HOPELESS_QUANTILE="
+            f"{report['hopeless_quantile']:g}): {report['models_not_asked'] or 0:,.0f}")
     say(f"wrote {OUT / 'report.json'} and {', '.join(str(p) for p in pngs)}")
 
 

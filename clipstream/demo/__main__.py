@@ -253,8 +253,9 @@ def write_report(rows: list[dict[str, Any]], models: list[str], degraded: str, o
     if report["defaults"]:
         say(f"defaults: {report['default_reasons']}")
     if report["hopeless_quantile"]:
+        n = report["models_not_asked"]
         say(f"models the selector did not ask (CLIPSTREAM_SELECTOR_HOPELESS_QUANTILE="
-            f"{report['hopeless_quantile']:g}): {report['models_not_asked'] or 0:,.0f}")
+            f"{report['hopeless_quantile']:g}): {'unknown (a selector could not be read)' if n is None else f'{n:,.0f}'}")
     say(f"wrote {OUT / 'report.json'} and {', '.join(str(p) for p in pngs)}")
 
 

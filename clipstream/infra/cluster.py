@@ -9,6 +9,7 @@ a state dir that once ran another size never mixes data dirs of two quorums.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -87,6 +88,26 @@ def cluster_properties(brokers: int) -> dict[str, str]:
         "unclean.leader.election.enable": "false",  # never elect a replica missing acked records
         **FAILURE_DETECTION,
     }
+
+
+# the quorum controller's line for each new Raft epoch (log4j, Kafka 3.9)
+_EPOCH_LEADER = re.compile(r"In the new epoch (\d+), the leader is (\d+)\.")
+
+
+def quorum_leader(logs: Sequence[Path]) -> int | None:
+    """The node the controller quorum last elected, from the nodes' own logs (the latest epoch
+    any of them saw a leader in); None if none has seen one. Losing that node costs a cluster
+    an election before the fencing of the dead node can even start."""
+    latest: tuple[int, int] | None = None
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        for epoch, leader in _EPOCH_LEADER.findall(text):
+            if latest is None or int(epoch) > latest[0]:
+                latest = (int(epoch), int(leader))
+    return None if latest is None else latest[1]
 
 
 def node_files(state_dir: Path, node_id: int, brokers: int) -> BrokerFiles:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from clipstream.infra import launcher, pid_alive
+from clipstream.infra import cluster, launcher, pid_alive
 from clipstream.testing.faults import PATHS, Load, ledger, observe, ready_count, stage_pid, table
 from clipstream.testing.procs import wait_until
 from selector.settings import SelectorSettings
@@ -231,12 +231,17 @@ def test_broker_killed(pipeline: Pipeline) -> None:
     victim = desc.coordinator.id
     leads = sum(p.leader == victim for p in admin.list_topics(queries, timeout=10).topics[queries].partitions.values())
     del admin  # a librdkafka handle left to the GC would keep calling the dead node
-    node = next(n for n in launcher.status(pipeline.infra_settings).kafka_nodes if n.node_id == victim)
+    nodes = launcher.status(pipeline.infra_settings).kafka_nodes
+    node = next(n for n in nodes if n.node_id == victim)
+    state_dir = launcher.state_dir_of(pipeline.infra_settings)
 
     def inject() -> str:
+        # read at the kill: losing the quorum's leader as well adds an election to the outage
+        controller = cluster.quorum_leader([cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes])
         os.kill(node.pid, signal.SIGKILL)
         return (f"SIGKILL kafka node {node.node_id} (pid {node.pid}), coordinator of group {group}, "
-                f"leader of {leads} of the queries partitions")
+                f"leader of {leads} of the queries partitions, "
+                + ("and the quorum's controller" if controller == victim else f"the controller being node {controller}"))
 
     report = run_fault(pipeline, "broker", inject, bound_s=BROKER_BOUND_S,
                        back=lambda: not pid_alive(node.pid))

@@ -190,3 +190,16 @@ def test_the_record_keeps_node_1_where_one_broker_readers_look(tmp_path: Path) -
     saved = json.loads((tmp_path / launcher.STATE_FILE).read_text())["kafka"]
     assert (saved["pid"], saved["port"], saved["controller_port"]) == (1001, 101, 201)
     assert (tmp_path / "kafka.pid").read_text().strip() == "1001"
+
+
+def test_the_quorum_leader_is_the_one_of_the_latest_epoch_any_node_logged(tmp_path: Path) -> None:
+    line = "[2026-01-01 00:00:0{s},000] INFO [QuorumController id={me}] In the new epoch {e}, the leader is {who}. (x)\n"
+    none = "[2026-01-01 00:00:05,000] INFO [QuorumController id=2] In the new epoch 3, the leader is (none). (x)\n"
+    logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
+    logs[0].write_text(line.format(s=1, me=1, e=1, who=1) + line.format(s=2, me=1, e=2, who=3))
+    logs[1].write_text(line.format(s=1, me=2, e=2, who=3) + none + line.format(s=6, me=2, e=4, who=2))
+    # node 3's log is missing (a node that never started): the others still tell
+    assert cluster.quorum_leader(logs) == 2
+    logs[1].write_text(none)
+    assert cluster.quorum_leader(logs) == 3  # an epoch with no leader yet names none
+    assert cluster.quorum_leader([tmp_path / "absent.log"]) is None

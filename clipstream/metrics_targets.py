@@ -20,6 +20,8 @@ from pathlib import Path
 PORT_ENV = "CLIPSTREAM_METRICS_PORT"
 TARGETS_ENV = "CLIPSTREAM_METRICS_TARGETS"
 FILE_NAME = "prometheus-targets.json"
+# how `up` tells where the file is (the demo reads the path back from this line)
+TARGETS_LINE = "metrics: targets for Prometheus (file_sd) in "
 
 
 def free_port(host: str = "127.0.0.1") -> int:

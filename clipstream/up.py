@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from clipstream.errors import ClipstreamError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
-from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, MetricTargets
+from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
 from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
 from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Stage, Supervisor
 from clipstream.warmup import warm_up
@@ -322,7 +322,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         supervisor.wait_ready(READY_TIMEOUT_S)
         for line in targets.lines():
             click.echo(line)
-        click.echo(f"metrics: targets for Prometheus (file_sd) in {targets.path}")
+        click.echo(f"{TARGETS_LINE}{targets.path}")
         click.echo(f"dashboard: http://{host}:{port}/dashboard")
         supervisor.start_spares()  # the warm-up's traffic absorbs their imports
         warm_up(f"http://{host}:{port}", follower.view(), env, report=lambda m: click.echo(m),

@@ -30,11 +30,11 @@ from clipstream.demo.dashboard import keep_history, screenshot
 from clipstream.demo.report import cumulative_error, plot, replay_exp3, selector_total
 from clipstream.demo.tap import Tap
 from clipstream.demo.train import LABELS, load_digits_split, train_all, write_app_file, write_degraded
+from clipstream.metrics_targets import TARGETS_LINE
 from clipstream.settings import get_settings
 from selector.settings import SelectorSettings
 
 OUT = Path("out/demo")
-TARGETS_LINE = "metrics: targets for Prometheus (file_sd) in "
 
 
 def say(msg: str) -> None:

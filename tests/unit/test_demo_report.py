@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,15 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from clipstream.demo.report import selector_total
+from clipstream.metrics_targets import free_port, stage_kind
 
 NOT_ASKED = "clipstream_selector_not_asked_total"
 Serve = Callable[[dict[str, float]], int]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -32,7 +26,7 @@ def serve() -> Iterator[Serve]:
         counter = Counter("clipstream_selector_not_asked", "x", ["app", "model"], registry=registry)
         for model, n in not_asked.items():
             counter.labels("digits", model).inc(n)
-        port = _port()
+        port = free_port()
         servers.append(start_http_server(port, addr="127.0.0.1", registry=registry))
         return port
 
@@ -43,7 +37,7 @@ def serve() -> Iterator[Serve]:
 
 
 def _targets(path: Path, stages: dict[str, int]) -> str:
-    groups = [{"targets": [f"127.0.0.1:{port}"], "labels": {"stage": stage.split("-")[0], "name": stage}}
+    groups = [{"targets": [f"127.0.0.1:{port}"], "labels": {"stage": stage_kind(stage), "name": stage}}
               for stage, port in stages.items()]
     path.write_text(json.dumps(groups))
     return str(path)
@@ -58,5 +52,5 @@ def test_the_selectors_counts_are_summed_and_other_stages_ignored(tmp_path: Path
 def test_an_unreadable_selector_or_no_targets_give_none(tmp_path: Path, serve: Serve) -> None:
     assert selector_total(None, NOT_ASKED) is None
     assert selector_total(_targets(tmp_path / "none.json", {"batcher": serve({"knn": 1})}), NOT_ASKED) is None
-    gone = _targets(tmp_path / "gone.json", {"selector-1": serve({"knn": 1}), "selector-2": _port()})
+    gone = _targets(tmp_path / "gone.json", {"selector-1": serve({"knn": 1}), "selector-2": free_port()})
     assert selector_total(gone, NOT_ASKED) is None

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ HEALTHY_RUN = 100
 # three fresh brokers on a slow 2-core machine carry each query too slowly for the SLO until
 # their JIT compilers have run, which took about four minutes under this load
 HEALTHY_S = 420.0
+HEALTH_EVERY_S = 20.0  # how often the wait for health says where it stands
 BASELINE_S = 2.0  # of steady load in the ledger before the fault
 SETTLED_S = 3.0  # after the gaps close and the killed stage is back, so a second dip would show
 DRAIN_S = SLO_MS / 1000 + 20.0
@@ -66,9 +68,44 @@ def _heal(pipe: Pipeline) -> None:
         launcher.up(pipe.infra_settings, progress=lambda _: None, timeout_s=CLUSTER_START_S, die_with_parent=True)
 
 
-def _healthy(load: Load) -> bool:
-    return all(len(qs := sorted(load.of(p), key=lambda q: q.sent)) > HEALTHY_RUN and
-               all(q.good(0.5) for q in qs[-HEALTHY_RUN - 5:-5]) for p in PATHS)
+def _recent_good(load: Load) -> dict[str, int]:
+    """Per path, how many of the last ``HEALTHY_RUN`` settled queries were real and on time
+    (the newest five may still be under way); -1 until that many were sent."""
+    counts = {}
+    for p in PATHS:
+        qs = sorted(load.of(p), key=lambda q: q.sent)
+        counts[p] = sum(q.good(0.5) for q in qs[-HEALTHY_RUN - 5:-5]) if len(qs) > HEALTHY_RUN else -1
+    return counts
+
+
+def _wait_healthy(load: Load, name: str) -> float:
+    """Wait for ``HEALTHY_RUN`` good queries in a row on each path; say how it goes every
+    ``HEALTH_EVERY_S`` (a cold start takes minutes); the seconds it took."""
+    start = last = time.monotonic()
+
+    def healthy() -> bool:
+        nonlocal last
+        counts = _recent_good(load)
+        if all(n == HEALTHY_RUN for n in counts.values()):
+            return True
+        if time.monotonic() - last >= HEALTH_EVERY_S:
+            last = time.monotonic()
+            print(f"  {name}: waiting for health, {last - start:.0f} s: of the last {HEALTHY_RUN} on each path, "
+                  + ", ".join(f"{p} {n} in time" for p, n in counts.items()), flush=True)
+        return False
+
+    try:
+        wait_until(healthy, HEALTHY_S, "real answers on both paths before the fault")
+    except AssertionError:  # what the last queries got says which part stayed behind
+        for p in PATHS:
+            tail = sorted(load.of(p), key=lambda q: q.sent)[-HEALTHY_RUN - 5:-5]
+            said = Counter(f"{q.outcome} in time" if q.good(0.5) else f"{q.outcome or 'none'} ({q.reason or 'late'})"
+                           for q in tail)
+            print(f"  {name}: the last {len(tail)} on {p} before giving up: {dict(said)}", flush=True)
+        raise
+    took = time.monotonic() - start
+    print(f"  {name}: healthy after {took:.0f} s", flush=True)
+    return took
 
 
 def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: float,
@@ -82,7 +119,7 @@ def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: 
     load = Load(pipe.url, pipe.app, pipe.settings, RATE_QPS, SLO_MS).start()
     restored = False
     try:
-        wait_until(lambda: _healthy(load), HEALTHY_S, "real answers on both paths before the fault")
+        healthy_after_s = _wait_healthy(load, name)
         since = time.time()  # the ledger counts the queries sent from here on
         observe(lambda: False, BASELINE_S)
         fault_at = time.time()
@@ -106,7 +143,7 @@ def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: 
         load.stop(DRAIN_S)
     paths = {p: ledger([q for q in load.of(p) if q.sent >= since], fault_at) for p in PATHS}
     report = {"fault": name, "injected": what, "fault_at_epoch_s": round(fault_at, 3), "bound_s": bound_s, "rate_qps_each_path": RATE_QPS,
-              "slo_ms": SLO_MS, "second_responses_dropped_by_reader": load.raw_duplicates,
+              "slo_ms": SLO_MS, "healthy_after_s": round(healthy_after_s, 1), "second_responses_dropped_by_reader": load.raw_duplicates,
               "command": COMMAND, "paths": paths}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(report, indent=1))

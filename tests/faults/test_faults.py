@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from clipstream.infra import cluster, launcher, pid_alive
-from clipstream.testing.faults import PATHS, Load, ledger, observe, ready_count, stage_pid, table
+from clipstream.testing.faults import PATHS, Load, Query, ledger, observe, ready_count, stage_pid, table
 from clipstream.testing.procs import wait_until
 from selector.settings import SelectorSettings
 from tests.faults.conftest import CLUSTER_START_S, MODELS, ROOT, SLO_MS, Pipeline
@@ -78,6 +78,12 @@ def _recent_good(load: Load) -> dict[str, int]:
     return counts
 
 
+def _outcome(q: Query) -> str:
+    if not q.outcome:
+        return "no answer yet"
+    return f"{q.outcome} in time" if q.good(0.5) else f"{q.outcome} ({q.reason or 'late'})"
+
+
 def _wait_healthy(load: Load, name: str) -> float:
     """Wait for ``HEALTHY_RUN`` good queries in a row on each path; say how it goes every
     ``HEALTH_EVERY_S`` (a cold start takes minutes); the seconds it took."""
@@ -99,8 +105,7 @@ def _wait_healthy(load: Load, name: str) -> float:
     except AssertionError:  # what the last queries got says which part stayed behind
         for p in PATHS:
             tail = sorted(load.of(p), key=lambda q: q.sent)[-HEALTHY_RUN - 5:-5]
-            said = Counter(f"{q.outcome} in time" if q.good(0.5) else f"{q.outcome or 'none'} ({q.reason or 'late'})"
-                           for q in tail)
+            said = Counter(_outcome(q) for q in tail)
             print(f"  {name}: the last {len(tail)} on {p} before giving up: {dict(said)}", flush=True)
         raise
     took = time.monotonic() - start

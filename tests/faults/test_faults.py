@@ -68,14 +68,17 @@ def _heal(pipe: Pipeline) -> None:
         launcher.up(pipe.infra_settings, progress=lambda _: None, timeout_s=CLUSTER_START_S, die_with_parent=True)
 
 
+def _settled_tail(load: Load, path: str) -> list[Query] | None:
+    """The last ``HEALTHY_RUN`` queries on ``path`` but the newest five (still under way);
+    None until that many were sent."""
+    qs = sorted(load.of(path), key=lambda q: q.sent)
+    return qs[-HEALTHY_RUN - 5:-5] if len(qs) > HEALTHY_RUN else None
+
+
 def _recent_good(load: Load) -> dict[str, int]:
-    """Per path, how many of the last ``HEALTHY_RUN`` settled queries were real and on time
-    (the newest five may still be under way); -1 until that many were sent."""
-    counts = {}
-    for p in PATHS:
-        qs = sorted(load.of(p), key=lambda q: q.sent)
-        counts[p] = sum(q.good(0.5) for q in qs[-HEALTHY_RUN - 5:-5]) if len(qs) > HEALTHY_RUN else -1
-    return counts
+    """Per path, how many of its settled tail were real and on time; -1 while it has none."""
+    return {p: -1 if (tail := _settled_tail(load, p)) is None else sum(q.good(0.5) for q in tail)
+            for p in PATHS}
 
 
 def _outcome(q: Query) -> str:
@@ -104,7 +107,7 @@ def _wait_healthy(load: Load, name: str) -> float:
         wait_until(healthy, HEALTHY_S, "real answers on both paths before the fault")
     except AssertionError:  # what the last queries got says which part stayed behind
         for p in PATHS:
-            tail = sorted(load.of(p), key=lambda q: q.sent)[-HEALTHY_RUN - 5:-5]
+            tail = _settled_tail(load, p) or []
             said = Counter(_outcome(q) for q in tail)
             print(f"  {name}: the last {len(tail)} on {p} before giving up: {dict(said)}", flush=True)
         raise

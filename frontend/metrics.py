@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from topics.metrics import LATENCY_BUCKETS, Family, expose, render
 
 
-# a late reply's lateness: the selector's reply budget (3-10 ms) and the gateway's margin (5 ms)
+# a late reply's lateness: the selector's reply budget (3-40 ms) and the gateway's margin (5 ms)
 # below, a backlog's seconds above
 LATE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 

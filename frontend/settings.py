@@ -47,8 +47,8 @@ class GatewaySettings(BaseSettings):
     # an answer in time with every model's prediction but slower than this share of the SLO
     # counts towards a cut (queueing); a straggler cutoff's answer never does (docs/design/0015)
     admission_slow_fraction: float = Field(0.6, gt=0)
-    # how long past the deadline a reply may still be taken: the selector answers 3-10 ms before
-    # it (its reply budget), so this only covers a reply hop that runs long (docs/design/0006)
+    # how long past the deadline a reply may still be taken: the selector answers 3-40 ms before
+    # it (its reply budget), so this only covers a reply hop that runs long (docs/design/0006, 0068)
     reply_margin_ms: float = Field(5.0, ge=0)
     # two wake-ups in a row this much later than asked cut the admission limit (while it is in
     # use); three in a row refuse new predictions (503) until the loop catches up. Kept small, so the gateway

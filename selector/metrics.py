@@ -88,7 +88,8 @@ class SelectorMetrics:
         tells a reply trip longer than the budget (replies a few milliseconds late) from a
         backlog (replies hundreds of milliseconds late)."""
         g = Gauge("clipstream_selector_reply_budget_seconds",
-                  "How long before a query's deadline the straggler cutoff fires now.", registry=self.registry)
+                  "How long before a query's deadline the straggler cutoff fires now "
+                  "(a query gets at most its share of its SLO).", registry=self.registry)
         g.set_function(lambda: budget_us() / 1e6)
 
     def _children(self, app: str) -> tuple[Any, Any, Any, Any]:

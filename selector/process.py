@@ -106,7 +106,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             jc = Consumer({**join_consumer_config(settings, ss), **LAG.config(ss.group)})
             consumers.append(jc)
             budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
-                                 ss.reply_budget_quantile)
+                                 ss.reply_budget_quantile, max_share=ss.reply_budget_max_share)
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
                            budget, reply_producer, guard=guard, save=saver.put if saver else None,
                            answered_window_s=ss.answered_window_s, state_fresh_s=ss.state_fresh_ms / 1000.0,

@@ -5,12 +5,17 @@ the broker to the caller's consumer), so it reaches the caller after the SLO by 
 fixed margin is wrong both ways: on a quiet machine the trip takes a millisecond and a large
 margin cuts off predictions that would have counted; on a busy one (every Kafka hop waits for
 CPU behind the fan-out of newer queries) the trip's tail is several times longer and the answer
-lands late. So the budget follows the trip as measured: the broker acknowledges every Response,
-and the time from produce to that acknowledgement (there and back, to the broker) stands in for
-the trip to the caller (there, and a fetch back). An answer made by the cutoff timer also counts
-how late the selector's loop served the timer: on a busy machine the loop gets the CPU late,
-and the caller waits for that as much as for the trip. The budget is a high quantile of the
-recent trips, kept between a floor and a cap; no Kafka here, the selector feeds it.
+lands late. So the budget follows the trip as measured, from two sides:
+
+- the broker acknowledges every Response; the time from produce to that acknowledgement, plus
+  how late the selector's loop served the cutoff timer, is the selector's half of the trip;
+- every query crossed the same broker the other way, from the caller's producer to the
+  selector's loop; that crossing also holds what the acknowledgement never sees: a fetch
+  back and a consumer waiting for the CPU to wake up and read it.
+
+The budget is a high quantile of either, whichever is longer, kept between a floor and a cap,
+and for each query at most a share of its SLO (a budget that ate the SLO would leave the
+models no time). No Kafka here: the selector feeds it.
 """
 
 from __future__ import annotations
@@ -19,14 +24,18 @@ from selector.trips import RecentQuantile
 
 
 class ReplyBudget:
-    """A high quantile of recent reply trips, clamped to ``[floor_us, cap_us]``.
-    ``cap_us <= floor_us`` fixes the budget at ``floor_us``."""
+    """A high quantile of recent reply trips and query crossings, clamped to ``[floor_us,
+    cap_us]``, and per query to ``max_share`` of its SLO. ``cap_us <= floor_us`` fixes the
+    budget at ``floor_us``."""
 
     def __init__(self, floor_us: int, cap_us: int, quantile: float = 0.95, window: int = 256,
-                 every: int = 16) -> None:
+                 every: int = 16, max_share: float = 1.0) -> None:
+        if not 0.0 < max_share <= 1.0:
+            raise ValueError(f"max_share must be in (0, 1], got {max_share}")
         self._trips = RecentQuantile(quantile, window, every)
+        self._crossings = RecentQuantile(quantile, window, every)
         self.floor_us, self.cap_us = int(floor_us), max(int(floor_us), int(cap_us))
-        self.quantile = quantile
+        self.quantile, self.max_share = quantile, max_share
         self._us = self.floor_us
 
     @property
@@ -38,10 +47,26 @@ class ReplyBudget:
         """The budget now, in microseconds."""
         return self._us
 
+    def for_slo(self, slo_us: int) -> int:
+        """The budget for a query of ``slo_us``: at most ``max_share`` of it, never under the floor."""
+        return max(self.floor_us, min(self._us, int(self.max_share * slo_us)))
+
     def observe(self, trip_us: int) -> None:
         """One acknowledged reply took ``trip_us`` from when it was due to the broker's ack. One thread
         observes (the selector's reply-acks thread); ``us`` may be read from any."""
         if not self.adaptive or trip_us < 0:
             return
         self._trips.observe(trip_us)
-        self._us = min(self.cap_us, max(self.floor_us, self._trips.value or 0))
+        self._learn()
+
+    def observe_crossing(self, crossing_us: int) -> None:
+        """One query took ``crossing_us`` from its producer to the selector's loop (the loop's
+        thread observes)."""
+        if not self.adaptive or crossing_us < 0:
+            return
+        self._crossings.observe(crossing_us)
+        self._learn()
+
+    def _learn(self) -> None:
+        learnt = max(self._trips.value or 0, self._crossings.value or 0)
+        self._us = min(self.cap_us, max(self.floor_us, learnt))

@@ -138,7 +138,7 @@ class Selector:
         # the join's cutoff leaves the reply its budget; a query with no prediction by then
         # waits to the budget's floor (its last resort) rather than take the default at once.
         # The models' deadline is that last resort: a prediction later than it is never used.
-        cutoff_us = ev.deadline_us - self.reply_budget.us
+        cutoff_us = ev.deadline_us - self.reply_budget.for_slo(ev.deadline_us - ev.created_us)
         last_resort_us = ev.deadline_us - self.reply_budget.floor_us
         self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us if chosen else None, asked=asked)
         if not chosen or ev.deadline_us <= now:
@@ -299,6 +299,8 @@ class Selector:
                 continue
             try:
                 ev = events[i] = decode_as(QueryEvent, m.value())
+                if "produced" in ev.trace:  # the caller's half of the reply's trip, the other way
+                    self.reply_budget.observe_crossing(received_us - ev.trace["produced"])
                 _, policy, _ = self.apps.get(ev.app)
                 if not is_stateless(policy):
                     pairs.append((ev.app, ev.context or None))

@@ -22,10 +22,13 @@ class SelectorSettings(BaseSettings):
     registry_timeout_s: float = 30.0
     # the straggler cutoff fires this long before the deadline: the reply's Kafka hop back
     # to the gateway must fit in the caller's SLO too. The budget follows the measured trip
-    # (a quantile of the Responses' due-to-ack times, ``selector.reply_budget``) between
-    # this floor and the cap below; a cap at or under the floor fixes it at the floor
+    # (a quantile of the Responses' due-to-ack times and of the queries' crossings to the
+    # selector, ``selector.reply_budget``) between this floor and the cap below, and takes at
+    # most ``reply_budget_max_share`` of a query's SLO; a cap at or under the floor fixes it at
+    # the floor (docs/design/0068)
     reply_budget_ms: float = Field(3.0, ge=0)
-    reply_budget_max_ms: float = Field(10.0, ge=0)
+    reply_budget_max_ms: float = Field(40.0, ge=0)
+    reply_budget_max_share: float = Field(0.2, gt=0, le=1)
     # the budget learns from the answers made at the cutoff alone (most answers complete early,
     # at quiet moments, and say little about the cutoff's trips): the 95th percentile of their
     # trips, from when they were due, keeps all but their slowest twentieth within the SLO

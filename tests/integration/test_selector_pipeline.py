@@ -53,8 +53,8 @@ def test_pipeline_answers_by_the_deadline_without_the_straggler(settings: Settin
             resp, at = client.answer(slow.query_id)
             assert resp.missing == [names[2]] and sorted(resp.answered) == sorted(names[:2])
             assert resp.output == 1 and resp.confidence == pytest.approx(2 / 3)
-            # cut off early by the reply budget: 3 to 10 ms by default, as the replies' trips go
-            assert slow.deadline_us - 12_000 <= at <= slow.deadline_us + 150_000
+            # cut off early by the reply budget: 3 to 40 ms by default, as the replies' trips go
+            assert slow.deadline_us - 42_000 <= at <= slow.deadline_us + 150_000
             for stage in ("produced", "dispatched", "joined"):
                 assert stage in resp.trace
 

@@ -208,8 +208,8 @@ def test_straggler_cutoff_and_feedback_change_the_weights(settings: Settings, re
             assert resp.missing == ["m3"] and sorted(resp.answered) == ["m1", "m2"]
             assert resp.output == 1 and resp.labels == ["0", "1"] and not resp.is_default
             assert resp.confidence == pytest.approx(2 / 3)
-            # answered at the deadline less the reply budget (3 to 10 ms by default)
-            assert ev.deadline_us - 12_000 <= at <= ev.deadline_us + 150_000, "answered at the deadline"
+            # answered at the deadline less the reply budget (3 to 40 ms by default)
+            assert ev.deadline_us - 42_000 <= at <= ev.deadline_us + 150_000, "answered at the deadline"
             assert "joined" in resp.trace and "dispatched" in resp.trace
 
             stragglers.clear()  # everyone answers: no wait for the deadline; m3 disagrees

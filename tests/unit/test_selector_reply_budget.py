@@ -122,3 +122,65 @@ def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too() -> None:
     sel.answer(sel.join.get("q2"))  # complete before its cutoff: it teaches the budget nothing
     replies.options[-1]["on_delivery"](None, SimpleNamespace(latency=lambda: 0.040))
     assert budget.us == taught
+
+
+def test_slow_query_crossings_raise_the_budget_where_the_acknowledgements_are_quick() -> None:
+    """The acknowledgement sees the selector's half of the trip; a query's crossing to the
+    selector also holds a fetch and a consumer waking, the half the caller waits for."""
+    b = ReplyBudget(3_000, 40_000, quantile=0.9, window=100, every=1)
+    for _ in range(100):
+        b.observe(1_000)  # the broker acknowledges every Response within a millisecond
+    assert b.us == 3_000
+    for _ in range(100):
+        b.observe_crossing(20_000)  # but queries take 20 ms to reach the selector
+    assert b.us == 20_000
+    for _ in range(100):
+        b.observe(25_000)  # whichever side is slower sets it
+    assert b.us == 25_000
+    for _ in range(100):
+        b.observe(500)
+        b.observe_crossing(500)
+    assert b.us == 3_000
+    fixed = ReplyBudget(3_000, 0)
+    fixed.observe_crossing(50_000)
+    assert fixed.us == 3_000
+
+
+def test_a_query_gets_at_most_its_share_of_its_slo_and_never_less_than_the_floor() -> None:
+    b = ReplyBudget(3_000, 40_000, quantile=1.0, window=4, every=1, max_share=0.2)
+    b.observe_crossing(30_000)
+    assert b.us == 30_000
+    assert b.for_slo(200_000) == 30_000  # a 200 ms SLO has room for the whole budget
+    assert b.for_slo(50_000) == 10_000  # a 50 ms one gives it a fifth
+    assert b.for_slo(5_000) == 3_000  # the floor is the last resort, whatever the SLO
+    with pytest.raises(ValueError):
+        ReplyBudget(1, 2, max_share=0.0)
+
+
+def test_the_selector_learns_the_crossing_from_each_query_it_reads() -> None:
+    """A poll group's queries stamped ``produced`` 25 ms before the poll returned move the
+    cutoff of the queries after them 25 ms before their deadline; one with no stamp teaches nothing."""
+    from clipstream.clock import now_us
+    from clipstream.settings import get_settings
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
+    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    budget = ReplyBudget(3_000, 40_000, quantile=1.0, window=16, every=1, max_share=0.2)
+    sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=FakeProducer())  # type: ignore[arg-type]
+    sel._model_topics.add("m1")
+    received, slo = now_us(), 10_000_000
+
+    def query(qid: str, **trace: int) -> Msg:
+        ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
+                        created_us=received, deadline_us=received + slo, trace=trace)
+        return Msg(encode(ev), cat.queries.name)
+
+    sel.handle([query("unstamped")], received_us=received)
+    assert budget.us == 3_000
+    sel.handle([query("q0", produced=received - 25_000)], received_us=received)
+    assert budget.us == 25_000
+    sel.handle([query("q1", produced=received - 1_000)], received_us=received)
+    assert sel.join.get("q1").deadline_us == received + slo - 25_000

@@ -167,6 +167,10 @@ class Load:
 
         self.url, self.app, self.rate, self.slo_ms, self.size = url.rstrip("/"), app, rate, slo_ms, size
         self.queries: dict[str, Query] = {}
+        # each path's queries in the order sent (one sender per path): the health check reads
+        # their tail many times a second, and a copy of every query each time would cost more
+        # the longer a slow start lasts, taking the CPU from the load it watches
+        self._sent: dict[str, list[Query]] = {p: [] for p in PATHS}
         self._rng = np.random.default_rng(seed)
         self._stop = threading.Event()
         self._producer = Producer(settings=settings)
@@ -181,7 +185,13 @@ class Load:
         return self._reader.duplicates
 
     def of(self, path: str) -> list[Query]:
-        return [q for q in list(self.queries.values()) if q.path == path]
+        """Every query sent on ``path``, in the order sent."""
+        return list(self._sent[path])
+
+    def tail(self, path: str, n: int) -> tuple[int, list[Query]]:
+        """How many queries were sent on ``path``, and the last ``n`` of them."""
+        sent = self._sent[path]
+        return len(sent), sent[-n:]
 
     def start(self) -> "Load":
         for target in (self._rest, self._kafka, self._read):
@@ -229,6 +239,7 @@ class Load:
             while not self._stop.is_set():
                 q = Query("rest", uuid.uuid4().hex, time.time(), self.slo_ms / 1000)
                 self.queries[q.qid] = q
+                self._sent["rest"].append(q)
                 tasks.append(asyncio.create_task(self._call(http, q, self._input())))
                 i += 1
                 await asyncio.sleep(max(0.0, start + i / self.rate - time.monotonic()))
@@ -262,6 +273,7 @@ class Load:
         while not self._stop.is_set():
             q = Query("kafka", uuid.uuid4().hex, time.time(), self.slo_ms / 1000)
             self.queries[q.qid] = q
+            self._sent["kafka"].append(q)
             self._producer.send_query(self.app, self._input(), slo_ms=self.slo_ms, query_id=q.qid,
                                       on_delivery=self._delivered)
             i += 1

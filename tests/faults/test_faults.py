@@ -71,8 +71,8 @@ def _heal(pipe: Pipeline) -> None:
 def _settled_tail(load: Load, path: str) -> list[Query] | None:
     """The last ``HEALTHY_RUN`` queries on ``path`` but the newest five (still under way);
     None until that many were sent."""
-    qs = sorted(load.of(path), key=lambda q: q.sent)
-    return qs[-HEALTHY_RUN - 5:-5] if len(qs) > HEALTHY_RUN else None
+    sent, qs = load.tail(path, HEALTHY_RUN + 5)
+    return qs[:-5] if sent > HEALTHY_RUN else None
 
 
 def _recent_good(load: Load) -> dict[str, int]:

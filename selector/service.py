@@ -299,7 +299,9 @@ class Selector:
                 continue
             try:
                 ev = events[i] = decode_as(QueryEvent, m.value())
-                if "produced" in ev.trace:  # the caller's half of the reply's trip, the other way
+                # the caller's half of the reply's trip, the other way; a query read past its
+                # deadline (replayed after a member died, or a backlog) says nothing of the trip
+                if "produced" in ev.trace and received_us < ev.deadline_us:
                     self.reply_budget.observe_crossing(received_us - ev.trace["produced"])
                 _, policy, _ = self.apps.get(ev.app)
                 if not is_stateless(policy):

@@ -159,7 +159,8 @@ def test_a_query_gets_at_most_its_share_of_its_slo_and_never_less_than_the_floor
 
 def test_the_selector_learns_the_crossing_from_each_query_it_reads() -> None:
     """A poll group's queries stamped ``produced`` 25 ms before the poll returned move the
-    cutoff of the queries after them 25 ms before their deadline; one with no stamp teaches nothing."""
+    cutoff of the queries after them 25 ms before their deadline; one with no stamp, or read past
+    its deadline, teaches nothing."""
     from clipstream.clock import now_us
     from clipstream.settings import get_settings
 
@@ -180,6 +181,8 @@ def test_the_selector_learns_the_crossing_from_each_query_it_reads() -> None:
 
     sel.handle([query("unstamped")], received_us=received)
     assert budget.us == 3_000
+    sel.handle([query("replayed", produced=received - 30_000_000)], received_us=received + slo)
+    assert budget.us == 3_000  # read at its deadline: a replay, not a trip
     sel.handle([query("q0", produced=received - 25_000)], received_us=received)
     assert budget.us == 25_000
     sel.handle([query("q1", produced=received - 1_000)], received_us=received)

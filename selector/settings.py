@@ -29,10 +29,11 @@ class SelectorSettings(BaseSettings):
     reply_budget_ms: float = Field(3.0, ge=0)
     reply_budget_max_ms: float = Field(40.0, ge=0)
     reply_budget_max_share: float = Field(0.2, gt=0, le=1)
-    # the budget learns from the answers made at the cutoff alone (most answers complete early,
-    # at quiet moments, and say little about the cutoff's trips): the 95th percentile of their
-    # trips, from when they were due, keeps all but their slowest twentieth within the SLO
-    # (docs/design/0006)
+    # of the acknowledgements, the budget learns from the answers made at the cutoff alone (most
+    # answers complete early, at quiet moments, and say little about the cutoff's trips): the
+    # 95th percentile of their trips, from when they were due, keeps all but their slowest
+    # twentieth within the SLO (docs/design/0006). The queries' crossings take the same quantile
+    # (docs/design/0068)
     reply_budget_quantile: float = Field(0.95, gt=0, le=1)
     # above 0, a model is asked only when the time a query has left is at least this quantile of
     # its dispatch-to-prediction trips of the last second (0.5: its typical trip fits). In

@@ -54,19 +54,18 @@ class ReplyBudget:
     def observe(self, trip_us: int) -> None:
         """One acknowledged reply took ``trip_us`` from when it was due to the broker's ack. One thread
         observes (the selector's reply-acks thread); ``us`` may be read from any."""
-        if not self.adaptive or trip_us < 0:
-            return
-        self._trips.observe(trip_us)
-        self._learn()
+        self._observe(self._trips, trip_us)
 
     def observe_crossing(self, crossing_us: int) -> None:
         """One query took ``crossing_us`` from its producer to the selector's loop (the loop's
         thread observes)."""
-        if not self.adaptive or crossing_us < 0:
-            return
-        self._crossings.observe(crossing_us)
-        self._learn()
+        self._observe(self._crossings, crossing_us)
 
-    def _learn(self) -> None:
-        learnt = max(self._trips.value or 0, self._crossings.value or 0)
-        self._us = min(self.cap_us, max(self.floor_us, learnt))
+    def _observe(self, series: RecentQuantile, us: int) -> None:
+        if not self.adaptive or us < 0:
+            return
+        before = series.value
+        series.observe(us)
+        if series.value != before:  # the quantile is recomputed every few observations only
+            learnt = max(self._trips.value or 0, self._crossings.value or 0)
+            self._us = min(self.cap_us, max(self.floor_us, learnt))

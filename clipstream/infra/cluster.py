@@ -25,9 +25,15 @@ HOST = "127.0.0.1"
 # and acks=all writes to them wait, until the controller fences it (no heartbeat for
 # broker.session.timeout.ms, 9 s by default) or its leader drops it as a lagging follower
 # (replica.lag.time.max.ms, 30 s by default): shorter bounds keep that stall to a few seconds.
+# When the dead node was the quorum's controller, the others first notice (no fetch answered
+# for controller.quorum.fetch.timeout.ms) and elect a new one (a split vote retries after the
+# election timeout), and the new controller gives every broker a full session before it fences
+# any: those bounds are halved too (docs/design/0070).
 FAILURE_DETECTION: dict[str, str] = {
     "broker.heartbeat.interval.ms": "500",
-    "broker.session.timeout.ms": "3000",
+    "broker.session.timeout.ms": "2000",
+    "controller.quorum.fetch.timeout.ms": "1000",
+    "controller.quorum.election.timeout.ms": "500",
     "replica.lag.time.max.ms": "10000",
 }
 

@@ -57,6 +57,11 @@ def test_server_properties_of_node_2_of_3(tmp_path: Path) -> None:
     assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == "2"
     assert props["unclean.leader.election.enable"] == "false"
     assert int(props["broker.session.timeout.ms"]) < 9000  # fenced sooner than Kafka's default
+    # a dead controller is noticed, and a split vote retried, sooner than by Kafka's defaults
+    assert int(props["controller.quorum.fetch.timeout.ms"]) < 2000
+    assert int(props["controller.quorum.election.timeout.ms"]) < 1000
+    # four heartbeats missed in a row before a fence: one late beat never fences a live node
+    assert int(props["broker.session.timeout.ms"]) >= 4 * int(props["broker.heartbeat.interval.ms"])
     assert props["auto.create.topics.enable"] == "false"  # the dev defaults still apply
 
 

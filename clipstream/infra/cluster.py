@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from clipstream.infra import kafka as kafka_mod
@@ -114,6 +115,41 @@ def quorum_leader(logs: Sequence[Path]) -> int | None:
             if latest is None or int(epoch) > latest[0]:
                 latest = (int(epoch), int(leader))
     return None if latest is None else latest[1]
+
+
+# log4j's stamp on each line of a node's log, in the node's local time, and the two steps of a
+# node's death that the cluster takes on its own: a new controller, and the dead node fenced
+_STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] INFO \[QuorumController id=\d+\] "
+_ACTIVE = re.compile(_STAMP + r"Becoming the active controller", re.M)
+_FENCED = re.compile(_STAMP + r"Fencing broker (\d+) because its session has timed out", re.M)
+
+
+@dataclass(frozen=True)
+class Failover:
+    """When the cluster took its own steps after a node died, in epoch seconds: the first
+    controller to become active since, if any (one does only when the dead node led the
+    quorum), and the fence of the dead node (None: not yet). What remains of a gap in answers
+    after the fence is the clients finding the new leaders."""
+
+    controller_at: float | None
+    fenced_at: float | None
+
+
+def failover(logs: Sequence[Path], node_id: int, since: float) -> Failover:
+    """The steps of ``node_id``'s death after ``since`` (epoch seconds), from the nodes' logs."""
+    def stamp(text: str) -> float:
+        return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+    active: list[float] = []
+    fenced: list[float] = []
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        active += [t for t in map(stamp, _ACTIVE.findall(text)) if t >= since]
+        fenced += [stamp(at) for at, node in _FENCED.findall(text) if int(node) == node_id and stamp(at) >= since]
+    return Failover(min(active, default=None), min(fenced, default=None))
 
 
 def node_files(state_dir: Path, node_id: int, brokers: int) -> BrokerFiles:

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,20 @@ def test_the_quorum_leader_is_the_one_of_the_latest_epoch_any_node_logged(tmp_pa
     logs[1].write_text(none)
     assert cluster.quorum_leader(logs) == 3  # an epoch with no leader yet names none
     assert cluster.quorum_leader([tmp_path / "absent.log"]) is None
+
+
+def test_a_failover_is_read_from_the_lines_after_the_death(tmp_path: Path) -> None:
+    def at(clock: str) -> float:
+        return datetime.strptime(f"2026-01-01 {clock}", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+    active = "[2026-01-01 {t}] INFO [QuorumController id={me}] Becoming the active controller at epoch 2, next write offset 9. (x)\n"
+    fence = "[2026-01-01 {t}] INFO [QuorumController id={me}] Fencing broker {node} because its session has timed out. (x)\n"
+    logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
+    logs[0].write_text(active.format(t="00:00:01,000", me=1) + fence.format(t="00:00:02,000", me=1, node=3))
+    logs[1].write_text(active.format(t="00:00:11,250", me=2) + fence.format(t="00:00:13,500", me=2, node=3)
+                       + fence.format(t="00:00:13,000", me=2, node=1))
+    # node 1 died at 10 s: node 2 took over the quorum, and fenced it; the earlier lines and
+    # the fence of another node are not this death's
+    assert cluster.failover(logs, 1, at("00:00:10,000")) == cluster.Failover(at("00:00:11,250"), at("00:00:13,000"))
+    assert cluster.failover(logs, 3, at("00:00:12,000")) == cluster.Failover(None, at("00:00:13,500"))
+    assert cluster.failover(logs, 2, at("00:00:12,000")) == cluster.Failover(None, None)  # not fenced yet

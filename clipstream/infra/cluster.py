@@ -147,9 +147,10 @@ def failover(logs: Sequence[Path], node_id: int, since: float) -> Failover:
             text = log.read_text(errors="replace")
         except OSError:
             continue
-        active += [t for t in map(stamp, _ACTIVE.findall(text)) if t >= since]
-        fenced += [stamp(at) for at, node in _FENCED.findall(text) if int(node) == node_id and stamp(at) >= since]
-    return Failover(min(active, default=None), min(fenced, default=None))
+        active += map(stamp, _ACTIVE.findall(text))
+        fenced += [stamp(at) for at, node in _FENCED.findall(text) if int(node) == node_id]
+    return Failover(min((t for t in active if t >= since), default=None),
+                    min((t for t in fenced if t >= since), default=None))
 
 
 def node_files(state_dir: Path, node_id: int, brokers: int) -> BrokerFiles:

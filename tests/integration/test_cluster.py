@@ -35,8 +35,8 @@ pytestmark = pytest.mark.cluster
 # is a bound on a failure, not a wait (it returns as soon as every node answers).
 START_TIMEOUT_S = 150.0
 # After a SIGKILL, the controller fences the node after broker.session.timeout.ms (see
-# clipstream.infra.cluster.FAILURE_DETECTION) and moves leadership and the ISR; a record waits at most that long
-# plus an election, and the producer retries it (idempotently) meanwhile.
+# clipstream.infra.cluster.FAILURE_DETECTION) and moves leadership and the ISR; a record waits
+# at most that long plus an election, and the producer retries it (idempotently) meanwhile.
 RECOVERY_TIMEOUT_S = 60.0
 
 

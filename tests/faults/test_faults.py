@@ -116,6 +116,12 @@ def _wait_healthy(load: Load, name: str) -> float:
     return took
 
 
+def write_report(report: dict[str, Any]) -> None:
+    """``out/faults/<fault>.json``: the ledger and what else the fault measured."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{report['fault']}.json").write_text(json.dumps(report, indent=1))
+
+
 def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: float,
               back: Callable[[], bool] = lambda: True, hold_s: float = 0.0,
               restore: Callable[[], None] = lambda: None) -> dict[str, Any]:
@@ -153,8 +159,7 @@ def run_fault(pipe: Pipeline, name: str, inject: Callable[[], str], *, bound_s: 
     report = {"fault": name, "injected": what, "fault_at_epoch_s": round(fault_at, 3), "bound_s": bound_s, "rate_qps_each_path": RATE_QPS,
               "slo_ms": SLO_MS, "healthy_after_s": round(healthy_after_s, 1), "second_responses_dropped_by_reader": load.raw_duplicates,
               "command": COMMAND, "paths": paths}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{name}.json").write_text(json.dumps(report, indent=1))
+    write_report(report)
     print(f"\n{table(f'{name}: {what}; bound {bound_s:g} s', paths)}\n"
           f"  second Responses on the topic dropped by ResponseReader: {load.raw_duplicates}")
     return report
@@ -292,10 +297,11 @@ def test_broker_killed(pipeline: Pipeline) -> None:
                        back=lambda: not pid_alive(node.pid))
     # the cluster's own part of the gap, apart from the clients' (docs/design/0070)
     logs = [cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes if n.node_id != victim]
-    steps = cluster.failover(logs, victim, report["fault_at_epoch_s"])
-    report.update({f"{step}_after_s": None if at is None else round(at - report["fault_at_epoch_s"], 2)
-                   for step, at in (("controller_active", steps.controller_at), ("fenced", steps.fenced_at))})
-    (OUT / "broker.json").write_text(json.dumps(report, indent=1))
+    fault_at = report["fault_at_epoch_s"]
+    steps = cluster.failover(logs, victim, fault_at)
+    report["controller_active_after_s"] = None if steps.controller_at is None else round(steps.controller_at - fault_at, 2)
+    report["fenced_after_s"] = None if steps.fenced_at is None else round(steps.fenced_at - fault_at, 2)
+    write_report(report)
     print(f"  a new controller active after {report['controller_active_after_s']} s (None: it did not change), "
           f"node {victim} fenced after {report['fenced_after_s']} s")
     check(report, BROKER_BOUND_S)

@@ -7,7 +7,9 @@ and writes one row per figure (figure | target | measured | met | report), with 
 taken from the JSON and the target checked, to stdout and to ``out/bench/FIGURES.md``.
 A missing report or key gives a "not measured" / "not in report" row, never an exception.
 
-    .venv/bin/python -m bench.figures [--out-dir out/bench]
+    .venv/bin/python -m bench.figures [--out-dir out/bench] [--readme README.md]
+
+``--readme`` also rewrites the README's table in place (``bench.figures_readme``).
 
 ``bench.all`` runs it after the last benchmark.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import figures_readme
 from bench.figures_cost import (
     cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, cost_wide, crossing, ensemble, ensemble_wide, gpu, hopeless,
     skip_near_capacity,
@@ -319,12 +322,24 @@ def render(table: list[Row], mtimes: dict[str, float], out_dir: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="where the reports are (default out/bench)")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="also rewrite the table in this file; a row whose report is missing keeps its earlier reading")
     args = ap.parse_args(argv)
     table, mtimes = rows(args.out_dir)
     text = render(table, mtimes, args.out_dir)
     print(text, end="", flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "FIGURES.md").write_text(text)
+    if args.readme is not None:
+        fresh = [((r.figure, r.target, r.measured, r.met, r.report), r.report[:-len(".json")] in mtimes) for r in table]
+        try:
+            renewed, kept = figures_readme.update(args.readme, fresh)
+        except (OSError, figures_readme.TableNotFound) as exc:
+            print(f"{args.readme}: not rewritten ({exc}); its table must start with the line "
+                  f"{figures_readme.HEADER!r}", file=sys.stderr)
+            return 1
+        print(f"{args.readme}: {renewed} rows from the reports in {args.out_dir}, {kept} kept from before "
+              f"(their reports are not there), {len(table) - renewed - kept} not measured", file=sys.stderr)
     return 0
 
 

@@ -251,3 +251,57 @@ def test_the_skip_near_capacity_row_gives_each_settings_median_error(tmp_path: P
     assert row.measured == ("median Exp4 error skip 0.5 0.071 (1,234 models not asked), skip 0.1 0.052 (0 models not asked), "
                             "ask 0.064; "
                             "8 callers, 2 round(s), p50 70.2 / 68.0 / 71.5 ms")
+
+
+_README = """# title
+
+Some text before.
+
+| figure | target | measured | met | report |
+| --- | --- | --- | --- | --- |
+| scaling: 1, 2, 4 replicas of the simulated accelerator | ≥ 3.6x | an old scaling reading | yes | scaling.json |
+| soak at 70% of capacity (python -m bench.soak) | 30 min | 30 min at 210 q/s, a \\| bar | yes | soak.json |
+| a figure no longer in the table | — | gone | — | old.json |
+
+Text after the table.
+"""
+
+
+def test_the_readme_table_is_renewed_where_a_report_exists_and_kept_where_none(tmp_path: Path) -> None:
+    out, readme = tmp_path / "bench", tmp_path / "README.md"
+    out.mkdir()
+    readme.write_text(_README)
+    _write(out, "scaling", {"summary": {"goodput_qps": {"1": 50.0, "2": 100.0, "4": 205.0},
+                                        "ratio_to_one": {"4": 4.1}}})
+    assert figures.main(["--out-dir", str(out), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\nSome text before.\n\n| figure |") and text.endswith("\nText after the table.\n")
+    lines = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(lines) == len(figures.FIGURES)  # one row per figure, in the table's order; the stale one dropped
+    by_figure = {line.split(" | ")[0][2:]: line for line in lines}
+    assert "4.10x" in by_figure["scaling: 1, 2, 4 replicas of the simulated accelerator"]
+    assert "an old scaling reading" not in text and "gone" not in text
+    # no soak report here: the earlier reading stays, its escaped bar intact
+    assert by_figure["soak at 70% of capacity (python -m bench.soak)"] == (
+        "| soak at 70% of capacity (python -m bench.soak) | 30 min | 30 min at 210 q/s, a \\| bar | yes | soak.json |")
+    assert "not measured" in by_figure["efficiency: goodput within SLO / device ceiling, 1 replica"]
+
+
+def test_a_readme_without_the_table_is_left_as_it_was(tmp_path: Path, capsys: Any) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no table here\n")
+    assert figures.main(["--out-dir", str(tmp_path / "bench"), "--readme", str(readme)]) == 1
+    assert readme.read_text() == "# no table here\n"
+    assert "must start with the line" in capsys.readouterr().err
+
+
+def test_the_hopeless_row_says_when_the_offered_rate_was_no_overload(tmp_path: Path) -> None:
+    _write(tmp_path, "hopeless", {"settings": {"quantile": 0.5, "rate": 450.0, "rounds": 2},
+                                  "summary": {"median_goodput_qps": {"skip": 446.2, "ask": 446.2},
+                                              "skip_vs_ask": 1.0, "not_asked": 0.0}})
+    row = _row(tmp_path, "selector's skip of hopeless models")
+    assert row.measured.endswith("; not an overload on this machine: asking every model kept up with the offered rate")
+    _write(tmp_path, "hopeless", {"settings": {"quantile": 0.5, "rate": 450.0, "rounds": 2},
+                                  "summary": {"median_goodput_qps": {"skip": 430.0, "ask": 420.0},
+                                              "skip_vs_ask": 1.02, "not_asked": 12.0}})
+    assert "not an overload" not in _row(tmp_path, "selector's skip of hopeless models").measured

@@ -3,7 +3,7 @@
 Some rows come from runs this machine cannot make (a 16-core machine, a GPU, a 30-minute
 soak), and their reports are not kept in the repository. So a row whose report is missing
 keeps the reading the README already shows for it, and every other row is written afresh;
-the table never loses a figure because one machine lacked a report.
+the table never loses a figure because one machine lacked a report (docs/design/0072).
 
     .venv/bin/python -m bench.figures --readme README.md
 """

@@ -121,6 +121,8 @@ def hopeless(r: dict[str, Any]) -> Result:
     text = (f"median goodput {q(get(g, 'skip'))} q/s with the skip at {cfg['quantile']:g} vs {q(get(g, 'ask'))} q/s "
             f"asking every model = {x(s.get('skip_vs_ask'))}; {get(s, 'not_asked'):,.0f} models not asked; "
             f"{q(cfg['rate'])} q/s offered, {cfg['rounds']} round(s) each way")
+    if s.get("capacity_qps"):
+        text += f" ({cfg['over']:g}x the {q(s['capacity_qps'])} q/s that asking every model kept up with)"
     # the rate is fixed, so a machine fast enough to serve it is not in overload there
     if get(g, "ask") >= HOPELESS_KEPT_UP * cfg["rate"]:
         text += "; not an overload on this machine: asking every model kept up with the offered rate"

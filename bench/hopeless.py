@@ -7,11 +7,15 @@ open-loop step straight onto ``queries`` (``bench.load_kafka``), one after the o
 next round swaps which goes first: on a shared machine the order moves a figure as much as a
 setting does. Only one pipeline is loaded at a time; the other idles.
 
+Overload is relative to the machine: without ``--rate``, short steps on the pipeline that asks
+every model first find the highest rate of ``SEARCH`` it keeps up with, and the rounds offer
+``--over`` times that (docs/design/0072).
+
 Reported per step: goodput within the SLO, defaults, the models not asked and the batcher's
 expiries (from the stages' ``/metrics``), and CPU per query over every process of that
 pipeline. The summary is the median goodput of each variant and their ratio.
 
-    .venv/bin/python -m bench.hopeless [--quick] [--rate 450] [--rounds 2] [--seconds 11] [--quantile 0.5]
+    .venv/bin/python -m bench.hopeless [--quick] [--over 1.5 | --rate 450] [--rounds 2] [--seconds 11] [--quantile 0.5]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import statistics
 import tempfile
 from contextlib import ExitStack
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,35 @@ from bench.load_kafka import KafkaLoad
 from bench.machine import machine_info
 
 COUNTERS = {"not_asked": "clipstream_selector_not_asked_total", "expired": "clipstream_batcher_expired_total"}
+SEARCH = (200.0, 300.0, 400.0, 500.0, 600.0, 800.0, 1000.0)  # q/s, the capacity search's steps
+SEARCH_SECONDS = 6.0
+KEPT_UP = 0.95  # goodput within the SLO / offered: the step was no overload
+
+
+def kept_up(offered: float, goodput: float) -> bool:
+    return goodput >= KEPT_UP * offered
+
+
+def overload_rate(steps: Sequence[tuple[float, float]], over: float) -> tuple[float, float]:
+    """(capacity, rate to offer) from the search's (offered, goodput) steps: the capacity is the
+    highest offered rate kept up with, or the lowest step's goodput when none was."""
+    capacity = max((o for o, g in steps if kept_up(o, g)), default=None)
+    if capacity is None:
+        capacity = steps[0][1]
+    return capacity, float(round(over * capacity, -1))
+
+
+def find_capacity(pipe: Pipeline, kl: KafkaLoad, over: float) -> tuple[float, float, list[dict[str, float]]]:
+    """Rising steps until one is not kept up with; (capacity, rate to offer, the steps)."""
+    steps: list[tuple[float, float]] = []
+    for i, rate in enumerate(SEARCH):
+        s = load_step(pipe, APP, rate, SLO_MS, SEARCH_SECONDS, kafka_load=kl, seed=10 + i, label="capacity: ")
+        steps.append((rate, s["goodput_qps"]))
+        if not kept_up(rate, s["goodput_qps"]):
+            break
+    capacity, offered = overload_rate(steps, over)
+    say(f"hopeless: asking every model kept up with {capacity:g} q/s; the rounds offer {over:g}x: {offered:g} q/s")
+    return capacity, offered, [{"offered_qps": o, "goodput_qps": g} for o, g in steps]
 
 
 def metric_urls(pipe: Pipeline) -> list[str]:
@@ -69,7 +103,9 @@ def step(pipe: Pipeline, kl: KafkaLoad, variant: str, rate: float, seconds: floa
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rate", type=float, default=450.0, help="offered q/s, onto the queries topic")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="offered q/s, onto the queries topic (default: --over times the capacity found)")
+    ap.add_argument("--over", type=float, default=1.5, help="the rounds' rate over the capacity found")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=11.0, help="length of each step")
     ap.add_argument("--quantile", type=float, default=0.5, help="the skip's setting in the pipeline that skips")
@@ -89,6 +125,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             stack.callback(loads[name].close)
             wait_warm(pipes[name].url, APP, json_bodies(unique_inputs(1))[0])
             warm_up(pipes[name], APP, kafka_load=loads[name])
+        capacity, search = None, []
+        if args.rate is None:
+            capacity, args.rate, search = find_capacity(pipes["ask"], loads["ask"], args.over)
         for r in range(args.rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             say(f"hopeless: round {r + 1} of {args.rounds}, {' then '.join(order)}, {args.rate:g} q/s")
@@ -98,7 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     median = {name: statistics.median(x["goodput_qps"] for x in rows if x["variant"] == name) for name in variants}
     summary = {"median_goodput_qps": median,
                "skip_vs_ask": round(median["skip"] / median["ask"], 2) if median["ask"] else None,
-               "not_asked": sum(x["not_asked"] for x in rows if x["variant"] == "skip")}
+               "not_asked": sum(x["not_asked"] for x in rows if x["variant"] == "skip"),
+               "capacity_qps": capacity, "capacity_search": search}
     say(f"hopeless: median goodput skip {median['skip']:.0f} / ask every model {median['ask']:.0f} q/s "
         f"= {summary['skip_vs_ask']}x")
     report = {"machine": machine_info(), "settings": {**vars(args), "app": APP, "slo_ms": SLO_MS, "path": "kafka"},

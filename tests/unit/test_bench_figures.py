@@ -305,3 +305,12 @@ def test_the_hopeless_row_says_when_the_offered_rate_was_no_overload(tmp_path: P
                                   "summary": {"median_goodput_qps": {"skip": 430.0, "ask": 420.0},
                                               "skip_vs_ask": 1.02, "not_asked": 12.0}})
     assert "not an overload" not in _row(tmp_path, "selector's skip of hopeless models").measured
+
+
+def test_the_hopeless_row_names_the_capacity_its_rate_was_set_from(tmp_path: Path) -> None:
+    _write(tmp_path, "hopeless", {"settings": {"quantile": 0.5, "rate": 750.0, "rounds": 2, "over": 1.5},
+                                  "summary": {"median_goodput_qps": {"skip": 300.0, "ask": 120.0},
+                                              "skip_vs_ask": 2.5, "not_asked": 4000.0, "capacity_qps": 500.0}})
+    row = _row(tmp_path, "selector's skip of hopeless models")
+    assert row.measured.endswith("750 q/s offered, 2 round(s) each way (1.5x the 500 q/s that asking every model "
+                                 "kept up with)")

@@ -28,3 +28,11 @@ def test_only_the_stages_metric_urls_are_read_from_ups_lines() -> None:
     pipe = SimpleNamespace(lines=["metrics: selector-1 http://127.0.0.1:1/metrics",
                                   "metrics: targets for Prometheus (file_sd) in /tmp/targets.json", "ready: x"])
     assert hopeless.metric_urls(pipe) == ["http://127.0.0.1:1/metrics"]  # type: ignore[arg-type]
+
+
+def test_the_overload_rate_is_a_multiple_of_the_highest_rate_kept_up_with() -> None:
+    # 400 kept up with (0.95 of it answered in time), 500 not: the search stopped there
+    assert hopeless.overload_rate([(300.0, 299.0), (400.0, 381.0), (500.0, 430.0)], 1.5) == (400.0, 600.0)
+    # a pipeline that kept up with nothing: its goodput at the lowest step is the capacity
+    assert hopeless.overload_rate([(200.0, 120.0)], 1.5) == (120.0, 180.0)
+    assert not hopeless.kept_up(400.0, 379.0) and hopeless.kept_up(400.0, 380.0)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from contextlib import ExitStack
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = {"median_goodput_qps": median,
                "skip_vs_ask": round(median["skip"] / median["ask"], 2) if median["ask"] else None,
                "not_asked": sum(x["not_asked"] for x in rows if x["variant"] == "skip"),
-               "capacity_qps": capacity, "capacity_search": search}
+               "capacity_qps": capacity, "capacity_search": search,
+               "ask_kept_up": kept_up(args.rate, median["ask"])}
     say(f"hopeless: median goodput skip {median['skip']:.0f} / ask every model {median['ask']:.0f} q/s "
         f"= {summary['skip_vs_ask']}x")
     report = {"machine": machine_info(), "settings": {**vars(args), "app": APP, "slo_ms": SLO_MS, "path": "kafka"},

@@ -298,12 +298,12 @@ def test_a_readme_without_the_table_is_left_as_it_was(tmp_path: Path, capsys: An
 def test_the_hopeless_row_says_when_the_offered_rate_was_no_overload(tmp_path: Path) -> None:
     _write(tmp_path, "hopeless", {"settings": {"quantile": 0.5, "rate": 450.0, "rounds": 2},
                                   "summary": {"median_goodput_qps": {"skip": 446.2, "ask": 446.2},
-                                              "skip_vs_ask": 1.0, "not_asked": 0.0}})
+                                              "skip_vs_ask": 1.0, "not_asked": 0.0, "ask_kept_up": True}})
     row = _row(tmp_path, "selector's skip of hopeless models")
     assert row.measured.endswith("; not an overload on this machine: asking every model kept up with the offered rate")
     _write(tmp_path, "hopeless", {"settings": {"quantile": 0.5, "rate": 450.0, "rounds": 2},
                                   "summary": {"median_goodput_qps": {"skip": 430.0, "ask": 420.0},
-                                              "skip_vs_ask": 1.02, "not_asked": 12.0}})
+                                              "skip_vs_ask": 1.02, "not_asked": 12.0, "ask_kept_up": False}})
     assert "not an overload" not in _row(tmp_path, "selector's skip of hopeless models").measured
 
 

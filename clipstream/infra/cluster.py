@@ -101,16 +101,23 @@ def cluster_properties(brokers: int) -> dict[str, str]:
 _EPOCH_LEADER = re.compile(r"In the new epoch (\d+), the leader is (\d+)\.")
 
 
+def _log_texts(logs: Sequence[Path]) -> list[str]:
+    """The text of each node's log that can be read (a node not started yet has none)."""
+    texts = []
+    for log in logs:
+        try:
+            texts.append(log.read_text(errors="replace"))
+        except OSError:
+            continue
+    return texts
+
+
 def quorum_leader(logs: Sequence[Path]) -> int | None:
     """The node the controller quorum last elected, from the nodes' own logs (the latest epoch
     any of them saw a leader in); None if none has seen one. Losing that node costs a cluster
     an election before the fencing of the dead node can even start."""
     latest: tuple[int, int] | None = None
-    for log in logs:
-        try:
-            text = log.read_text(errors="replace")
-        except OSError:
-            continue
+    for text in _log_texts(logs):
         for epoch, leader in _EPOCH_LEADER.findall(text):
             if latest is None or int(epoch) > latest[0]:
                 latest = (int(epoch), int(leader))
@@ -142,11 +149,7 @@ def failover(logs: Sequence[Path], node_id: int, since: float) -> Failover:
 
     active: list[float] = []
     fenced: list[float] = []
-    for log in logs:
-        try:
-            text = log.read_text(errors="replace")
-        except OSError:
-            continue
+    for text in _log_texts(logs):
         active += map(stamp, _ACTIVE.findall(text))
         fenced += [stamp(at) for at, node in _FENCED.findall(text) if int(node) == node_id]
     return Failover(min((t for t in active if t >= since), default=None),

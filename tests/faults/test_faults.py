@@ -299,8 +299,10 @@ def test_broker_killed(pipeline: Pipeline) -> None:
     logs = [cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes if n.node_id != victim]
     fault_at = report["fault_at_epoch_s"]
     steps = cluster.failover(logs, victim, fault_at)
-    report["controller_active_after_s"] = None if steps.controller_at is None else round(steps.controller_at - fault_at, 2)
-    report["fenced_after_s"] = None if steps.fenced_at is None else round(steps.fenced_at - fault_at, 2)
+    def after(at: float | None) -> float | None:
+        return None if at is None else round(at - fault_at, 2)
+
+    report["controller_active_after_s"], report["fenced_after_s"] = after(steps.controller_at), after(steps.fenced_at)
     write_report(report)
     print(f"  a new controller active after {report['controller_active_after_s']} s (None: it did not change), "
           f"node {victim} fenced after {report['fenced_after_s']} s")

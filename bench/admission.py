@@ -64,7 +64,7 @@ def straggler_step(pipe: Pipeline, calls: int) -> dict[str, Any]:
 def straggler_open_step(pipe: Pipeline, seconds: float) -> dict[str, Any]:
     """The same app under Poisson arrivals: bursts put more than CALLERS in flight now and then,
     which a limit cut to its floor by the cutoff's answers refuses."""
-    from clipstream.testing.callers import flagged_input, refusal_reasons
+    from clipstream.testing.callers import flagged_input
 
     say(f"straggler, open loop: {STRAGGLER_RATE:g} q/s Poisson for {seconds:g} s, SLO {STRAGGLER_SLO_MS:g} ms")
     times = arrival_times(STRAGGLER_RATE, 1.0, seconds, seed=9)
@@ -73,7 +73,7 @@ def straggler_open_step(pipe: Pipeline, seconds: float) -> dict[str, Any]:
     run = run_gateway(pipe.url, "strag", bodies, times)
     s = run.summary(STRAGGLER_SLO_MS)
     refused = [r for r in run.results if r.status == 503]
-    return {"calls": len(times), "refused_503": len(refused), "refusal_reasons": refusal_reasons(_details(refused)),
+    return {"calls": len(times), "refused_503": len(refused), "refusal_reasons": run.refusal_reasons(),
             "answered": s["answered"], "defaults": s["default"], "lost": s["lost"], "p99_ms": s["latency_ms"]["p99"],
             "admission_limit_after": admission_limit(pipe.url)}
 
@@ -88,19 +88,13 @@ def admission_limit(url: str) -> float:
     return float("nan")
 
 
-def _details(refused: list[Any]) -> list[str]:
-    return [json.loads(r.detail).get("detail", "") if r.detail.startswith("{") else r.detail for r in refused]
-
-
 def light_step(pipe: Pipeline, seconds: float) -> dict[str, Any]:
-    from clipstream.testing.callers import refusal_reasons
-
     say(f"light: {LIGHT_RATE:g} q/s Poisson for {seconds:g} s on the simulated accelerator, SLO {LIGHT_SLO_MS:g} ms")
     times = arrival_times(LIGHT_RATE, 1.0, seconds, seed=5)
     run = run_gateway(pipe.url, "sim", json_bodies(unique_inputs(len(times), seed=17)), times)
     s = run.summary(LIGHT_SLO_MS)
     refused = [r for r in run.results if r.status == 503]
-    return {"calls": len(times), "refused_503": len(refused), "refusal_reasons": refusal_reasons(_details(refused)),
+    return {"calls": len(times), "refused_503": len(refused), "refusal_reasons": run.refusal_reasons(),
             "answered": s["answered"], "defaults": s["default"], "lost": s["lost"],
             "p50_ms": s["latency_ms"]["p50"], "p99_ms": s["latency_ms"]["p99"]}
 

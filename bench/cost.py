@@ -95,13 +95,13 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
              cpu_cores={k: round(v / max(1e-9, run.wall_s), 3) for k, v in cpu.items()},
              cpu_us_per_answered_query=round(sum(cpu.values()) * 1e6 / answered, 1),
              generator_cpu_us_per_query=round(run.cpu_s * 1e6 / n, 1),
-             refused=sum(r.status == 503 for r in run.results),
+             refused=sum(r.status == 503 for r in run.results), refusal_reasons=run.refusal_reasons(),
              kafka_requests_per_query=trips.per_query(k0, k1, n),
              context_switches_per_query=trips.per_query(w0, w1, n),
              ok=bool(s["effective_ms"]["p99"] <= slo_ms and s["error"] == 0 and s["lost"] == 0))
     say(f"  {t.name} {rate:6.0f} q/s: p50 {s['latency_ms']['p50']:.1f} ms, p99 {s['effective_ms']['p99']:.1f} ms "
         f"(effective), goodput {s['goodput_qps']:.0f}, errors {s['error']}, lost {s['lost']}, defaults "
-        f"{s['default']}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}"
+        f"{s['default']}, refused {s['refused']}{' ' + str(s['refusal_reasons']) if s['refused'] else ''}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}"
         + (f"; Kafka requests/query {s['kafka_requests_per_query']}" if s["kafka_requests_per_query"] else ""))
     return s
 

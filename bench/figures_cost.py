@@ -41,9 +41,21 @@ def next_miss(steps: list[dict[str, Any]], rate: float) -> str:
         return ""
     st = missed[0]
     why = [f"p99 of answers {ms(st['latency_ms']['p99'])} ms"]
-    why += [f"{st[k]:,} {word}" for k, word in (("refused", "refused"), ("default", "defaults"), ("lost", "lost"))
-            if st.get(k)]
+    why += [f"{st[k]:,} {word}" + (refused_by(st.get("refusal_reasons")) if k == "refused" else "")
+            for k, word in (("refused", "refused"), ("default", "defaults"), ("lost", "lost")) if st.get(k)]
     return f"; {q(st['rate'])} q/s missed: {', '.join(why)}"
+
+
+REFUSERS = (("learnt", "the learnt admission limit"), ("event loop", "the event loop late"),
+            ("limit of", "max_inflight"))
+
+
+def refused_by(reasons: dict[str, int] | None) -> str:
+    """Which of the gateway's rules refused (its 503 reasons, as ``bench.cost`` counts them)."""
+    if not reasons:
+        return ""
+    rules = {next((rule for key, rule in REFUSERS if key in reason), "another reason") for reason in reasons}
+    return f" by {' and '.join(sorted(rules))}"
 
 
 def cost_max_rate(r: dict[str, Any]) -> Result:

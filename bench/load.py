@@ -175,6 +175,14 @@ class RunResult:
         s["generator_cpu_share"] = round(self.cpu_share, 3)
         return s
 
+    def refusal_reasons(self) -> dict[str, int]:
+        """The gateway's 503 reasons, counted with their numbers blanked: which rule refused."""
+        from clipstream.testing.callers import refusal_reasons
+
+        refused = [r for r in self.results if r.status == 503]
+        return refusal_reasons(json.loads(r.detail).get("detail", "") if r.detail.startswith("{") else r.detail
+                               for r in refused)
+
 
 Progress = Callable[[str], None]
 

@@ -112,6 +112,11 @@ def test_the_rate_row_says_what_the_next_step_up_missed_by() -> None:
     report["summary"] = summarize(report["systems"])
     text, ok = cost_max_rate(report)
     assert text == "200 q/s; 300 q/s missed: p99 of answers 46.3 ms, 17 refused" and ok == NO
+    system["search"][0]["refusal_reasons"] = {
+        "gateway at its limit of N requests in flight (learnt from how fast the pipeline answers)": 15,
+        "gateway overloaded (event loop N ms late)": 2}
+    assert cost_max_rate(report)[0] == ("200 q/s; 300 q/s missed: p99 of answers 46.3 ms, 17 refused by the event "
+                                        "loop late and the learnt admission limit")
     system["search"][0].update(refused=0, default=3, latency_ms={"p99": 61.0})
     assert cost_max_rate(report)[0] == "200 q/s; 300 q/s missed: p99 of answers 61.0 ms, 3 defaults"
     system["search"] = system["search"][2:]  # nothing above it was tried

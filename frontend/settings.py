@@ -45,8 +45,9 @@ class GatewaySettings(BaseSettings):
     admission_initial: int = Field(16, gt=0)
     admission_floor: int = Field(4, gt=0)
     # an answer in time with every model's prediction but slower than this share of the SLO
-    # counts towards a cut (queueing); a straggler cutoff's answer never does (docs/design/0015)
-    admission_slow_fraction: float = Field(0.6, gt=0)
+    # counts towards a cut (queueing); a straggler cutoff's answer never does (docs/design/0015,
+    # 0074: at 0.6 the gateway refused callers whose answers came well within the SLO)
+    admission_slow_fraction: float = Field(0.8, gt=0)
     # how long past the deadline a reply may still be taken: the selector answers 3-40 ms before
     # it (its reply budget), so this only covers a reply hop that runs long (docs/design/0006, 0068)
     reply_margin_ms: float = Field(5.0, ge=0)

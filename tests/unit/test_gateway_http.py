@@ -239,6 +239,12 @@ def _admission_limit(c: TestClient) -> float:
     return float(line.split()[1])
 
 
+def _cuts(metrics_text: str, cause: str) -> float:
+    """``clipstream_gateway_admission_cuts_total`` for one cause (0 before its first cut)."""
+    prefix = f'clipstream_gateway_admission_cuts_total{{cause="{cause}"}} '
+    return next((float(l.split()[-1]) for l in metrics_text.splitlines() if l.startswith(prefix)), 0.0)
+
+
 def test_a_late_loop_cuts_the_limit_in_use_once_per_interval():
     from frontend.state import LAG_CUT_EVERY_US, GatewayState
 
@@ -252,6 +258,7 @@ def test_a_late_loop_cuts_the_limit_in_use_once_per_interval():
     assert state.admission.cuts == 1
     state.cut_for_lag(2_000_000 + LAG_CUT_EVERY_US + 1)
     assert (state.admission.cuts, state.limit) == (2, 12)  # 14.4 * 0.9 = 12.96
+    assert (_cuts(state.metrics.render(), "loop"), _cuts(state.metrics.render(), "slow")) == (2, 0)
     with TestClient(make_app(adaptive_admission=False)) as c:
         fixed = c.app.state.gateway
         fixed.inflight = fixed.limit
@@ -291,15 +298,16 @@ def test_the_loop_watcher_parks_while_nothing_is_in_flight_and_ticks_while_somet
 
 
 def test_slow_answers_cut_the_admission_limit_but_one_does_not_and_an_idle_limit_does_not_grow():
-    # app SLO 30 ms: an answer after 22 ms, every model in hand, is in time but past 0.6 of
-    # the SLO (queueing); one is a pause, a quarter of a limit's worth (4 of 16) is not
-    with TestClient(make_app(FakeBus(answer, after_ms=22))) as c:
+    # app SLO 30 ms: an answer after 22 ms, every model in hand, is in time but past a slow
+    # fraction of 0.6 (queueing); one is a pause, a quarter of a limit's worth (4 of 16) is not
+    with TestClient(make_app(FakeBus(answer, after_ms=22), admission_slow_fraction=0.6)) as c:
         r = c.post("/v1/apps/pets/predict", json={"input": GOOD})
         assert r.status_code == 200 and r.json()["default"] is False
         assert _admission_limit(c) == 16
         for _ in range(3):
             assert c.post("/v1/apps/pets/predict", json={"input": GOOD}).status_code == 200
         assert _admission_limit(c) == 14  # int(16 * 0.9): the gauge shows whole requests
+        assert _cuts(c.get("/metrics").text, "slow") == 1
     with TestClient(make_app(FakeBus(answer))) as c:  # quick answers, one at a time
         for _ in range(50):
             assert c.post("/v1/apps/pets/predict", json={"input": GOOD}).status_code == 200

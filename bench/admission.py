@@ -88,6 +88,24 @@ def admission_limit(url: str) -> float:
     return float("nan")
 
 
+def admission_cuts(url: str) -> dict[str, float]:
+    """The gateway's cuts of its admission limit so far, by cause; {} where there is no such
+    gateway (another server under the same load)."""
+    import httpx
+
+    try:
+        return cuts_in(httpx.get(f"{url}/metrics", timeout=10).text)
+    except httpx.HTTPError:
+        return {}
+
+
+def cuts_in(metrics_text: str) -> dict[str, float]:
+    """``clipstream_gateway_admission_cuts_total`` by cause, from a ``/metrics`` page."""
+    prefix = 'clipstream_gateway_admission_cuts_total{cause="'
+    return {line[len(prefix):].split('"', 1)[0]: float(line.split()[-1])
+            for line in metrics_text.splitlines() if line.startswith(prefix)}
+
+
 def light_step(pipe: Pipeline, seconds: float) -> dict[str, Any]:
     say(f"light: {LIGHT_RATE:g} q/s Poisson for {seconds:g} s on the simulated accelerator, SLO {LIGHT_SLO_MS:g} ms")
     times = arrival_times(LIGHT_RATE, 1.0, seconds, seed=5)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from bench import load, trips
+from bench.admission import admission_cuts
 from bench.baselines import ACCEL_MODEL, MAX_BATCH, MAX_WAIT_S, SETTINGS, MLServer, RayServe, Server
 from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_app_file, write_json
 from bench.load_http import run_gateway
@@ -82,7 +83,9 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     procs = t.processes()
     c0, j0 = cpu_snapshot(procs), broker_jit_s(procs)
     k0, w0 = trips.snapshot(procs, t.broker_port)
+    cuts0 = admission_cuts(t.url)
     run = run_gateway(t.url, app, bodies, times, path=t.path)
+    cuts = {cause: n - cuts0.get(cause, 0.0) for cause, n in admission_cuts(t.url).items()}
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     k1, w1 = trips.snapshot(procs, t.broker_port)
     cpu = jit_apart(cpu, j0, broker_jit_s(procs))
@@ -96,12 +99,14 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
              cpu_us_per_answered_query=round(sum(cpu.values()) * 1e6 / answered, 1),
              generator_cpu_us_per_query=round(run.cpu_s * 1e6 / n, 1),
              refused=sum(r.status == 503 for r in run.results), refusal_reasons=run.refusal_reasons(),
+             admission_cuts={cause: n for cause, n in cuts.items() if n},
              kafka_requests_per_query=trips.per_query(k0, k1, n),
              context_switches_per_query=trips.per_query(w0, w1, n),
              ok=bool(s["effective_ms"]["p99"] <= slo_ms and s["error"] == 0 and s["lost"] == 0))
     say(f"  {t.name} {rate:6.0f} q/s: p50 {s['latency_ms']['p50']:.1f} ms, p99 {s['effective_ms']['p99']:.1f} ms "
         f"(effective), goodput {s['goodput_qps']:.0f}, errors {s['error']}, lost {s['lost']}, defaults "
-        f"{s['default']}, refused {s['refused']}{' ' + str(s['refusal_reasons']) if s['refused'] else ''}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}"
+        f"{s['default']}, refused {s['refused']}{' ' + str(s['refusal_reasons']) if s['refused'] else ''}"
+        f"{', admission cuts ' + str(s['admission_cuts']) if s['admission_cuts'] else ''}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}"
         + (f"; Kafka requests/query {s['kafka_requests_per_query']}" if s["kafka_requests_per_query"] else ""))
     return s
 

@@ -66,6 +66,10 @@ class GatewayMetrics:
         self.rejected = Labelled(Family(
             "clipstream_gateway_overload_rejections",
             "Predict requests refused with 503: at the admission limit, or the event loop behind.", registry=r))
+        self.cuts = Labelled(Family(
+            "clipstream_gateway_admission_cuts",
+            "Cuts of the learnt admission limit, by what set them off: late or slow answers, or the "
+            "event loop behind.", ("cause",), registry=r))
         self.delivery_errors = Labelled(Family(
             "clipstream_gateway_delivery_errors", "Records Kafka did not accept.", registry=r))
         self.queries = Labelled(Family(

@@ -108,7 +108,8 @@ class GatewayState:
         is one pause (a GC, an import), which says nothing about how much the gateway lets in.
         """
         if self.gw.adaptive_admission and 2 * self.inflight >= self.limit:
-            self.admission.cut(now, now - LAG_CUT_EVERY_US)
+            if self.admission.cut(now, now - LAG_CUT_EVERY_US):
+                self.metrics.cuts.inc("loop")
 
     @property
     def limit(self) -> int:
@@ -120,10 +121,10 @@ class GatewayState:
         """Teach the admission limit whether the pipeline kept up with this answer (admitted at
         ``admitted_us`` with ``inflight`` others in flight): ``frontend.admission.verdict``."""
         said = verdict(answer, timed_out, slo_ms, self.gw.admission_slow_fraction)
-        if said == "late":
-            self.admission.late(now_us(), admitted_us)
-        elif said == "slow":
-            self.admission.slow(now_us(), admitted_us)
+        if said == "late" and self.admission.late(now_us(), admitted_us):
+            self.metrics.cuts.inc("late")
+        elif said == "slow" and self.admission.slow(now_us(), admitted_us):
+            self.metrics.cuts.inc("slow")
         elif said == "on_time":
             self.admission.on_time(inflight, admitted_us)
 

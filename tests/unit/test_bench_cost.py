@@ -165,3 +165,15 @@ def test_only_takes_a_comma_separated_list_of_known_systems() -> None:
         systems_arg("clipstream,tensorflow")
     with pytest.raises(argparse.ArgumentTypeError):
         systems_arg(",")
+
+
+def test_the_gateways_admission_cuts_are_read_by_cause_from_its_metrics_page() -> None:
+    from bench.admission import cuts_in
+    from frontend.metrics import GatewayMetrics
+
+    m = GatewayMetrics(lambda: 0)
+    assert cuts_in(m.render()) == {}
+    m.cuts.inc("loop")
+    m.cuts.inc("slow")
+    m.cuts.inc("loop")
+    assert cuts_in(m.render()) == {"loop": 2.0, "slow": 1.0}

@@ -83,9 +83,10 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     procs = t.processes()
     c0, j0 = cpu_snapshot(procs), broker_jit_s(procs)
     k0, w0 = trips.snapshot(procs, t.broker_port)
-    cuts0 = admission_cuts(t.url)
+    gateway = t.broker_port is not None  # clipstream's own gateway, which counts its admission cuts
+    cuts0 = admission_cuts(t.url) if gateway else {}
     run = run_gateway(t.url, app, bodies, times, path=t.path)
-    cuts = {cause: n - cuts0.get(cause, 0.0) for cause, n in admission_cuts(t.url).items()}
+    cuts = {cause: n - cuts0.get(cause, 0.0) for cause, n in (admission_cuts(t.url) if gateway else {}).items()}
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     k1, w1 = trips.snapshot(procs, t.broker_port)
     cpu = jit_apart(cpu, j0, broker_jit_s(procs))
@@ -106,7 +107,8 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     say(f"  {t.name} {rate:6.0f} q/s: p50 {s['latency_ms']['p50']:.1f} ms, p99 {s['effective_ms']['p99']:.1f} ms "
         f"(effective), goodput {s['goodput_qps']:.0f}, errors {s['error']}, lost {s['lost']}, defaults "
         f"{s['default']}, refused {s['refused']}{' ' + str(s['refusal_reasons']) if s['refused'] else ''}"
-        f"{', admission cuts ' + str(s['admission_cuts']) if s['admission_cuts'] else ''}; CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}"
+        f"{', admission cuts ' + str(s['admission_cuts']) if s['admission_cuts'] else ''}; "
+        f"CPU {s['cpu_us_per_query_total']:,.0f} µs/query {per}"
         + (f"; Kafka requests/query {s['kafka_requests_per_query']}" if s["kafka_requests_per_query"] else ""))
     return s
 

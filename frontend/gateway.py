@@ -180,7 +180,7 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     if state.inflight >= state.limit:
         how = " (learnt from how fast the pipeline answers)" if state.gw.adaptive_admission else ""
         raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight{how}")
-    if state.loop_late:
+    if state.late_for(cfg.slo_ms):
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
     inflight = state.hold()  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex

@@ -8,7 +8,8 @@ tested, without an HTTP server.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from clipstream.clock import now_us
@@ -58,7 +59,7 @@ class GatewayState:
         ceiling = gw.max_inflight
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
         self.loop_lag_ms = 0.0
-        self.loop_late = False
+        self.lags: deque[float] = deque(maxlen=3)  # the watcher's last wake-ups, ms late
         self.lag_ticks = 0  # the watcher's ticks so far (none while it is parked)
         self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
         self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit)
@@ -73,21 +74,44 @@ class GatewayState:
         (docs/design/0045). The first prediction let in wakes it.
         """
         loop = asyncio.get_running_loop()
-        late_in_a_row = 0
         while True:
             if self.inflight == 0:
                 self._busy.clear()
-                self.loop_lag_ms, self.loop_late, late_in_a_row = 0.0, False, 0
+                self.loop_lag_ms = 0.0
+                self.lags.clear()
                 await self._busy.wait()
             t0 = loop.time()
             await asyncio.sleep(every_s)
             self.lag_ticks += 1
-            self.loop_lag_ms = (loop.time() - t0 - every_s) * 1000.0
-            # one late wake-up is a hiccup (a GC, an import); three in a row is a queue
-            late_in_a_row = late_in_a_row + 1 if self.loop_lag_ms > self.gw.max_loop_lag_ms else 0
-            if late_in_a_row >= 2:  # late again: not one pause but work waiting for the CPU
-                self.cut_for_lag(now_us())
-            self.loop_late = late_in_a_row >= 3
+            self.tick((loop.time() - t0 - every_s) * 1000.0, now_us())
+
+    def tick(self, lag_ms: float, now: int) -> None:
+        """One wake-up of the watcher, ``lag_ms`` late. One late wake-up is a hiccup (a GC, an
+        import); two in a row, late for the tightest SLO the gateway serves, are work waiting
+        for the CPU and cut the limit."""
+        self.loop_lag_ms = lag_ms
+        self.lags.append(lag_ms)
+        last_two = min(self.lags[-1], self.lags[-2]) if len(self.lags) >= 2 else 0.0
+        if last_two > self.gw.max_loop_lag_ms and last_two > self.lag_bound_ms(self.tightest_slo_ms()):
+            self.cut_for_lag(now)
+
+    def lag_bound_ms(self, slo_ms: float | None) -> float:
+        """How late the loop may wake before an app of this SLO is served late (None: any app)."""
+        return max(self.gw.max_loop_lag_ms, self.gw.loop_lag_slo_share * slo_ms if slo_ms is not None else 0.0)
+
+    def late_for(self, slo_ms: float | None) -> bool:
+        """Three wake-ups in a row past the app's bound: a queue for the CPU, refuse it (503)."""
+        return len(self.lags) == 3 and min(self.lags) > self.lag_bound_ms(slo_ms)
+
+    @property
+    def loop_late(self) -> bool:
+        """Late for the tightest bound there is, ``max_loop_lag_ms``."""
+        return self.late_for(None)
+
+    def tightest_slo_ms(self) -> float | None:
+        """The shortest SLO among the registry's apps (None: no app known)."""
+        apps: Iterable[AppConfig] = self.registry.view().apps.values() if self.registry is not None else ()
+        return min((float(cfg.slo_ms) for cfg in apps), default=None)
 
     def hold(self) -> int:
         """Take an admission slot; how many were in flight before (wakes a parked watcher)."""

@@ -266,6 +266,32 @@ def test_a_late_loop_cuts_the_limit_in_use_once_per_interval():
         assert fixed.admission.cuts == 0
 
 
+def test_a_late_loop_is_judged_against_each_apps_slo_and_cuts_for_the_tightest():
+    from frontend.state import GatewayState
+
+    class Apps:  # a 150 ms ensemble alone, then beside a 50 ms app
+        slos = [150.0]
+
+        def view(self) -> RegistryView:
+            return RegistryView(apps={f"a{i}": AppConfig(f"a{i}", "single", slo, 0.0, {}, ("m1",))
+                                      for i, slo in enumerate(self.slos)})
+
+    state = GatewayState(GatewaySettings(instance="unit"), Settings(topic_prefix="t."))
+    state.registry = Apps()  # type: ignore[assignment]
+    state.inflight = 16  # the limit in use
+    for t in range(3):
+        state.tick(12.0, 1_000_000 + t * 100_000)  # 12 ms late, three times in a row
+    assert state.late_for(50.0) and state.loop_late  # past 5 ms: a 50 ms SLO's callers wait
+    assert not state.late_for(150.0) and state.admission.cuts == 0  # within 15 ms: room left
+    state.tick(16.0, 1_400_000)
+    state.tick(16.0, 1_500_000)
+    state.tick(16.0, 1_600_000)
+    assert state.late_for(150.0) and state.admission.cuts == 2  # past 15 ms: cut, once per interval
+    Apps.slos = [150.0, 50.0]
+    state.tick(12.0, 1_700_000)  # 16 then 12 ms late: within 15 ms, but not 5
+    assert state.admission.cuts == 3  # late for the 50 ms app, which shares the limit
+
+
 def test_the_loop_watcher_parks_while_nothing_is_in_flight_and_ticks_while_something_is():
     from frontend.state import GatewayState
 

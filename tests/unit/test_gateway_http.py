@@ -292,6 +292,20 @@ def test_a_late_loop_is_judged_against_each_apps_slo_and_cuts_for_the_tightest()
     assert state.admission.cuts == 3  # late for the 50 ms app, which shares the limit
 
 
+def test_a_late_loop_refuses_the_callers_of_a_tight_slo_and_serves_those_of_a_long_one():
+    registry = FakeRegistry()
+    registry._view.apps["slow"] = AppConfig("slow", "exp4", 150.0, "unknown", {}, ("m1",))  # 15 ms of lag allowed
+    app = make_app(registry=registry, max_loop_lag_ms=5.0)
+    state = app.state.gateway
+    state.watch_loop_lag = asyncio.Event().wait  # no watcher: the lags are the test's to set
+    state.lags.extend([12.0, 12.0, 12.0])  # the last three wake-ups, 12 ms late
+    with TestClient(app) as c:
+        r = c.post("/v1/apps/pets/predict", json={"input": GOOD})  # SLO 30 ms: 5 ms allowed
+        assert r.status_code == 503 and "event loop" in r.json()["detail"], r.text
+        r = c.post("/v1/apps/slow/predict", json={"input": GOOD})
+        assert r.status_code == 200 and r.json()["default"] is False, r.text
+
+
 def test_the_loop_watcher_parks_while_nothing_is_in_flight_and_ticks_while_something_is():
     from frontend.state import GatewayState
 

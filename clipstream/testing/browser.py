@@ -133,7 +133,8 @@ class Browser:
 
 
 # the dashboard's panels that hold data whenever the pipeline answers queries
-DRAWN_PANELS = ("throughput", "latency", "outcomes", "batch_size", "queue", "cache", "weights", "breakdown")
+DRAWN_PANELS = ("throughput", "latency", "outcomes", "batch_size", "queue", "cache", "weights", "breakdown",
+                "admission")
 
 
 def panel_points_js(panels: tuple[str, ...] = DRAWN_PANELS) -> str:

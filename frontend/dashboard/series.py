@@ -33,6 +33,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("weights", "Policy weights per app (Exp3/Exp4)", "share"),
     ("breakdown", "Latency by stage (mean of recent queries)", "ms"),
     ("stragglers", "Stragglers cut off and defaults", "per s"),
+    ("admission", "Gateway admission: limit, in flight, cuts/s by cause", "requests"),
 )
 
 
@@ -160,6 +161,13 @@ class Series:
             row["stragglers"][f"stragglers {app}: {model}"] = v
         for (app,), v in sorted(rate("clipstream_selector_defaults_total", "app").items()):
             row["stragglers"][f"defaults {app}"] = v
+        for name, family in (("limit", "clipstream_gateway_admission_limit"),
+                             ("in flight", "clipstream_gateway_inflight")):
+            total = by(new, family).get(())  # summed over the gateway members
+            if total is not None:
+                row["admission"][name] = total
+        for (cause,), v in sorted(rate("clipstream_gateway_admission_cuts_total", "cause").items()):
+            row["admission"][f"cuts: {cause}"] = v
         return row
 
     def to_json(self, since: float | None = None) -> dict[str, Any]:

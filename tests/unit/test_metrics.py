@@ -84,6 +84,18 @@ def test_series_rates_batch_size_cache_share_and_weights_over_the_window():
     assert len(first["series"]["d"]) == 3  # every series as long as t
 
 
+def test_the_admission_panel_shows_the_gateways_limit_in_flight_and_cuts_a_second_by_cause():
+    from frontend.metrics import GatewayMetrics
+
+    gateway = GatewayMetrics(lambda: 3, lambda: 20)
+    series = Series(keep=10, window=2)
+    series.add(100.0, merge([parse(gateway.render())]))
+    for cause in ("loop", "loop", "loop", "loop", "slow"):
+        gateway.cuts.inc(cause)
+    row = series.add(102.0, merge([parse(gateway.render())]))
+    assert row["admission"] == {"limit": 20.0, "in flight": 3.0, "cuts: loop": 2.0, "cuts: slow": 0.5}
+
+
 def test_default_reasons_are_a_bounded_set_and_weights_a_softmax():
     assert default_reason(NOTHING_ARRIVED) == "nothing_arrived"
     assert default_reason("every model failed: m: boom") == "models_failed"

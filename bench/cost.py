@@ -83,10 +83,11 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     procs = t.processes()
     c0, j0 = cpu_snapshot(procs), broker_jit_s(procs)
     k0, w0 = trips.snapshot(procs, t.broker_port)
-    gateway = t.broker_port is not None  # clipstream's own gateway, which counts its admission cuts
-    cuts0 = admission_cuts(t.url) if gateway else {}
+    # only clipstream's own gateway counts its admission cuts
+    read_cuts: Callable[[], dict[str, float]] = (lambda: admission_cuts(t.url)) if t.broker_port is not None else dict
+    cuts0 = read_cuts()
     run = run_gateway(t.url, app, bodies, times, path=t.path)
-    cuts = {cause: n - cuts0.get(cause, 0.0) for cause, n in (admission_cuts(t.url) if gateway else {}).items()}
+    cuts = {cause: n - cuts0.get(cause, 0.0) for cause, n in read_cuts().items()}
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     k1, w1 = trips.snapshot(procs, t.broker_port)
     cpu = jit_apart(cpu, j0, broker_jit_s(procs))

@@ -103,11 +103,6 @@ class GatewayState:
         """Three wake-ups in a row past the app's bound: a queue for the CPU, refuse it (503)."""
         return len(self.lags) == 3 and min(self.lags) > self.lag_bound_ms(slo_ms)
 
-    @property
-    def loop_late(self) -> bool:
-        """Late for the tightest bound there is, ``max_loop_lag_ms``."""
-        return self.late_for(None)
-
     def tightest_slo_ms(self) -> float | None:
         """The shortest SLO among the registry's apps (None: no app known)."""
         apps: Iterable[AppConfig] = self.registry.view().apps.values() if self.registry is not None else ()

@@ -21,11 +21,12 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from batchers.gather import TurnGather
 from batchers.metrics import batcher_registry
 from batchers.offsets import Part, RequestHandover, RequestOffsets
 from batchers.service import BatcherService, ModelSetup
@@ -99,7 +100,8 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
             redis = async_client(settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
             guard = RedisGuard(sync_client(settings).ping, name="batcher")
             holder["emitter"] = emitter
-            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets)
+            gather: TurnGather[Any] = TurnGather()  # one predictions record per partition and loop turn
+            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets, gather)
                            for m in models}
         return holder["s"]
 

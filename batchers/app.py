@@ -21,12 +21,11 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from batchers.gather import TurnGather
 from batchers.metrics import batcher_registry
 from batchers.offsets import Part, RequestHandover, RequestOffsets
 from batchers.service import BatcherService, ModelSetup
@@ -100,8 +99,7 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
             redis = async_client(settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
             guard = RedisGuard(sync_client(settings).ping, name="batcher")
             holder["emitter"] = emitter
-            gather: TurnGather[Any] = TurnGather()  # one predictions record per partition and loop turn
-            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets, gather)
+            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets)
                            for m in models}
         return holder["s"]
 

@@ -29,7 +29,6 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, by_partition, prediction
 from batchers.dispatch import Dispatcher
-from batchers.gather import TurnGather
 from batchers.offsets import RequestOffsets, Where
 from batchers.settings import BatcherSettings
 from batchers.version import VersionSwitch
@@ -68,14 +67,11 @@ class BatcherService:
 
     def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup,
                  producer: Producer | None = None, redis: aioredis.Redis | None = None,
-                 guard: RedisGuard | None = None, offsets: RequestOffsets | None = None,
-                 gather: TurnGather[tuple[Pending, Prediction]] | None = None) -> None:
+                 guard: RedisGuard | None = None, offsets: RequestOffsets | None = None) -> None:
         """``producer``, ``redis`` and its ``guard``: the process's shared clients (made here when
         not given). While the guard says Redis is away, every lookup is a miss: the request goes
         to the model rather than wait on the cache. ``offsets``: told which request records are
-        read and which are done (acknowledged by the broker), so a member commits only those.
-        ``gather``: the process's predictions of one loop turn, every model's, sent as one record
-        per selector partition (``batchers.gather``)."""
+        read and which are done (acknowledged by the broker), so a member commits only those."""
         self.settings = settings
         self.model = model
         self.cat = Catalogue.from_settings(settings)
@@ -105,7 +101,6 @@ class BatcherService:
         self.arrived_event = asyncio.Event()
         self.outbox: list[Out] = []  # dead letters from ``accept``
         self.failed: list[tuple[Pending, Prediction]] = []  # error predictions from ``accept``
-        self.gather: TurnGather[tuple[Pending, Prediction]] = gather or TurnGather()
         self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
         self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0,
                        "send_errors": 0}
@@ -149,11 +144,6 @@ class BatcherService:
                 for partition, record in by_partition((p.partition, pred) for p, pred in preds).items()]
 
     def _emit(self, preds: list[tuple[Pending, Prediction]]) -> None:
-        """Hits, coalesced answers and bad inputs: sent when this turn of the loop ends, with
-        what the other models of the process found in it."""
-        self.gather.add(preds, self._emit_now)
-
-    def _emit_now(self, preds: list[tuple[Pending, Prediction]]) -> None:
         self._send_all(self._predictions(preds))
 
     def _deadletter_record(self, reason: str, payload: bytes | None, where: Where | None,

@@ -41,10 +41,22 @@ def _to_onnx(clf: Any) -> bytes:
         clf,
         initial_types=[("input", FloatTensorType([None, 64]))],
         target_opset=ONNX_OPSET,
-        options={id(clf): {"zipmap": False}},
+        options={id(clf): _options(clf)},
     )
     onx.ir_version = min(onx.ir_version, ONNX_IR_VERSION)
     return onx.SerializeToString()
+
+
+def _options(clf: Any) -> dict[str, Any]:
+    """Plain class scores (no ZipMap). A k-nearest-neighbours model computes its distances with
+    onnxruntime's CDist kernel: the default graph broadcasts the input against every training
+    row, and costs about fifty times as much per batch for the same scores (docs/design/0077)."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    options: dict[str, Any] = {"zipmap": False}
+    if isinstance(clf, KNeighborsClassifier):
+        options["optim"] = "cdist"
+    return options
 
 
 def _write(folder: Path, files: dict[str, bytes], config: dict[str, Any]) -> Path:

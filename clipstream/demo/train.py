@@ -50,7 +50,7 @@ def _to_onnx(clf: Any) -> bytes:
 def _options(clf: Any) -> dict[str, Any]:
     """Plain class scores (no ZipMap). A k-nearest-neighbours model computes its distances with
     onnxruntime's CDist kernel: the default graph broadcasts the input against every training
-    row, and costs about fifty times as much per batch for the same scores (docs/design/0077)."""
+    row, at a far higher cost per batch for the same scores (docs/design/0077)."""
     from sklearn.neighbors import KNeighborsClassifier
 
     options: dict[str, Any] = {"zipmap": False}

@@ -82,10 +82,12 @@ def admission_limit(url: str) -> float:
     """The gateway's learnt limit, from its metrics."""
     import httpx
 
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("clipstream_gateway_admission_limit "):
-            return float(line.split()[1])
-    return float("nan")
+    return limit_in(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+def limit_in(metrics_text: str) -> float:
+    """``clipstream_gateway_admission_limit`` from a ``/metrics`` page (nan: not there)."""
+    return next((v for _, v in _samples(metrics_text, "clipstream_gateway_admission_limit")), float("nan"))
 
 
 def admission_cuts(url: str) -> dict[str, float]:
@@ -101,9 +103,15 @@ def admission_cuts(url: str) -> dict[str, float]:
 
 def cuts_in(metrics_text: str) -> dict[str, float]:
     """``clipstream_gateway_admission_cuts_total`` by cause, from a ``/metrics`` page."""
-    prefix = 'clipstream_gateway_admission_cuts_total{cause="'
-    return {line[len(prefix):].split('"', 1)[0]: float(line.split()[-1])
-            for line in metrics_text.splitlines() if line.startswith(prefix)}
+    return {labels["cause"]: v for labels, v in _samples(metrics_text, "clipstream_gateway_admission_cuts_total")}
+
+
+def _samples(metrics_text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample called ``name`` on a ``/metrics`` page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(sample.labels, sample.value) for family in text_string_to_metric_families(metrics_text)
+            for sample in family.samples if sample.name == name]
 
 
 def light_step(pipe: Pipeline, seconds: float) -> dict[str, Any]:

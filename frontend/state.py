@@ -92,6 +92,7 @@ class GatewayState:
         self.loop_lag_ms = lag_ms
         self.lags.append(lag_ms)
         last_two = min(self.lags[-1], self.lags[-2]) if len(self.lags) >= 2 else 0.0
+        # the floor first: the registry's SLOs are read only when the loop runs late at all
         if last_two > self.gw.max_loop_lag_ms and last_two > self.lag_bound_ms(self.tightest_slo_ms()):
             self.cut_for_lag(now)
 

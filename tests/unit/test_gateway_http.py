@@ -234,9 +234,9 @@ def test_overload_is_503_with_retry_after():
 
 
 def _admission_limit(c: TestClient) -> float:
-    line = next(l for l in c.get("/metrics").text.splitlines()
-                if l.startswith("clipstream_gateway_admission_limit "))
-    return float(line.split()[1])
+    from bench.admission import limit_in
+
+    return limit_in(c.get("/metrics").text)
 
 
 def _cuts(metrics_text: str, cause: str) -> float:

@@ -28,6 +28,7 @@ from bench.common import Pipeline, say, wait_warm, warm_up, write_app_file, writ
 from bench.load import arrival_times, json_bodies, unique_inputs
 from bench.load_http import run_gateway
 from bench.machine import machine_info
+from frontend.dashboard.series import parse
 
 CALLERS, STALL_MS, STALL_SHARE, STRAGGLER_SLO_MS = 4, 250.0, 0.3, 100.0
 STRAGGLER_RATE = 40.0
@@ -87,7 +88,8 @@ def admission_limit(url: str) -> float:
 
 def limit_in(metrics_text: str) -> float:
     """``clipstream_gateway_admission_limit`` from a ``/metrics`` page (nan: not there)."""
-    return next((v for _, v in _samples(metrics_text, "clipstream_gateway_admission_limit")), float("nan"))
+    return next((v for name, _, v in parse(metrics_text) if name == "clipstream_gateway_admission_limit"),
+                float("nan"))
 
 
 def admission_cuts(url: str) -> dict[str, float]:
@@ -103,15 +105,8 @@ def admission_cuts(url: str) -> dict[str, float]:
 
 def cuts_in(metrics_text: str) -> dict[str, float]:
     """``clipstream_gateway_admission_cuts_total`` by cause, from a ``/metrics`` page."""
-    return {labels["cause"]: v for labels, v in _samples(metrics_text, "clipstream_gateway_admission_cuts_total")}
-
-
-def _samples(metrics_text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """(labels, value) of every sample called ``name`` on a ``/metrics`` page."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return [(sample.labels, sample.value) for family in text_string_to_metric_families(metrics_text)
-            for sample in family.samples if sample.name == name]
+    return {labels["cause"]: v for name, labels, v in parse(metrics_text)
+            if name == "clipstream_gateway_admission_cuts_total"}
 
 
 def light_step(pipe: Pipeline, seconds: float) -> dict[str, Any]:

@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     # an asyncio stage's event loop polls its consumers itself, woken by librdkafka through a
     # pipe, instead of a thread per consumer (topics.wakeup); false: the thread
     kafka_loop_wakeup: bool = True
+    # how often every Kafka client refreshes its topics' leaders (librdkafka's
+    # ``topic.metadata.refresh.interval.ms``); unset: 500 ms when the bootstrap list names
+    # several brokers, so that a failover reaches the clients sooner, else librdkafka's default
+    # (docs/design/0081)
+    kafka_metadata_refresh_ms: int | None = Field(default=None, gt=0)
 
     # local infrastructure (clipstream infra up)
     cache_dir: Path = _default_cache_dir()

@@ -23,12 +23,31 @@ _SECURITY = {
 }
 
 
+# how often a client on a cluster refreshes its topics' leaders: librdkafka looks for a new
+# leader of a partition whose broker is down on a one-second scan, and may read a node that has
+# not yet applied the fence; a refresh this often finds the new leaders sooner after a failover
+CLUSTER_METADATA_REFRESH_MS = 500
+
+
+def metadata_refresh_ms(settings: Settings) -> int | None:
+    """The clients' metadata refresh: the setting, else ``CLUSTER_METADATA_REFRESH_MS`` when the
+    bootstrap list names several brokers (a cluster that can fail over), else None (librdkafka's
+    default: a single broker has no other leader to find)."""
+    if settings.kafka_metadata_refresh_ms is not None:
+        return settings.kafka_metadata_refresh_ms
+    brokers = [b for b in settings.kafka_bootstrap.split(",") if b.strip()]
+    return CLUSTER_METADATA_REFRESH_MS if len(brokers) > 1 else None
+
+
 def common_config(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "socket.nagle.disable": True,
         "broker.address.family": "v4",
     }
+    refresh = metadata_refresh_ms(settings)
+    if refresh is not None:
+        conf["topic.metadata.refresh.interval.ms"] = refresh
     for attr, key in _SECURITY.items():
         value = getattr(settings, attr)
         if isinstance(value, SecretStr):
@@ -85,6 +104,9 @@ def admin_config(settings: Settings) -> dict[str, Any]:
 def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
     """The same connection for an aiokafka client (an application's own)."""
     kwargs: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap}
+    refresh = metadata_refresh_ms(settings)
+    if refresh is not None:
+        kwargs["metadata_max_age_ms"] = refresh
     if settings.kafka_security_protocol:
         kwargs["security_protocol"] = settings.kafka_security_protocol
     if settings.kafka_sasl_mechanism:

@@ -6,7 +6,8 @@ import pytest
 
 from clipstream.errors import ConfigError
 from clipstream.settings import Settings
-from topics import Catalogue, consumer_config, producer_config
+from topics import Catalogue, aiokafka_kwargs, consumer_config, producer_config
+from topics.client import CLUSTER_METADATA_REFRESH_MS, admin_config
 
 
 def test_names_carry_the_prefix_and_model():
@@ -50,6 +51,23 @@ def test_low_latency_client_defaults_and_security_pass_through():
     c = consumer_config(s, "g", **{"enable.auto.commit": False})
     assert c["group.id"] == "g" and c["enable.auto.commit"] is False
     assert c["fetch.min.bytes"] == 1
+
+
+def test_clients_of_a_cluster_refresh_their_leaders_often():
+    """Several bootstrap brokers: a cluster that can fail over, so every client refreshes its
+    topics' leaders every 500 ms; one broker keeps librdkafka's default; a setting wins."""
+    key = "topic.metadata.refresh.interval.ms"
+    one = Settings(kafka_bootstrap="h:1")
+    assert all(key not in conf for conf in (producer_config(one), consumer_config(one, "g"), admin_config(one)))
+    assert "metadata_max_age_ms" not in aiokafka_kwargs(one)
+    cluster = Settings(kafka_bootstrap="h:1,h:2, h:3")
+    for conf in (producer_config(cluster), consumer_config(cluster, "g"), admin_config(cluster)):
+        assert conf[key] == CLUSTER_METADATA_REFRESH_MS == 500
+    assert aiokafka_kwargs(cluster)["metadata_max_age_ms"] == 500
+    assert producer_config(Settings(kafka_bootstrap="h:1", kafka_metadata_refresh_ms=1000))[key] == 1000
+    assert consumer_config(Settings(kafka_bootstrap="h:1,h:2", kafka_metadata_refresh_ms=5000), "g")[key] == 5000
+    with pytest.raises(ValueError):
+        Settings(kafka_metadata_refresh_ms=0)
 
 
 def test_settings_read_the_environment(monkeypatch):

@@ -101,6 +101,8 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
             holder["emitter"] = emitter
             holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets)
                            for m in models}
+            for service in holder["s"].values():  # an ensemble's request record names them all
+                service.siblings = holder["s"]
         return holder["s"]
 
     def route(accept: Callable[[BatcherService, list[Record]], None],

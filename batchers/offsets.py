@@ -37,6 +37,7 @@ class RequestOffsets:
         self._open: dict[Part, OrderedDict[int, bool]] = {}  # offset -> done
         self._next: dict[Part, int] = {}  # one past the last offset read
         self._storable: dict[Part, int] = {}  # offset to store, moved since ``take``
+        self._parts: dict[Where, int] = {}  # parts still open of a record that serves several
         self.owned: set[Part] = set()
 
     def read(self, where: Where) -> None:
@@ -48,11 +49,25 @@ class RequestOffsets:
             self._next[part] = offset + 1
             self._open.setdefault(part, OrderedDict())[offset] = False
 
+    def more(self, where: Where, parts: int) -> None:
+        """The record at ``where`` asks ``parts`` more models (an ensemble's request record,
+        docs/design/0082): it is done once each of its parts is."""
+        if parts <= 0:
+            return
+        with self._lock:
+            part = self._open.get((where[0], where[1]))
+            if part is not None and where[2] in part:
+                self._parts[where] = self._parts.get(where, 1) + parts
+
     def done(self, wheres: Iterable[Where | None]) -> None:
         """These requests were served: the broker took what answers them."""
         with self._lock:
             for where in wheres:
                 if where is None:
+                    continue
+                left = self._parts.pop(where, 1) - 1
+                if left > 0:  # another part of the same record is still open
+                    self._parts[where] = left
                     continue
                 part = self._open.get((where[0], where[1]))
                 if part is not None and where[2] in part:
@@ -86,6 +101,8 @@ class RequestOffsets:
                 self._open.pop(gone, None)
                 self._next.pop(gone, None)
                 self._storable.pop(gone, None)
+                for where in [w for w in self._parts if (w[0], w[1]) == gone]:
+                    del self._parts[where]
             self.owned = set(parts)
 
 

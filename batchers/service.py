@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -38,7 +38,7 @@ from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_cl
 from clipstream.settings import Settings
 from registry.spec import ModelSpec
 from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
-from topics.catalogue import Catalogue
+from topics.catalogue import Catalogue, valid_name
 from topics.deadletters import dead_letter_value
 from topics.emitter import Emitter
 from topics.intake import Record
@@ -103,7 +103,10 @@ class BatcherService:
         self.failed: list[tuple[Pending, Prediction]] = []  # error predictions from ``accept``
         self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
         self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0,
-                       "send_errors": 0}
+                       "send_errors": 0, "forwarded": 0}
+        # the other models' services in this process, by name: an ensemble's request record
+        # names them all (``_fan_out``); ``app.py`` fills it
+        self.siblings: dict[str, BatcherService] = {}
         self.producer = producer or Emitter(settings, name=f"batcher {model.name}").producer
 
     # -- producing --------------------------------------------------------------------
@@ -177,6 +180,38 @@ class BatcherService:
             self.outbox.append(self._deadletter_record(str(exc), value, where, serves=True))
             return
         request.trace["batcher_in"] = arrival
+        if request.also:
+            self._fan_out(request, arrival, where, value)
+        self._take(request, arrival, where, value)
+
+    def _fan_out(self, request: ModelRequest, arrival: int, where: Where, value: bytes | None) -> None:
+        """An ensemble's query asks its other models in the same record (docs/design/0082): the
+        ones this process serves take their part here; each other one goes on to its own
+        topic, at the same partition, for the batcher that serves it. The record is done once
+        every part is."""
+        others = [m for m in dict.fromkeys(request.also) if m != request.model]
+        bad = [m for m in others if not valid_name(m)]
+        if bad:
+            self.outbox.append(self._deadletter_record(
+                f"bad request: model names {bad!r} are not allowed", value, where, request.query_id))
+            others = [m for m in others if m not in bad]
+        if self.offsets is not None:
+            self.offsets.more(where, len(others))
+        forwards: list[Out] = []
+        for name in others:
+            part = replace(request, model=name, also=[], trace=dict(request.trace))
+            sibling = self.siblings.get(name)
+            if sibling is not None:
+                sibling._take(part, arrival, where, value)
+                sibling.arrived_event.set()
+            else:
+                forwards.append((self.cat.requests(name).name, encode(part), where[1], [where]))
+        if forwards:
+            self.counts["forwarded"] += len(forwards)
+            self._send_all(forwards)
+
+    def _take(self, request: ModelRequest, arrival: int, where: Where, value: bytes | None) -> None:
+        """One model's request, decoded: checked against the model's input, then queued."""
         try:
             array = request.input.array()
             if self.model.spec is not None:

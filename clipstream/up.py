@@ -311,9 +311,12 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
                             batcher_members=up_settings.batcher_members, spares=up_settings.spares)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
+        # a process per model reads only its model's requests: one record per model, not one that
+        # a model's batcher forwards to the others, unless the environment says (docs/design/0082)
+        fan_out = {} if shared else {"CLIPSTREAM_SELECTOR_FAN_OUT": "per-model"}
         for i in range(1, up_settings.selectors + 1):  # named: static group members (topics.membership)
             supervisor.add(f"selector-{i}", _stage_argv("selector"),
-                           targets.env(f"selector-{i}", {**env, MEMBER_ENV: f"selector-{i}"}),
+                           targets.env(f"selector-{i}", {**fan_out, **env, MEMBER_ENV: f"selector-{i}"}),
                            spare=up_settings.spares)
         for name, argv in gateway_stages(up_settings.gateways, port):
             supervisor.add(name, argv, targets.env(name, env), spare=up_settings.spares)

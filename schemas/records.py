@@ -59,6 +59,7 @@ class ModelRequest:
     deadline_us: int
     selector_partition: int
     trace: Trace = field(default_factory=dict)
+    also: list[str] = field(default_factory=list)  # more models this query asks (docs/design/0082)
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
             sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
                            budget, reply_producer, guard=guard, save=saver.put if saver else None,
                            answered_window_s=ss.answered_window_s, state_fresh_s=ss.state_fresh_ms / 1000.0,
-                           trips=ModelTrips(ss.hopeless_quantile))
+                           trips=ModelTrips(ss.hopeless_quantile), grouped=ss.fan_out == "grouped")
             # the apps' models' topics, before the first query needs them (``up`` applied its
             # app file before starting the selector, so the registry view has them)
             sel.prepare_model_topics(m for app in follower.view().apps.values() for m in app.models)

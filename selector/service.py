@@ -59,7 +59,7 @@ class Selector:
                  reply_budget: ReplyBudget | int = 0, reply_producer: Emitter | None = None,
                  guard: RedisGuard | None = None, save: Callable[[str, dict[str, Any]], None] | None = None,
                  answered_window_s: float = 60.0, state_fresh_s: float = 0.0,
-                 trips: ModelTrips | None = None) -> None:
+                 trips: ModelTrips | None = None, grouped: bool = True) -> None:
         # the straggler cutoff fires this much before the deadline, so that the answer's own
         # trip back to the caller fits inside the caller's SLO (an int: a fixed budget)
         self.reply_budget = reply_budget if isinstance(reply_budget, ReplyBudget) else ReplyBudget(reply_budget, 0)
@@ -75,6 +75,9 @@ class Selector:
         self.offsets = QueryOffsets()
         self.handover: Handover | None = None
         self._model_topics: set[str] = set()
+        # an ensemble's requests for a query go as one record (``ModelRequest.also``), or one
+        # per model where a batcher process serves each model alone (docs/design/0082)
+        self.grouped = grouped
         self.stats = {"queries": 0, "responses": 0, "defaults": 0, "stragglers": 0, "recalled_states": 0,
                       "not_asked": 0}
         # each model's recent trips: a model that cannot answer in the time a query has
@@ -152,13 +155,13 @@ class Selector:
                 if done is not None:
                     self._answer_safely(done)
                     return
-        for model in chosen:
-            if model in hopeless:
-                continue
-            if model not in self._model_topics:
-                self.prepare_model_topics((model,))
+        asked_models = [m for m in chosen if m not in hopeless]
+        if not self._model_topics.issuperset(asked_models):
+            self.prepare_model_topics(asked_models)
+        groups = [asked_models] if self.grouped else [[m] for m in asked_models]
+        for model, *also in groups:
             request = ModelRequest(query_id=qid, app=app.name, model=model, input=ev.input, deadline_us=last_resort_us,
-                                   selector_partition=msg.partition(), trace=trace)
+                                   selector_partition=msg.partition(), trace=trace, also=also)
             self.producer.produce(self.catalogue.requests(model).name, encode(request), key=qid.encode())
         if poll:
             self.producer.poll(0)

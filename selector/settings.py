@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -64,6 +64,11 @@ class SelectorSettings(BaseSettings):
     # round trip; another member's feedback reaches this one's answers at most this late
     # (0: every poll group reads Redis; docs/design/0054)
     state_fresh_ms: float = Field(250.0, ge=0, le=10_000)
+    # an ensemble's requests for one query: one record on the first model's topic that names the
+    # others (``ModelRequest.also``; the batcher that reads it serves them, or forwards what it
+    # does not serve), or one record per model for batchers that run a process per model
+    # (``up`` sets it from CLIPSTREAM_UP_BATCHERS; docs/design/0082)
+    fan_out: Literal["grouped", "per-model"] = "grouped"
 
     @field_validator("policy_imports", mode="before")
     @classmethod

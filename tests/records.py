@@ -50,6 +50,7 @@ def samples() -> dict[str, dict[str, Any]]:
             "deadline_us": 1_700_000_000_050_000,
             "selector_partition": 2,
             "trace": {},
+            "also": ["m2"],
         },
         "BatchItem": item,
         "Batch": {

@@ -24,9 +24,14 @@ DAY_MS = 24 * HOUR_MS
 REQUEST_PARTITIONS = 4
 
 
+def valid_name(name: object) -> bool:
+    """App and model names end up in topic names and Redis keys: they stay plain."""
+    return isinstance(name, str) and _NAME.match(name) is not None
+
+
 def check_name(kind: str, name: str) -> str:
-    """App and model names end up in topic names and Redis keys: keep them plain."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    """``name``, or a ConfigError that says what an app or model name may hold."""
+    if not valid_name(name):
         raise ConfigError(
             f"{kind} name {name!r} is not allowed: use letters, digits, '-' and '_' (max 128)"
         )

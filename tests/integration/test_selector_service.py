@@ -169,15 +169,16 @@ def fake_models(settings: Settings, models: list[str], stop: threading.Event, st
         if msg is None or msg.error():
             continue
         req = decode_as(ModelRequest, msg.value())
-        if req.model in stragglers:
-            continue
         x = req.input.array()
         p = float(np.clip(x[1], 0, 1))
-        scores = np.array([1 - p, p] if req.model != "m3" else [p, 1 - p], dtype=np.float32)
-        item = Prediction(query_id=req.query_id, model=req.model, version="1", status="ok",
-                          output=Tensor.of(scores), error=None, trace={"worker_out": now_us()})
-        producer.produce(cat.predictions.name, encode(Predictions(selector_partition=req.selector_partition,
-                         items=[item])), partition=req.selector_partition)
+        for model in (req.model, *req.also):  # one record asks an ensemble's models (docs/design/0082)
+            if model in stragglers:
+                continue
+            scores = np.array([1 - p, p] if model != "m3" else [p, 1 - p], dtype=np.float32)
+            item = Prediction(query_id=req.query_id, model=model, version="1", status="ok",
+                              output=Tensor.of(scores), error=None, trace={"worker_out": now_us()})
+            producer.produce(cat.predictions.name, encode(Predictions(selector_partition=req.selector_partition,
+                             items=[item])), partition=req.selector_partition)
         producer.poll(0)
     producer.flush(5)
     consumer.close()

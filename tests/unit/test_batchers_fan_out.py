@@ -1,0 +1,113 @@
+"""An ensemble query's requests in one record (``ModelRequest.also``, docs/design/0082), without a
+broker: each model served here takes its part, the others' parts go on to their own topics, and
+the record is committable only once every part is served."""
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from batchers.offsets import RequestOffsets
+from batchers.service import BatcherService, ModelSetup
+from batchers.settings import BatcherSettings
+from clipstream.settings import Settings
+from schemas import Batch, DeadLetter, ModelRequest, Tensor, decode_as, encode
+
+T = "p.requests.m"
+
+
+def owned(*partitions: int) -> RequestOffsets:
+    o = RequestOffsets()
+    o.own({(T, p) for p in partitions})
+    return o
+
+
+def test_a_record_of_several_parts_is_stored_once_every_part_is_done() -> None:
+    o = owned(0)
+    o.read((T, 0, 7))
+    o.more((T, 0, 7), 2)  # three models asked in one record
+    o.read((T, 0, 8))
+    o.done([(T, 0, 7), (T, 0, 8)])
+    assert o.take() == [] and o.waiting() == 1
+    o.done([(T, 0, 7)])
+    assert o.take() == []  # one part still open: a crash now must replay the record
+    o.done([(T, 0, 7)])
+    assert [tp.offset for tp in o.take()] == [9] and o.waiting() == 0
+
+
+def test_a_partition_given_up_forgets_its_records_parts() -> None:
+    o = owned(0, 1)
+    o.read((T, 0, 3))
+    o.more((T, 0, 3), 1)
+    o.own({(T, 1)})
+    o.own({(T, 0), (T, 1)})  # back again: read anew from the committed offset
+    o.read((T, 0, 3))
+    o.done([(T, 0, 3)])
+    assert [tp.offset for tp in o.take()] == [4]
+
+
+class DeliveringProducer:
+    """Keeps what was produced; ``deliver`` runs the delivery reports, as librdkafka's poll would."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, int | None]] = []
+        self.reports: list[Any] = []
+
+    def produce(self, topic: str, value: bytes, partition: int | None = None, on_delivery: Any = None) -> None:
+        self.sent.append((topic, value, partition))
+        self.reports.append(on_delivery)
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def deliver(self) -> None:
+        reports, self.reports = self.reports, []
+        for report in reports:
+            report(None, None)
+
+
+class Guard:
+    def available(self) -> bool:
+        return True
+
+
+def test_the_models_served_here_take_their_parts_and_the_others_go_on_to_their_topics() -> None:
+    async def run() -> None:
+        producer, offsets = DeliveringProducer(), owned(2)
+        services = {
+            name: BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
+                                 ModelSetup(name, "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
+                                            cache=False),
+                                 producer, guard=Guard(), offsets=offsets)  # type: ignore[arg-type]
+            for name in ("m", "n")
+        }
+        for svc in services.values():
+            svc.siblings = services
+        r = ModelRequest(query_id="q", app="a", model="m", input=Tensor.of(np.zeros(1, np.float32)),
+                         deadline_us=2**62, selector_partition=1, trace={"dispatched": 5},
+                         also=["n", "m", "x", "no such/name"])
+        services["m"].accept_group([(encode(r), (T, 2, 40))])
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(c()) for svc in services.values() for c in (svc.lookup_loop, svc.batch_loop)]
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if len(producer.sent) == 4:
+                break
+        by_topic = {topic: (value, partition) for topic, value, partition in producer.sent}
+        assert sorted(by_topic) == ["p.batches.m", "p.batches.n", "p.deadletter", "p.requests.x"]
+        for model in ("m", "n"):
+            (item,) = decode_as(Batch, by_topic[f"p.batches.{model}"][0]).items
+            assert item.query_id == "q" and item.selector_partition == 1
+        forwarded, partition = by_topic["p.requests.x"]
+        part = decode_as(ModelRequest, forwarded)
+        assert (part.model, part.also, part.query_id, partition) == ("x", [], "q", 2)
+        assert part.trace["dispatched"] == 5 and "batcher_in" in part.trace
+        assert "no such/name" in decode_as(DeadLetter, by_topic["p.deadletter"][0]).reason
+        assert services["n"].counts["requests"] == 1 and services["m"].counts["forwarded"] == 1
+        assert offsets.take() == [] and offsets.waiting() == 1  # sent, not yet acknowledged
+        producer.deliver()
+        assert [(tp.partition, tp.offset) for tp in offsets.take()] == [(2, 41)]
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(run())

@@ -25,6 +25,8 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
                                         ("model",)),
     "clipstream_batcher_expired": ("Requests dropped in the queue: their deadline could not be met, by model.",
                                    ("model",)),
+    "clipstream_batcher_forwarded": ("Requests of an ensemble's record passed on to the topic of a model this process "
+                                     "does not serve, by the model whose topic carried the record.", ("model",)),
     "clipstream_batcher_batches": ("Batches sent, by model and replica.", ("model", "replica")),
     "clipstream_batcher_batched_requests": ("Requests sent in batches, by model and replica (over batches: the "
                                             "mean batch size).", ("model", "replica")),
@@ -46,6 +48,7 @@ def read(services: Mapping[str, Any]) -> tuple[Samples, Samples]:
         counters["clipstream_batcher_cache_hits"].append(((model,), counts["cached"]))
         counters["clipstream_batcher_cache_misses"].append(((model,), max(0, counts["requests"] - counts["cached"])))
         counters["clipstream_batcher_expired"].append(((model,), counts["expired"]))
+        counters["clipstream_batcher_forwarded"].append(((model,), counts["forwarded"]))
         gauges["clipstream_batcher_queue_depth"].append(((model,), len(svc.core.queue)))
         for r in svc.core.dispatcher.stats():
             key = (model, str(r["replica"]))

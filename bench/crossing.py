@@ -10,9 +10,9 @@ open-loop sends (a record every ``1/rate`` s), and reports per record: the broke
 + stime of its JVM, compiler threads apart), this process's CPU (the producer and the consumer,
 librdkafka's threads included), the produce requests the broker served, and the p50 of the
 crossing (send to poll). The broker's own idle CPU (measured apart and reported) is part of
-each row, as it is of the pipeline's figures. Apart from the rows, a fan-out (five records for
-five topics produced back to back, as the selector sends an ensemble's requests) reports the
-produce requests it costs.
+each row, as it is of the pipeline's figures. Apart from the rows, an ensemble's fan-out is
+measured both ways the selector can send it: five records for five topics produced back to back
+(one per model), and one record that names all five models (the default).
 
     .venv/bin/python -m bench.crossing [--quick]     # out/bench/crossing.json and .png
 """
@@ -53,6 +53,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 # costs when a record shares its wake-ups and requests with others (a stage's group or batch)
 BURSTS = {"stages' settings, bursts of 8": 8}
 FAN_OUT = 5  # the demo ensemble's models: one request record per model, each on its model's topic
+FAN_OUT_RATE = 200.0  # about the ensemble's highest rate within its SLO on 2 cores
 
 
 def _cpu_s(pid: int) -> float:
@@ -144,28 +145,65 @@ def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
     }
 
 
-def fan_out(settings: Settings, topics: int = FAN_OUT, rounds: int = 100, linger_ms: int = 0) -> dict[str, Any]:
-    """A selector's fan-out to an ensemble: ``topics`` records for as many one-partition topics,
-    produced back to back, ``rounds`` times; the produce requests each round cost (librdkafka
-    sends each partition's records in requests of their own)."""
-    admin, names = fresh_topics(settings, "fanout", topics)
-    counted = CountedProducer(settings, **{"linger.ms": linger_ms})
+def fan_out(settings: Settings, broker_pid: int, rate: float, seconds: float, models: int = FAN_OUT,
+            grouped: bool = False) -> dict[str, Any]:
+    """An ensemble query's requests, open loop at ``rate`` queries/s: ``models`` records for as
+    many topics produced back to back (one per model), or one record that names them all
+    (``grouped``, what the selector sends, docs/design/0082). One consumer reads every topic, as
+    a batcher process does. Per query: the broker's and the clients' CPU, the produce requests
+    (librdkafka sends each partition's records in requests of their own), the polls that
+    brought records, and the p50 until the query's last record was read."""
+    admin, names = fresh_topics(settings, "fanout", 1 if grouped else models)
+    counted = CountedProducer(settings)
     producer = counted.producer
-    for t in names:  # metadata and a producer id first, outside the count
-        producer.produce(t, b"x")
-    producer.flush(10)
-    requests0 = counted.requests()
+    consumer = Consumer(consumer_config(settings, f"fanout-{names[0]}", **{"auto.offset.reset": "earliest"}))
+    consumer.subscribe(names)
+    while not consumer.assignment():
+        consumer.poll(0.1)
+    n, parts = int(rate * seconds), len(names)
+    seen: dict[bytes, int] = {}
+    latencies: list[float] = []
+    wakeups = [0]
+    done = threading.Event()
+
+    def consume() -> None:
+        while len(latencies) < n and not done.is_set():
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            wakeups[0] += 1
+            key = msg.key()
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] == parts:
+                latencies.append(time.perf_counter() - float(msg.value()[:20]))
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
     payload = b"x" * RECORD_BYTES
-    for _ in range(rounds):
-        for t in names:
-            producer.produce(t, payload)
+    requests0 = counted.requests()
+    c0, b0, j0 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
+    start = time.perf_counter()
+    for i in range(n):
+        while (left := start + i / rate - time.perf_counter()) > 0:
+            time.sleep(left)
+        value, key = f"{time.perf_counter():20.6f}".encode() + payload, str(i).encode()
+        for topic in names:
+            producer.produce(topic, value, key=key)
         producer.poll(0)
-        time.sleep(0.02)
     producer.flush(10)
+    reader.join(15)
+    done.set()
+    c1, b1, j1 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
     requests = counted.requests() - requests0
+    consumer.close()
     admin.delete_topics(names)
-    return {"topics": topics, "rounds": rounds, "linger_ms": linger_ms,
-            "produce_requests_per_fan_out": round(requests / rounds, 2)}
+    got = max(1, len(latencies))
+    return {"models": models, "grouped": grouped, "topics": parts, "rate": rate, "queries": n, "received": len(latencies),
+            "linger_ms": 0, "produce_requests_per_fan_out": round(requests / n, 2),
+            "broker_cpu_us_per_fan_out": round(((b1 - b0) - (j1 - j0)) * 1e6 / got, 1),
+            "clients_cpu_us_per_fan_out": round((c1 - c0) * 1e6 / got, 1),
+            "polls_per_fan_out": round(wakeups[0] / got, 2),
+            "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 2) if latencies else None}
 
 
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> None:
@@ -208,10 +246,13 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                     say(f"  {name:24s} {rate:6.0f}/s: broker {row['broker_cpu_us_per_record']:6.0f} µs, clients "
                         f"{row['clients_cpu_us_per_record']:6.0f} µs per record; {row['records_per_produce_request']} "
                         f"records per produce request; p50 {row['p50_ms']} ms")
-            fans = [fan_out(settings, linger_ms=linger) for linger in (0, 1)]
+            fans = [fan_out(settings, status.kafka_pid, FAN_OUT_RATE, seconds, grouped=g)
+                    for g in (False, True, True, False)]  # ABBA: a drift does not favour one
             for f in fans:
-                say(f"  fan-out of {f['topics']} records to {f['topics']} topics, linger {f['linger_ms']} ms: "
-                    f"{f['produce_requests_per_fan_out']} produce requests each")
+                say(f"  an ensemble's {f['models']} requests as {f['topics']} record(s) at {f['rate']:g}/s: "
+                    f"broker {f['broker_cpu_us_per_fan_out']:,.0f} + clients {f['clients_cpu_us_per_fan_out']:,.0f} µs, "
+                    f"{f['produce_requests_per_fan_out']} produce requests, {f['polls_per_fan_out']} polls; "
+                    f"p50 {f['p50_ms']} ms")
         finally:
             launcher.down(infra)
     base = {r["rate"]: r for r in rows if r["variant"] == "stages' settings"}

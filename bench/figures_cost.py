@@ -9,6 +9,8 @@ rate and a table per process, and say which machine a figure came from.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from statistics import median
 from typing import Any
 
 from bench.figures_format import NONE, YES, Result, ge, get, j, met, ms, q, x
@@ -147,6 +149,10 @@ def skip_near_capacity(r: dict[str, Any]) -> Result:
             f"p50 {j(list(get(s, 'median_p50_ms').values()), ms)} ms"), NONE
 
 
+def _median_of(runs: list[dict[str, Any]], key: str) -> float:
+    return float(median(f[key] for f in runs))
+
+
 def crossing(r: dict[str, Any]) -> Result:
     row = next(x for x in get(r, "rows") if x["variant"] == "stages' settings" and x["rate"] == 300.0)
     floor = get(r, "broker_floor_us_per_query", "300")
@@ -154,9 +160,18 @@ def crossing(r: dict[str, Any]) -> Result:
                  None)
     shared = (f"; sent in bursts of 8: broker {burst['broker_cpu_us_per_record']:,.0f} + clients "
               f"{burst['clients_cpu_us_per_record']:,.0f} µs") if burst else ""
-    fan = next((f for f in r.get("fan_out") or [] if f["linger_ms"] == 0), None)
-    if fan:
-        shared += (f"; {fan['topics']} records for {fan['topics']} topics sent back to back: "
-                   f"{fan['produce_requests_per_fan_out']:g} produce requests")
+    fans = [f for f in r.get("fan_out") or [] if f["linger_ms"] == 0]
+    for grouped in (False, True):  # an ensemble's requests, one record per model or one for all
+        runs = [f for f in fans if bool(f.get("grouped")) == grouped]
+        if not runs:
+            continue
+        med = partial(_median_of, runs)
+        shared += (f"; one record for all {runs[0]['models']} models: " if grouped else
+                   f"; {runs[0]['topics']} records for {runs[0]['topics']} topics sent back to back: ")
+        n = med("produce_requests_per_fan_out")
+        shared += f"{n:g} produce request{'' if n == 1 else 's'}"
+        if "broker_cpu_us_per_fan_out" in runs[0]:
+            shared += (f", broker {med('broker_cpu_us_per_fan_out'):,.0f} + clients "
+                       f"{med('clients_cpu_us_per_fan_out'):,.0f} µs at {runs[0]['rate']:g}/s")
     return (f"broker {row['broker_cpu_us_per_record']:,.0f} µs + clients {row['clients_cpu_us_per_record']:,.0f} µs "
             f"per crossing; x{get(r, 'crossings_per_query')} per query = broker alone {floor:,.0f} µs{shared}"), NONE

@@ -190,6 +190,23 @@ def test_the_crossing_row_names_the_requests_of_a_fan_out(tmp_path: Path) -> Non
     assert "5 records for 5 topics sent back to back: 5 produce requests" in _row(tmp_path, "cost floor").measured
 
 
+def test_the_crossing_row_gives_both_ways_of_sending_an_ensembles_requests(tmp_path: Path) -> None:
+    rows = [{"variant": "stages' settings", "rate": 300.0, "broker_cpu_us_per_record": 350.0,
+             "clients_cpu_us_per_record": 200.0}]
+
+    def fan(grouped: bool, broker: float, clients: float) -> dict[str, Any]:
+        return {"models": 5, "grouped": grouped, "topics": 1 if grouped else 5, "rate": 200.0, "linger_ms": 0,
+                "produce_requests_per_fan_out": 1.0 if grouped else 5.0, "broker_cpu_us_per_fan_out": broker,
+                "clients_cpu_us_per_fan_out": clients}
+
+    fans = [fan(False, 900.0, 500.0), fan(True, 350.0, 200.0), fan(True, 330.0, 220.0), fan(False, 1000.0, 520.0)]
+    _write(tmp_path, "crossing", {"rows": rows, "crossings_per_query": 5, "broker_floor_us_per_query": {"300": 1750.0},
+                                  "fan_out": fans})
+    measured = _row(tmp_path, "cost floor").measured
+    assert "5 records for 5 topics sent back to back: 5 produce requests, broker 950 + clients 510 µs at 200/s" in measured
+    assert "one record for all 5 models: 1 produce request, broker 340 + clients 210 µs at 200/s" in measured
+
+
 def _cost(rate: float, mlserver: float, cpus: int) -> dict[str, Any]:
     step = {"rate": rate + 100, "ok": False, "latency_ms": {"p99": 36.4}, "refused": 27}
     return {"machine": {"cpus": cpus},

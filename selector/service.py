@@ -158,7 +158,7 @@ class Selector:
         asked_models = [m for m in chosen if m not in hopeless]
         if not self._model_topics.issuperset(asked_models):
             self.prepare_model_topics(asked_models)
-        groups = [asked_models] if self.grouped else [[m] for m in asked_models]
+        groups = [asked_models] if self.grouped and asked_models else [[m] for m in asked_models]
         for model, *also in groups:
             request = ModelRequest(query_id=qid, app=app.name, model=model, input=ev.input, deadline_us=last_resort_us,
                                    selector_partition=msg.partition(), trace=trace, also=also)

@@ -142,12 +142,13 @@ def test_selector_reads_its_reply_budget_at_scrape_time():
 
 def test_batcher_families_are_read_from_its_counts_at_scrape_time():
     replica = {"replica": 0, "max_batch_size": 12, "in_flight": 1, "batches": 4, "items": 30, "suspect": False}
-    svc = SimpleNamespace(counts={"requests": 40, "cached": 10, "expired": 2},
+    svc = SimpleNamespace(counts={"requests": 40, "cached": 10, "expired": 2, "forwarded": 5},
                           core=SimpleNamespace(queue=[1, 2, 3], dispatcher=SimpleNamespace(stats=lambda: [replica])))
     s = samples(render(batcher_registry(lambda: {"m": svc})).decode())
     assert s[("clipstream_batcher_cache_hits_total", (("model", "m"),))] == 10
     assert s[("clipstream_batcher_cache_misses_total", (("model", "m"),))] == 30
     assert s[("clipstream_batcher_queue_depth", (("model", "m"),))] == 3
+    assert s[("clipstream_batcher_forwarded_total", (("model", "m"),))] == 5
     assert s[("clipstream_batcher_aimd_limit", (("model", "m"), ("replica", "0")))] == 12
     assert s[("clipstream_batcher_batched_requests_total", (("model", "m"), ("replica", "0")))] == 30
     svc.counts["cached"] = 11  # read again at the next scrape, not counted twice on the hot path

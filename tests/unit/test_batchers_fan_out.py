@@ -3,25 +3,16 @@ broker: each model served here takes its part, the others' parts go on to their 
 the record is committable only once every part is served."""
 
 import asyncio
-from typing import Any
 
 import numpy as np
 
 from batchers.metrics import read
-from batchers.offsets import RequestOffsets
 from batchers.service import BatcherService, ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.settings import Settings
 from schemas import Batch, DeadLetter, ModelRequest, Tensor, decode_as, encode
-
-T = "p.requests.m"
-
-
-def owned(*partitions: int) -> RequestOffsets:
-    o = RequestOffsets()
-    o.own({(T, p) for p in partitions})
-    return o
-
+from tests.unit.test_batchers_offsets import T, DeliveringProducer, owned
+from tests.unit.test_batchers_version import Guard
 
 def test_a_record_of_several_parts_is_stored_once_every_part_is_done() -> None:
     o = owned(0)
@@ -45,31 +36,6 @@ def test_a_partition_given_up_forgets_its_records_parts() -> None:
     o.read((T, 0, 3))
     o.done([(T, 0, 3)])
     assert [tp.offset for tp in o.take()] == [4]
-
-
-class DeliveringProducer:
-    """Keeps what was produced; ``deliver`` runs the delivery reports, as librdkafka's poll would."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, int | None]] = []
-        self.reports: list[Any] = []
-
-    def produce(self, topic: str, value: bytes, partition: int | None = None, on_delivery: Any = None) -> None:
-        self.sent.append((topic, value, partition))
-        self.reports.append(on_delivery)
-
-    def poll(self, timeout: float) -> int:
-        return 0
-
-    def deliver(self) -> None:
-        reports, self.reports = self.reports, []
-        for report in reports:
-            report(None, None)
-
-
-class Guard:
-    def available(self) -> bool:
-        return True
 
 
 def test_the_models_served_here_take_their_parts_and_the_others_go_on_to_their_topics() -> None:

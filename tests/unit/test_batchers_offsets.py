@@ -114,9 +114,11 @@ class DeliveringProducer:
     def __init__(self) -> None:
         self.reports: list[Any] = []
         self.topics: list[str] = []
+        self.sent: list[tuple[str, bytes, int | None]] = []
 
     def produce(self, topic: str, value: bytes, partition: int | None = None, on_delivery: Any = None) -> None:
         self.topics.append(topic)
+        self.sent.append((topic, value, partition))
         self.reports.append(on_delivery)
 
     def poll(self, timeout: float) -> int:

@@ -1,7 +1,7 @@
 """An ensemble query's requests in one record (docs/design/0082), against the real broker: the
 batcher process that reads it batches the part of every model it serves, passes the other
 model's part on to that model's topic at the same partition, and commits the record once every
-part is out."""
+part is out. A name in ``also`` that could not be a model's is a dead letter."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
-from schemas import Batch, ModelRequest, Tensor, decode_as, encode
+from schemas import Batch, DeadLetter, ModelRequest, Tensor, decode_as, encode
 from tests.integration.batcher_harness import uniq
 from topics import consumer_config
 from topics.admin import ensure_model_topics
@@ -43,7 +43,7 @@ def test_one_record_is_batched_for_each_model_served_and_forwarded_for_the_other
     forwarded.subscribe([wa.cat.requests(c).name])
     request = ModelRequest(query_id="q1", app="ens", model=a, input=Tensor.of(np.zeros(2, np.float32)),
                            deadline_us=now_us() + 10_000_000, selector_partition=1,
-                           trace={"dispatched": now_us()}, also=[b, c])
+                           trace={"dispatched": now_us()}, also=[b, c, "no such/model"])
     requests_a = wa.cat.requests(a).name
     wa.producer.produce(requests_a, encode(request), key=b"q1", partition=2)
     try:
@@ -58,6 +58,9 @@ def test_one_record_is_batched_for_each_model_served_and_forwarded_for_the_other
             msg = forwarded.poll(0.2)
         part = decode_as(ModelRequest, msg.value())
         assert (part.model, part.also, part.query_id, msg.partition()) == (c, [], "q1", 2)
+
+        (dead, _), = wa.take(wa.cat.deadletter.name, DeadLetter, lambda g: len(g) >= 1)
+        assert "no such/model" in dead.reason and dead.source_topic == requests_a and dead.query_id == "q1"
 
         # committed once all three parts were acknowledged (the group's auto-commit, every second)
         group = Consumer(consumer_config(settings, f"{settings.topic_prefix}batcher.{'+'.join(sorted((a, b)))}.requests"))

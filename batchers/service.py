@@ -197,7 +197,6 @@ class BatcherService:
             others = [m for m in others if m not in bad]
         if self.offsets is not None:
             self.offsets.more(where, len(others))
-        forwards: list[Out] = []
         for name in others:
             part = replace(request, model=name, also=[], trace=dict(request.trace))
             sibling = self.siblings.get(name)
@@ -205,10 +204,21 @@ class BatcherService:
                 sibling._take(part, arrival, where, value)
                 sibling.arrived_event.set()
             else:
-                forwards.append((self.cat.requests(name).name, encode(part), where[1], [where]))
-        if forwards:
-            self.counts["forwarded"] += len(forwards)
-            self._send_all(forwards)
+                self.counts["forwarded"] += 1
+                self.producer.produce(self.cat.requests(name).name, encode(part), partition=where[1],
+                                      on_delivery=partial(self._forwarded, where))
+
+    def _forwarded(self, where: Where, err: Any, msg: Any) -> None:
+        """A part passed on to its model's topic was delivered, or never will be (no such
+        topic, say): a dead letter says so, and either way the record's part is done. Delivery
+        reports run on the loop (``Emitter.serve_reports``, ``_send_all``)."""
+        if err is not None:
+            self.counts["send_errors"] += 1
+            self.outbox.append(self._deadletter_record(
+                f"could not pass the request on to {msg.topic()}: {err}", msg.value(), where))
+            self.arrived_event.set()
+        if self.offsets is not None:
+            self.offsets.done([where])
 
     def _take(self, request: ModelRequest, arrival: int, where: Where, value: bytes | None) -> None:
         """One model's request, decoded: checked against the model's input, then queued."""

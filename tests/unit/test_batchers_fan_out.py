@@ -79,3 +79,35 @@ def test_the_models_served_here_take_their_parts_and_the_others_go_on_to_their_t
             t.cancel()
 
     asyncio.run(run())
+
+
+def test_a_part_that_cannot_be_passed_on_is_a_dead_letter_and_lets_the_record_commit() -> None:
+    async def run() -> None:
+        producer, offsets = DeliveringProducer(), owned(0)
+        svc = BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
+                             ModelSetup("m", "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
+                                        cache=False),
+                             producer, guard=Guard(), offsets=offsets)  # type: ignore[arg-type]
+        r = ModelRequest(query_id="q", app="a", model="m", input=Tensor.of(np.zeros(1, np.float32)),
+                         deadline_us=2**62, selector_partition=0, also=["gone"])
+        svc.accept_group([(encode(r), (T, 0, 5))])
+        (topic, value, _), = producer.sent
+        report, = producer.reports
+        producer.reports.clear()
+        assert topic == "p.requests.gone"
+        msg = type("Msg", (), {"topic": lambda self: topic, "value": lambda self: value})()
+        report("Broker: Unknown topic or partition", msg)  # librdkafka gave up on it
+        tasks = [asyncio.get_running_loop().create_task(c()) for c in (svc.lookup_loop, svc.batch_loop)]
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if len(producer.sent) == 3:
+                break
+        dead = [decode_as(DeadLetter, v) for t, v, _ in producer.sent if t == "p.deadletter"]
+        assert len(dead) == 1 and "p.requests.gone" in dead[0].reason and "Unknown topic" in dead[0].reason
+        assert svc.counts["send_errors"] == 1
+        producer.deliver()  # the batch of m's own part, and the dead letter
+        assert [tp.offset for tp in offsets.take()] == [6]
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(run())

@@ -195,18 +195,18 @@ class BatcherService:
             self.outbox.append(self._deadletter_record(
                 f"bad request: model names {bad!r} are not allowed", value, where, request.query_id))
             others = [m for m in others if m not in bad]
-        if self.offsets is not None:
-            self.offsets.more(where, len(others))
-        for name in others:
+        for name in others:  # each part counted once it is handed on: a failure leaves none open
             part = replace(request, model=name, also=[], trace=dict(request.trace))
             sibling = self.siblings.get(name)
             if sibling is not None:
                 sibling._take(part, arrival, where, value)
                 sibling.arrived_event.set()
             else:
-                self.counts["forwarded"] += 1
                 self.producer.produce(self.cat.requests(name).name, encode(part), partition=where[1],
                                       on_delivery=partial(self._forwarded, where))
+                self.counts["forwarded"] += 1
+            if self.offsets is not None:
+                self.offsets.more(where, 1)
 
     def _forwarded(self, where: Where, err: Any, msg: Any) -> None:
         """A part passed on to its model's topic was delivered, or never will be (no such

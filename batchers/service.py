@@ -189,15 +189,15 @@ class BatcherService:
         ones this process serves take their part here; each other one goes on to its own
         topic, at the same partition, for the batcher that serves it. The record is done once
         every part is."""
-        others = [m for m in dict.fromkeys(request.also) if m != request.model]
-        bad = [m for m in others if not valid_name(m)]
-        if bad:
-            self.outbox.append(self._deadletter_record(
-                f"bad request: model names {bad!r} are not allowed", value, where, request.query_id))
-            others = [m for m in others if m not in bad]
-        for name in others:  # each part counted once it is handed on: a failure leaves none open
-            part = replace(request, model=name, also=[], trace=dict(request.trace))
+        bad: list[str] = []
+        for name in dict.fromkeys(request.also):  # each part counted once handed on: a failure leaves none open
+            if name == request.model:
+                continue
             sibling = self.siblings.get(name)
+            if sibling is None and not valid_name(name):
+                bad.append(name)
+                continue
+            part = replace(request, model=name, also=[], trace=dict(request.trace))
             if sibling is not None:
                 sibling._take(part, arrival, where, value)
                 sibling.arrived_event.set()
@@ -207,16 +207,19 @@ class BatcherService:
                 self.counts["forwarded"] += 1
             if self.offsets is not None:
                 self.offsets.more(where, 1)
+        if bad:
+            self.outbox.append(self._deadletter_record(
+                f"bad request: model names {bad!r} are not allowed", value, where, request.query_id))
 
     def _forwarded(self, where: Where, err: Any, msg: Any) -> None:
         """A part passed on to its model's topic was delivered, or never will be (no such
         topic, say): a dead letter says so, and either way the record's part is done. Delivery
         reports run on the loop (``Emitter.serve_reports``, ``_send_all``)."""
         if err is not None:
-            self.counts["send_errors"] += 1
             self.outbox.append(self._deadletter_record(
                 f"could not pass the request on to {msg.topic()}: {err}", msg.value(), where))
             self.arrived_event.set()
+        self._delivered(err, msg)
         if self.offsets is not None:
             self.offsets.done([where])
 

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,76 +95,44 @@ def fresh_topics(settings: Settings, prefix: str, n: int) -> tuple[AdminClient, 
     return admin, names
 
 
-def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
-             producer_extra: dict[str, Any], consumer_extra: dict[str, Any], burst: int = 1) -> dict[str, Any]:
-    """One open-loop run of ``rate`` records/s over a fresh one-partition topic, ``burst``
-    records back to back at a time."""
-    admin, (topic,) = fresh_topics(settings, "crossing", 1)
-    counted = CountedProducer(settings, **producer_extra)
+@dataclass
+class OpenLoopRun:
+    """What one open-loop run measured: per message (a record, or a query's records to every
+    topic), the broker's and this process's CPU, and the latencies; the produce requests and
+    the consumer's polls that brought a record, in all."""
+
+    sent: int
+    latencies: list[float]
+    broker_cpu_s: float
+    clients_cpu_s: float
+    produce_requests: int
+    polls: int
+
+    def per_message_us(self, seconds: float) -> float:
+        return round(seconds * 1e6 / max(1, len(self.latencies)), 1)
+
+    def p50_ms(self) -> float | None:
+        return round(float(np.percentile(self.latencies, 50)) * 1000, 2) if self.latencies else None
+
+
+def open_loop(settings: Settings, broker_pid: int, prefix: str, topics: int, rate: float, seconds: float,
+              producer_extra: dict[str, Any] | None = None, consumer_extra: dict[str, Any] | None = None,
+              burst: int = 1) -> OpenLoopRun:
+    """``rate`` messages/s, ``burst`` back to back at a time, over ``topics`` fresh one-partition
+    topics: a message is one record to each topic, all with its key, and it has arrived once one
+    consumer reading every topic (as a stage does) has read them all."""
+    admin, names = fresh_topics(settings, prefix, topics)
+    counted = CountedProducer(settings, **(producer_extra or {}))
     producer = counted.producer
-    consumer = Consumer(consumer_config(settings, f"crossing-{topic}", **{"auto.offset.reset": "earliest"},
-                                        **consumer_extra))
-    consumer.subscribe([topic])
+    consumer = Consumer(consumer_config(settings, f"{prefix}-{names[0]}", **{"auto.offset.reset": "earliest"},
+                                        **(consumer_extra or {})))
+    consumer.subscribe(names)
     while not consumer.assignment():  # joined: the first record is not held back by a rebalance
         consumer.poll(0.1)
     n = int(rate * seconds)
-    latencies: list[float] = []
-    done = threading.Event()
-
-    def consume() -> None:
-        while len(latencies) < n and not done.is_set():
-            msg = consumer.poll(0.2)
-            if msg is not None and not msg.error():
-                latencies.append(time.perf_counter() - float(msg.value()[:20]))
-
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
-    payload = b"x" * RECORD_BYTES
-    requests0 = counted.requests()
-    c0, b0, j0 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
-    start = time.perf_counter()
-    for i in range(n):
-        due = start + (i - i % burst) / rate
-        while (left := due - time.perf_counter()) > 0:
-            time.sleep(left)
-        producer.produce(topic, f"{time.perf_counter():20.6f}".encode() + payload)
-        producer.poll(0)
-    producer.flush(10)
-    reader.join(10)
-    done.set()
-    c1, b1, j1 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
-    requests = counted.requests() - requests0
-    consumer.close()
-    admin.delete_topics([topic])
-    got = max(1, len(latencies))
-    return {
-        "rate": rate, "records": n, "received": len(latencies),
-        "broker_cpu_us_per_record": round(((b1 - b0) - (j1 - j0)) * 1e6 / got, 1),
-        "clients_cpu_us_per_record": round((c1 - c0) * 1e6 / got, 1),
-        "records_per_produce_request": round(n / requests, 2) if requests > 0 else None,
-        "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 2) if latencies else None,
-    }
-
-
-def fan_out(settings: Settings, broker_pid: int, rate: float, seconds: float, models: int = FAN_OUT,
-            grouped: bool = False) -> dict[str, Any]:
-    """An ensemble query's requests, open loop at ``rate`` queries/s: ``models`` records for as
-    many topics produced back to back (one per model), or one record that names them all
-    (``grouped``, what the selector sends, docs/design/0082). One consumer reads every topic, as
-    a batcher process does. Per query: the broker's and the clients' CPU, the produce requests
-    (librdkafka sends each partition's records in requests of their own), the polls that
-    brought records, and the p50 until the query's last record was read."""
-    admin, names = fresh_topics(settings, "fanout", 1 if grouped else models)
-    counted = CountedProducer(settings)
-    producer = counted.producer
-    consumer = Consumer(consumer_config(settings, f"fanout-{names[0]}", **{"auto.offset.reset": "earliest"}))
-    consumer.subscribe(names)
-    while not consumer.assignment():
-        consumer.poll(0.1)
-    n, parts = int(rate * seconds), len(names)
     seen: dict[bytes, int] = {}
     latencies: list[float] = []
-    wakeups = [0]
+    polls = [0]
     done = threading.Event()
 
     def consume() -> None:
@@ -171,10 +140,10 @@ def fan_out(settings: Settings, broker_pid: int, rate: float, seconds: float, mo
             msg = consumer.poll(0.2)
             if msg is None or msg.error():
                 continue
-            wakeups[0] += 1
+            polls[0] += 1
             key = msg.key()
             seen[key] = seen.get(key, 0) + 1
-            if seen[key] == parts:
+            if seen[key] == topics:
                 latencies.append(time.perf_counter() - float(msg.value()[:20]))
 
     reader = threading.Thread(target=consume, daemon=True)
@@ -184,7 +153,7 @@ def fan_out(settings: Settings, broker_pid: int, rate: float, seconds: float, mo
     c0, b0, j0 = _cpu_s(os.getpid()), _cpu_s(broker_pid), jit_cpu_s(broker_pid) or 0.0
     start = time.perf_counter()
     for i in range(n):
-        while (left := start + i / rate - time.perf_counter()) > 0:
+        while (left := start + (i - i % burst) / rate - time.perf_counter()) > 0:
             time.sleep(left)
         value, key = f"{time.perf_counter():20.6f}".encode() + payload, str(i).encode()
         for topic in names:
@@ -197,13 +166,39 @@ def fan_out(settings: Settings, broker_pid: int, rate: float, seconds: float, mo
     requests = counted.requests() - requests0
     consumer.close()
     admin.delete_topics(names)
-    got = max(1, len(latencies))
-    return {"models": models, "grouped": grouped, "topics": parts, "rate": rate, "queries": n, "received": len(latencies),
-            "linger_ms": 0, "produce_requests_per_fan_out": round(requests / n, 2),
-            "broker_cpu_us_per_fan_out": round(((b1 - b0) - (j1 - j0)) * 1e6 / got, 1),
-            "clients_cpu_us_per_fan_out": round((c1 - c0) * 1e6 / got, 1),
-            "polls_per_fan_out": round(wakeups[0] / got, 2),
-            "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 2) if latencies else None}
+    return OpenLoopRun(n, latencies, (b1 - b0) - (j1 - j0), c1 - c0, requests, polls[0])
+
+
+def crossing(settings: Settings, broker_pid: int, rate: float, seconds: float,
+             producer_extra: dict[str, Any], consumer_extra: dict[str, Any], burst: int = 1) -> dict[str, Any]:
+    """One open-loop run of ``rate`` records/s over a fresh one-partition topic, ``burst``
+    records back to back at a time."""
+    run = open_loop(settings, broker_pid, "crossing", 1, rate, seconds, producer_extra, consumer_extra, burst)
+    return {
+        "rate": rate, "records": run.sent, "received": len(run.latencies),
+        "broker_cpu_us_per_record": run.per_message_us(run.broker_cpu_s),
+        "clients_cpu_us_per_record": run.per_message_us(run.clients_cpu_s),
+        "records_per_produce_request": round(run.sent / run.produce_requests, 2) if run.produce_requests > 0 else None,
+        "p50_ms": run.p50_ms(),
+    }
+
+
+def fan_out(settings: Settings, broker_pid: int, rate: float, seconds: float, models: int = FAN_OUT,
+            grouped: bool = False) -> dict[str, Any]:
+    """An ensemble query's requests, open loop at ``rate`` queries/s: ``models`` records for as
+    many topics produced back to back (one per model), or one record that names them all
+    (``grouped``, what the selector sends, docs/design/0082). Per query: the broker's and the
+    clients' CPU, the produce requests (librdkafka sends each partition's records in requests
+    of their own), the polls that brought records, and the p50 until its last record was read."""
+    topics = 1 if grouped else models
+    run = open_loop(settings, broker_pid, "fanout", topics, rate, seconds)
+    return {"models": models, "grouped": grouped, "topics": topics, "rate": rate, "queries": run.sent,
+            "received": len(run.latencies), "linger_ms": 0,
+            "produce_requests_per_fan_out": round(run.produce_requests / run.sent, 2),
+            "broker_cpu_us_per_fan_out": run.per_message_us(run.broker_cpu_s),
+            "clients_cpu_us_per_fan_out": run.per_message_us(run.clients_cpu_s),
+            "polls_per_fan_out": round(run.polls / max(1, len(run.latencies)), 2),
+            "p50_ms": run.p50_ms()}
 
 
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> None:

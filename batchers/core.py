@@ -19,6 +19,9 @@ from batchers.queue import DeadlineQueue
 from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Tensor
 from topics.markers import handover
 
+# where a prediction goes: (a reply topic, its partition), or (None, a partition of ``predictions``)
+Route = tuple[str | None, int]
+
 
 @dataclass
 class Pending:
@@ -34,8 +37,11 @@ class Pending:
         return self.request.deadline_us
 
     @property
-    def partition(self) -> int:
-        return self.request.selector_partition
+    def route(self) -> Route:
+        """Where this request's prediction goes: its reply target when it has one (a one-model
+        app's query from the gateway, docs/design/0083), else its selector's partition."""
+        r = self.request
+        return (r.reply_topic, r.reply_partition or 0) if r.reply_topic else (None, r.selector_partition)
 
 
 @dataclass
@@ -174,6 +180,8 @@ class BatcherCore:
                     cache_key=p.key,
                     input=p.request.input,
                     trace={**p.request.trace, "batched": now_us},
+                    reply_topic=p.request.reply_topic,
+                    reply_partition=p.request.reply_partition,
                 )
                 for p in items
             ],
@@ -239,9 +247,9 @@ def prediction(
     )
 
 
-def by_partition(items: Iterable[tuple[int, Prediction]]) -> dict[int, Predictions]:
-    """Group predictions into one Predictions record per selector partition."""
-    groups: dict[int, list[Prediction]] = defaultdict(list)
-    for partition, pred in items:
-        groups[partition].append(pred)
-    return {p: Predictions(selector_partition=p, items=preds) for p, preds in groups.items()}
+def by_route(items: Iterable[tuple[Route, Prediction]]) -> dict[Route, Predictions]:
+    """Group predictions into one Predictions record per destination (``Pending.route``)."""
+    groups: dict[Route, list[Prediction]] = defaultdict(list)
+    for route, pred in items:
+        groups[route].append(pred)
+    return {r: Predictions(selector_partition=r[1], items=preds) for r, preds in groups.items()}

@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 
 from batchers.aimd import AIMD
 from batchers.cache import cache_key
-from batchers.core import BatcherCore, Pending, by_partition, prediction
+from batchers.core import BatcherCore, Pending, Route, by_route, prediction
 from batchers.dispatch import Dispatcher
 from batchers.offsets import RequestOffsets, Where
 from batchers.settings import BatcherSettings
@@ -138,13 +138,12 @@ class BatcherService:
             log.warning("a record for %s was not delivered: %s", msg.topic(), err)
 
     def _predictions(self, preds: list[tuple[Pending, Prediction]]) -> list[Out]:
-        """One ``Predictions`` record per selector partition, with the requests it serves."""
-        topic = self.topic_predictions
-        wheres: dict[int, list[Where | None]] = {}
+        """One ``Predictions`` record per destination, with the requests it serves."""
+        wheres: dict[Route, list[Where | None]] = {}
         for p, _ in preds:
-            wheres.setdefault(p.partition, []).append(p.where)
-        return [(topic, encode(record), partition, wheres[partition])
-                for partition, record in by_partition((p.partition, pred) for p, pred in preds).items()]
+            wheres.setdefault(p.route, []).append(p.where)
+        return [(route[0] or self.topic_predictions, encode(record), route[1], wheres[route])
+                for route, record in by_route((p.route, pred) for p, pred in preds).items()]
 
     def _emit(self, preds: list[tuple[Pending, Prediction]]) -> None:
         self._send_all(self._predictions(preds))
@@ -180,6 +179,11 @@ class BatcherService:
             self.outbox.append(self._deadletter_record(str(exc), value, where, serves=True))
             return
         request.trace["batcher_in"] = arrival
+        if request.reply_topic is not None and not self.cat.is_reply(request.reply_topic):
+            self.outbox.append(self._deadletter_record(
+                f"bad request: reply_topic {request.reply_topic!r} is no gateway's reply topic "
+                f"({self.cat.prefix}replies.<instance>)", value, where, request.query_id, serves=True))
+            return
         if request.also:
             self._fan_out(request, arrival, where, value)
         self._take(request, arrival, where, value)

@@ -45,7 +45,7 @@ from bench.common import OUT, Pipeline, figure, load_step, save_figure, say, wai
 from bench.machine import machine_info
 from bench.stats import percentiles
 from bench.tap import Tap
-from schemas import Record, Response
+from schemas import Predictions, Record, Response
 
 SEGMENTS: list[tuple[str, str, str]] = [
     ("gateway", "sent", "produced"),
@@ -56,6 +56,16 @@ SEGMENTS: list[tuple[str, str, str]] = [
     ("model service", "worker_in", "worker_out"),
     ("predictions + join", "worker_out", "joined"),
     ("reply", "joined", "received"),
+]
+# a one-model app's query through the gateway, which skips the selector (docs/design/0083):
+# the gateway's request to the batcher, and the prediction's hop back to the gateway
+STRAIGHT: list[tuple[str, str, str]] = [
+    ("gateway", "sent", "produced"),
+    ("requests hop", "produced", "batcher_in"),
+    ("batcher", "batcher_in", "batched"),
+    ("batches hop", "batched", "worker_in"),
+    ("model service", "worker_in", "worker_out"),
+    ("predictions hop", "worker_out", "received"),
 ]
 # the two halves of ``reply``, where the Response carries the broker's append time
 REPLY_SPLIT: list[tuple[str, str, str]] = [
@@ -68,9 +78,9 @@ SLO_MS = 50.0
 def split(trace: dict[str, int], sent_us: int, recv_us: int) -> dict[str, float] | None:
     """Milliseconds per segment of one query, None when a stamp is missing."""
     t = {**{k: v for k, v in trace.items() if not k.startswith("_")}, "sent": sent_us, "received": recv_us}
-    if not all(k in t for _, a, b in SEGMENTS for k in (a, b)):
+    segments = SEGMENTS if "dispatched" in t else STRAIGHT
+    if not all(k in t for _, a, b in segments for k in (a, b)):
         return None
-    segments = SEGMENTS
     if "_reply_appended" in trace:
         t["_reply_appended"], segments = trace["_reply_appended"], SEGMENTS + REPLY_SPLIT
     return {name: (t[b] - t[a]) / 1000.0 for name, a, b in segments}
@@ -97,7 +107,7 @@ def table(parts: list[dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per segment: median, mean, p99 (ms) over the queries (the reply's halves where every
     query has them)."""
     out = {}
-    names = [n for n, _, _ in SEGMENTS]
+    names = [n for n, _, _ in (SEGMENTS if not parts or "queries hop" in parts[0] else STRAIGHT)]
     if parts and all(n in p for p in parts for n, _, _ in REPLY_SPLIT):
         names += [n for n, _, _ in REPLY_SPLIT]
     for name in names:
@@ -108,12 +118,16 @@ def table(parts: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 
 
 def reply_tap(settings: Any, instance: str, traces: dict[str, dict[str, int]]) -> Tap:
-    """Reads the gateway's reply topic into ``traces``: query id -> Response trace."""
+    """Reads the gateway's reply topic into ``traces``: query id -> the trace of its Response,
+    or of its Prediction for a query its one model answered straight."""
     from topics.catalogue import Catalogue
 
     def on(rec: Record, msg: Any, arrived_us: int) -> None:
         if isinstance(rec, Response):
             traces[rec.query_id] = dict(rec.trace)
+        elif isinstance(rec, Predictions):
+            for item in rec.items:
+                traces[item.query_id] = dict(item.trace)
 
     return Tap(settings, [Catalogue.from_settings(settings).replies(instance)],
                group=f"bench-tap-{instance}").start(on)

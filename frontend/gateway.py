@@ -5,8 +5,10 @@ topic; the handler then awaits a future that the reply thread resolves by query 
 bounded by the deadline plus ``reply_margin_ms``: the selector answers AT the deadline with what
 has arrived (Clipper's straggler cutoff), so the margin only covers the hop back; if nothing
 comes, the caller gets the app's ``default_output`` with ``default: true`` and the late reply is
-counted and dropped. Nothing on the event loop blocks: produce only enqueues, and every librdkafka
-call that waits runs in a thread (see ``frontend.gateway_kafka``).
+counted and dropped. A ``single`` app's query skips the selector: it goes to its model as a
+``ModelRequest`` and the model's prediction is the answer (``frontend.direct``, docs/design/0083).
+Nothing on the event loop blocks: produce only enqueues, and every librdkafka call that waits
+runs in a thread (see ``frontend.gateway_kafka``).
 
 ``create_app`` takes the registry and the bus as arguments so the HTTP layer (keys, limits,
 validation, mapping) is tested with fakes and no broker.
@@ -28,7 +30,8 @@ from pydantic import ValidationError
 
 from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
-from clipstream.redisclient import stored_predictions_key
+from clipstream.redisclient import RedisGuard, stored_predictions_key, sync_client
+from clipstream.saver import PredictionSaver
 from clipstream.settings import Settings, get_settings
 from frontend.dashboard import mount_dashboard
 from frontend.feedback import feedback as feedback_route
@@ -41,6 +44,7 @@ from frontend.gateway_http import (
     parse_json,
     read_body,
 )
+from frontend.direct import answer_of, direct_model, request_for
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
     Accepted,
@@ -54,15 +58,17 @@ from frontend.gateway_models import (
 )
 from frontend.inputs import input_for
 from frontend.settings import GatewaySettings, get_gateway_settings
-from frontend.state import Bus, GatewayState, Registry
+from frontend.state import Bus, GatewayState, Registry, Reply
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryFollower
-from schemas import QueryEvent, Response, Tensor
+from schemas import Prediction, QueryEvent, Response, Tensor
 
 log = logging.getLogger(__name__)
 
 # request bodies larger than this are parsed in a worker thread, not on the event loop
 OFFLOAD_BYTES = 64 * 1024
+# stored predictions go to Redis in one round trip per this long (the selector's default)
+SAVE_GATHER_S = 0.25
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -193,32 +199,32 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
             req, array = _parse_predict(raw, state.input_spec(cfg))
         slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
         deadline = created + int(slo_ms * 1000)
-        event = QueryEvent(
-            query_id=query_id,
-            app=cfg.name,
-            context=req.context,
-            input=Tensor.of(array),
-            created_us=created,
-            deadline_us=deadline,
-            reply_topic=state.bus.reply_topic,
-            reply_partition=0,
-            trace={"produced": created},
-        )
+        model = direct_model(cfg, state.gw.direct)
         try:
-            fut = state.bus.publish_query(event, (req.context or query_id).encode())
+            if model is None:
+                fut = state.bus.publish_query(QueryEvent(
+                    query_id=query_id, app=cfg.name, context=req.context, input=Tensor.of(array),
+                    created_us=created, deadline_us=deadline, reply_topic=state.bus.reply_topic, reply_partition=0,
+                    trace={"produced": created}), (req.context or query_id).encode())
+            else:
+                if state.bus.request_topic(model) is None:
+                    await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
+                fut = state.bus.publish_request(request_for(
+                    query_id, cfg, model, Tensor.of(array), created, deadline, state.bus.reply_topic))
         except Overloaded as exc:
             raise state.overloaded(str(exc)) from None
         except DeliveryFailed as exc:
             raise state.overloaded(f"Kafka refused the query: {exc}") from None
         wait_s = max(0.0, (deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
         try:
-            record: Response | None = await asyncio.wait_for(fut, wait_s)
+            reply: Reply | None = await asyncio.wait_for(fut, wait_s)
         except TimeoutError:
-            record = None
+            reply = None
         finally:
             state.bus.forget(query_id)
     finally:
         state.inflight -= 1
+    record = reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, req.context, deadline)
     latency_ms = (time.perf_counter() - t0) * 1000.0 + (arrived - created) / 1000.0
     if record is None:
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
@@ -227,11 +233,23 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     state.observe(answer, record is None, created, inflight, slo_ms)
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
-        state.metrics.defaults.inc("gateway_timeout" if record is None else "selector")
+        state.metrics.defaults.inc("gateway_timeout" if record is None
+                                   else "model" if isinstance(reply, Prediction) else "selector")
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
     counts[2 if answer["default"] else 1].inc()
     counts[4].observe(latency_ms / 1000.0)
     return answer
+
+
+def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, context: str | None,
+                     deadline: int) -> Response:
+    """The Response to a query its one model answered straight; stored for feedback as the
+    selector would store it (docs/design/0083)."""
+    record, stored = answer_of(pred, cfg, *state.outputs(cfg), context, deadline)
+    state.metrics.stages.observe(record.trace)
+    if stored is not None and state.saver is not None:
+        state.saver.put(pred.query_id, stored)
+    return record
 
 
 def _parse_predict(raw: bytes, spec: TensorSpec | None) -> tuple[PredictRequest, Any]:
@@ -293,9 +311,20 @@ async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> Non
         state.redis_ping = client.ping
         if state.stored is None:
             state.stored = lambda qid: _exists(client, stored_predictions_key(qid))
+        if state.saver is None and state.gw.direct:
+            state.saver = await loop.run_in_executor(None, _saver, state.settings)
+            stack.callback(state.saver.close)
     assert state.bus is not None
     state.bus.on_late = state.metrics.late_replies
     state.bus.on_delivery_error = state.metrics.delivery_errors.inc
+
+
+def _saver(settings: Settings) -> PredictionSaver:
+    """The writer of answers made from a model's prediction straight, with the selector's TTL
+    and gathering (blocking: it connects)."""
+    client = sync_client(settings)
+    guard = RedisGuard(client.ping, name="gateway")
+    return PredictionSaver(client, settings.stored_predictions_ttl_s, guard, gather_s=SAVE_GATHER_S).start()
 
 
 async def _exists(client: Any, key: str) -> bool:

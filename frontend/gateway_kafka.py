@@ -10,7 +10,8 @@ only when it failed, so the loop serves the queries' reports every ``IDLE_POLL_S
 time, instead of a thread waking for each query (docs/design/0050); feedback goes through a
 producer of its own whose thread serves each report at once, as its caller waits for the ack.
 A ``topics.intake`` reads the reply topic: the loop polls it when librdkafka's queue wakes it
-(or a thread hands each fetch over), decodes the Responses and resolves the waiting futures.
+(or a thread hands each fetch over), decodes the Responses (and the Predictions of queries sent
+to their model straight, docs/design/0083) and resolves the waiting futures.
 The futures dict is touched only on the loop thread, so it needs no lock.
 """
 
@@ -26,7 +27,9 @@ from confluent_kafka.admin import AdminClient
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
-from schemas import Feedback, QueryEvent, Response, decode_as, encode
+from clipstream.errors import DecodeError
+from frontend.state import Reply
+from schemas import Feedback, ModelRequest, Predictions, QueryEvent, Response, decode, encode
 from topics.admin import ensure_topics, watermarks
 from topics.catalogue import Catalogue
 from topics.client import admin_config
@@ -55,14 +58,15 @@ class KafkaBus:
         self.queries_topic = cat.queries.name
         self.feedback_topic = cat.feedback.name
         self._deadletter_topic = cat.deadletter.name
-        self._pending: dict[str, asyncio.Future[Response]] = {}
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._request_topics: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Emitter | None = None
         self._acked: Emitter | None = None  # feedback's producer, made at the first feedback
         self._reports: asyncio.Task[None] | None = None
         self._intake: Intake | None = None
         # set by the gateway to count into its metrics (called on the loop thread)
-        self.on_late: Callable[[list[int]], None] = lambda late_by_us: None
+        self.on_late: Callable[[list[int | None]], None] = lambda late_by_us: None
         self.on_delivery_error: Callable[[], None] = lambda: None
 
     # -- lifecycle (blocking: call from a worker thread or before the loop serves) ----------
@@ -109,22 +113,38 @@ class KafkaBus:
                     log.warning("could not delete reply topic %s: %s", self.reply_topic, exc)
 
     # -- queries ------------------------------------------------------------------------
-    def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future[Response]:
+    def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future[Reply]:
         """Send a QueryEvent and return the future its Response will resolve (loop thread only)."""
+        return self._publish(self.queries_topic, event.query_id, encode(event), key)
+
+    def publish_request(self, request: ModelRequest) -> asyncio.Future[Reply]:
+        """Send a one-model app's query straight to its model (docs/design/0083) and return the
+        future its Prediction will resolve; ``request_topic`` first (loop thread only)."""
+        return self._publish(self._request_topics[request.model], request.query_id, encode(request),
+                             request.query_id.encode())
+
+    def request_topic(self, model: str) -> str | None:
+        """The model's ``requests.<model>`` topic once ``ensure_request_topic`` made sure of it."""
+        return self._request_topics.get(model)
+
+    def ensure_request_topic(self, model: str) -> None:
+        """Make sure the model's topics exist, once per model (blocking: run it in an executor),
+        as the selector does before its first request to a model."""
+        cat = Catalogue.from_settings(self._settings)
+        ensure_topics(self._settings, list(cat.for_model(model, 1)))
+        self._request_topics[model] = cat.requests(model).name
+
+    def _publish(self, topic: str, query_id: str, value: bytes, key: bytes) -> asyncio.Future[Reply]:
         assert self._loop is not None and self._producer is not None, "bus not started"
-        value = encode(event)
-        fut: asyncio.Future[Response] = self._loop.create_future()
-        qid = event.query_id
-        self._pending[qid] = fut
+        fut: asyncio.Future[Reply] = self._loop.create_future()
+        self._pending[query_id] = fut
         try:
-            self._producer.produce(
-                self.queries_topic, value=value, key=key, on_delivery=self._query_delivered
-            )
+            self._producer.produce(topic, value=value, key=key, on_delivery=self._query_delivered)
         except BufferError:
-            self._pending.pop(qid, None)
+            self._pending.pop(query_id, None)
             raise Overloaded("Kafka producer queue is full") from None
         except KafkaException as exc:
-            self._pending.pop(qid, None)
+            self._pending.pop(query_id, None)
             raise DeliveryFailed(str(exc)) from exc
         return fut
 
@@ -176,10 +196,18 @@ class KafkaBus:
         return bool(meta.brokers) and topic is not None and topic.error is None
 
     # -- replies (the intake hands each fetch to the loop) ----------------------------------
-    def _deliver(self, records: list[Response]) -> None:
-        late: list[int] = []
+    def _deliver(self, records: list[Response | Predictions]) -> None:
+        late: list[int | None] = []
         now = 0  # read once per fetch, and only if a reply in it is late
         for record in records:
+            if isinstance(record, Predictions):  # a one-model app's queries, answered by the model
+                for item in record.items:
+                    fut = self._pending.pop(item.query_id, None)
+                    if fut is None or fut.done():
+                        late.append(None)  # its deadline went with its caller
+                    else:
+                        fut.set_result(item)
+                continue
             fut = self._pending.pop(record.query_id, None)
             if fut is None or fut.done():
                 now = now or now_us()
@@ -190,6 +218,10 @@ class KafkaBus:
             self.on_late(late)
 
 
-def _decode_reply(msg: Message) -> Response:
-    """Where the intake polls: a Response off the reply topic (DecodeError: dropped, logged)."""
-    return decode_as(Response, msg.value())
+def _decode_reply(msg: Message) -> Response | Predictions:
+    """Where the intake polls: a Response, or a model's Predictions, off the reply topic
+    (anything else is a DecodeError: dead-lettered)."""
+    record = decode(msg.value())
+    if not isinstance(record, (Response, Predictions)):
+        raise DecodeError(f"expected a Response or Predictions record, got a {type(record).__name__}")
+    return record

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from topics.metrics import LATENCY_BUCKETS, Family, expose, render
+from topics.metrics import LATENCY_BUCKETS, Family, StageLatency, expose, render
 
 
 # a late reply's lateness: the selector's reply budget (3-40 ms) and the gateway's margin (5 ms)
@@ -86,13 +86,17 @@ class GatewayMetrics:
         g = Gauge("clipstream_gateway_admission_limit",
                   "Predict requests admitted at once (learnt from how the pipeline keeps up).", registry=r)
         g.set_function(lambda: float(limit()))
+        # the stages of queries answered straight from their model, which no selector sees
+        self.stages = StageLatency(r)
         self._per_app: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
 
-    def late_replies(self, late_by_us: list[int]) -> None:
-        """Replies that found no caller waiting, each by how long after its deadline it came."""
+    def late_replies(self, late_by_us: list[int | None]) -> None:
+        """Replies that found no caller waiting, each by how long after its deadline it came
+        (None: not known, for a prediction sent straight from a model)."""
         self.late.inc(by=len(late_by_us))
         for us in late_by_us:
-            self.late_by.observe(max(0, us) / 1e6)
+            if us is not None:
+                self.late_by.observe(max(0, us) / 1e6)
 
     def app(self, name: str) -> tuple[Any, Any, Any, Any, Any]:
         """The children of one app: (queries, prediction, default, refused, latency)."""

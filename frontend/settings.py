@@ -58,6 +58,9 @@ class GatewaySettings(BaseSettings):
     # an app tolerates a loop this share of its SLO late, never less than max_loop_lag_ms: 5 ms
     # was set for a 50 ms SLO, and a 150 ms SLO has room for three times that (docs/design/0075)
     loop_lag_slo_share: float = Field(0.1, ge=0)
+    # a ``single`` app's query goes to its model straight and the prediction comes back here,
+    # not through the selector (docs/design/0083); false: every query through the selector
+    direct: bool = True
     instance: str = Field(default_factory=_random_instance)
     retry_after_s: int = Field(1, ge=0)
     # how long /feedback waits for the broker's acknowledgement before answering 503

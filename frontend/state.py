@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, Union
 
 from clipstream.clock import now_us
+from clipstream.saver import PredictionSaver
 from clipstream.settings import Settings
 from frontend.admission import AdmissionLimit, verdict
 from frontend.gateway_http import HTTPProblem
@@ -20,7 +21,7 @@ from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryView
-from schemas import Feedback, QueryEvent, Response
+from schemas import Feedback, ModelRequest, Prediction, QueryEvent, Response
 
 LAG_CUT_EVERY_US = 50_000  # the gateway's late loop cuts its admission limit at most this often
 
@@ -30,13 +31,20 @@ class Registry(Protocol):
     def wait_ready(self, timeout_s: float = 30.0) -> RegistryView: ...
 
 
+# what a waiting caller is handed: the selector's Response, or its one model's Prediction
+Reply = Union[Response, Prediction]
+
+
 class Bus(Protocol):
     """What the routes need from Kafka (``KafkaBus``; a fake in unit tests)."""
 
-    on_late: Callable[[list[int]], None]  # replies nobody waited for: how late each came, in µs
+    on_late: Callable[[list[int | None]], None]  # replies nobody waited for: how late each came, in µs
     on_delivery_error: Callable[[], None]
 
-    def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future[Response]: ...
+    def publish_query(self, event: QueryEvent, key: bytes) -> asyncio.Future[Reply]: ...
+    def publish_request(self, request: ModelRequest) -> asyncio.Future[Reply]: ...
+    def request_topic(self, model: str) -> str | None: ...
+    def ensure_request_topic(self, model: str) -> None: ...
     def forget(self, query_id: str) -> None: ...
     async def publish_feedback(self, record: Feedback, key: bytes, timeout_s: float) -> None: ...
     def kafka_ok(self, timeout_s: float = 2.0) -> bool: ...
@@ -55,6 +63,8 @@ class GatewayState:
         self.redis_ping: Callable[[], Awaitable[bool]] | None = None
         # whether the selector still holds a query's predictions (None: cannot tell now)
         self.stored: Callable[[str], Awaitable[bool | None]] | None = None
+        # where answers made from a model's prediction straight are stored for feedback
+        self.saver: PredictionSaver | None = None
         self.inflight = 0
         ceiling = gw.max_inflight
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)

@@ -60,6 +60,8 @@ class ModelRequest:
     selector_partition: int
     trace: Trace = field(default_factory=dict)
     also: list[str] = field(default_factory=list)  # more models this query asks (docs/design/0082)
+    reply_topic: str | None = None  # a one-model app's query answered by its model (docs/design/0083)
+    reply_partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ class BatchItem:
     cache_key: str | None
     input: Tensor
     trace: Trace = field(default_factory=dict)
+    reply_topic: str | None = None
+    reply_partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from registry.outputs import read_row, wire_value
 from schemas import OutputKind, Response, Tensor
 from selector.join import Asked
-from selector.types import Output, plain
+from selector.types import Output
 
-WIRE_SCALARS = (bool, int, float, str)
+__all__ = ["AppOutputs", "app_outputs", "response_record", "to_output", "wire_value"]
 
 
 @dataclass(frozen=True)
@@ -38,22 +37,7 @@ def app_outputs(view: Any, models: tuple[str, ...]) -> AppOutputs:
 
 def to_output(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None) -> Output:
     """A model's row as an Output: class scores -> (argmax label, scores); a 0-d tensor -> its value."""
-    arr = tensor.array()
-    if arr.ndim == 0 or (arr.size == 1 and kind in ("label", "regression")):
-        value = plain(arr.reshape(()))
-        return Output(float(value) if kind == "regression" else value)
-    scores = tuple(float(s) for s in np.asarray(arr, dtype=np.float64).ravel())
-    best = int(np.argmax(scores))
-    value = labels[best] if labels and len(labels) == len(scores) else best
-    return Output(value, scores)
-
-
-def wire_value(value: Any) -> Any:
-    """A value the Response's union (null, boolean, long, double, string) can carry."""
-    value = plain(value)
-    if value is None or isinstance(value, WIRE_SCALARS):
-        return value
-    return str(value)
+    return Output(*read_row(tensor, kind, labels))
 
 
 def response_record(

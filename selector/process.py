@@ -18,13 +18,13 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from clipstream.redisclient import RedisGuard, sync_client
+from clipstream.saver import PredictionSaver
 from clipstream.settings import Settings
 from registry.topic import RegistryFollower
 from selector.handover import Handover
 from selector.kafka import Apps
 from selector.learn import Learner
 from selector.reply_budget import ReplyBudget
-from selector.saver import PredictionSaver
 from selector.service import Selector
 from selector.settings import SelectorSettings
 from selector.store import StateStore
@@ -66,7 +66,7 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
                        context_ttl_s=ss.context_state_ttl_s, max_contexts=ss.max_contexts)
     store.redis.ping()
     guard = RedisGuard(store.redis.ping, name="selector")  # join and learn share what they find
-    saver = PredictionSaver(store, guard, gather_s=ss.save_gather_ms / 1000.0).start() if join else None
+    saver = PredictionSaver(store.redis, store.ttl_s, guard, gather_s=ss.save_gather_ms / 1000.0).start() if join else None
     apps = Apps(follower.view, ss.policy_imports)
     dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
     waiting = {"join"} if join else set()

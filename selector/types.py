@@ -10,16 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from registry.outputs import plain
+
+__all__ = ["Feedback", "Output", "Query", "State", "plain", "same_label"]
+
 # A policy's learned state: JSON-able (lists, floats, str), stored in Redis per (app, context).
 State = dict[str, Any]
-
-
-def plain(value: Any) -> Any:
-    """A numpy scalar (or 0-d array) as the Python value it holds, so answers compare and encode."""
-    item = getattr(value, "item", None)
-    if item is not None and getattr(value, "ndim", 0) == 0:
-        return item()
-    return value
 
 
 def same_label(a: Any, b: Any) -> bool:

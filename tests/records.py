@@ -19,6 +19,8 @@ def samples() -> dict[str, dict[str, Any]]:
         "cache_key": "cs:cache:m:1:abc",
         "input": T,
         "trace": {"batcher_in": 1},
+        "reply_topic": "clipstream.replies.gw1",
+        "reply_partition": 0,
     }
     pred = {
         "query_id": "q1",
@@ -51,6 +53,8 @@ def samples() -> dict[str, dict[str, Any]]:
             "selector_partition": 2,
             "trace": {},
             "also": ["m2"],
+            "reply_topic": None,
+            "reply_partition": None,
         },
         "BatchItem": item,
         "Batch": {
@@ -59,7 +63,8 @@ def samples() -> dict[str, dict[str, Any]]:
             "version": "1",
             "replica": 0,
             "created_us": 3,
-            "items": [item, {**item, "query_id": "q2", "cache_key": None}],
+            "items": [item, {**item, "query_id": "q2", "cache_key": None, "reply_topic": None,
+                             "reply_partition": None}],
         },
         "Prediction": pred,
         "Predictions": {

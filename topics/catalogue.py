@@ -130,6 +130,12 @@ class Catalogue:
         check_name("gateway instance", instance)
         return self._spec(f"replies.{instance}", partitions, **{"retention.ms": str(HOUR_MS)})
 
+    def is_reply(self, topic: str) -> bool:
+        """Whether ``topic`` is some gateway's reply topic: the only place a request may ask
+        its prediction to be sent instead of ``predictions`` (docs/design/0083)."""
+        head = self.prefix + "replies."
+        return topic.startswith(head) and valid_name(topic[len(head):])
+
     # -- per-model topics ----------------------------------------------------------
     def requests(self, model: str, partitions: int = REQUEST_PARTITIONS) -> TopicSpec:
         return self._spec(f"requests.{check_name('model', model)}", partitions)

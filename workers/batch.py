@@ -29,14 +29,17 @@ STAGE = "worker"
 class BatchOutcome:
     """What one batch produces; the adapter only has to write it out."""
 
-    predictions: dict[int, list[Prediction]] = field(default_factory=dict)
+    # by destination: (a reply topic, its partition) or (None, a selector partition)
+    predictions: dict[tuple[str | None, int], list[Prediction]] = field(default_factory=dict)
     cache: list[tuple[str, bytes]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stats: BatchStats | None = None
 
-    def predictions_records(self) -> list[tuple[int, Predictions]]:
-        """(selector partition, ``Predictions`` record) pairs: one record per partition."""
-        return [(p, Predictions(p, items)) for p, items in sorted(self.predictions.items())]
+    def predictions_records(self) -> list[tuple[str | None, int, Predictions]]:
+        """(reply topic or None for ``predictions``, partition, ``Predictions`` record): one
+        record per destination."""
+        return [(topic, part, Predictions(part, items))
+                for (topic, part), items in sorted(self.predictions.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
 
 
 def output_rows(spec: OutputSpec, outputs: Any, n: int) -> list[np.ndarray]:
@@ -104,8 +107,16 @@ def _prediction(p: Prepared, item: BatchItem, status: str, output: Tensor | None
     trace = dict(item.trace)
     trace["worker_in"] = p.received_us
     trace["worker_out"] = out_us
-    p.outcome.predictions.setdefault(item.selector_partition, []).append(
+    p.outcome.predictions.setdefault(route(item), []).append(
         Prediction(item.query_id, p.batch.model, p.version, status, output, error, trace))
+
+
+def route(item: BatchItem) -> tuple[str | None, int]:
+    """Where an item's prediction goes: its request's reply target (a one-model app's query
+    from the gateway, docs/design/0083), else its selector's partition of ``predictions``."""
+    if item.reply_topic:
+        return item.reply_topic, item.reply_partition or 0
+    return None, item.selector_partition
 
 
 def prepare_batch(
@@ -116,23 +127,31 @@ def prepare_batch(
     received_us: int,
     source: tuple[str, int, int] | None = None,
     selector_partitions: int | None = None,
+    is_reply: Callable[[str], bool] | None = None,
     clock: Callable[[], int] = now_us,
 ) -> Prepared:
     """Check every item against ``model.yaml`` and stack the valid ones (CPU work the worker
     does while the device runs the previous batch).
 
-    An item whose ``selector_partition`` is outside ``[0, selector_partitions)`` cannot be
-    answered anywhere: it becomes a dead letter only (producing it would fail forever).
+    An item without a reply target whose ``selector_partition`` is outside
+    ``[0, selector_partitions)``, or one whose reply target ``is_reply`` says is no gateway's
+    reply topic, cannot be answered anywhere: it becomes a dead letter only (producing it would
+    fail forever, or write into a topic that is not for predictions).
     """
     p = Prepared(batch, batch.version or version, received_us, source)
     arrays: list[np.ndarray] = []
     for item in batch.items:
-        part = item.selector_partition
-        if part < 0 or (selector_partitions is not None and part >= selector_partitions):
+        part, reply = item.selector_partition, item.reply_topic
+        if reply is not None and is_reply is not None and not is_reply(reply):
+            nowhere = f"reply_topic {reply!r} is no gateway's reply topic"
+        elif reply is None and (part < 0 or (selector_partitions is not None and part >= selector_partitions)):
+            nowhere = f"selector_partition {part} is outside [0, {selector_partitions})"
+        else:
+            nowhere = None
+        if nowhere is not None:
             p.errors += 1
-            p.outcome.dead_letters.append(dead_letter(
-                f"selector_partition {part} is outside [0, {selector_partitions})",
-                source=source, query_id=item.query_id, payload=encode(item)))
+            p.outcome.dead_letters.append(dead_letter(nowhere, source=source, query_id=item.query_id,
+                                                      payload=encode(item)))
             continue
         try:
             array = item.input.array()
@@ -206,11 +225,12 @@ def handle_batch(
     received_us: int | None = None,
     source: tuple[str, int, int] | None = None,
     selector_partitions: int | None = None,
+    is_reply: Callable[[str], bool] | None = None,
     clock: Callable[[], int] = now_us,
 ) -> BatchOutcome:
     """prepare, run and finish one batch in one go (the worker runs the three on different
     threads, so that the device never waits for the CPU work around it)."""
     received_us = clock() if received_us is None else received_us
     p = prepare_batch(model.spec, batch, version=version, received_us=received_us, source=source,
-                      selector_partitions=selector_partitions, clock=clock)
+                      selector_partitions=selector_partitions, is_reply=is_reply, clock=clock)
     return finish_batch(p, run_batch(model, p, clock), worker_id=worker_id, clock=clock)

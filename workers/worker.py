@@ -14,6 +14,7 @@ and the selector may see a duplicate, never a gap.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import socket
@@ -233,7 +234,8 @@ class Worker:
                 job.outcome = BatchOutcome()  # nothing to do; its offset is committed in turn
             else:
                 job.prepared = prepare_batch(self.model.spec, batch, version=self.version, received_us=now_us(),
-                                             source=source, selector_partitions=self.selector_partitions)
+                                             source=source, selector_partitions=self.selector_partitions,
+                                             is_reply=self.cat.is_reply)
         except ClipstreamError as exc:
             job.outcome = BatchOutcome(dead_letters=[
                 dead_letter(f"undecodable batch: {exc}", source=source, payload=msg.value())])
@@ -339,7 +341,8 @@ class Worker:
     def emit(self, outcome: BatchOutcome, offset: int) -> None:
         """Predictions first (the caller is waiting), then the cache, stats and dead letters."""
         records: list[tuple[str, int | None, Record]] = [
-            (self.predictions_topic, partition, record) for partition, record in outcome.predictions_records()]
+            (topic or self.predictions_topic, partition, record)
+            for topic, partition, record in outcome.predictions_records()]
         if outcome.stats is not None:
             records.append((self.stats_topic, None, outcome.stats))
             self.metrics.batch(outcome.stats)
@@ -360,8 +363,8 @@ class Worker:
             self.produce(topic, partition, record, offset)
 
     def produce(self, topic: str, partition: int | None, record: Record, offset: int) -> None:
-        kwargs: dict[str, Any] = {"value": encode(record),
-                                  "on_delivery": lambda err, msg: self.tracker.acked(offset, None if err is None else f"{msg.topic()}: {err}")}
+        kwargs: dict[str, Any] = {"value": encode(record), "on_delivery": functools.partial(
+            self._acked, offset, topic not in (self.predictions_topic, self.stats_topic, self.deadletter_topic))}
         if partition is not None:
             kwargs["partition"] = partition
         while True:
@@ -370,6 +373,15 @@ class Worker:
                 return
             except BufferError:  # local queue full: let librdkafka drain it
                 self.producer.poll(0.05)
+
+    def _acked(self, offset: int, to_caller: bool, err: Any, msg: Any) -> None:
+        """A record of the batch at ``offset`` was taken, or not. Predictions sent straight to
+        a gateway's reply topic are the caller's alone: one that is refused (the gateway went,
+        and its topic with it) is logged, not redone, as no redo could reach that caller."""
+        if err is not None and to_caller:
+            log(f"predictions for {msg.topic()} not delivered ({err}); that caller gets its default")
+            err = None
+        self.tracker.acked(offset, None if err is None else f"{msg.topic()}: {err}")
 
 
 @dataclass

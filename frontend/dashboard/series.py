@@ -118,12 +118,17 @@ class Series:
 
         row: Row = {pid: {} for pid, _, _ in PANELS}
         answers = rate("clipstream_selector_answers_total", "app")
-        if not answers:  # no selector scraped: what the gateway answered
-            answers = rate("clipstream_gateway_answers_total", "app")
+        # what the gateway answered of apps the selector did not (no selector scraped, or a
+        # one-model app whose queries go to its model straight, docs/design/0083)
+        gateway_answers = rate("clipstream_gateway_answers_total", "app", "outcome")
+        straight = {app for (app, _) in gateway_answers} - {app for (app,) in answers}
+        for (app, outcome), v in gateway_answers.items():
+            if app in straight:
+                answers[(app,)] = answers.get((app,), 0.0) + v
         row["throughput"] = {app: v for (app,), v in answers.items()}
         buckets = delta("clipstream_selector_answer_seconds_bucket", "app", "le")
-        if not buckets:
-            buckets = delta("clipstream_gateway_query_seconds_bucket", "app", "le")
+        buckets.update({k: v for k, v in delta("clipstream_gateway_query_seconds_bucket", "app", "le").items()
+                        if k[0] in straight})
         per_app: dict[str, dict[float, float]] = {}
         for (app, le), v in buckets.items():
             per_app.setdefault(app, {})[float(le)] = v
@@ -137,6 +142,10 @@ class Series:
         for (outcome,), v in rate("clipstream_selector_answers_total", "outcome").items():
             if outcome == "prediction":
                 outcomes["prediction"] = v
+        for (app, outcome), v in gateway_answers.items():
+            if app in straight and outcome in ("prediction", "default"):
+                key = "prediction" if outcome == "prediction" else "default: answered by the gateway"
+                outcomes[key] = outcomes.get(key, 0.0) + v
         for (reason,), v in rate("clipstream_selector_defaults_total", "reason").items():
             outcomes[f"default: {reason}"] = v
         for (outcome,), v in rate("clipstream_gateway_answers_total", "outcome").items():

@@ -4,7 +4,7 @@ import numpy as np
 
 from batchers.aimd import AIMD
 from batchers.cache import cache_key
-from batchers.core import BatcherCore, Pending, by_partition, prediction
+from batchers.core import BatcherCore, Pending, by_route, prediction
 from batchers.dispatch import Dispatcher
 from schemas import BatchStats, ModelRequest, Tensor, decode_as, encode
 
@@ -14,10 +14,11 @@ def core(replicas=1, start=4, delay=2_000, in_flight=1, coalesce=True):
     return BatcherCore("m", "1", d, coalesce=coalesce)
 
 
-def req(qid, deadline, x=0.0, part=0, arrival=0):
+def req(qid, deadline, x=0.0, part=0, arrival=0, reply=None):
     t = Tensor.of(np.array([x], dtype=np.float32))
     r = ModelRequest(query_id=qid, app="a", model="m", input=t, deadline_us=deadline,
-                     selector_partition=part, trace={"batcher_in": arrival})
+                     selector_partition=part, trace={"batcher_in": arrival},
+                     reply_topic=reply, reply_partition=0 if reply else None)
     return Pending(r, cache_key("m", "1", t), arrival)
 
 
@@ -104,13 +105,27 @@ def test_no_coalescing_without_cache():
 
 
 def test_expired_predictions_group_by_partition_and_encode():
-    preds = [(p.partition, prediction(p, "m", "1", "expired", 5, error="deadline passed"))
+    preds = [(p.route, prediction(p, "m", "1", "expired", 5, error="deadline passed"))
              for p in [req("a", 1, part=0), req("b", 1, part=3), req("c", 1, part=3)]]
-    groups = by_partition(preds)
-    assert sorted(groups) == [0, 3] and len(groups[3].items) == 2
-    assert groups[3].selector_partition == 3 and groups[3].items[0].trace == {"batcher_in": 0, "batched": 5}
+    groups = by_route(preds)
+    assert sorted(groups) == [(None, 0), (None, 3)] and len(groups[(None, 3)].items) == 2
+    assert groups[(None, 3)].selector_partition == 3
+    assert groups[(None, 3)].items[0].trace == {"batcher_in": 0, "batched": 5}
     for rec in groups.values():
         assert decode_as(type(rec), encode(rec)) == rec
+
+
+def test_a_request_with_a_reply_target_is_answered_there_and_batched_with_it():
+    # a one-model app's query from the gateway (docs/design/0083): its prediction skips the selector
+    straight, other = req("s", 10_000, x=1, part=2, reply="replies.gw"), req("o", 10_000, x=2, part=2)
+    assert straight.route == ("replies.gw", 0) and other.route == (None, 2)
+    groups = by_route([(p.route, prediction(p, "m", "1", "cached", 5)) for p in (straight, other)])
+    assert [it.query_id for it in groups[("replies.gw", 0)].items] == ["s"]
+    c = core(start=4, delay=0)
+    assert c.admit(straight) and c.admit(other)
+    items = c.poll(0).batches[0].record.items
+    assert [(it.query_id, it.reply_topic, it.reply_partition) for it in items] == [
+        ("s", "replies.gw", 0), ("o", None, None)]
 
 
 def test_requests_that_cannot_finish_in_time_are_dropped_before_batching():

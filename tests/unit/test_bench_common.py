@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.breakdown import SEGMENTS, split, table
+from bench.breakdown import SEGMENTS, STRAIGHT, split, table
 from bench.common import best_under_slo
 from bench.machine import label_of
 from bench.efficiency import CLOCKWORK, device_bound
@@ -42,6 +42,15 @@ def test_split_of_a_trace_into_segments() -> None:
     assert parts["gateway"] == 0.5 and parts["batcher"] == 2.0 and parts["model service"] == 3.0
     assert sum(parts.values()) == pytest.approx((11_000 - 500) / 1000)
     assert split({"produced": 1}, 0, 2) is None
+
+
+def test_a_query_answered_straight_by_its_model_splits_without_the_selectors_stamps() -> None:
+    trace = {"produced": 1000, "batcher_in": 2500, "batched": 4500, "worker_in": 5000, "worker_out": 8000}
+    parts = split(trace, sent_us=500, recv_us=9_000)
+    assert parts is not None and list(parts) == [s[0] for s in STRAIGHT]
+    assert parts["requests hop"] == 1.5 and parts["predictions hop"] == 1.0
+    assert sum(parts.values()) == pytest.approx((9_000 - 500) / 1000)
+    assert list(table([parts, parts])) == [s[0] for s in STRAIGHT]
 
 
 def test_the_brokers_append_time_splits_the_reply_hop() -> None:

@@ -136,7 +136,9 @@ def test_the_breakdown_reply_tap_copies_each_responses_trace(monkeypatch: Any) -
     resp = _response("q1", joined=20)
     handlers[0](resp, None, 0)
     handlers[0](_stats(), None, 0)
-    assert traces == {"q1": {"joined": 20}}
+    # a one-model app's predictions come to the same topic, one trace per query
+    handlers[0](Predictions(0, [Prediction("q2", "m", "1", "ok", None, None, {"worker_out": 9})]), None, 0)
+    assert traces == {"q1": {"joined": 20}, "q2": {"worker_out": 9}}
     traces["q1"]["_x"] = 1
     assert "_x" not in resp.trace  # a copy: the bench adds its own keys
 

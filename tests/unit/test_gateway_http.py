@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -23,7 +24,7 @@ from frontend.gateway_http import RECEIVED_US, predict_app, stamped_protocol
 from frontend.settings import GatewaySettings
 from registry.spec import ModelSpec, OutputSpec, TensorSpec
 from registry.topic import AppConfig, ModelConfig, RegistryView
-from schemas import Feedback, QueryEvent, Response
+from schemas import Feedback, ModelRequest, Prediction, QueryEvent, Response, Tensor
 
 SPEC = ModelSpec(Path("/m"), "python", TensorSpec("float32", (2, 3)),
                  OutputSpec("class_scores", ("cat", "dog")), cls="x:Y")
@@ -56,10 +57,13 @@ class FakeBus:
 
     reply_topic = "t.replies.unit"
 
-    def __init__(self, reply: Any = None, after_ms: float = 0.0) -> None:
+    def __init__(self, reply: Any = None, after_ms: float = 0.0, predict: Any = None) -> None:
         self.reply = reply
         self.after_ms = after_ms
+        self.predict = predict or regression_of(1.5)  # a one-model app's model, asked straight
         self.queries: list[tuple[QueryEvent, bytes]] = []
+        self.requests: list[ModelRequest] = []
+        self.topics: set[str] = set()
         self.feedback: list[tuple[Feedback, bytes]] = []
         self.on_late = lambda late_by_us: None
         self.on_delivery_error = lambda: None
@@ -72,6 +76,20 @@ class FakeBus:
         elif self.reply is not None:
             fut.set_result(self.reply(event))
         return fut
+
+    def publish_request(self, request: ModelRequest) -> asyncio.Future:
+        assert request.model in self.topics, "the gateway makes sure of the topic first"
+        self.requests.append(request)
+        fut = asyncio.get_running_loop().create_future()
+        if self.predict is not None:
+            fut.set_result(self.predict(request))
+        return fut
+
+    def request_topic(self, model: str) -> str | None:
+        return f"t.requests.{model}" if model in self.topics else None
+
+    def ensure_request_topic(self, model: str) -> None:
+        self.topics.add(model)
 
     def forget(self, query_id: str) -> None:
         pass
@@ -88,6 +106,15 @@ def answer(event: QueryEvent) -> Response:
                     scores=[0.25, 0.75], labels=["cat", "dog"], confidence=1.0,
                     is_default=False, default_reason=None, answered=["m1"], missing=[],
                     created_us=event.created_us, deadline_us=event.deadline_us, trace={})
+
+
+def regression_of(value: float, status: str = "ok", error: str | None = None) -> Any:
+    """A model that answers every request with ``value`` (or fails with ``status``)."""
+    def predict(request: ModelRequest) -> Prediction:
+        output = Tensor.of(np.array(value, dtype=np.float64)) if status == "ok" else None
+        return Prediction(request.query_id, request.model, "1", status, output, error,
+                          {**request.trace, "worker_out": now_us()})
+    return predict
 
 
 async def _pong() -> bool:
@@ -439,7 +466,7 @@ def test_readyz_metrics_and_openapi(client):
 def test_large_inputs_are_parsed_off_the_loop_with_the_same_rules(client, bus):
     rows = [[0.5] * 100 for _ in range(200)]  # ~100 KB of JSON: parsed in a worker thread
     r = client.post("/v1/apps/big/predict", json={"input": rows})
-    assert r.status_code == 200 and bus.queries[-1][0].input.shape == [200, 100]
+    assert r.status_code == 200 and bus.requests[-1].input.shape == [200, 100]
     rows[150][7] = "x"
     r = client.post("/v1/apps/big/predict", json={"input": rows})
     assert r.status_code == 422 and "input[150][7] is a string" in r.json()["detail"]

@@ -84,6 +84,29 @@ def test_series_rates_batch_size_cache_share_and_weights_over_the_window():
     assert len(first["series"]["d"]) == 3  # every series as long as t
 
 
+def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
+    # ``d`` goes through the selector; ``one`` is a one-model app its model answers straight
+    def at(n: float) -> dict:
+        return merge([parse("\n".join([
+            f'clipstream_selector_answers_total{{app="d",outcome="prediction"}} {n}',
+            f'clipstream_selector_answer_seconds_bucket{{app="d",le="0.01"}} {n}',
+            f'clipstream_selector_answer_seconds_bucket{{app="d",le="+Inf"}} {n}',
+            f'clipstream_gateway_answers_total{{app="d",outcome="prediction"}} {n}',
+            f'clipstream_gateway_answers_total{{app="one",outcome="prediction"}} {2 * n}',
+            f'clipstream_gateway_answers_total{{app="one",outcome="default"}} {n / 10}',
+            f'clipstream_gateway_query_seconds_bucket{{app="one",le="0.005"}} {2 * n}',
+            f'clipstream_gateway_query_seconds_bucket{{app="one",le="+Inf"}} {2.1 * n}',
+        ]) + "\n")])
+
+    series = Series(keep=10, window=2)
+    series.add(100.0, at(0), {"d": 50.0, "one": 50.0})
+    row = series.add(102.0, at(20), {"d": 50.0, "one": 50.0})
+    assert row["throughput"] == {"d": pytest.approx(10.0), "one": pytest.approx(21.0)}
+    assert row["outcomes"]["prediction"] == pytest.approx(10.0 + 20.0)
+    assert row["outcomes"]["default: answered by the gateway"] == pytest.approx(1.0)
+    assert 0 < row["latency"]["one p50"] <= 5.0 and row["latency"]["d p50"] <= 10.0
+
+
 def test_the_admission_panel_shows_the_gateways_limit_in_flight_and_cuts_a_second_by_cause():
     from frontend.metrics import GatewayMetrics
 

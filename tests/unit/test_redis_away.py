@@ -19,7 +19,7 @@ from clipstream.redisclient import RedisGuard, client_options
 from clipstream.settings import Settings
 from clipstream.testing.procs import wait_until
 from selector.learn import FeedbackOffsets, Learner
-from selector.saver import PredictionSaver
+from clipstream.saver import PredictionSaver
 from selector.store import StateStore, state_key
 from tests.fakes import FakeMsg
 
@@ -120,7 +120,7 @@ def test_the_selector_answers_from_memory_while_redis_is_away() -> None:
 def test_stored_predictions_wait_for_redis_and_go_out_after() -> None:
     r = Flaky()
     guard = RedisGuard(r.ping, probe_every_s=0.01)
-    saver = PredictionSaver(StateStore(r), guard, capacity=3).start()  # type: ignore[arg-type]
+    saver = PredictionSaver(r, 3600, guard, capacity=3).start()  # type: ignore[arg-type]
     saver.put("q0", {"app": "a"})
     wait_until(lambda: "cs:pred:q0" in r.data, 5, "q0 stored")
     r.away.set()
@@ -149,7 +149,7 @@ def test_stored_predictions_answered_within_the_gather_window_share_one_round_tr
 
     r.pipeline = counted  # type: ignore[method-assign]
     guard = RedisGuard(r.ping, probe_every_s=0.01)
-    saver = PredictionSaver(StateStore(r), guard, gather_s=0.5).start()  # type: ignore[arg-type]
+    saver = PredictionSaver(r, 3600, guard, gather_s=0.5).start()  # type: ignore[arg-type]
     for i in range(10):
         saver.put(f"q{i}", {"app": "a", "i": i})
     wait_until(lambda: saver.pending() == 0, 5, "the ten predictions to be written")

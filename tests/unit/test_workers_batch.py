@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from clipstream.errors import ModelError
+from topics.catalogue import Catalogue
 from registry.spec import OutputSpec, load_spec
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Predictions, Tensor, decode_as, encode
 from clipstream.testing.models import digits, digits_logreg, make_onnx_digits_model, make_python_model
@@ -56,10 +57,10 @@ def test_outputs_grouped_by_selector_partition_and_correct(onnx_model: Any) -> N
     clock = iter(range(5_000, 6_000)).__next__
     out = handle_batch(onnx_model, batch(items), worker_id="w", version="7", received_us=4_000, clock=clock)
     records = out.predictions_records()
-    assert [p for p, _ in records] == [0, 1, 2]
+    assert [(t, p) for t, p, _ in records] == [(None, 0), (None, 1), (None, 2)]
     expected = onnx_model.predict_batch(x[:6])
     seen = {}
-    for part, rec in records:
+    for _, part, rec in records:
         assert isinstance(rec, Predictions) and rec.selector_partition == part
         assert decode_as(Predictions, encode(rec)) == rec  # valid on the wire
         for pred in rec.items:
@@ -116,12 +117,12 @@ def test_model_exception_turns_the_batch_into_errors(tmp_path: Path) -> None:
     model = load_model(load_spec(make_python_model(tmp_path, "flaky", Flaky, labels=["a", "b"], shape=[2])))
     good = np.ones(2, dtype=np.float32)
     out = handle_batch(model, batch([item(0, good, 0), item(1, -good, 0)]), worker_id="w")
-    preds = out.predictions[0]
+    preds = out.predictions[(None, 0)]
     assert [p.status for p in preds] == ["error", "error"]
     assert "RuntimeError: negative input" in (preds[0].error or "")
     assert out.cache == [] and out.stats is not None and out.stats.errors == 2
     ok = handle_batch(model, batch([item(0, good, 0)]), worker_id="w")  # the next batch is fine
-    output = ok.predictions[0][0].output
+    output = ok.predictions[(None, 0)][0].output
     assert output is not None
     np.testing.assert_allclose(output.array(), [0.25, 0.75])
 
@@ -129,8 +130,23 @@ def test_model_exception_turns_the_batch_into_errors(tmp_path: Path) -> None:
 def test_out_of_range_selector_partition_is_a_dead_letter_only(onnx_model: Any) -> None:
     x, _ = digits()
     out = handle_batch(onnx_model, batch([item(0, x[0], 9), item(1, x[1], 1)]), worker_id="w", selector_partitions=4)
-    assert list(out.predictions) == [1]
+    assert list(out.predictions) == [(None, 1)]
     assert [d.query_id for d in out.dead_letters] == ["q0"]
+
+
+def test_an_item_with_a_reply_target_is_answered_there(onnx_model: Any) -> None:
+    # a one-model app's query from the gateway (docs/design/0083): its selector_partition is unused
+    x, _ = digits()
+    straight = replace(item(0, x[0], 9), reply_topic="t.replies.gw", reply_partition=0)
+    elsewhere = replace(item(2, x[2], 1), reply_topic="t.registry", reply_partition=0)
+    out = handle_batch(onnx_model, batch([straight, item(1, x[1], 1), elsewhere]), worker_id="w",
+                       selector_partitions=4, is_reply=Catalogue("t.").is_reply)
+    records = {(t, p): rec for t, p, rec in out.predictions_records()}
+    assert sorted(records, key=str) == [("t.replies.gw", 0), (None, 1)]
+    assert [(it.query_id, it.status) for it in records[("t.replies.gw", 0)].items] == [("q0", "ok")]
+    # a reply target that is no gateway's reply topic: answered nowhere, a dead letter says why
+    assert [(d.query_id, d.reason) for d in out.dead_letters] == [
+        ("q2", "reply_topic 't.registry' is no gateway's reply topic")]
 
 
 def test_output_rows_shapes() -> None:
@@ -152,5 +168,5 @@ def test_string_labels_cannot_travel_and_become_errors(tmp_path: Path) -> None:
           "    def predict_batch(self, x): return np.array(['cat'] * len(x))\n"
     model = load_model(load_spec(make_python_model(tmp_path, "strlab", src, labels=["cat"], kind="label", shape=[1])))
     out = handle_batch(model, batch([item(0, np.zeros(1, dtype=np.float32), 0)]), worker_id="w")
-    pred = out.predictions[0][0]
+    pred = out.predictions[(None, 0)][0]
     assert pred.status == "error" and "cannot travel" in (pred.error or "")

@@ -1,6 +1,8 @@
 """Stored predictions for the feedback join, written off the answer path.
 
-The join answers the caller first and stores what it combined for ``selector.learn`` after.
+Whoever answers a query (the selector's join, or the gateway for a query its model answered
+straight, docs/design/0083) answers the caller first and stores what it answered for
+``selector.learn`` after.
 A thread writes them (a pipeline per group), so a slow or frozen Redis never holds up an
 answer; while Redis is away the records wait here, bounded, and go out once it is back, so
 feedback on queries answered during an outage can still be joined.
@@ -19,18 +21,19 @@ import threading
 from collections import deque
 from typing import Any
 
-from clipstream.redisclient import REDIS_AWAY, RedisGuard
-from selector.store import StateStore, pred_key
+import redis
 
-log = logging.getLogger("selector")
+from clipstream.redisclient import REDIS_AWAY, RedisGuard, stored_predictions_key
+
+log = logging.getLogger(__name__)
 
 
 class PredictionSaver:
     """A bounded queue of stored predictions and the thread that writes them to Redis."""
 
-    def __init__(self, store: StateStore, guard: RedisGuard, capacity: int = 100_000, group_max: int = 500,
-                 gather_s: float = 0.02) -> None:
-        self.store, self.guard, self.gather_s = store, guard, gather_s
+    def __init__(self, client: redis.Redis, ttl_s: int, guard: RedisGuard, capacity: int = 100_000,
+                 group_max: int = 500, gather_s: float = 0.02) -> None:
+        self.client, self.ttl_s, self.guard, self.gather_s = client, ttl_s, guard, gather_s
         self._queue: deque[tuple[int, str, str]] = deque()  # (seq, query id, JSON)
         self._seq = 0
         self._capacity, self._group_max = capacity, group_max
@@ -84,9 +87,9 @@ class PredictionSaver:
                 self.guard.wait_available(0.5)
                 continue
             try:
-                pipe = self.store.redis.pipeline(transaction=False)
+                pipe = self.client.pipeline(transaction=False)
                 for _, query_id, value in group:
-                    pipe.set(pred_key(query_id), value, ex=self.store.ttl_s)
+                    pipe.set(stored_predictions_key(query_id), value, ex=self.ttl_s)
                 pipe.execute()
             except REDIS_AWAY as exc:  # kept: written once Redis is back
                 self.stats["failed_writes"] += 1

@@ -1,0 +1,54 @@
+"""A request that names a gateway's reply topic (a one-model app's query sent straight,
+docs/design/0083), without a broker: its batch item keeps the target, a prediction the batcher
+makes itself goes there, and a target that is no reply topic is a dead letter."""
+
+import asyncio
+
+import numpy as np
+
+from batchers.service import BatcherService, ModelSetup
+from batchers.settings import BatcherSettings
+from clipstream.clock import now_us
+from clipstream.settings import Settings
+from schemas import Batch, DeadLetter, ModelRequest, Predictions, Tensor, decode_as, encode
+from tests.unit.test_batchers_offsets import T, DeliveringProducer, owned
+from tests.unit.test_batchers_version import Guard
+
+
+def request(qid: str, reply: str, deadline_us: int) -> bytes:
+    return encode(ModelRequest(query_id=qid, app="a", model="m", input=Tensor.of(np.zeros(1, np.float32)),
+                               deadline_us=deadline_us, selector_partition=0, trace={"produced": 1},
+                               reply_topic=reply, reply_partition=0))
+
+
+def test_a_reply_target_rides_with_the_request_and_only_a_reply_topic_is_one() -> None:
+    async def run() -> None:
+        producer, offsets = DeliveringProducer(), owned(1)
+        svc = BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
+                             ModelSetup("m", "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
+                                        cache=False),
+                             producer, guard=Guard(), offsets=offsets)  # type: ignore[arg-type]
+        svc.accept_group([(request("late", "p.replies.gw", 1), (T, 1, 10)),
+                          (request("ok", "p.replies.gw", now_us() + 10**9), (T, 1, 11)),
+                          (request("evil", "p.registry", now_us() + 10**9), (T, 1, 12))])
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(c()) for c in (svc.lookup_loop, svc.batch_loop)]
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(producer.sent) == 3:
+                break
+        by_topic = {topic: (value, partition) for topic, value, partition in producer.sent}
+        assert sorted(by_topic) == ["p.batches.m", "p.deadletter", "p.replies.gw"]
+        (item,) = decode_as(Batch, by_topic["p.batches.m"][0]).items
+        assert (item.query_id, item.reply_topic, item.reply_partition) == ("ok", "p.replies.gw", 0)
+        expired, partition = by_topic["p.replies.gw"]
+        assert partition == 0
+        assert [(p.query_id, p.status) for p in decode_as(Predictions, expired).items] == [("late", "expired")]
+        letter = decode_as(DeadLetter, by_topic["p.deadletter"][0])
+        assert letter.query_id == "evil" and "'p.registry' is no gateway's reply topic" in letter.reason
+        producer.deliver()
+        assert [(tp.partition, tp.offset) for tp in offsets.take()] == [(1, 13)]  # every record served
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(run())

@@ -30,8 +30,9 @@ def read_row(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None) -
     if arr.ndim == 0 or (arr.size == 1 and kind in ("label", "regression")):
         value = plain(arr.reshape(()))
         return (float(value) if kind == "regression" else value), None
-    scores = tuple(float(s) for s in np.asarray(arr, dtype=np.float64).ravel())
-    best = int(np.argmax(scores))
+    row = np.asarray(arr, dtype=np.float64).ravel()
+    scores = tuple(row.tolist())
+    best = int(row.argmax())
     return (labels[best] if labels and len(labels) == len(scores) else best), scores
 
 

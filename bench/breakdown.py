@@ -60,12 +60,7 @@ SEGMENTS: list[tuple[str, str, str]] = [
 # a one-model app's query through the gateway, which skips the selector (docs/design/0083):
 # the gateway's request to the batcher, and the prediction's hop back to the gateway
 STRAIGHT: list[tuple[str, str, str]] = [
-    ("gateway", "sent", "produced"),
-    ("requests hop", "produced", "batcher_in"),
-    ("batcher", "batcher_in", "batched"),
-    ("batches hop", "batched", "worker_in"),
-    ("model service", "worker_in", "worker_out"),
-    ("predictions hop", "worker_out", "received"),
+    SEGMENTS[0], ("requests hop", "produced", "batcher_in"), *SEGMENTS[3:6], ("predictions hop", "worker_out", "received"),
 ]
 # the two halves of ``reply``, where the Response carries the broker's append time
 REPLY_SPLIT: list[tuple[str, str, str]] = [

@@ -14,6 +14,14 @@ from schemas import Batch, DeadLetter, ModelRequest, Tensor, decode_as, encode
 from tests.unit.test_batchers_offsets import T, DeliveringProducer, owned
 from tests.unit.test_batchers_version import Guard
 
+def service(producer: DeliveringProducer, offsets: object, name: str = "m") -> BatcherService:
+    """A batcher service of model ``name`` under the prefix ``p.``, with no cache and no delay."""
+    return BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
+                          ModelSetup(name, "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
+                                     cache=False),
+                          producer, guard=Guard(), offsets=offsets)  # type: ignore[arg-type]
+
+
 def test_a_record_of_several_parts_is_stored_once_every_part_is_done() -> None:
     o = owned(0)
     o.read((T, 0, 7))
@@ -42,11 +50,7 @@ def test_the_models_served_here_take_their_parts_and_the_others_go_on_to_their_t
     async def run() -> None:
         producer, offsets = DeliveringProducer(), owned(2)
         services = {
-            name: BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
-                                 ModelSetup(name, "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
-                                            cache=False),
-                                 producer, guard=Guard(), offsets=offsets)  # type: ignore[arg-type]
-            for name in ("m", "n")
+            name: service(producer, offsets, name) for name in ("m", "n")
         }
         for svc in services.values():
             svc.siblings = services
@@ -84,10 +88,7 @@ def test_the_models_served_here_take_their_parts_and_the_others_go_on_to_their_t
 def test_a_part_that_cannot_be_passed_on_is_a_dead_letter_and_lets_the_record_commit() -> None:
     async def run() -> None:
         producer, offsets = DeliveringProducer(), owned(0)
-        svc = BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
-                             ModelSetup("m", "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
-                                        cache=False),
-                             producer, guard=Guard(), offsets=offsets)  # type: ignore[arg-type]
+        svc = service(producer, offsets)
         r = ModelRequest(query_id="q", app="a", model="m", input=Tensor.of(np.zeros(1, np.float32)),
                          deadline_us=2**62, selector_partition=0, also=["gone"])
         svc.accept_group([(encode(r), (T, 0, 5))])

@@ -6,13 +6,10 @@ import asyncio
 
 import numpy as np
 
-from batchers.service import BatcherService, ModelSetup
-from batchers.settings import BatcherSettings
 from clipstream.clock import now_us
-from clipstream.settings import Settings
 from schemas import Batch, DeadLetter, ModelRequest, Predictions, Tensor, decode_as, encode
+from tests.unit.test_batchers_fan_out import service
 from tests.unit.test_batchers_offsets import T, DeliveringProducer, owned
-from tests.unit.test_batchers_version import Guard
 
 
 def request(qid: str, reply: str, deadline_us: int) -> bytes:
@@ -24,10 +21,7 @@ def request(qid: str, reply: str, deadline_us: int) -> bytes:
 def test_a_reply_target_rides_with_the_request_and_only_a_reply_topic_is_one() -> None:
     async def run() -> None:
         producer, offsets = DeliveringProducer(), owned(1)
-        svc = BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
-                             ModelSetup("m", "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
-                                        cache=False),
-                             producer, guard=Guard(), offsets=offsets)  # type: ignore[arg-type]
+        svc = service(producer, offsets)
         svc.accept_group([(request("late", "p.replies.gw", 1), (T, 1, 10)),
                           (request("ok", "p.replies.gw", now_us() + 10**9), (T, 1, 11)),
                           (request("evil", "p.registry", now_us() + 10**9), (T, 1, 12))])

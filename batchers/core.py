@@ -16,11 +16,8 @@ from dataclasses import dataclass, field
 from batchers.cache import Coalescer
 from batchers.dispatch import Dispatcher, InFlight, Replica
 from batchers.queue import DeadlineQueue
-from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Tensor
+from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Route, Tensor, route_of
 from topics.markers import handover
-
-# where a prediction goes: (a reply topic, its partition), or (None, a partition of ``predictions``)
-Route = tuple[str | None, int]
 
 
 @dataclass
@@ -38,10 +35,8 @@ class Pending:
 
     @property
     def route(self) -> Route:
-        """Where this request's prediction goes: its reply target when it has one (a one-model
-        app's query from the gateway, docs/design/0083), else its selector's partition."""
-        r = self.request
-        return (r.reply_topic, r.reply_partition or 0) if r.reply_topic else (None, r.selector_partition)
+        """Where this request's prediction goes (``schemas.route_of``)."""
+        return route_of(self.request)
 
 
 @dataclass

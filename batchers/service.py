@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 
 from batchers.aimd import AIMD
 from batchers.cache import cache_key
-from batchers.core import BatcherCore, Pending, Route, by_route, prediction
+from batchers.core import BatcherCore, Pending, by_route, prediction
 from batchers.dispatch import Dispatcher
 from batchers.offsets import RequestOffsets, Where
 from batchers.settings import BatcherSettings
@@ -37,7 +37,7 @@ from clipstream.errors import ClipstreamError, DecodeError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_client
 from clipstream.settings import Settings
 from registry.spec import ModelSpec
-from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
+from schemas import BatchStats, ModelRequest, Prediction, Route, Tensor, decode_as, encode
 from topics.catalogue import Catalogue, valid_name
 from topics.deadletters import dead_letter_value
 from topics.emitter import Emitter

@@ -217,6 +217,20 @@ _NESTED: dict[type, tuple[tuple[str, type, bool], ...]] = {
 _NAMES: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in RECORD_TYPES}
 
 
+# where a prediction goes: (a gateway's reply topic, its partition), or (None, a partition of
+# ``predictions``)
+Route = tuple[Union[str, None], int]
+
+
+def route_of(record: ModelRequest | BatchItem) -> Route:
+    """Where the prediction for a request (or its batch item) goes: its reply target when it has
+    one (a one-model app's query sent by the gateway, docs/design/0083), else its selector's
+    partition of ``predictions``."""
+    if record.reply_topic:
+        return record.reply_topic, record.reply_partition or 0
+    return None, record.selector_partition
+
+
 def to_avro(record: Any) -> dict[str, Any]:
     """The plain dict fastavro writes; nested records become dicts too."""
     cls = type(record)

@@ -18,7 +18,7 @@ import numpy as np
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ModelError
 from registry.spec import ModelSpec, OutputSpec
-from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Tensor, encode
+from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Route, Tensor, encode, route_of
 from topics.deadletters import dead_letter_record
 from workers.backends import BatchModel
 
@@ -29,8 +29,7 @@ STAGE = "worker"
 class BatchOutcome:
     """What one batch produces; the adapter only has to write it out."""
 
-    # by destination: (a reply topic, its partition) or (None, a selector partition)
-    predictions: dict[tuple[str | None, int], list[Prediction]] = field(default_factory=dict)
+    predictions: dict[Route, list[Prediction]] = field(default_factory=dict)  # by destination
     cache: list[tuple[str, bytes]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stats: BatchStats | None = None
@@ -107,16 +106,8 @@ def _prediction(p: Prepared, item: BatchItem, status: str, output: Tensor | None
     trace = dict(item.trace)
     trace["worker_in"] = p.received_us
     trace["worker_out"] = out_us
-    p.outcome.predictions.setdefault(route(item), []).append(
+    p.outcome.predictions.setdefault(route_of(item), []).append(
         Prediction(item.query_id, p.batch.model, p.version, status, output, error, trace))
-
-
-def route(item: BatchItem) -> tuple[str | None, int]:
-    """Where an item's prediction goes: its request's reply target (a one-model app's query
-    from the gateway, docs/design/0083), else its selector's partition of ``predictions``."""
-    if item.reply_topic:
-        return item.reply_topic, item.reply_partition or 0
-    return None, item.selector_partition
 
 
 def prepare_batch(

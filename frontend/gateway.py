@@ -208,7 +208,10 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
                     trace={"produced": created}), (req.context or query_id).encode())
             else:
                 if state.bus.request_topic(model) is None:
-                    await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
+                    try:
+                        await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
+                    except InfraError as exc:
+                        raise state.overloaded(f"the topic of model {model!r} is not there: {exc}") from None
                 fut = state.bus.publish_request(request_for(
                     query_id, cfg, model, Tensor.of(array), created, deadline, state.bus.reply_topic))
         except Overloaded as exc:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
+from clipstream.errors import InfraError
 from registry.spec import ModelSpec, OutputSpec, TensorSpec
 from registry.topic import AppConfig, ModelConfig, RegistryView
 from schemas import ModelRequest, Prediction, Tensor
@@ -128,3 +129,16 @@ def test_the_label_kind_answers_the_value_itself():
     with TestClient(app) as client:
         body = client.post("/v1/apps/l/predict", json={"input": GOOD}).json()
     assert body["output"] == 5 and body["scores"] is None and body["labels"] is None
+
+
+def test_a_model_topic_that_cannot_be_made_is_a_quick_503_that_says_so():
+    bus = FakeBus(answer, predict=scores_of([0.9, 0.1]))
+
+    def refuse(model: str) -> None:
+        raise InfraError("cannot create topic t.requests.m1: broker away")
+
+    bus.ensure_request_topic = refuse  # type: ignore[method-assign]
+    client, _ = serve(bus)
+    with client:
+        r = client.post("/v1/apps/pets1/predict", json={"input": GOOD})
+    assert r.status_code == 503 and "broker away" in r.json()["detail"] and bus.requests == []

@@ -58,7 +58,7 @@ class SelectorSettings(BaseSettings):
     context_state_ttl_s: int = Field(30 * 86400, gt=0)
     max_contexts: int = Field(100_000, gt=0)
     # answered queries' predictions are stored for feedback in one Redis round trip per this
-    # many ms (0: one per wake-up of the writer), off the answer path (selector.saver)
+    # many ms (0: one per wake-up of the writer), off the answer path (clipstream.saver)
     save_gather_ms: float = Field(250.0, ge=0, le=1000)
     # a policy state read (or learnt here) this many ms ago is used as it is, with no Redis
     # round trip; another member's feedback reaches this one's answers at most this late

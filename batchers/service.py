@@ -139,11 +139,12 @@ class BatcherService:
 
     def _predictions(self, preds: list[tuple[Pending, Prediction]]) -> list[Out]:
         """One ``Predictions`` record per destination, with the requests it serves."""
+        routed = [(p.route, pred, p.where) for p, pred in preds]
         wheres: dict[Route, list[Where | None]] = {}
-        for p, _ in preds:
-            wheres.setdefault(p.route, []).append(p.where)
+        for route, _, where in routed:
+            wheres.setdefault(route, []).append(where)
         return [(route[0] or self.topic_predictions, encode(record), route[1], wheres[route])
-                for route, record in by_route((p.route, pred) for p, pred in preds).items()]
+                for route, record in by_route((route, pred) for route, pred, _ in routed).items()]
 
     def _emit(self, preds: list[tuple[Pending, Prediction]]) -> None:
         self._send_all(self._predictions(preds))

@@ -17,9 +17,7 @@ from clipstream.errors import ClipstreamError
 from registry.outputs import plain, read_row, wire_value
 from registry.topic import AppConfig
 from schemas import ModelRequest, Prediction, Response, Tensor
-
-OK_STATUSES = ("ok", "cached")
-
+from schemas.reasons import OK_STATUSES
 
 def direct_model(cfg: AppConfig, enabled: bool) -> str | None:
     """The model a REST query of ``cfg`` is sent to straight, or None: through the selector."""

@@ -30,7 +30,7 @@ from clipstream.settings import Settings
 from clipstream.errors import DecodeError
 from frontend.state import Reply
 from schemas import Feedback, ModelRequest, Predictions, QueryEvent, Response, decode, encode
-from topics.admin import ensure_topics, watermarks
+from topics.admin import ensure_model_topics, ensure_topics, watermarks
 from topics.catalogue import Catalogue
 from topics.client import admin_config
 from topics.deadletters import DeadLetters
@@ -130,9 +130,8 @@ class KafkaBus:
     def ensure_request_topic(self, model: str) -> None:
         """Make sure the model's topics exist, once per model (blocking: run it in an executor),
         as the selector does before its first request to a model."""
-        cat = Catalogue.from_settings(self._settings)
-        ensure_topics(self._settings, list(cat.for_model(model, 1)))
-        self._request_topics[model] = cat.requests(model).name
+        ensure_model_topics(self._settings, model)
+        self._request_topics[model] = Catalogue.from_settings(self._settings).requests(model).name
 
     def _publish(self, topic: str, query_id: str, value: bytes, key: bytes) -> asyncio.Future[Reply]:
         assert self._loop is not None and self._producer is not None, "bus not started"

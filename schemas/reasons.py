@@ -1,4 +1,5 @@
-"""Reasons a Response carries for a default answer that another stage acts upon.
+"""Reasons a Response carries for a default answer that another stage acts upon, and the
+prediction statuses that carry an answer.
 
 The selector writes them, the gateway reads them (a default because nothing arrived in time
 means the pipeline is behind: the gateway admits fewer queries), so they live here, with the
@@ -10,3 +11,6 @@ NOTHING_ARRIVED = "no prediction arrived by the deadline"
 NO_TIME_TO_ASK = "too little time left to ask any model"
 # defaults that say the pipeline is behind
 BEHIND = frozenset({NOTHING_ARRIVED, NO_TIME_TO_ASK})
+
+# ``Prediction.status`` values that carry the model's output (a worker's, or the batcher's cache)
+OK_STATUSES = frozenset({"ok", "cached"})

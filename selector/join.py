@@ -17,10 +17,8 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
+from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED, OK_STATUSES
 from selector.types import Output, Query, State
-
-OK_STATUSES = frozenset({"ok", "cached"})
 
 
 @dataclass(slots=True)

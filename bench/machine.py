@@ -293,11 +293,11 @@ def label_of(argv: list[str]) -> str:
         args = argv[argv.index("clipstream.cli") + 1:]
         verb = args[0] if args else "?"
         opts = dict(zip(args[1::2], args[2::2])) if len(args) > 1 else {}
-        models = [b for a, b in zip(args, args[1:]) if a == "--model"]
         if verb == "batcher":  # one model, or several in one process
+            models = [b for a, b in zip(args, args[1:]) if a == "--model"]
             return "batcher-" + ("+".join(models) or "?")
-        if verb == "worker":  # one model, or a worker host of several
-            return f"worker-{'+'.join(models) or '?'}-{opts.get('--replica', '0')}"
+        if verb == "worker":
+            return f"worker-{opts.get('--model', '?')}-{opts.get('--replica', '0')}"
         return verb
     return exe
 

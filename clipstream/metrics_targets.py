@@ -31,10 +31,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def stage_kind(name: str) -> str:
-    """``selector-2`` -> ``selector``, ``worker-knn-v1-0`` -> ``worker``, ``batchers-a+b`` -> ``batcher``,
-    ``workers-a-v1+b-v2-0`` -> ``worker``."""
+    """``selector-2`` -> ``selector``, ``worker-knn-v1-0`` -> ``worker``, ``batchers-a+b`` -> ``batcher``."""
     head = name.split("-", 1)[0]
-    return head[:-1] if head in ("batchers", "workers") else head
+    return "batcher" if head == "batchers" else head
 
 
 class MetricTargets:

@@ -55,9 +55,6 @@ class UpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_UP_", extra="ignore")
 
     batchers: Literal["shared", "per-model"] = "shared"
-    # one worker process per replica index serving every model (``shared``), or one per model
-    # replica (``per-model``: isolation, a model can crash or restart alone; docs/design/0084)
-    workers: Literal["shared", "per-model"] = "per-model"
     # selector members (one consumer group): with two, a killed one is a failover to the other
     # (its partitions move within the selector's session timeout), not an outage
     selectors: int = Field(2, ge=1)
@@ -103,17 +100,15 @@ class Pipeline:
     """Keeps the batcher(s) and one worker per replica in step with the registry."""
 
     def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = True,
-                 targets: MetricTargets | None = None, batcher_members: int = 1, spares: bool = False,
-                 shared_workers: bool = False):
+                 targets: MetricTargets | None = None, batcher_members: int = 1, spares: bool = False):
         self.supervisor = supervisor
         self.spares = spares  # each stage keeps a spare process (docs/design/0062)
         self.batcher_members = batcher_members
         self.env = env
         self.targets = targets  # each stage's metrics port (``clipstream.metrics_targets``)
-        self.shared_batcher, self.shared_workers = shared_batcher, shared_workers
+        self.shared_batcher = shared_batcher
         self._lock = threading.Lock()
-        # shared batchers and worker hosts replaced, stopped once their successors are ready
-        self.retiring: list[str] = []
+        self.retiring: list[str] = []  # shared batchers replaced, stopped once the new one is ready
         # workers of a version the registry replaced: out of the supervisor's care, serving
         # until the batcher hands their partitions over to the new version's workers
         self.leaving: dict[str, Leaving] = {}
@@ -128,7 +123,7 @@ class Pipeline:
         """
         started: list[str] = []
         with self._lock:
-            wanted = wanted_stages(view, self.shared_batcher, self.batcher_members, self.shared_workers)
+            wanted = wanted_stages(view, self.shared_batcher, self.batcher_members)
             for stage, args in wanted.items():
                 if stage in self.supervisor.stages:
                     continue
@@ -143,51 +138,38 @@ class Pipeline:
             for stage in list(self.supervisor.stages):
                 if stage in wanted or stage in self.retiring:
                     continue
-                if stage.startswith("workers-") and self._host_moved(stage, view):
-                    self._leave(stage, None, "")
-                    continue
                 model = _arg(self.supervisor.stages[stage], "--model")
                 served = view.models.get(model or "")
                 if (stage.startswith("worker-") and served is not None and served.spec is not None
                         and _arg(self.supervisor.stages[stage], "--version") != served.version):
                     self._leave(stage, model or "", str(served.version))
-                elif stage.startswith("worker-") and _joined_host(stage, model or "", wanted, view):
-                    self.retiring.append(stage)  # it serves until that host is ready
                 elif stage.startswith(("worker-", "batcher-")):
                     self.supervisor.remove(stage)
-                elif stage.startswith(SHARED):
+                elif stage.startswith("batchers-"):
                     self.retiring.append(stage)
         self.retire()
         return started
 
-    def _host_moved(self, name: str, view: RegistryView) -> bool:
-        """A worker host some of whose models the registry moved to another version: it serves
-        the old version until the batcher hands it over, then leaves by itself (``workers.host``)."""
-        hosted = _hosted_versions(name, view)
-        return any(view.models[m].version != v for m, v in hosted.items() if view.models[m].spec is not None)
-
-    def _leave(self, name: str, model: str | None, successor: str) -> None:
+    def _leave(self, name: str, model: str, successor: str) -> None:
         stage = self.supervisor.release(name)
         if stage is None:
             return
         self.leaving[name] = Leaving(stage, model)
-        _say(f"{name} serves until the batcher hands its models over to their new versions" if model is None
-             else f"{name} serves until version {successor} of {model} is ready")
+        _say(f"{name} serves until version {successor} of {model} is ready")
 
     def retire(self) -> None:
-        """Stop replaced shared batchers once every wanted batcher is ready, and replaced worker
-        hosts (or workers that joined one) once every wanted worker is; see the workers of
+        """Stop replaced shared batchers once every wanted one is ready, and see the workers of
         replaced versions out (called at each check)."""
         self._see_out(time.monotonic())
         with self._lock:
+            if not self.retiring:
+                return
             stages = self.supervisor.stages
-            for kind in (("batchers-",), ("worker-", "workers-")):
-                old = [name for name in self.retiring if name.startswith(kind)]
-                new = [s for name, s in stages.items() if name.startswith(kind) and name not in self.retiring]
-                if old and all(s.ready.is_set() for s in new):
-                    for name in old:
-                        self.supervisor.remove(name)
-                        self.retiring.remove(name)
+            new = [s for name, s in stages.items() if name.startswith("batchers-") and name not in self.retiring]
+            if all(s.ready.is_set() for s in new):
+                for name in self.retiring:
+                    self.supervisor.remove(name)
+                self.retiring = []
 
     def _see_out(self, now: float) -> None:
         """A leaving worker stops by itself at the handover; one still running ``LEAVE_GRACE_S``
@@ -201,8 +183,7 @@ class Pipeline:
                     _say(f"{name} stopped ({how}, exit code {proc.returncode if proc else '-'})")
                     continue
                 current = [s for s in self.supervisor.stages.values()
-                           if (s.name.startswith("workers-") if leaving.model is None
-                               else s.name.startswith("worker-") and _arg(s, "--model") == leaving.model)]
+                           if s.name.startswith("worker-") and _arg(s, "--model") == leaving.model]
                 if not leaving.successors_ready_at and current and all(s.ready.is_set() for s in current):
                     leaving.successors_ready_at = now
                 waited = now - leaving.successors_ready_at if leaving.successors_ready_at else 0.0
@@ -227,33 +208,9 @@ class Leaving:
     """A worker of a replaced version, serving until its partition is handed over."""
 
     stage: Stage
-    model: str | None  # None: a worker host, succeeded by the hosts now running
+    model: str
     successors_ready_at: float = 0.0
     signalled: int = 0  # 1: SIGTERM sent, 2: SIGKILL sent
-
-
-def _host_name(models: list[tuple[str, str]], replica: int) -> str:
-    """``workers-a-v1+b-v2-0``: a worker host's stage, named by its models' versions and replica."""
-    return "workers-" + "+".join(f"{name}-v{version}" for name, version in models) + f"-{replica}"
-
-
-def _hosted_versions(stage: str, view: RegistryView) -> dict[str, str]:
-    """Model -> version a worker host was started with, read back from its name, for the models
-    the registry still has (model names hold no ``+``)."""
-    body = stage.removeprefix("workers-").rsplit("-", 1)[0]
-    hosted: dict[str, str] = {}
-    for part in body.split("+"):
-        name = max((m for m in view.models if part.startswith(f"{m}-v")), key=len, default=None)
-        if name is not None:
-            hosted[name] = part[len(name) + 2:]
-    return hosted
-
-
-def _joined_host(stage: str, model: str, wanted: dict[str, list[str]], view: RegistryView) -> bool:
-    """Whether the replica a worker ``stage`` serves is now served by a wanted worker host."""
-    replica = stage.rsplit("-", 1)[-1]
-    return any(name.startswith("workers-") and name.endswith(f"-{replica}") and model in _hosted_versions(name, view)
-               for name in wanted)
 
 
 def _arg(stage: Stage, option: str) -> str | None:
@@ -269,11 +226,7 @@ def _killpg(pid: int, sig: signal.Signals) -> None:
         pass
 
 
-SHARED = ("batchers-", "workers-")  # stages serving several models, replaced whole when one changes
-
-
-def wanted_stages(view: RegistryView, shared_batcher: bool = True, batcher_members: int = 1,
-                  shared_workers: bool = False) -> dict[str, list[str]]:
+def wanted_stages(view: RegistryView, shared_batcher: bool = True, batcher_members: int = 1) -> dict[str, list[str]]:
     """Stage name -> CLI arguments: one batcher per model (or one for all), one worker per replica.
 
     A batcher follows the models' versions through the registry itself, so its stage name
@@ -304,15 +257,6 @@ def wanted_stages(view: RegistryView, shared_batcher: bool = True, batcher_membe
                 "worker", "--model", name, "--version", v,
                 "--replica", str(r), "--replicas", str(model.replicas),
             ]
-    if shared_workers:  # replica r of every model that has one, in one process where there are several
-        loaded = sorted((name, m) for name, m in view.models.items() if m.spec is not None)
-        for r in range(max((m.replicas for _, m in loaded), default=0)):
-            here = [(name, str(m.version)) for name, m in loaded if m.replicas > r]
-            if len(here) > 1:
-                for name, v in here:
-                    del wanted[f"worker-{name}-v{v}-{r}"]
-                wanted[_host_name(here, r)] = ["worker", *[a for name, _ in here for a in ("--model", name)],
-                                               "--replica", str(r)]
     return wanted
 
 
@@ -364,8 +308,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
                                 healthy_s=up_settings.healthy_s)
         targets = MetricTargets(log_dir / TARGETS_FILE)
         pipeline = Pipeline(supervisor, env, shared_batcher=shared, targets=targets,
-                            batcher_members=up_settings.batcher_members, spares=up_settings.spares,
-                            shared_workers=up_settings.workers == "shared")
+                            batcher_members=up_settings.batcher_members, spares=up_settings.spares)
         follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
         # a process per model reads only its model's requests: one record per model, not one that

@@ -21,8 +21,6 @@ from registry.topic import RegistryFollower
 from topics.stage import exit_code
 from workers.backends import load_model
 from workers.settings import WorkerSettings
-from workers.host import WorkerHost
-from workers.metrics import WorkerFamilies
 from workers.worker import Worker
 
 
@@ -62,8 +60,7 @@ def resolve_from_registry(
 
 
 @click.command()
-@click.option("--model", "names", required=True, multiple=True,
-              help="model name (topics batches.<name>, ...); several: one process serves each of them")
+@click.option("--model", "name", required=True, help="model name (topics batches.<name>, ...)")
 @click.option("--version", default=None, help="model version (default: the registry's, or the folder name)")
 @click.option("--replica", default=0, show_default=True, type=click.IntRange(min=0), help="which replica = partition")
 @click.option("--replicas", default=None, type=click.IntRange(min=1), help="replicas of this model (default: registry, or 1)")
@@ -72,45 +69,27 @@ def resolve_from_registry(
 @click.option("--device", default=None, type=click.Choice(["auto", "cpu", "cuda"]), help="override CLIPSTREAM_WORKER_DEVICE")
 @click.option("--registry-timeout", default=30.0, show_default=True, help="seconds to wait for the registry")
 def worker(
-    names: tuple[str, ...], version: str | None, replica: int, replicas: int | None, folder: Path | None,
+    name: str, version: str | None, replica: int, replicas: int | None, folder: Path | None,
     device: str | None, registry_timeout: float,
 ) -> None:
-    """Serve one replica of a model: consume batches.<model>[replica], emit predictions.
-    With several ``--model``, one process serves that replica of each (``workers.host``)."""
+    """Serve one replica of a model: consume batches.<model>[replica], emit predictions."""
     settings, ws = settings_or_exit(get_settings), settings_or_exit(WorkerSettings)
     if device is not None:
         ws = ws.model_copy(update={"device": device})
-    label = f"worker {'+'.join(names)} replica {replica}"
+    # a deployment names the version (the registry's, or --version): the worker then serves only
+    # that version's batches and hands over to the next one (docs/design/0021)
+    own_version_only = folder is None or version is not None
     try:
-        if len(names) > 1:
-            if folder is not None or version is not None or replicas is not None:
-                raise ConfigError("several --model are looked up in the registry: "
-                                  "--path, --version and --replicas name one model's")
-            families = WorkerFamilies()  # one /metrics page for every model of the process
-            lanes = [_registered(settings, ws, name, None, replica, None, registry_timeout, families)
-                     for name in names]
-            WorkerHost(settings, lanes, ws).run()
-        elif folder is None:
-            _registered(settings, ws, names[0], version, replica, replicas, registry_timeout).run()
+        if folder is None:
+            folder, version, registered = resolve_from_registry(settings, name, version, registry_timeout)
+            replicas = replicas or registered
         else:
-            # a deployment names the version: the worker then serves only that version's
-            # batches and hands over to the next one (docs/design/0021)
-            version_given = version is not None
             version = version or folder.resolve().name
-            model = load_model(load_spec(folder), device=ws.device, threads=ws.threads)
-            Worker(settings, model, names[0], version=version, replica=replica,
-                   replicas=max(replicas or 1, replica + 1), worker_settings=ws, own_version_only=version_given).run()
+        replicas = max(replicas or 1, replica + 1)
+        model = load_model(load_spec(folder), device=ws.device, threads=ws.threads)
+        Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws,
+               own_version_only=own_version_only).run()
     except ClipstreamError as exc:
-        click.echo(f"{label}: {exc}", err=True)
+        click.echo(f"worker {name} replica {replica}: {exc}", err=True)
         sys.exit(1)
     sys.exit(exit_code())
-
-
-def _registered(settings: Settings, ws: WorkerSettings, name: str, version: str | None, replica: int,
-                replicas: int | None, registry_timeout: float, families: WorkerFamilies | None = None) -> Worker:
-    """A worker of the registry's model ``name``, serving only its version's batches (docs/design/0021)."""
-    folder, version, registered = resolve_from_registry(settings, name, version, registry_timeout)
-    model = load_model(load_spec(folder), device=ws.device, threads=ws.threads)
-    return Worker(settings, model, name, version=version, replica=replica,
-                  replicas=max(replicas or registered, replica + 1), worker_settings=ws, own_version_only=True,
-                  families=families)

@@ -12,32 +12,20 @@ from schemas import BatchStats
 from topics.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 
-class WorkerFamilies:
-    """The families, once per registry: the models a worker host serves share them, each with
-    its own labels, so one /metrics page declares each family once."""
-
-    def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
-        names = ("model", "replica", "version")
-        self.size = Histogram("clipstream_worker_batch_size", "Requests per batch the model ran.", names,
-                              registry=r, buckets=BATCH_BUCKETS)
-        self.device = Histogram("clipstream_worker_device_seconds", "predict_batch wall time per batch.", names,
-                                registry=r, buckets=LATENCY_BUCKETS)
-        self.wait = Histogram("clipstream_worker_batch_wait_seconds",
-                              "From the batch's creation in the batcher to the worker reading it.", names,
-                              registry=r, buckets=LATENCY_BUCKETS)
-        self.errors = Counter("clipstream_worker_errors", "Requests the model failed on.", names, registry=r)
-
-
 class WorkerMetrics:
-    """One model replica's series."""
-
-    def __init__(self, model: str, replica: int, version: str | None, families: WorkerFamilies | None = None) -> None:
-        f = families or WorkerFamilies()
-        self.registry = f.registry
+    def __init__(self, model: str, replica: int, version: str | None) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
         labels = (model, str(replica), version or "")
-        self._size, self._device = f.size.labels(*labels), f.device.labels(*labels)
-        self._wait, self._errors = f.wait.labels(*labels), f.errors.labels(*labels)
+        names = ("model", "replica", "version")
+        self._size = Histogram("clipstream_worker_batch_size", "Requests per batch the model ran.", names,
+                               registry=r, buckets=BATCH_BUCKETS).labels(*labels)
+        self._device = Histogram("clipstream_worker_device_seconds", "predict_batch wall time per batch.", names,
+                                 registry=r, buckets=LATENCY_BUCKETS).labels(*labels)
+        self._wait = Histogram("clipstream_worker_batch_wait_seconds",
+                               "From the batch's creation in the batcher to the worker reading it.", names,
+                               registry=r, buckets=LATENCY_BUCKETS).labels(*labels)
+        self._errors = Counter("clipstream_worker_errors", "Requests the model failed on.", names,
+                               registry=r).labels(*labels)
 
     def batch(self, stats: BatchStats) -> None:
         self._size.observe(stats.batch_size)

@@ -42,15 +42,9 @@ from topics.offsets import SpacedCommits, committed_offset
 from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, stop_on_signals
 from workers.backends import BatchModel, warm_up
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
-from workers.metrics import WorkerFamilies, WorkerMetrics
+from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.settings import WorkerSettings
-
-
-def consumer_options(group_id: str) -> dict[str, Any]:
-    """A worker's consumer: offsets committed by hand, once a batch's outputs are acknowledged."""
-    return {"enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
-            "on_commit": _commit_done, **LAG.config(group_id)}
 
 
 def log(msg: str) -> None:
@@ -71,7 +65,6 @@ class Worker:
         replicas: int = 1,
         worker_settings: WorkerSettings | None = None,
         own_version_only: bool = False,
-        families: WorkerFamilies | None = None,
     ) -> None:
         """``own_version_only``: serve only batches stamped with ``version`` (or with none), and
         stop once the batcher hands this replica's partition over to another version (a
@@ -92,51 +85,40 @@ class Worker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}.{replica}"
         self.group_id = f"{settings.topic_prefix}worker.{name}.{replica}"
         self.running = True
-        # commits go under this replica's group: through its own consumer, or, where a worker host's
-        # one consumer reads every model's batches, through one that only commits (``workers.host``)
-        self.commit_via: Consumer | None = None
         self.redis_guard = RedisGuard(lambda: self.redis.ping(), name=f"worker {name}.{replica}")
-        self.metrics = WorkerMetrics(name, replica, version, families)
+        self.metrics = WorkerMetrics(name, replica, version)
 
     # -- life cycle ----------------------------------------------------------------
     def start(self) -> None:
         """Topics, warm model, assigned partition; then the one ``ready:`` line supervisors wait for."""
-        self.prepare()
-        self.producer = Emitter(self.settings, name=f"worker {self.name}.{self.replica}")
-        self.consumer = Consumer(consumer_config(self.settings, self.group_id, **consumer_options(self.group_id)))
-        # resume from the group's committed offset, read by us (with retries) rather than by
-        # librdkafka at assign time: on a fresh broker its one attempt can fail and stall the partition
-        # (its committed offset, else the partition's start: ``topics.offsets.committed_offset``)
-        tp = self.partition()
-        learn_leaders(self.consumer, [tp.topic])  # a first start begins at a logical offset
-        self.consumer.assign([TopicPartition(tp.topic, tp.partition,
-                                             committed_offset(self.consumer, tp, self.ws.start_timeout_s))])
-        self._first = self._first_fetch(self.ws.start_timeout_s)
-        self.attach(sync_client(self.settings), UnansweredWrites(self.settings))
-        expose(self.metrics.registry)
-        serve_metrics("worker")
-        announce_ready("worker", f"{self.name} replica {self.replica} device {self.model.device}")
-        self.announce_version()
-
-    def prepare(self) -> None:
-        """The model's topics and a warm model: all of starting that needs no consumer."""
         ensure_model_topics(self.settings, self.name, self.replicas)
         ensure_topics(self.settings, [self.cat.predictions, self.cat.deadletter])
         self.selector_partitions = self._partitions(self.predictions_topic)
         warm_up(self.model)
-
-    def partition(self) -> TopicPartition:
-        """The one partition of ``batches.<model>`` this replica serves."""
-        return TopicPartition(self.batches_topic, self.replica)
-
-    def attach(self, client: redis.Redis, cache_writes: UnansweredWrites) -> None:
-        """The Redis clients, shared by the models of one process; serving may begin after this.
-        Bounded waits, and no cache writes at all while Redis is away: the cache is an
-        optimisation, and a batch's answers must not wait on it."""
-        self.redis, self.cache_writes = client, cache_writes
+        self.producer = Emitter(self.settings, name=f"worker {self.name}.{self.replica}")
+        self.consumer = Consumer(
+            consumer_config(
+                self.settings, self.group_id,
+                **{"enable.auto.commit": False, "auto.offset.reset": "earliest", "on_commit": self._commit_done,
+                   "enable.partition.eof": True, **LAG.config(self.group_id)},
+            )
+        )
+        # resume from the group's committed offset, read by us (with retries) rather than by
+        # librdkafka at assign time: on a fresh broker its one attempt can fail and stall the partition
+        # (its committed offset, else the partition's start: ``topics.offsets.committed_offset``)
+        tp = TopicPartition(self.batches_topic, self.replica)
+        learn_leaders(self.consumer, [tp.topic])  # a first start begins at a logical offset
+        self.consumer.assign([TopicPartition(tp.topic, tp.partition,
+                                             committed_offset(self.consumer, tp, self.ws.start_timeout_s))])
+        self._first = self._first_fetch(self.ws.start_timeout_s)
+        # bounded waits, and no cache writes at all while Redis is away: the cache is an
+        # optimisation, and a batch's answers must not wait on it
+        self.redis = sync_client(self.settings)
+        self.cache_writes = UnansweredWrites(self.settings)  # no reply to wait for on each batch
         self.ready_us = now_us()
-
-    def announce_version(self) -> None:
+        expose(self.metrics.registry)
+        serve_metrics("worker")
+        announce_ready("worker", f"{self.name} replica {self.replica} device {self.model.device}")
         if self.own_version_only:
             self._say_ready()
 
@@ -163,6 +145,10 @@ class Worker:
             return None if err is not None and err.code() == KafkaError._PARTITION_EOF else msg
         raise ClipstreamError(f"nothing fetched from {self.batches_topic} partition {self.replica} within "
                               f"{timeout_s:.0f}s of its assignment; is the broker reachable?")
+
+    def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None:  # the batch will be redone after a restart: a duplicate, not a loss
+            log(f"offset commit failed: {err}")
 
     def _partitions(self, topic: str) -> int | None:
         """Partitions the broker has for ``topic`` (the selector's parallelism), None if unknown."""
@@ -349,7 +335,7 @@ class Worker:
             return True
         # at most one commit per interval, and the last one when stopping (``SpacedCommits``)
         self.commits.offer(self.tracker.take_committable())
-        self.commits.commit(self.commit_via or self.consumer, self.ws.commit_interval_s, asynchronous)
+        self.commits.commit(self.consumer, self.ws.commit_interval_s, asynchronous)
         return False
 
     def emit(self, outcome: BatchOutcome, offset: int) -> None:
@@ -408,11 +394,6 @@ class Job:
     outcome: BatchOutcome | None = None  # set instead of ``prepared`` for a batch that cannot run
     source: tuple[str, int, int] | None = None
     payload: bytes | None = None
-
-
-def _commit_done(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-    if err is not None:  # the batch will be redone after a restart: a duplicate, not a loss
-        log(f"offset commit failed: {err}")
 
 
 def _crashed(exc: Exception, source: tuple[str, int, int] | None, payload: bytes | None) -> BatchOutcome:

@@ -9,9 +9,13 @@ answer here can only have come the short way.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,23 +50,53 @@ def _stage(settings: Settings, log: Path, *args: str) -> subprocess.Popen:
     return proc
 
 
-@pytest.fixture
-def served(settings: Settings, tmp_path: Path) -> Iterator[tuple[Client, GatewayProcess, Path]]:
+class Stages:
+    """The batcher and the worker as processes this test can freeze, kill and start again."""
+
+    ARGS = {"worker": ("worker", "--model", "logreg"),
+            "batcher": ("batcher", "--model", "logreg", "--member", "batcher-1")}  # static: a restart rejoins at once
+
+    def __init__(self, settings: Settings, logs: Path) -> None:
+        self.settings, self.logs = settings, logs
+        self.procs: dict[str, subprocess.Popen] = {}
+        for name in ("worker", "batcher"):
+            self.start(name)
+
+    def start(self, name: str) -> subprocess.Popen:
+        self.procs[name] = _stage(self.settings, self.logs / f"{name}-{time.monotonic_ns()}.log", *self.ARGS[name])
+        return self.procs[name]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a frozen one must be able to hear SIGTERM
+            stop_process(proc)
+
+
+def _serve(settings: Settings, tmp_path: Path, slo_ms: float) -> Iterator[tuple[Client, GatewayProcess, Path, Stages]]:
     folder = make_onnx_digits_model(tmp_path / "models", "logreg", "1")
     with RegistryWriter(settings) as writer:
         writer.model("logreg", "1", folder)
-        writer.app("digits", policy="single", slo_ms=2000, default_output=-1)
+        writer.app("digits", policy="single", slo_ms=slo_ms, default_output=-1)
         writer.link("digits", "logreg")
-    procs = [_stage(settings, tmp_path / "worker.log", "worker", "--model", "logreg"),
-             _stage(settings, tmp_path / "batcher.log", "batcher", "--model", "logreg")]
+    stages = Stages(settings, tmp_path)
     gateway = GatewayProcess(settings, tmp_path / "gw.log", instance="direct")
-    client = Client(gateway.url)
     try:
-        yield client, gateway, folder
+        yield Client(gateway.url, timeout=90.0), gateway, folder, stages
     finally:
         gateway.stop()
-        for proc in procs:
-            stop_process(proc)
+        stages.stop()
+
+
+@pytest.fixture
+def served(settings: Settings, tmp_path: Path) -> Iterator[tuple[Client, GatewayProcess, Path, Stages]]:
+    yield from _serve(settings, tmp_path, slo_ms=2000)
+
+
+@pytest.fixture
+def served_slowly(settings: Settings, tmp_path: Path) -> Iterator[tuple[Client, GatewayProcess, Path, Stages]]:
+    """An SLO long enough for a stage to be started again within it."""
+    yield from _serve(settings, tmp_path, slo_ms=45_000)
 
 
 def _records(settings: Settings, topic: str) -> list[object]:
@@ -84,7 +118,7 @@ def _records(settings: Settings, topic: str) -> list[object]:
 
 def test_a_single_app_is_answered_by_its_model_with_no_selector(served, settings: Settings,
                                                                 redis_client: redis.Redis) -> None:
-    client, gateway, folder = served
+    client, gateway, folder, _ = served
     x, y = digits()
     expected = load_model(load_spec(folder)).predict_batch(x[:6]).argmax(axis=1)
     answers = [predict_admitted(client, "digits", x[i]) for i in range(6)]
@@ -108,3 +142,57 @@ def test_a_single_app_is_answered_by_its_model_with_no_selector(served, settings
     assert ack["accepted"] is True and "applied" not in ack
     assert gateway.metric("clipstream_gateway_late_responses_total") == 0
     assert np.isfinite(answers[0]["latency_ms"])
+
+
+@pytest.mark.parametrize("stage", ["worker", "batcher"])
+def test_queries_a_stage_held_when_it_was_killed_are_answered_by_its_restart(served_slowly, settings: Settings,
+                                                                              stage: str) -> None:
+    """Frozen (as a wedged process is, until ``up`` kills it for its silent heartbeat), then
+    killed and started again: the queries that reached it meanwhile are still in its input
+    topic, uncommitted, and the restarted stage answers each of them, from the model, within
+    their deadline. Nothing but the reply topic carries them back: no selector runs here."""
+    client, gateway, folder, stages = served_slowly
+    # inputs no other test sent: the cache (shared Redis, same model and version) must miss
+    x = (digits()[0][200:205] + np.random.default_rng().uniform(0.001, 0.01, (5, 1))).astype(np.float32)
+    expected = load_model(load_spec(folder)).predict_batch(x).argmax(axis=1)
+    assert predict_admitted(client, "digits", x[0])["output"] == int(expected[0])
+
+    cat = Catalogue.from_settings(settings)
+    held_in = cat.batches("logreg", 1).name if stage == "worker" else cat.requests("logreg").name
+    before = _records_in(settings, held_in)
+    proc = stages.procs[stage]
+    os.kill(proc.pid, signal.SIGSTOP)
+    answers: dict[int, Any] = {}
+
+    def call(i: int) -> None:
+        try:
+            answers[i] = predict_admitted(client, "digits", x[i])
+        except Exception as exc:  # reported below, with the others
+            answers[i] = exc
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(1, 5)]
+    for caller in callers:
+        caller.start()
+    # the frozen stage's input holds them: every request, or the worker's first batch
+    wait_until(lambda: _records_in(settings, held_in) >= before + (1 if stage == "worker" else 4), 30,
+               f"the queries to reach {held_in}")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    stages.start(stage)
+    for caller in callers:
+        caller.join(60)
+    assert sorted(answers) == [1, 2, 3, 4], f"unanswered: {sorted(set(range(1, 5)) - set(answers))}"
+    for i, answer in answers.items():
+        assert isinstance(answer, dict) and answer["default"] is False, answer
+        assert answer["output"] == int(expected[i]) and answer["models"]["answered"] == ["logreg"]
+    assert _records(settings, cat.queries.name) == []
+
+
+def _records_in(settings: Settings, topic: str) -> int:
+    """Records ever written to ``topic``, over its partitions."""
+    consumer = Consumer(consumer_config(settings, "direct-test-counter"))
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        return sum(watermarks(consumer, TopicPartition(topic, p))[1] for p in meta.partitions)
+    finally:
+        consumer.close()

@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
+from clipstream.infra.redis import redis_answers, redis_url, start_redis
 from clipstream.settings import Settings
 from clipstream.testing.models import digits, make_onnx_digits_model
 from clipstream.testing.procs import predict_admitted, stop_process, wait_until
@@ -30,6 +32,7 @@ from registry.spec import load_spec
 from registry.topic import RegistryWriter
 from schemas import Predictions, decode
 from tests.integration.test_gateway import GatewayProcess
+from tests.integration.test_redis_freeze import _free_port
 from topics import Catalogue, consumer_config
 from topics.admin import watermarks
 from workers.backends import load_model
@@ -73,7 +76,8 @@ class Stages:
             stop_process(proc)
 
 
-def _serve(settings: Settings, tmp_path: Path, slo_ms: float) -> Iterator[tuple[Client, GatewayProcess, Path, Stages]]:
+@contextmanager
+def serving(settings: Settings, tmp_path: Path, slo_ms: float) -> Iterator[tuple[Client, GatewayProcess, Path, Stages]]:
     folder = make_onnx_digits_model(tmp_path / "models", "logreg", "1")
     with RegistryWriter(settings) as writer:
         writer.model("logreg", "1", folder)
@@ -90,13 +94,20 @@ def _serve(settings: Settings, tmp_path: Path, slo_ms: float) -> Iterator[tuple[
 
 @pytest.fixture
 def served(settings: Settings, tmp_path: Path) -> Iterator[tuple[Client, GatewayProcess, Path, Stages]]:
-    yield from _serve(settings, tmp_path, slo_ms=2000)
+    with serving(settings, tmp_path, slo_ms=2000) as parts:
+        yield parts
 
 
 @pytest.fixture
 def served_slowly(settings: Settings, tmp_path: Path) -> Iterator[tuple[Client, GatewayProcess, Path, Stages]]:
     """An SLO long enough for a stage to be started again within it."""
-    yield from _serve(settings, tmp_path, slo_ms=45_000)
+    with serving(settings, tmp_path, slo_ms=45_000) as parts:
+        yield parts
+
+
+def fresh_digits(n: int) -> np.ndarray:
+    """Digits no other test sent: the cache (shared Redis, same model and version) must miss."""
+    return (digits()[0][200:200 + n] + np.random.default_rng().uniform(0.001, 0.01, (n, 1))).astype(np.float32)
 
 
 def _records(settings: Settings, topic: str) -> list[object]:
@@ -152,8 +163,7 @@ def test_queries_a_stage_held_when_it_was_killed_are_answered_by_its_restart(ser
     topic, uncommitted, and the restarted stage answers each of them, from the model, within
     their deadline. Nothing but the reply topic carries them back: no selector runs here."""
     client, gateway, folder, stages = served_slowly
-    # inputs no other test sent: the cache (shared Redis, same model and version) must miss
-    x = (digits()[0][200:205] + np.random.default_rng().uniform(0.001, 0.01, (5, 1))).astype(np.float32)
+    x = fresh_digits(5)
     expected = load_model(load_spec(folder)).predict_batch(x).argmax(axis=1)
     assert predict_admitted(client, "digits", x[0])["output"] == int(expected[0])
 
@@ -196,3 +206,44 @@ def _records_in(settings: Settings, topic: str) -> int:
         return sum(watermarks(consumer, TopicPartition(topic, p))[1] for p in meta.partitions)
     finally:
         consumer.close()
+
+
+FREEZE_S = 3.0
+
+
+def test_a_frozen_redis_costs_the_short_way_no_answer_and_no_stored_prediction(settings: Settings,
+                                                                              tmp_path: Path) -> None:
+    """Redis stopped (SIGSTOP) while a one-model app is asked through the gateway: the batcher's
+    cache lookups and the worker's fills give up on it, every query is still answered by the
+    model, and the answers the gateway stored for feedback meanwhile reach Redis once it is
+    back. The Redis is a private redis-server, so stopping it disturbs no other test."""
+    port = _free_port()
+    server = start_redis(port, tmp_path / "redis", die_with_parent=True)
+    settings = settings.model_copy(update={"redis_url": redis_url(port)})
+    try:
+        wait_until(lambda: redis_answers(settings.redis_url), 20, "the private redis-server")
+        with serving(settings, tmp_path, slo_ms=2000) as (client, _, folder, _stages):
+            x = fresh_digits(60)
+            expected = load_model(load_spec(folder)).predict_batch(x).argmax(axis=1)
+            assert predict_admitted(client, "digits", x[0])["output"] == int(expected[0])
+            os.kill(server.pid, signal.SIGSTOP)
+            answers: list[tuple[int, dict[str, Any]]] = []
+            try:
+                with pytest.raises(redis.TimeoutError):  # it really is frozen
+                    redis.Redis.from_url(settings.redis_url, socket_timeout=0.2).ping()
+                end = time.monotonic() + FREEZE_S
+                for i in range(1, len(x)):
+                    if time.monotonic() > end:
+                        break
+                    answers.append((i, predict_admitted(client, "digits", x[i])))
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            assert len(answers) >= 10, f"only {len(answers)} queries answered in {FREEZE_S:g} s of freeze"
+            for i, answer in answers:
+                assert answer["default"] is False and answer["output"] == int(expected[i]), answer
+            r = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+            keys = [f"cs:pred:{a['query_id']}" for _, a in answers]
+            wait_until(lambda: r.exists(*keys) == len(keys), 30, "the answers given in the freeze to be stored")
+    finally:
+        os.kill(server.pid, signal.SIGCONT)  # never leave it stopped, whatever failed
+        stop_process(server, 10)

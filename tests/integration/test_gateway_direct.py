@@ -23,6 +23,7 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
+from clipstream.infra.ports import pick_free_ports
 from clipstream.infra.redis import redis_answers, redis_url, start_redis
 from clipstream.settings import Settings
 from clipstream.testing.models import digits, make_onnx_digits_model
@@ -32,7 +33,6 @@ from registry.spec import load_spec
 from registry.topic import RegistryWriter
 from schemas import Predictions, decode
 from tests.integration.test_gateway import GatewayProcess
-from tests.integration.test_redis_freeze import _free_port
 from topics import Catalogue, consumer_config
 from topics.admin import watermarks
 from workers.backends import load_model
@@ -217,7 +217,7 @@ def test_a_frozen_redis_costs_the_short_way_no_answer_and_no_stored_prediction(s
     cache lookups and the worker's fills give up on it, every query is still answered by the
     model, and the answers the gateway stored for feedback meanwhile reach Redis once it is
     back. The Redis is a private redis-server, so stopping it disturbs no other test."""
-    port = _free_port()
+    (port,) = pick_free_ports(1)
     server = start_redis(port, tmp_path / "redis", die_with_parent=True)
     settings = settings.model_copy(update={"redis_url": redis_url(port)})
     try:

@@ -27,6 +27,10 @@ from clipstream.redisclient import REDIS_AWAY, RedisGuard, stored_predictions_ke
 
 log = logging.getLogger(__name__)
 
+# how long a group gathers by default, in the selector (``CLIPSTREAM_SELECTOR_SAVE_GATHER_MS``)
+# and in the gateway alike
+GATHER_S = 0.25
+
 
 class PredictionSaver:
     """A bounded queue of stored predictions and the thread that writes them to Redis."""

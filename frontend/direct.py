@@ -14,10 +14,11 @@ from typing import Any
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
-from registry.outputs import plain, read_row, wire_value
+from registry.outputs import answer_record, output_json, read_row, stored_answer
 from registry.topic import AppConfig
 from schemas import ModelRequest, Prediction, Response, Tensor
 from schemas.reasons import OK_STATUSES
+
 
 def direct_model(cfg: AppConfig, enabled: bool) -> str | None:
     """The model a REST query of ``cfg`` is sent to straight, or None: through the selector."""
@@ -39,27 +40,17 @@ def answer_of(pred: Prediction, cfg: AppConfig, kind: str, labels: tuple[Any, ..
     """The Response the selector's ``single`` policy would have made of ``pred``, and the record
     to store for the feedback join (None for a default, as the selector stores none)."""
     now = now_us()
-    reason: str | None = None
-    value: Any = None
-    scores: tuple[float, ...] | None = None
     if pred.status in OK_STATUSES and pred.output is not None:
         try:
             value, scores = read_row(pred.output, kind, labels)
         except ClipstreamError as exc:
             reason = f"every model failed: {pred.model}: undecodable output: {exc}"
+        else:
+            record = answer_record(pred.query_id, cfg.name, value, scores, labels, 1.0, [pred.model], [],
+                                   deadline_us, pred.trace, now)
+            output = output_json(value, scores)
+            return record, stored_answer(cfg.name, context, output, {pred.model: output})
     else:
         reason = f"every model failed: {pred.model}: {pred.error or pred.status}"
-    trace = dict(pred.trace)
-    trace["joined"] = now
-    answered = [] if reason else [pred.model]
-    record = Response(
-        query_id=pred.query_id, app=cfg.name, output=None if reason else wire_value(value),
-        scores=list(scores) if scores is not None else None,
-        labels=[str(lab) for lab in labels] if scores is not None and labels else None,
-        confidence=0.0 if reason else 1.0, is_default=reason is not None, default_reason=reason,
-        answered=answered, missing=[] if answered else [pred.model], created_us=now, deadline_us=deadline_us,
-        trace=trace)
-    if reason:
-        return record, None
-    output = {"value": plain(value), "scores": list(scores) if scores is not None else None}
-    return record, {"app": cfg.name, "context": context, "answer": output, "predictions": {pred.model: output}}
+    return answer_record(pred.query_id, cfg.name, cfg.default_output, None, labels, 0.0, [], [pred.model],
+                         deadline_us, pred.trace, now, reason), None

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.redisclient import RedisGuard, stored_predictions_key, sync_client
-from clipstream.saver import PredictionSaver
+from clipstream.saver import GATHER_S, PredictionSaver
 from clipstream.settings import Settings, get_settings
 from frontend.dashboard import mount_dashboard
 from frontend.feedback import feedback as feedback_route
@@ -67,8 +67,6 @@ log = logging.getLogger(__name__)
 
 # request bodies larger than this are parsed in a worker thread, not on the event loop
 OFFLOAD_BYTES = 64 * 1024
-# stored predictions go to Redis in one round trip per this long (the selector's default)
-SAVE_GATHER_S = 0.25
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -327,7 +325,7 @@ def _saver(settings: Settings) -> PredictionSaver:
     and gathering (blocking: it connects)."""
     client = sync_client(settings)
     guard = RedisGuard(client.ping, name="gateway")
-    return PredictionSaver(client, settings.stored_predictions_ttl_s, guard, gather_s=SAVE_GATHER_S).start()
+    return PredictionSaver(client, settings.stored_predictions_ttl_s, guard, gather_s=GATHER_S).start()
 
 
 async def _exists(client: Any, key: str) -> bool:

@@ -1,7 +1,8 @@
-"""A model's output row read as an answer: the value and scores a caller gets.
+"""A model's output row read as an answer, and the records an answer is written as.
 
 The selector's join and the gateway (for a query its one model answered straight,
-docs/design/0083) read a prediction's tensor the same way, so the rule lives below both.
+docs/design/0083) both answer queries: they read a prediction's tensor, build the Response and
+store what they answered for the feedback join the same way, so the rules live below both.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import Tensor
+from schemas import Response, Tensor
 
 WIRE_SCALARS = (bool, int, float, str)
 
@@ -42,3 +43,40 @@ def wire_value(value: Any) -> Any:
     if value is None or isinstance(value, WIRE_SCALARS):
         return value
     return str(value)
+
+
+def output_json(value: Any, scores: tuple[float, ...] | None) -> dict[str, Any]:
+    """One answer (or one model's prediction) as stored for the feedback join."""
+    return {"value": plain(value), "scores": list(scores) if scores is not None else None}
+
+
+def stored_answer(app: str, context: str | None, answer: dict[str, Any],
+                  predictions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What is stored under ``cs:pred:<query_id>`` for ``selector.learn``: the answer and each
+    model's prediction (``output_json``), with the query's app and context."""
+    return {"app": app, "context": context, "answer": answer, "predictions": predictions}
+
+
+def answer_record(query_id: str, app: str, value: Any, scores: tuple[float, ...] | None,
+                  labels: tuple[Any, ...] | None, confidence: float, answered: list[str], missing: list[str],
+                  deadline_us: int, trace: dict[str, int], now_us: int,
+                  default_reason: str | None = None) -> Response:
+    """The Response to a query: ``value`` is the app's default output when ``default_reason``
+    says why the answer is one; labels go with scores only."""
+    is_default = default_reason is not None
+    wire_scores = list(scores) if scores is not None else None
+    return Response(
+        query_id=query_id,
+        app=app,
+        output=wire_value(value),
+        scores=wire_scores,
+        labels=[str(lab) for lab in labels] if wire_scores is not None and labels else None,
+        confidence=0.0 if is_default else float(confidence),
+        is_default=is_default,
+        default_reason=default_reason,
+        answered=list(answered),
+        missing=list(missing),
+        created_us=now_us,
+        deadline_us=deadline_us,
+        trace={**trace, "joined": now_us},
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from registry.outputs import read_row, wire_value
+from registry.outputs import answer_record, read_row, wire_value
 from schemas import OutputKind, Response, Tensor
 from selector.join import Asked
 from selector.types import Output
@@ -53,22 +53,8 @@ def response_record(
     default_reason: str | None = None,
 ) -> Response:
     """The Response to query ``query_id``, from what the join kept of it."""
-    trace = dict(asked.trace)
-    trace["joined"] = now_us
-    scores = list(output.scores) if output is not None and output.scores is not None else None
     is_default = default_reason is not None
-    return Response(
-        query_id=query_id,
-        app=asked.app,
-        output=wire_value(default if is_default or output is None else output.value),
-        scores=scores,
-        labels=[str(lab) for lab in labels] if scores is not None and labels else None,
-        confidence=0.0 if is_default else float(confidence),
-        is_default=is_default,
-        default_reason=default_reason,
-        answered=list(answered),
-        missing=list(missing),
-        created_us=now_us,
-        deadline_us=int(asked.deadline_us or 0),
-        trace=trace,
-    )
+    return answer_record(
+        query_id, asked.app, default if is_default or output is None else output.value,
+        output.scores if output is not None else None, labels, confidence, answered, missing,
+        int(asked.deadline_us or 0), asked.trace, now_us, default_reason)

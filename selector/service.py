@@ -31,6 +31,7 @@ from selector.handover import Handover, QueryOffsets
 from selector.join import NOT_ASKED, OK_STATUSES, Asked, JoinState, Pending, why_default
 from selector.kafka import Apps, log
 from selector.metrics import SelectorMetrics
+from registry.outputs import stored_answer
 from selector.outputs import response_record, to_output
 from selector.policies import align_state, is_stateless
 from selector.reply_budget import ReplyBudget
@@ -232,9 +233,8 @@ class Selector:
         record = response_record(pending.query_id, asked, answer, confidence, list(pending.arrived), missing,
                                  outputs.labels, now)
         self._reply(asked, record, late_us)  # the caller first; learn waits for the stored predictions if need be
-        self.save(pending.query_id, {
-            "app": asked.app, "context": asked.context, "answer": answer.to_json(),
-            "predictions": {m: o.to_json() for m, o in pending.arrived.items()}})
+        self.save(pending.query_id, stored_answer(asked.app, asked.context, answer.to_json(),
+                                                  {m: o.to_json() for m, o in pending.arrived.items()}))
 
     def _answer_safely(self, pending: Pending, late_us: int | None = None) -> None:
         """``answer``, and if it fails before a Response went out, a default naming why: the

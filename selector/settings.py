@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from clipstream.saver import GATHER_S
 from topics.stage import IDLE_POLL_S
 
 
@@ -59,7 +60,7 @@ class SelectorSettings(BaseSettings):
     max_contexts: int = Field(100_000, gt=0)
     # answered queries' predictions are stored for feedback in one Redis round trip per this
     # many ms (0: one per wake-up of the writer), off the answer path (clipstream.saver)
-    save_gather_ms: float = Field(250.0, ge=0, le=1000)
+    save_gather_ms: float = Field(GATHER_S * 1000, ge=0, le=1000)
     # a policy state read (or learnt here) this many ms ago is used as it is, with no Redis
     # round trip; another member's feedback reaches this one's answers at most this late
     # (0: every poll group reads Redis; docs/design/0054)

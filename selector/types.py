@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from registry.outputs import plain
+from registry.outputs import output_json, plain
 
 __all__ = ["Feedback", "Output", "Query", "State", "plain", "same_label"]
 
@@ -46,7 +46,7 @@ class Output:
     scores: tuple[float, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"value": plain(self.value), "scores": list(self.scores) if self.scores is not None else None}
+        return output_json(self.value, self.scores)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Output":

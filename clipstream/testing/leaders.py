@@ -1,0 +1,73 @@
+"""Put a consumer group's coordinator on a chosen broker, for the fault suite.
+
+Which broker coordinates a group is the leader of one partition of ``__consumer_offsets``,
+picked by a hash of the group's name; which node leads the controller quorum is chance. The
+fault that kills a node holding both needs the one moved onto the other. librdkafka's admin API
+has no partition reassignment, so ``PreferredLeader.java`` (beside this module) does it with
+Kafka's own admin client, run as a single-file program on the broker's jars.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from clipstream.errors import InfraError
+from clipstream.infra.kafka import TOOL_JVM_OPTS
+from clipstream.settings import Settings
+from topics.client import admin_config
+
+OFFSETS_TOPIC = "__consumer_offsets"
+PROGRAM = Path(__file__).with_name("PreferredLeader.java")
+JDK_HINT = "apt-get install -y openjdk-17-jdk-headless (a JRE cannot run a Java source file)"
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: 31-based over UTF-16 code units, as a signed 32-bit int."""
+    h = 0
+    units = text.encode("utf-16-le")
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i:i + 2], "little")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def coordinator_partition(group: str, partitions: int) -> int:
+    """The ``__consumer_offsets`` partition whose leader coordinates ``group``, as Kafka picks
+    it (``Utils.abs`` maps the one hash without a positive twin to 0)."""
+    h = java_string_hash(group)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+def coordinator_of(settings: Settings, group: str) -> int:
+    """The broker that coordinates ``group`` now. A fresh admin client each time: one that
+    asked before keeps the coordinator it was told."""
+    admin = AdminClient(admin_config(settings))
+    (desc,) = [f.result(10) for f in admin.describe_consumer_groups([group]).values()]
+    return int(desc.coordinator.id)
+
+
+def move_coordinator(settings: Settings, libs: Path, group: str, broker: int, timeout_s: float = 120.0) -> None:
+    """Make ``broker`` the coordinator of ``group``: it leads the group's offsets partition first
+    among its replicas, then by a preferred-leader election; returns once the cluster says so."""
+    java = shutil.which("java")
+    if java is None or shutil.which("javac") is None:
+        raise InfraError(f"moving a group's coordinator runs {PROGRAM.name}, which needs a JDK: {JDK_HINT}")
+    admin = AdminClient(admin_config(settings))
+    topic = admin.list_topics(OFFSETS_TOPIC, timeout=10).topics[OFFSETS_TOPIC]
+    partition = coordinator_partition(group, len(topic.partitions))
+    argv = [java, *TOOL_JVM_OPTS, "-cp", str(libs / "*"), str(PROGRAM),
+            settings.kafka_bootstrap, OFFSETS_TOPIC, str(partition), str(broker)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise InfraError(f"{PROGRAM.name} could not move {OFFSETS_TOPIC}-{partition} to broker {broker}: "
+                              + (done.stderr or done.stdout).strip()[-800:])
+    deadline = time.monotonic() + timeout_s
+    while (now := coordinator_of(settings, group)) != broker:
+        if time.monotonic() > deadline:
+            raise InfraError(f"group {group} is still coordinated by broker {now}, not {broker}, "
+                                  f"{timeout_s:g} s after {OFFSETS_TOPIC}-{partition} was moved")
+        time.sleep(0.5)

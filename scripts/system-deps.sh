@@ -3,7 +3,8 @@
 # redis-server and chromium. Only acts where something is missing; needs root and apt-get to install.
 set -euo pipefail
 need=()
-command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+# a JDK, not only a JRE: the fault suite runs a Java source file (clipstream/testing/leaders.py)
+{ command -v java && command -v javac; } >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 # the TLS tests make their certificates with it (the gateway's HTTPS, the secured broker)
@@ -11,7 +12,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # the dashboard's test and `make demo`'s screenshot drive a headless Chromium
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -eq 0 ]; then
-  echo "system deps: java, mvn, redis-server, openssl and chromium found"
+  echo "system deps: java, javac, mvn, redis-server, openssl and chromium found"
   exit 0
 fi
 echo "system deps: installing ${need[*]}"

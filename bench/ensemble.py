@@ -13,7 +13,14 @@ runs its Exp4 app (SLO 150 ms) under ``clipstream up`` with one replica each, an
 
 The target is the open-loop rate against the issue's upper figure for today (130 q/s).
 
+``--as-one-model`` serves the same five models inside one python model (each scores the
+batch; the answer is their mean) under a ``single`` app, still through the selector: one
+batch, one prediction record and one report per query instead of five each. It sizes what
+serving an ensemble's models as one batch could save at most (docs/design/0087); it is not
+the demo's app, and its report is not the README's row.
+
     .venv/bin/python -m bench.ensemble [--quick]     # out/bench/ensemble.json and .png
+    .venv/bin/python -m bench.ensemble --as-one-model --name ensemble-one-model
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from bench import load
 from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_json
@@ -59,16 +67,57 @@ def closed(url: str, calls: int) -> dict[str, Any]:
     return out
 
 
-def run(quick: bool) -> dict[str, Any]:
+ONE_MODEL = "ensemble"
+ONE_MODEL_SOURCE = '''
+from pathlib import Path
+
+import numpy as np
+
+from registry.spec import load_spec
+from workers.backends import load_model
+
+
+class Model:
+    """The demo's five models in one: each scores the batch, and the answer is their mean."""
+
+    def __init__(self, path, config):
+        repo = Path(config["repo"])
+        self.models = [load_model(load_spec(repo / m / "1"), device="cpu") for m in config["members"]]
+
+    def predict_batch(self, inputs):
+        scores = [np.asarray(m.predict_batch(inputs), dtype=np.float32) for m in self.models]
+        return np.mean(scores, axis=0).astype(np.float32)
+'''
+
+
+def write_one_model_app(path: Path, repo: Path, members: list[str]) -> Path:
+    """An app of policy ``single`` over one python model that runs every member on each batch."""
+    from clipstream.testing.models import make_python_model
+
+    make_python_model(repo, ONE_MODEL, ONE_MODEL_SOURCE, labels=list(range(10)),
+                      extra={"repo": str(repo), "members": members})
+    path.write_text(yaml.safe_dump({
+        "apps": [{"name": APP, "policy": "single", "slo_ms": SLO_MS, "default_output": -1, "models": [ONE_MODEL]}],
+        "models": [{"name": ONE_MODEL, "version": "1", "path": f"{repo.name}/{ONE_MODEL}/1", "replicas": 1}],
+    }, sort_keys=False))
+    return path
+
+
+def run(quick: bool, as_one_model: bool = False) -> dict[str, Any]:
     from clipstream.demo.train import train_all, write_app_file
 
     with tempfile.TemporaryDirectory(prefix="bench-ensemble-") as tmp:
         root = Path(tmp)
         say("ensemble: training the demo's five models")
         accuracy = train_all(root / "models", progress=lambda m: say(f"  {m}"))
-        app_file = write_app_file(root / "app.yaml", list(accuracy), slo_ms=SLO_MS)
-        with Pipeline(app_file) as pipe:
-            say("ensemble: clipstream up, one replica of each model")
+        if as_one_model:  # the selector stays in the path, as it is for the demo's Exp4 app
+            app_file = write_one_model_app(root / "app.yaml", root / "models", list(accuracy))
+            env = {"CLIPSTREAM_GATEWAY_DIRECT": "false"}
+        else:
+            app_file = write_app_file(root / "app.yaml", list(accuracy), slo_ms=SLO_MS)
+            env = {}
+        with Pipeline(app_file, env=env) as pipe:
+            say("ensemble: clipstream up, " + ("the five models in one" if as_one_model else "one replica of each model"))
             wait_warm(pipe.url, APP, load.json_bodies(load.unique_inputs(1))[0])
             warm_up(pipe, APP, mode="gateway")
             out: dict[str, Any] = {"models": list(accuracy), "startup_s": round(pipe.started_s, 1)}
@@ -105,12 +154,15 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--name", default="ensemble", help="report name under out/bench/ (e.g. ensemble-16core)")
+    ap.add_argument("--as-one-model", action="store_true",
+                    help="serve the five models inside one model, through the selector (docs/design/0087)")
     args = ap.parse_args(argv)
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
-        "app": APP, "policy": "exp4", "slo_ms": SLO_MS, "replicas": 1, "arrivals": "Poisson",
+        "app": APP, "policy": "single" if args.as_one_model else "exp4", "as_one_model": args.as_one_model,
+        "slo_ms": SLO_MS, "replicas": 1, "arrivals": "Poisson",
         "inputs": "distinct", "search": QUICK_SEARCH if args.quick else SEARCH, "quick": args.quick,
         "baseline_qps": BASELINE_QPS, "target_x": TARGET_X}}
-    report.update(run(args.quick))
+    report.update(run(args.quick, args.as_one_model))
     report["machine_after"] = {"loadavg": list(os.getloadavg())}
     write_json(args.name, report, out_dir)
     plot(report, out_dir, args.name)

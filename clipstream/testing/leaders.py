@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from clipstream.errors import InfraError
@@ -42,12 +43,20 @@ def coordinator_partition(group: str, partitions: int) -> int:
     return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
-def coordinator_of(settings: Settings, group: str) -> int:
+def coordinator_of(settings: Settings, group: str, timeout_s: float = 60.0) -> int:
     """The broker that coordinates ``group`` now. A fresh admin client each time: one that
-    asked before keeps the coordinator it was told."""
-    admin = AdminClient(admin_config(settings))
-    (desc,) = [f.result(10) for f in admin.describe_consumer_groups([group]).values()]
-    return int(desc.coordinator.id)
+    asked before keeps the coordinator it was told. On a new cluster the first ask creates
+    ``__consumer_offsets``, and the answers wait for its leaders."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        admin = AdminClient(admin_config(settings))
+        try:
+            (desc,) = [f.result(10) for f in admin.describe_consumer_groups([group]).values()]
+            return int(desc.coordinator.id)
+        except (KafkaException, TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise InfraError(f"no coordinator for group {group} within {timeout_s:g} s: {exc}") from exc
+        time.sleep(0.5)
 
 
 def move_coordinator(settings: Settings, libs: Path, group: str, broker: int, timeout_s: float = 120.0) -> None:

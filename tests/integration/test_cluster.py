@@ -24,6 +24,8 @@ from clipstream.cli import main
 from clipstream.infra import launcher, pid_alive
 from clipstream.infra.readiness import listed_brokers
 from clipstream.settings import Settings
+from clipstream.infra.kafka import fetch_jars
+from clipstream.testing.leaders import coordinator_of, move_coordinator
 from clipstream.testing.procs import wait_until
 from topics.admin import ensure_core_topics, watermarks
 from topics.catalogue import Catalogue
@@ -121,6 +123,20 @@ def _read_all(settings: Settings, topic: str, partitions: int) -> list[bytes]:
         return got
     finally:
         consumer.close()
+
+
+def test_a_groups_coordinator_moves_to_the_broker_asked_for(cluster, tmp_path: Path) -> None:  # noqa: ANN001
+    """What the fault suite does before it kills the quorum's controller
+    (``clipstream.testing.leaders``): each node in turn, and again the node it is on already."""
+    infra_settings, status = cluster
+    settings = _client_settings(status, tmp_path)
+    group = f"g{uuid.uuid4().hex[:8]}"
+    libs = fetch_jars(infra_settings, progress=lambda _: None)
+    first = coordinator_of(settings, group)
+    others = [n.node_id for n in status.kafka_nodes if n.node_id != first]
+    for node in [*others, others[-1]]:
+        move_coordinator(settings, libs, group, node)
+        assert coordinator_of(settings, group) == node
 
 
 def test_topics_are_replicated_and_survive_a_broker_kill(cluster, tmp_path: Path) -> None:  # noqa: ANN001

@@ -54,7 +54,7 @@ public class PreferredLeader {
             if (failed.isPresent() && !(failed.get() instanceof ElectionNotNeededException)) {
                 throw new IllegalStateException("no preferred-leader election for " + tp, failed.get());
             }
-            System.out.println(tp + " replicas " + order + ", leader " + describe(admin, tp).leader().id());
+            System.out.println(tp + ": replicas " + order + ", preferred leader elected");
         }
     }
 

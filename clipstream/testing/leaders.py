@@ -24,6 +24,7 @@ from topics.client import admin_config
 
 OFFSETS_TOPIC = "__consumer_offsets"
 PROGRAM = Path(__file__).with_name("PreferredLeader.java")
+SETTLED_S = 3.0  # every answer names the new coordinator for this long
 JDK_HINT = "apt-get install -y openjdk-17-jdk-headless (a JRE cannot run a Java source file)"
 
 
@@ -74,9 +75,17 @@ def move_coordinator(settings: Settings, libs: Path, group: str, broker: int, ti
     if done.returncode != 0:
         raise InfraError(f"{PROGRAM.name} could not move {OFFSETS_TOPIC}-{partition} to broker {broker}: "
                               + (done.stderr or done.stdout).strip()[-800:])
+    # brokers learn the new leader from the metadata log one after another, so one that has not
+    # yet can still name the old coordinator: the move is done once every answer agrees a while
     deadline = time.monotonic() + timeout_s
-    while (now := coordinator_of(settings, group)) != broker:
-        if time.monotonic() > deadline:
-            raise InfraError(f"group {group} is still coordinated by broker {now}, not {broker}, "
-                                  f"{timeout_s:g} s after {OFFSETS_TOPIC}-{partition} was moved")
-        time.sleep(0.5)
+    since: float | None = None
+    while since is None or time.monotonic() - since < SETTLED_S:
+        now = coordinator_of(settings, group)
+        if now != broker:
+            since = None
+            if time.monotonic() > deadline:
+                raise InfraError(f"group {group} is still coordinated by broker {now}, not {broker}, "
+                                 f"{timeout_s:g} s after {OFFSETS_TOPIC}-{partition} was moved")
+        elif since is None:
+            since = time.monotonic()
+        time.sleep(0.2)

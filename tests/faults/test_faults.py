@@ -310,25 +310,45 @@ def _kill_broker(pipe: Pipeline, name: str, victim: int) -> dict[str, Any]:
     return report
 
 
+def _quorum_leader(pipe: Pipeline) -> int:
+    """The node that leads the controller quorum now, from the nodes' own logs."""
+    nodes = launcher.status(pipe.infra_settings).kafka_nodes
+    state_dir = launcher.state_dir_of(pipe.infra_settings)
+    leader = cluster.quorum_leader([cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes])
+    assert leader is not None, "no node of the cluster has logged a quorum leader"
+    return leader
+
+
+def _coordinate_from(pipe: Pipeline, node: int) -> None:
+    """Move the selectors' coordinator onto ``node`` (``clipstream.testing.leaders``)."""
+    libs = fetch_jars(pipe.infra_settings, progress=lambda _: None)
+    move_coordinator(pipe.settings, libs, SelectorSettings().group, node)
+
+
 def test_broker_killed(pipeline: Pipeline) -> None:
-    """The node that coordinates the selectors' consumer group, whichever node that is: its
-    groups wait for a new coordinator as well as for new partition leaders."""
+    """The node that coordinates the selectors' consumer group, and not the quorum's
+    controller: its groups wait for a new coordinator as well as for new partition leaders,
+    while the cluster needs no election. Which node leads the quorum is chance; the
+    coordinator is moved off it first when they share a node. The next fault kills both."""
+    controller = _quorum_leader(pipeline)
     victim = coordinator_of(pipeline.settings, SelectorSettings().group)
-    check(_kill_broker(pipeline, "broker", victim), BROKER_BOUND_S)
+    if victim == controller:
+        nodes = launcher.status(pipeline.infra_settings).kafka_nodes
+        victim = next(n.node_id for n in nodes if n.node_id != controller)
+        _coordinate_from(pipeline, victim)
+        print(f"  moved the selectors' coordinator off the quorum's leader {controller} onto node {victim}")
+    report = _kill_broker(pipeline, "broker", victim)
+    print(f"  the killed node led the quorum at the kill: {report['controller_killed']}")
+    check(report, BROKER_BOUND_S)
 
 
 def test_broker_killed_with_the_quorums_controller(pipeline: Pipeline) -> None:
     """The worst of the broker faults: the node that coordinates the selectors' group also leads
     the controller quorum, so the cluster elects a new controller before it can fence the dead
-    node. Which node leads the quorum is chance; the group's coordinator is moved onto it
-    first (``clipstream.testing.leaders``)."""
+    node. The coordinator is moved onto the quorum's leader first."""
     _heal(pipeline)  # the fault before this one left a node dead
-    infra = pipeline.infra_settings
-    nodes = launcher.status(infra).kafka_nodes
-    state_dir = launcher.state_dir_of(infra)
-    controller = cluster.quorum_leader([cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes])
-    assert controller is not None, "no node of the cluster has logged a quorum leader"
-    move_coordinator(pipeline.settings, fetch_jars(infra, progress=lambda _: None), SelectorSettings().group, controller)
+    controller = _quorum_leader(pipeline)
+    _coordinate_from(pipeline, controller)
     report = _kill_broker(pipeline, "broker-controller", controller)
     # the quorum seldom elects a new leader on its own under this load; if it did before the
     # kill, the report says so (``controller_killed``) rather than failing the fault

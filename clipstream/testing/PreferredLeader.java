@@ -1,8 +1,8 @@
 // Makes one broker the leader of one partition: its replicas are reordered so that broker comes
-// first, and a preferred-leader election follows. The fault suite runs it (``java
-// PreferredLeader.java`` with Kafka's jars on the class path) to put a consumer group's
-// coordinator on the quorum's controller, since librdkafka's admin API has no partition
-// reassignment. Arguments: bootstrap servers, topic, partition, broker id.
+// first, and a preferred-leader election follows. The fault suite runs it (java
+// PreferredLeader.java, with Kafka's jars on the class path) to put a consumer group's
+// coordinator on a chosen node, since librdkafka's admin API has no partition reassignment.
+// Arguments: bootstrap servers, topic, partition, broker id.
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;

@@ -2,9 +2,10 @@
 
 Which broker coordinates a group is the leader of one partition of ``__consumer_offsets``,
 picked by a hash of the group's name; which node leads the controller quorum is chance. The
-fault that kills a node holding both needs the one moved onto the other. librdkafka's admin API
-has no partition reassignment, so ``PreferredLeader.java`` (beside this module) does it with
-Kafka's own admin client, run as a single-file program on the broker's jars.
+broker faults choose their node (the coordinator alone, then the coordinator that also leads
+the quorum), so the coordinator is moved. librdkafka's admin API has no partition
+reassignment: ``PreferredLeader.java`` (beside this module) does it with Kafka's own admin
+client, run as a single-file program on the broker's jars.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def move_coordinator(settings: Settings, libs: Path, group: str, broker: int, ti
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise InfraError(f"{PROGRAM.name} could not move {OFFSETS_TOPIC}-{partition} to broker {broker}: "
-                              + (done.stderr or done.stdout).strip()[-800:])
+                         + (done.stderr or done.stdout).strip()[-800:])
     # brokers learn the new leader from the metadata log one after another, so one that has not
     # yet can still name the old coordinator: the move is done once every answer agrees a while
     deadline = time.monotonic() + timeout_s

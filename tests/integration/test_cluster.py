@@ -22,9 +22,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from clipstream.cli import main
 from clipstream.infra import launcher, pid_alive
+from clipstream.infra.kafka import fetch_jars
 from clipstream.infra.readiness import listed_brokers
 from clipstream.settings import Settings
-from clipstream.infra.kafka import fetch_jars
 from clipstream.testing.leaders import coordinator_of, move_coordinator
 from clipstream.testing.procs import wait_until
 from topics.admin import ensure_core_topics, watermarks
@@ -126,8 +126,8 @@ def _read_all(settings: Settings, topic: str, partitions: int) -> list[bytes]:
 
 
 def test_a_groups_coordinator_moves_to_the_broker_asked_for(cluster, tmp_path: Path) -> None:  # noqa: ANN001
-    """What the fault suite does before it kills the quorum's controller
-    (``clipstream.testing.leaders``): each node in turn, and again the node it is on already."""
+    """What the fault suite does before its broker faults (``clipstream.testing.leaders``):
+    each other node in turn, and again the node it is on already."""
     infra_settings, status = cluster
     settings = _client_settings(status, tmp_path)
     group = f"g{uuid.uuid4().hex[:8]}"

@@ -26,12 +26,13 @@ from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard
 from clipstream.settings import Settings
+from registry.outputs import stored_answer
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
+from schemas.reasons import OK_STATUSES
 from selector.handover import Handover, QueryOffsets
-from selector.join import NOT_ASKED, OK_STATUSES, Asked, JoinState, Pending, why_default
+from selector.join import NOT_ASKED, Asked, JoinState, Pending, why_default
 from selector.kafka import Apps, log
 from selector.metrics import SelectorMetrics
-from registry.outputs import stored_answer
 from selector.outputs import response_record, to_output
 from selector.policies import align_state, is_stateless
 from selector.reply_budget import ReplyBudget

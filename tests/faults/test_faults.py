@@ -16,6 +16,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,12 +283,12 @@ def _kill_broker(pipe: Pipeline, name: str, victim: int) -> dict[str, Any]:
     del admin  # a librdkafka handle left to the GC would keep calling the dead node
     nodes = launcher.status(pipe.infra_settings).kafka_nodes
     node = next(n for n in nodes if n.node_id == victim)
-    state_dir = launcher.state_dir_of(pipe.infra_settings)
+    logs = _node_logs(pipe, nodes)
     controller_at_kill: list[int | None] = []
 
     def inject() -> str:
         # read at the kill: losing the quorum's leader as well adds an election to the outage
-        controller = cluster.quorum_leader([cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes])
+        controller = cluster.quorum_leader(logs)
         controller_at_kill.append(controller)
         os.kill(node.pid, signal.SIGKILL)
         return (f"SIGKILL kafka node {node.node_id} (pid {node.pid}), coordinator of group {group}, "
@@ -295,9 +296,8 @@ def _kill_broker(pipe: Pipeline, name: str, victim: int) -> dict[str, Any]:
                 + ("and the quorum's controller" if controller == victim else f"the controller being node {controller}"))
 
     report = run_fault(pipe, name, inject, bound_s=BROKER_BOUND_S, back=lambda: not pid_alive(node.pid))
-    logs = [cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes if n.node_id != victim]
     fault_at = report["fault_at_epoch_s"]
-    steps = cluster.failover(logs, victim, fault_at)
+    steps = cluster.failover([log for n, log in zip(nodes, logs) if n.node_id != victim], victim, fault_at)
 
     def after(at: float | None) -> float | None:
         return None if at is None else round(at - fault_at, 2)
@@ -310,11 +310,15 @@ def _kill_broker(pipe: Pipeline, name: str, victim: int) -> dict[str, Any]:
     return report
 
 
+def _node_logs(pipe: Pipeline, nodes: list[Any]) -> list[Path]:
+    """Each node's own log, in the order of ``nodes``."""
+    state_dir = launcher.state_dir_of(pipe.infra_settings)
+    return [cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes]
+
+
 def _quorum_leader(pipe: Pipeline) -> int:
     """The node that leads the controller quorum now, from the nodes' own logs."""
-    nodes = launcher.status(pipe.infra_settings).kafka_nodes
-    state_dir = launcher.state_dir_of(pipe.infra_settings)
-    leader = cluster.quorum_leader([cluster.node_files(state_dir, n.node_id, len(nodes)).log for n in nodes])
+    leader = cluster.quorum_leader(_node_logs(pipe, launcher.status(pipe.infra_settings).kafka_nodes))
     assert leader is not None, "no node of the cluster has logged a quorum leader"
     return leader
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from batchers.group import GroupService
 from batchers.metrics import batcher_registry
 from batchers.offsets import Part, RequestHandover, RequestOffsets
 from batchers.service import BatcherService, ModelSetup
@@ -99,10 +100,12 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
             redis = async_client(settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
             guard = RedisGuard(sync_client(settings).ping, name="batcher")
             holder["emitter"] = emitter
-            holder["s"] = {m.name: BatcherService(settings, bs, m, emitter.producer, redis, guard, offsets)
-                           for m in models}
-            for service in holder["s"].values():  # an ensemble's request record names them all
-                service.siblings = holder["s"]
+            holder["s"] = {m.name: (GroupService if m.members else BatcherService)(
+                settings, bs, m, emitter.producer, redis, guard, offsets) for m in models}
+            # an ensemble's request record names them all; a group takes its members' requests
+            siblings = {**{member: holder["s"][m.name] for m in models for member in m.members}, **holder["s"]}
+            for service in holder["s"].values():
+                service.siblings = siblings
         return holder["s"]
 
     def route(accept: Callable[[BatcherService, list[Record]], None],
@@ -112,12 +115,14 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
 
     async def read_topics() -> None:
         loop = asyncio.get_running_loop()
-        requests = {cat.requests(m.name).name: m.name for m in models}
+        requests = {cat.requests(n).name: m.name for m in models for n in (m.members or [m.name])}
         stats = {cat.batch_stats(m.name).name: m.name for m in models}
 
         def shares(owned: set[Part]) -> None:  # on the loop: each model's share of its replicas' credit
-            for topic, name in requests.items():
-                services()[name].share(sum(1 for t, _ in owned if t == topic), cat.requests(name).partitions)
+            for m in models:
+                topics = [t for t, name in requests.items() if name == m.name]
+                services()[m.name].share(sum(1 for t, _ in owned if t in topics),
+                                         sum(cat.requests(n).partitions for n in (m.members or [m.name])))
 
         handover = RequestHandover(offsets, lambda owned: loop.call_soon_threadsafe(shares, owned))
         # requests: a consumer group whose members share each model's partitions and store only
@@ -191,9 +196,11 @@ def _member(name: str | None) -> str | None:
 
 async def _follow(svc: BatcherService, follower: Any) -> None:
     try:
-        cfg = follower.view().model(svc.model.name)
+        cfg = follower.view().served().get(svc.model.name)
     except Exception:  # the registry is only advice here; keep serving
         return
+    if isinstance(svc, GroupService) and cfg is not None and hasattr(cfg, "member_versions"):
+        svc.follow(cfg.version, cfg.member_versions)
     if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
         replicas = max(1, int(cfg.replicas))
         if replicas > len(svc.core.dispatcher.replicas):

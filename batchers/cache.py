@@ -1,9 +1,5 @@
-"""Prediction-cache key and the coalescing of identical misses (Clipper section 4.2).
-
-The cache is a function cache for ``Predict(model, x)``: the key names the model, its
-version (a new version must never be answered from the old one's entries) and a hash of the
-input exactly as it travels: dtype, shape and raw bytes. dtype and shape are part of the
-hash because the same bytes mean different inputs as ``float32[4]`` and ``int8[16]``.
+"""The coalescing of identical cache misses (Clipper section 4.2); the key is
+``clipstream.cachekey``'s.
 
 Coalescing is Clipper's non-blocking *request*: the first miss for a key asks for the
 evaluation; identical misses that arrive while it is queued or running wait for that one
@@ -12,29 +8,13 @@ result instead of occupying batch slots of their own. No Kafka or Redis here.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Generic, TypeVar
 
-from schemas import Tensor
+from clipstream.cachekey import KEY_PREFIX, NO_VERSION, cache_key, input_digest
+
+__all__ = ["KEY_PREFIX", "NO_VERSION", "Coalescer", "cache_key", "input_digest"]
 
 T = TypeVar("T")
-
-KEY_PREFIX = "cs:cache:"
-NO_VERSION = "-"
-
-
-def input_digest(tensor: Tensor) -> str:
-    """sha1 hex of ``dtype|shape|raw bytes`` of a Tensor record."""
-    shape = ",".join(str(int(d)) for d in tensor.shape)
-    h = hashlib.sha1()
-    h.update(f"{tensor.dtype}|{shape}|".encode())
-    h.update(tensor.data)
-    return h.hexdigest()
-
-
-def cache_key(model: str, version: str | None, tensor: Tensor) -> str:
-    """``cs:cache:<model>:<version>:<sha1(dtype|shape|bytes)>``; version None is written ``-``."""
-    return f"{KEY_PREFIX}{model}:{version or NO_VERSION}:{input_digest(tensor)}"
 
 
 class Coalescer(Generic[T]):

@@ -25,21 +25,23 @@ from batchers.service import ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import get_settings, settings_or_exit
+from registry.groups import GroupConfig
 from registry.topic import ModelConfig, RegistryFollower
 from topics.catalogue import check_name
 
 
-def _from_registry(settings: Any, models: list[str],
-                   timeout_s: float) -> tuple[RegistryFollower, dict[str, ModelConfig | None]]:
-    """(follower, model name -> ModelConfig or None)."""
+def _from_registry(settings: Any, models: list[str], timeout_s: float
+                   ) -> tuple[RegistryFollower, dict[str, ModelConfig | GroupConfig | None]]:
+    """(follower, name -> its ModelConfig, or GroupConfig for a group's name, or None)."""
     follower = RegistryFollower(settings).start()
     view = follower.wait_ready(timeout_s)
-    return follower, {name: view.model(name) for name in models}
+    return follower, {name: view.groups.get(name) or view.model(name) for name in models}
 
 
 @click.command("batcher")
 @click.option("--model", "model_names", required=True, multiple=True,
-              help="model name (its topics carry it); repeat it to serve several models in one process")
+              help="model name (its topics carry it), or a group's (docs/design/0088); repeat it to "
+                   "serve several in one process")
 @click.option("--version", default=None, help="model version (part of the cache key)")
 @click.option("--replicas", type=int, default=None, help="replicas = partitions of batches.<model>")
 @click.option("--latency-objective-ms", type=float, default=None, help="AIMD objective [default 20]")
@@ -71,7 +73,7 @@ def batcher(
             raise ConfigError("--version and --replicas name one model's; with several --model the "
                               "registry gives each model's (deploy them first)")
         follower: RegistryFollower | None = None
-        cfgs: dict[str, ModelConfig | None] = {}
+        cfgs: dict[str, ModelConfig | GroupConfig | None] = {}
         if version is None or replicas is None:
             follower, cfgs = _from_registry(settings, list(model_names), bs.registry_timeout_s)
             missing = [n for n in model_names if cfgs.get(n) is None]
@@ -98,6 +100,7 @@ def batcher(
                                                    bs.batch_delay_ms))),
                 cache=bs.cache and not no_cache,
                 spec=cfg.spec if cfg is not None else None,
+                members=dict(cfg.member_versions) if isinstance(cfg, GroupConfig) else {},
             ))
         # follow the registry live only where it, not the command line, set the replicas
         run(settings, bs, setups, follower if replicas is None else None, member)

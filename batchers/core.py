@@ -28,6 +28,7 @@ class Pending:
     key: str | None
     arrival_us: int
     where: tuple[str, int, int] | None = None  # its record (topic, partition, offset): done once served
+    models: tuple[str, ...] = ()  # in a group: the members it still needs (``batchers.group``)
 
     @property
     def deadline_us(self) -> int:
@@ -177,6 +178,7 @@ class BatcherCore:
                     trace={**p.request.trace, "batched": now_us},
                     reply_topic=p.request.reply_topic,
                     reply_partition=p.request.reply_partition,
+                    models=list(p.models),
                 )
                 for p in items
             ],

@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -60,6 +60,7 @@ class ModelSetup:
     batch_delay_ms: float
     cache: bool = True
     spec: ModelSpec | None = None  # when the registry knows it
+    members: dict[str, str | None] = field(default_factory=dict)  # a group's: name -> version
 
 
 class BatcherService:
@@ -138,13 +139,16 @@ class BatcherService:
             log.warning("a record for %s was not delivered: %s", msg.topic(), err)
 
     def _predictions(self, preds: list[tuple[Pending, Prediction]]) -> list[Out]:
-        """One ``Predictions`` record per destination, with the requests it serves."""
-        routed = [(p.route, pred, p.where) for p, pred in preds]
+        """One ``Predictions`` record per destination, with the requests it serves (each once,
+        though a group's request has a prediction per member)."""
         wheres: dict[Route, list[Where | None]] = {}
-        for route, _, where in routed:
-            wheres.setdefault(route, []).append(where)
+        seen: set[int] = set()
+        for p, _ in preds:
+            if id(p) not in seen:
+                seen.add(id(p))
+                wheres.setdefault(p.route, []).append(p.where)
         return [(route[0] or self.topic_predictions, encode(record), route[1], wheres[route])
-                for route, record in by_route((route, pred) for route, pred, _ in routed).items()]
+                for route, record in by_route((p.route, pred) for p, pred in preds).items()]
 
     def _emit(self, preds: list[tuple[Pending, Prediction]]) -> None:
         self._send_all(self._predictions(preds))
@@ -185,31 +189,40 @@ class BatcherService:
                 f"bad request: reply_topic {request.reply_topic!r} is no gateway's reply topic "
                 f"({self.cat.prefix}replies.<instance>)", value, where, request.query_id, serves=True))
             return
-        if request.also:
-            self._fan_out(request, arrival, where, value)
+        others = self._others(request)
+        if others:
+            self._fan_out(request, others, arrival, where, value)
         self._take(request, arrival, where, value)
 
-    def _fan_out(self, request: ModelRequest, arrival: int, where: Where, value: bytes | None) -> None:
+    def _others(self, request: ModelRequest) -> list[str]:
+        """The models a request names that this service does not serve."""
+        return [name for name in request.also if name != self.model.name]
+
+    def _fan_out(self, request: ModelRequest, names: list[str], arrival: int, where: Where,
+                 value: bytes | None) -> None:
         """An ensemble's query asks its other models in the same record (docs/design/0082): the
-        ones this process serves take their part here; each other one goes on to its own
-        topic, at the same partition, for the batcher that serves it. The record is done once
-        every part is."""
+        ones this process serves take their part here (a group all of its members' in one
+        part); each other one goes on to its own topic, at the same partition, for the batcher
+        that serves it. The record is done once every part is."""
         bad: list[str] = []
-        for name in dict.fromkeys(request.also):  # each part counted once handed on: a failure leaves none open
-            if name == request.model:
-                continue
+        parts: dict[int, tuple[BatcherService, list[str]]] = {}
+        for name in dict.fromkeys(names):  # each part counted once handed on: a failure leaves none open
             sibling = self.siblings.get(name)
-            if sibling is None and not valid_name(name):
-                bad.append(name)
-                continue
-            part = replace(request, model=name, also=[], trace=dict(request.trace))
             if sibling is not None:
-                sibling._take(part, arrival, where, value)
-                sibling.arrived_event.set()
+                parts.setdefault(id(sibling), (sibling, []))[1].append(name)
+            elif not valid_name(name):
+                bad.append(name)
             else:
+                part = replace(request, model=name, also=[], trace=dict(request.trace))
                 self.producer.produce(self.cat.requests(name).name, encode(part), partition=where[1],
                                       on_delivery=partial(self._forwarded, where))
                 self.counts["forwarded"] += 1
+                if self.offsets is not None:
+                    self.offsets.more(where, 1)
+        for sibling, asked in parts.values():
+            sibling._take(replace(request, model=asked[0], also=asked[1:], trace=dict(request.trace)),
+                          arrival, where, value)
+            sibling.arrived_event.set()
             if self.offsets is not None:
                 self.offsets.more(where, 1)
         if bad:
@@ -237,9 +250,8 @@ class BatcherService:
         except (ClipstreamError, ValueError, TypeError) as exc:  # numpy's own errors on a hostile tensor too
             self.counts["errors"] += 1
             self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request.query_id))
-            p = Pending(request, None, arrival, where)
-            self.failed.append((p, prediction(p, self.model.name, self.core.version, "error", arrival,
-                                              error=f"bad input: {exc}")))
+            self.failed += self._answers([Pending(request, None, arrival, where, self._asked(request))],
+                                         "error", arrival, error=f"bad input: {exc}")
             return
         self.counts["requests"] += 1
         self.arrived.append((request, arrival, where))
@@ -258,25 +270,44 @@ class BatcherService:
                     self._emit(failed)
             if not group:
                 continue
-            version = self.core.version
-            pendings = [
-                Pending(r, cache_key(self.model.name, version, r.input) if self.redis else None, t, w)
-                for r, t, w in group
-            ]
-            values = await self._mget([p.key for p in pendings])  # type: ignore[arg-type]
-            hits: list[tuple[Pending, Prediction]] = []
-            now = now_us()
-            for p, raw in zip(pendings, values):
-                output = self._decode_cached(raw)
-                if output is not None:
-                    hits.append((p, prediction(p, self.model.name, version, "cached", now, output)))
-                else:
-                    self.core.admit(p)
+            hits, misses = await self._look_up(group)
+            for p in misses:
+                self.core.admit(p)
             if hits:
                 self.counts["cached"] += len(hits)
                 self._emit(hits)
-            if len(hits) < len(pendings):
+            if misses:
                 self.wake.set()
+
+    def _asked(self, request: ModelRequest) -> tuple[str, ...]:
+        """The models a request asks of this service's queue: none by name, for one model."""
+        return ()
+
+    def _answers(self, pendings: list[Pending], status: str, now: int, output: Tensor | None = None,
+                 error: str | None = None) -> list[tuple[Pending, Prediction]]:
+        """The predictions the batcher answers these requests with itself (cached, expired, failed)."""
+        return [(p, prediction(p, self.model.name, self.core.version, status, now, output, error))
+                for p in pendings]
+
+    async def _look_up(self, group: list[tuple[ModelRequest, int, Where]]
+                       ) -> tuple[list[tuple[Pending, Prediction]], list[Pending]]:
+        """(predictions of the hits, requests that missed) with one MGET."""
+        version = self.core.version
+        pendings = [
+            Pending(r, cache_key(self.model.name, version, r.input) if self.redis else None, t, w)
+            for r, t, w in group
+        ]
+        values = await self._mget([p.key for p in pendings])  # type: ignore[misc]
+        hits: list[tuple[Pending, Prediction]] = []
+        misses: list[Pending] = []
+        now = now_us()
+        for p, raw in zip(pendings, values):
+            output = self._decode_cached(raw)
+            if output is not None:
+                hits += self._answers([p], "cached", now, output)
+            else:
+                misses.append(p)
+        return hits, misses
 
     @staticmethod
     def _decode_cached(raw: bytes | None) -> Tensor | None:
@@ -344,11 +375,7 @@ class BatcherService:
 
     def _expired(self, pendings: list[Pending], now: int) -> list[tuple[Pending, Prediction]]:
         self.counts["expired"] += len(pendings)
-        return [
-            (p, prediction(p, self.model.name, self.core.version, "expired", now,
-                           error="deadline passed while queued in the batcher"))
-            for p in pendings
-        ]
+        return self._answers(pendings, "expired", now, error="deadline passed while queued in the batcher")
 
     # -- batching ---------------------------------------------------------------------------
     async def batch_loop(self) -> None:

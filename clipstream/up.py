@@ -139,7 +139,7 @@ class Pipeline:
                 if stage in wanted or stage in self.retiring:
                     continue
                 model = _arg(self.supervisor.stages[stage], "--model")
-                served = view.models.get(model or "")
+                served = view.served().get(model or "")
                 if (stage.startswith("worker-") and served is not None and served.spec is not None
                         and _arg(self.supervisor.stages[stage], "--version") != served.version):
                     self._leave(stage, model or "", str(served.version))
@@ -243,10 +243,12 @@ def wanted_stages(view: RegistryView, shared_batcher: bool = True, batcher_membe
         for i in range(1, batcher_members + 1):
             wanted[f"{name}.{i}"] = [*args, "--member", f"batcher-{i}"]
 
-    served = sorted(name for name, model in view.models.items() if model.spec is not None)
+    # a group (docs/design/0088) is served as one model: its batcher and workers, not its members'
+    units = view.served()
+    served = sorted(name for name, model in units.items() if model.spec is not None)
     if shared_batcher and served:
         batchers("batchers-" + "+".join(served), served)
-    for name, model in view.models.items():
+    for name, model in units.items():
         if model.spec is None:
             continue
         v = model.version

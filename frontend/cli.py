@@ -81,8 +81,9 @@ def deploy_model(name: str, path: str, version: str, replicas: int) -> None:
     settings = get_settings()
     location = _location(Repository.from_settings(settings), path)
     current = read_view(settings).model(name)
-    history: dict[str, list[str]] = {"previous_versions": [], "previous_paths": []}
+    history: dict[str, Any] = {"previous_versions": [], "previous_paths": []}
     if current is not None:
+        history["group"] = current.group
         history["previous_versions"] = list(current.previous_versions)
         history["previous_paths"] = list(current.previous_paths)
         if current.version != version:
@@ -138,6 +139,7 @@ def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> M
             latency_objective_ms=model.latency_objective_ms,
             max_batch_size=model.max_batch_size,
             batch_delay_ms=model.batch_delay_ms,
+            group=model.group,
         )
     return model
 

@@ -38,6 +38,7 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     repository = repository or Repository()
     raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
     models = []
+    inputs: dict[str, list[tuple[str, object]]] = {}  # group -> (member, its input spec)
     for i, m in enumerate(raw.get("models") or []):
         if not isinstance(m, dict) or "name" not in m or "path" not in m:
             raise ConfigError(f"{path}: models[{i}] needs `name` and `path`")
@@ -45,11 +46,13 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
         source = str(m["path"])
         if is_url(source):
             location = repository.location_of(source)
-            repository.read_spec(location)  # fail here, not in a worker, when model.yaml is wrong
+            spec = repository.read_spec(location)  # fail here, not in a worker, when model.yaml is wrong
         else:
             folder = (path.parent / source).resolve()
-            load_spec(folder)
+            spec = load_spec(folder)
             location = repository.location_of(folder)
+        if m.get("group") is not None:
+            inputs.setdefault(check_name("group", str(m["group"])), []).append((m["name"], spec.input))
         models.append(
             {
                 "name": m["name"],
@@ -57,9 +60,11 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
                 "path": location,
                 "replicas": int(m.get("replicas", 1)),
                 **{k: m[k] for k in _MODEL_KNOBS if k in m},
+                **({"group": str(m["group"])} if m.get("group") is not None else {}),
             }
         )
     names = {m["name"] for m in models}
+    _check_groups(path, inputs, names)
     apps = []
     for i, a in enumerate(raw.get("apps") or []):
         if not isinstance(a, dict) or "name" not in a:
@@ -87,6 +92,19 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     return AppFile(apps=apps, models=models)
 
 
+def _check_groups(path: Path, inputs: dict[str, list[tuple[str, object]]], names: set[str]) -> None:
+    """A group is served as one model: its name is its topics', and every member reads the
+    batch's one stacked input."""
+    for group, members in inputs.items():
+        if group in names:
+            raise ConfigError(f"{path}: group {group!r} has the name of a model; give the group its own")
+        first, spec = members[0]
+        for name, other in members[1:]:
+            if other != spec:
+                raise ConfigError(f"{path}: group {group!r}: model {name} takes {other}, but {first} takes "
+                                  f"{spec}; a group's models must take the same input")
+
+
 def apply_file(settings: Settings, path: str | Path, view: RegistryView | None = None) -> AppFile:
     """Publish an app file to the registry and create each model's topics."""
     spec = load_app_file(path, Repository.from_settings(settings))
@@ -102,6 +120,8 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
                 m["previous_versions"] = list(current.previous_versions)
                 m["previous_paths"] = list(current.previous_paths)
             ensure_model_topics(settings, m["name"], m["replicas"])
+            if m.get("group"):
+                ensure_model_topics(settings, m["group"], m["replicas"])
             writer.model(**m)
         for a in spec.apps:
             a = dict(a)

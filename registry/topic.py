@@ -22,6 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from clipstream.clock import now_us
 from clipstream.errors import ConfigError, DecodeError, InfraError
 from clipstream.settings import Settings
+from registry.groups import GroupConfig, groups_of
 from registry.repository import Repository
 from registry.spec import ModelSpec
 from schemas import App, Link, Model, Record, decode_as, encode
@@ -63,18 +64,25 @@ class ModelConfig:
     # what the registry holds (Model.path): a location in the model repository, a URL, or an
     # absolute path; the verbs that rewrite a model write this back, never ``path``
     location: str = ""
+    group: str | None = None  # served together with the group's other models (``registry.groups``)
 
 
 @dataclass(frozen=True)
 class RegistryView:
     apps: dict[str, AppConfig] = field(default_factory=dict)
     models: dict[str, ModelConfig] = field(default_factory=dict)
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
 
     def app(self, name: str) -> AppConfig | None:
         return self.apps.get(name)
 
     def model(self, name: str) -> ModelConfig | None:
         return self.models.get(name)
+
+    def served(self) -> dict[str, ModelConfig | GroupConfig]:
+        """What batchers and workers serve, by name: each group, and each model in none."""
+        alone: dict[str, ModelConfig | GroupConfig] = {n: m for n, m in self.models.items() if not m.group}
+        return {**alone, **self.groups}
 
 
 # the record type each kind of registry key holds
@@ -139,6 +147,7 @@ class RegistryState:
                 previous_versions=tuple(m.previous_versions),
                 previous_paths=tuple(m.previous_paths),
                 location=m.path,
+                group=m.group,
             )
         apps = {}
         for name, a in self._apps.items():
@@ -155,7 +164,7 @@ class RegistryState:
                 policy_config=dict(a.policy_config or {}),
                 models=tuple(model for _, model in links),
             )
-        return RegistryView(apps=apps, models=models)
+        return RegistryView(apps=apps, models=models, groups=groups_of(models))
 
 
 class RegistryFollower:
@@ -326,7 +335,12 @@ class RegistryWriter:
             max_batch_size=knobs.pop("max_batch_size", None),
             batch_delay_ms=knobs.pop("batch_delay_ms", None),
             updated_us=self._now(),
+            group=knobs.pop("group", None),
         )
+        if record.group is not None:
+            check_name("group", record.group)
+            if record.group == name:
+                raise ConfigError(f"model {name}: its group needs a name of its own")
         if knobs:
             raise ConfigError(f"model {name}: unknown settings {sorted(knobs)}")
         self._put(f"model:{name}", record)

@@ -74,6 +74,7 @@ class BatchItem:
     trace: Trace = field(default_factory=dict)
     reply_topic: str | None = None
     reply_partition: int | None = None
+    models: list[str] = field(default_factory=list)  # a group's members this item needs (docs/design/0088)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +173,7 @@ class Model:
     max_batch_size: int | None = None
     batch_delay_ms: float | None = None
     updated_us: int = 0
+    group: str | None = None  # served together with the group's other models (docs/design/0088)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ def samples() -> dict[str, dict[str, Any]]:
         "trace": {"batcher_in": 1},
         "reply_topic": "clipstream.replies.gw1",
         "reply_partition": 0,
+        "models": [],
     }
     pred = {
         "query_id": "q1",
@@ -64,7 +65,7 @@ def samples() -> dict[str, dict[str, Any]]:
             "replica": 0,
             "created_us": 3,
             "items": [item, {**item, "query_id": "q2", "cache_key": None, "reply_topic": None,
-                             "reply_partition": None}],
+                             "reply_partition": None, "models": ["m", "m2"]}],
         },
         "Prediction": pred,
         "Predictions": {
@@ -124,6 +125,7 @@ def samples() -> dict[str, dict[str, Any]]:
             "max_batch_size": 64,
             "batch_delay_ms": 2.0,
             "updated_us": 1,
+            "group": "digits",
         },
         "Link": {"app": "digits", "model": "m", "linked": True, "updated_us": 1},
         "DeadLetter": {

@@ -96,3 +96,40 @@ def test_a_record_of_the_wrong_type_is_a_decode_error_and_changes_nothing():
     with pytest.raises(DecodeError, match="unknown registry key"):
         state.apply("thing:x", _app())
     assert state.view().apps["digits"].policy == "exp4"
+
+
+def test_models_of_a_group_make_one_served_unit_whose_version_follows_theirs(tmp_path):
+    state = RegistryState()
+    path = str(_model_dir(tmp_path, "m"))
+    for name, version, replicas in (("a", "1", 1), ("b", "2", 2), ("c", "1", 1)):
+        state.apply(f"model:{name}", encode(Model(name=name, version=version, path=path, replicas=replicas,
+                                                  latency_objective_ms=30.0 if name == "a" else None,
+                                                  group=None if name == "c" else "g", updated_us=1)))
+    view = state.view()
+    g = view.groups["g"]
+    assert [m.name for m in g.members] == ["a", "b"] and g.member_versions == {"a": "1", "b": "2"}
+    assert (g.replicas, g.latency_objective_ms, g.max_batch_size) == (2, 30.0, None)
+    assert g.spec is not None and g.spec.input.shape == (4,)
+    assert sorted(view.served()) == ["c", "g"]  # a and b are served as g
+    first = g.version
+    state.apply("model:b", encode(Model(name="b", version="3", path=path, group="g", updated_us=2)))
+    assert state.view().groups["g"].version != first  # a member's new version is a new group version
+    state.apply("model:b", encode(Model(name="b", version="2", path=path, group="g", updated_us=3)))
+    assert state.view().groups["g"].version == first  # rolled back: the same group version again
+
+
+def test_an_app_file_groups_models_that_take_the_same_input(tmp_path):
+    _model_dir(tmp_path, "a")
+    other = _model_dir(tmp_path, "other")
+    (other / "model.yaml").write_text(MODEL_YAML.replace("shape: [4]", "shape: [8]"))
+    f = tmp_path / "app.yaml"
+    models = ("models:\n  - {name: a, path: models/a/1, group: g}\n"
+              "  - {name: b, path: models/a/1, group: g}\n")
+    f.write_text(models)
+    assert [m.get("group") for m in load_app_file(f).models] == ["g", "g"]
+    f.write_text(models + "  - {name: c, path: models/other/1, group: g}\n")
+    with pytest.raises(ConfigError, match="group 'g': model c takes .* must take the same input"):
+        load_app_file(f)
+    f.write_text(models + "  - {name: g, path: models/a/1}\n")
+    with pytest.raises(ConfigError, match="group 'g' has the name of a model"):
+        load_app_file(f)

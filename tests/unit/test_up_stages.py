@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from clipstream.up import Pipeline, wanted_stages
+from registry.groups import groups_of
 from registry.topic import ModelConfig, RegistryView
 
 SPEC: Any = object()  # any non-None spec: the model loaded
@@ -160,3 +162,15 @@ def test_batchers_and_workers_keep_a_spare_process_unless_spares_are_off() -> No
         Pipeline(sup, {}, shared_batcher=True, spares=spares).sync(view(a="1", b="3"))  # type: ignore[arg-type]
         kept = {name: stage.spare for name, stage in sup.stages.items()}
         assert kept == {"batchers-a+b": spares, "worker-a-v1-0": spares, "worker-b-v3-0": spares, "worker-b-v3-1": spares}
+
+
+def test_a_group_gets_one_batcher_entry_and_its_own_workers_not_its_members() -> None:
+    v = view(a="1", b="3", c="1")
+    models = {n: (replace(m, group="g") if n in ("a", "b") else m) for n, m in v.models.items()}
+    grouped = RegistryView(models=models, groups=groups_of(models))
+    w = wanted_stages(grouped)
+    assert w["batchers-c+g"] == ["batcher", "--model", "c", "--model", "g", "--member", "batcher-1"]
+    gv = grouped.groups["g"].version
+    assert sorted(k for k in w if k.startswith("worker-")) == sorted(
+        ["worker-c-v1-0", f"worker-g-v{gv}-0", f"worker-g-v{gv}-1"])  # b's two replicas are the group's
+    assert w[f"worker-g-v{gv}-1"] == ["worker", "--model", "g", "--version", gv, "--replica", "1", "--replicas", "2"]

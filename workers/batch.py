@@ -100,14 +100,19 @@ class Ran:
     out_us: int
 
 
-def _prediction(p: Prepared, item: BatchItem, status: str, output: Tensor | None,
-                error: str | None, out_us: int) -> None:
+# who answers: (model name, version); None is the batch's own model at its version
+Answerer = tuple[str, str | None]
+
+
+def add_prediction(p: Prepared, item: BatchItem, status: str, output: Tensor | None,
+                   error: str | None, out_us: int, by: Answerer | None = None) -> None:
     # a copy: the item itself may still be written whole into a dead letter
     trace = dict(item.trace)
     trace["worker_in"] = p.received_us
     trace["worker_out"] = out_us
+    model, version = by or (p.batch.model, p.version)
     p.outcome.predictions.setdefault(route_of(item), []).append(
-        Prediction(item.query_id, p.batch.model, p.version, status, output, error, trace))
+        Prediction(item.query_id, model, version, status, output, error, trace))
 
 
 def prepare_batch(
@@ -119,6 +124,7 @@ def prepare_batch(
     source: tuple[str, int, int] | None = None,
     selector_partitions: int | None = None,
     is_reply: Callable[[str], bool] | None = None,
+    answerers: Callable[[BatchItem], list[Answerer]] | None = None,
     clock: Callable[[], int] = now_us,
 ) -> Prepared:
     """Check every item against ``model.yaml`` and stack the valid ones (CPU work the worker
@@ -128,6 +134,9 @@ def prepare_batch(
     ``[0, selector_partitions)``, or one whose reply target ``is_reply`` says is no gateway's
     reply topic, cannot be answered anywhere: it becomes a dead letter only (producing it would
     fail forever, or write into a topic that is not for predictions).
+
+    ``answerers`` names who answers an item that fails its checks, one error prediction each
+    (a group's members, whose names the selector knows); by default the batch's model.
     """
     p = Prepared(batch, batch.version or version, received_us, source)
     arrays: list[np.ndarray] = []
@@ -148,9 +157,11 @@ def prepare_batch(
             array = item.input.array()
             spec.input.check(array)
         except ClipstreamError as exc:
-            p.errors += 1
-            reason = f"bad input: {exc}"
-            _prediction(p, item, "error", None, reason, clock())
+            reason, at = f"bad input: {exc}", clock()
+            by = answerers(item) if answerers is not None else [(batch.model, p.version)]
+            p.errors += max(1, len(by))
+            for who in by:
+                add_prediction(p, item, "error", None, reason, at, who)
             p.outcome.dead_letters.append(
                 dead_letter(reason, source=source, query_id=item.query_id, payload=encode(item)))
             continue
@@ -165,9 +176,15 @@ def run_batch(model: BatchModel, p: Prepared, clock: Callable[[], int] = now_us)
     """The device's part: one ``predict_batch`` over the valid items, timed. None: nothing to run."""
     if p.inputs is None:
         return None
+    return predict_rows(model, p.inputs, clock)
+
+
+def predict_rows(model: BatchModel, inputs: np.ndarray, clock: Callable[[], int] = now_us) -> Ran:
+    """One timed ``predict_batch`` over ``inputs``, split into rows; a model's failure is caught
+    and reported, so one broken model never stops the worker."""
     start = time.perf_counter()
     try:
-        rows = output_rows(model.spec.output, model.predict_batch(p.inputs), len(p.valid))
+        rows = output_rows(model.spec.output, model.predict_batch(inputs), len(inputs))
         failure = None
     except Exception as exc:  # any model bug: answer with errors, keep serving
         rows, failure = [], f"model error: {type(exc).__name__}: {exc}"
@@ -177,28 +194,43 @@ def run_batch(model: BatchModel, p: Prepared, clock: Callable[[], int] = now_us)
 def finish_batch(p: Prepared, ran: Ran | None, *, worker_id: str,
                  clock: Callable[[], int] = now_us) -> BatchOutcome:
     """Shape the outputs into predictions, cache entries and the ``BatchStats`` report."""
-    if ran is not None and ran.failure is not None:
-        p.errors += len(p.valid)
-        for item in p.valid:
-            _prediction(p, item, "error", None, ran.failure, ran.out_us)
-    elif ran is not None:
-        for item, row in zip(p.valid, ran.rows):
-            try:
-                tensor = Tensor.of(row)
-            except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it
-                p.errors += 1
-                _prediction(p, item, "error", None, f"model error: output cannot travel: {exc}", ran.out_us)
-                continue
-            _prediction(p, item, "ok", tensor, None, ran.out_us)
-            if item.cache_key:
-                p.outcome.cache.append((item.cache_key, encode(tensor)))
+    if ran is not None:
+        answer_items(p, p.valid, ran)
+    return batch_stats(p, ran.service_us if ran is not None else 0, worker_id=worker_id, clock=clock)
+
+
+def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer | None = None,
+                 key: Callable[[BatchItem], str | None] = lambda item: item.cache_key) -> None:
+    """``ran``'s rows as ``items``' predictions by ``by`` (default: the batch's model), each ok
+    one cached under ``key(item)`` when it has one; a failed run answers every item with it."""
+    if ran.failure is not None:
+        p.errors += len(items)
+        for item in items:
+            add_prediction(p, item, "error", None, ran.failure, ran.out_us, by)
+        return
+    for item, row in zip(items, ran.rows):
+        try:
+            tensor = Tensor.of(row)
+        except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it
+            p.errors += 1
+            add_prediction(p, item, "error", None, f"model error: output cannot travel: {exc}", ran.out_us, by)
+            continue
+        add_prediction(p, item, "ok", tensor, None, ran.out_us, by)
+        cache_key = key(item)
+        if cache_key:
+            p.outcome.cache.append((cache_key, encode(tensor)))
+
+
+def batch_stats(p: Prepared, service_us: int, *, worker_id: str,
+                clock: Callable[[], int] = now_us) -> BatchOutcome:
+    """Close ``p``'s outcome with its ``BatchStats`` report (one per batch, whatever it served)."""
     batch = p.batch
     p.outcome.stats = BatchStats(
         batch_id=batch.batch_id,
         model=batch.model,
         replica=batch.replica,
         batch_size=len(batch.items),
-        service_us=ran.service_us if ran is not None else 0,
+        service_us=service_us,
         queue_wait_us=max(0, p.received_us - batch.created_us),
         errors=p.errors,
         worker_id=worker_id,

@@ -40,8 +40,9 @@ from topics.markers import is_handover, ready_marker
 from topics.metrics import LAG, expose, serve_metrics
 from topics.offsets import SpacedCommits, committed_offset
 from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, stop_on_signals
-from workers.backends import BatchModel, warm_up
-from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch, prepare_batch, run_batch
+from workers import group
+from workers.backends import BatchModel
+from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.settings import WorkerSettings
@@ -52,12 +53,13 @@ def log(msg: str) -> None:
 
 
 class Worker:
-    """Serves ``model`` as replica ``replica`` of ``replicas``."""
+    """Serves ``model`` as replica ``replica`` of ``replicas``: one model, or a group of them
+    (``workers.group``: then ``name`` and ``version`` are the group's)."""
 
     def __init__(
         self,
         settings: Settings,
-        model: BatchModel,
+        model: BatchModel | group.GroupModel,
         name: str,
         *,
         version: str | None = None,
@@ -94,7 +96,7 @@ class Worker:
         ensure_model_topics(self.settings, self.name, self.replicas)
         ensure_topics(self.settings, [self.cat.predictions, self.cat.deadletter])
         self.selector_partitions = self._partitions(self.predictions_topic)
-        warm_up(self.model)
+        group.warm(self.model)
         self.producer = Emitter(self.settings, name=f"worker {self.name}.{self.replica}")
         self.consumer = Consumer(
             consumer_config(
@@ -233,7 +235,7 @@ class Worker:
             if self._not_ours(batch):
                 job.outcome = BatchOutcome()  # nothing to do; its offset is committed in turn
             else:
-                job.prepared = prepare_batch(self.model.spec, batch, version=self.version, received_us=now_us(),
+                job.prepared = group.prepare(self.model, batch, version=self.version, received_us=now_us(),
                                              source=source, selector_partitions=self.selector_partitions,
                                              is_reply=self.cat.is_reply)
         except ClipstreamError as exc:
@@ -260,7 +262,7 @@ class Worker:
         if job.prepared is None:  # nothing to run: a handover, or a batch that failed its checks
             self._complete(job)
             return None
-        job.ran = run_batch(self.model, job.prepared)
+        job.ran = group.run(self.model, job.prepared)
         nxt = self.consumer.poll(0)
         if nxt is not None and nxt.error() is None:
             self._to_emit.put(job)
@@ -288,7 +290,7 @@ class Worker:
         while True:
             job = self._to_device.get()
             if job is not None and job.prepared is not None:
-                job.ran = run_batch(self.model, job.prepared)
+                job.ran = group.run(self.model, job.prepared)
             self._to_emit.put(job)
             self._to_device.task_done()
             if job is None:
@@ -314,7 +316,11 @@ class Worker:
         try:
             outcome = job.outcome
             if outcome is None and job.prepared is not None:
-                outcome = finish_batch(job.prepared, job.ran, worker_id=self.worker_id)
+                # a group's batch that ran is finished member by member; finish_batch does the rest
+                # (a group's batch with nothing to run needs only its stats, as a model's does)
+                outcome = (group.finish_group(job.prepared, job.ran, worker_id=self.worker_id)
+                           if isinstance(job.ran, group.GroupRan) else
+                           finish_batch(job.prepared, job.ran, worker_id=self.worker_id))
         except Exception as exc:
             outcome = _crashed(exc, job.source, job.payload)
         self.emit(outcome or BatchOutcome(), job.offset)
@@ -390,7 +396,7 @@ class Job:
 
     offset: int
     prepared: Prepared | None = None
-    ran: Ran | None = None
+    ran: Ran | group.GroupRan | None = None
     outcome: BatchOutcome | None = None  # set instead of ``prepared`` for a batch that cannot run
     source: tuple[str, int, int] | None = None
     payload: bytes | None = None

@@ -13,6 +13,10 @@ runs its Exp4 app (SLO 150 ms) under ``clipstream up`` with one replica each, an
 
 The target is the open-loop rate against the issue's upper figure for today (130 q/s).
 
+The demo serves its five models as one group (docs/design/0088): one batch and one worker
+process run all five. ``--apart`` serves each model on its own, as before groups, to measure the
+two side by side.
+
 ``--as-one-model`` serves the same five models inside one python model (each scores the
 batch; the answer is their mean) under a ``single`` app, still through the selector: one
 batch, one prediction record and one report per query instead of five each. It sizes what
@@ -20,6 +24,7 @@ serving an ensemble's models as one batch could save at most (docs/design/0087);
 the demo's app, and its report is not the README's row.
 
     .venv/bin/python -m bench.ensemble [--quick]     # out/bench/ensemble.json and .png
+    .venv/bin/python -m bench.ensemble --apart --name ensemble-apart
     .venv/bin/python -m bench.ensemble --as-one-model --name ensemble-one-model
 """
 
@@ -103,7 +108,7 @@ def write_one_model_app(path: Path, repo: Path, members: list[str]) -> Path:
     return path
 
 
-def run(quick: bool, as_one_model: bool = False) -> dict[str, Any]:
+def run(quick: bool, as_one_model: bool = False, apart: bool = False) -> dict[str, Any]:
     from clipstream.demo.train import train_all, write_app_file
 
     with tempfile.TemporaryDirectory(prefix="bench-ensemble-") as tmp:
@@ -114,10 +119,12 @@ def run(quick: bool, as_one_model: bool = False) -> dict[str, Any]:
             app_file = write_one_model_app(root / "app.yaml", root / "models", list(accuracy))
             env = {"CLIPSTREAM_GATEWAY_DIRECT": "false"}
         else:
-            app_file = write_app_file(root / "app.yaml", list(accuracy), slo_ms=SLO_MS)
+            app_file = write_app_file(root / "app.yaml", list(accuracy), slo_ms=SLO_MS,
+                                      **({"group": None} if apart else {}))
             env = {}
         with Pipeline(app_file, env=env) as pipe:
-            say("ensemble: clipstream up, " + ("the five models in one" if as_one_model else "one replica of each model"))
+            say("ensemble: clipstream up, " + ("the five models in one" if as_one_model else
+                                               "one replica of each model" if apart else "the five models as one group"))
             wait_warm(pipe.url, APP, load.json_bodies(load.unique_inputs(1))[0])
             warm_up(pipe, APP, mode="gateway")
             out: dict[str, Any] = {"models": list(accuracy), "startup_s": round(pipe.started_s, 1)}
@@ -156,13 +163,18 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap.add_argument("--name", default="ensemble", help="report name under out/bench/ (e.g. ensemble-16core)")
     ap.add_argument("--as-one-model", action="store_true",
                     help="serve the five models inside one model, through the selector (docs/design/0087)")
+    ap.add_argument("--apart", action="store_true",
+                    help="serve each model on its own, not as the demo's group (docs/design/0088)")
     args = ap.parse_args(argv)
+    if args.apart and args.as_one_model:
+        ap.error("--apart and --as-one-model are two different layouts; pick one")
     report: dict[str, Any] = {"machine": machine_info(), "settings": {
         "app": APP, "policy": "single" if args.as_one_model else "exp4", "as_one_model": args.as_one_model,
+        "grouped": not (args.apart or args.as_one_model),
         "slo_ms": SLO_MS, "replicas": 1, "arrivals": "Poisson",
         "inputs": "distinct", "search": QUICK_SEARCH if args.quick else SEARCH, "quick": args.quick,
         "baseline_qps": BASELINE_QPS, "target_x": TARGET_X}}
-    report.update(run(args.quick, args.as_one_model))
+    report.update(run(args.quick, args.as_one_model, args.apart))
     report["machine_after"] = {"loadavg": list(os.getloadavg())}
     write_json(args.name, report, out_dir)
     plot(report, out_dir, args.name)

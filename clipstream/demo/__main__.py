@@ -29,7 +29,7 @@ import numpy as np
 from clipstream.demo.dashboard import keep_history, screenshot
 from clipstream.demo.report import cumulative_error, plot, replay_exp3, selector_total
 from clipstream.demo.tap import Tap
-from clipstream.demo.train import LABELS, load_digits_split, train_all, write_app_file, write_degraded
+from clipstream.demo.train import GROUP, LABELS, load_digits_split, train_all, write_app_file, write_degraded
 from clipstream.metrics_targets import TARGETS_LINE
 from clipstream.settings import get_settings
 from selector.settings import SelectorSettings
@@ -129,7 +129,7 @@ def main() -> None:
     proc, info = start_up(app_file, state_dir, args.port)
     env = {**os.environ, "CLIPSTREAM_KAFKA_BOOTSTRAP": info["kafka"], "CLIPSTREAM_REDIS_URL": info["redis"]}
     settings = get_settings(kafka_bootstrap=info["kafka"], redis_url=info["redis"])
-    tap = Tap(settings, models, LABELS).start()
+    tap = Tap(settings, [GROUP], LABELS).start()  # the group's batches hold every model's work
     tap.wait_assigned()
     dashboard = info.get("dashboard", info["url"] + "/dashboard")
     say(f"    dashboard: {dashboard}")
@@ -191,9 +191,11 @@ def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str,
             if phase == 1:
                 say(f"4/5 degrading {degraded}: deploying version 2, which answers wrongly")
                 cli("deploy-model", degraded, str((OUT / "models" / degraded / "2").resolve()), "--version", "2", env=env)
+                until_serving(client, tap, degraded, "2")
             if phase == 2:
                 say(f"4/5 recovering {degraded}: rollback to version 1")
                 cli("rollback", degraded, env=env)
+                until_serving(client, tap, degraded, "1")
             futures = [pool.submit(one, i) for i in range(lo, hi)]
             last = 0.0
             for f in futures:
@@ -208,6 +210,26 @@ def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str,
         say(f"    the gateway shed load {rejected[0]} times (503, retried)")
     time.sleep(1.0)  # the tap trails the last responses by a few milliseconds
     return _join(rows, tap)
+
+
+def until_serving(client: Any, tap: Tap, model: str, version: str, timeout_s: float = 90.0) -> None:
+    """Send queries the report leaves out until ``version`` of ``model`` evaluates them: its
+    group's new worker loads and warms every member before the batcher moves to it. The inputs
+    are noise in the digits' range, so the cache cannot answer them."""
+    from frontend.client import Overloaded
+
+    say(f"    waiting for {model} version {version} to serve (its workers start and warm up first) ...")
+    t0 = time.monotonic()
+    rng = np.random.default_rng(1)
+    while tap.serving(model) != version:
+        if time.monotonic() - t0 > timeout_s:
+            raise SystemExit(f"{model} version {version} did not serve within {timeout_s:.0f} s; "
+                             f"see the worker logs under {OUT / 'state' / 'up'}")
+        try:
+            client.predict("digits", rng.uniform(0, 16, 64).tolist())
+        except Overloaded:
+            time.sleep(0.05)
+    say(f"    {model} version {version} serves, after {time.monotonic() - t0:.1f} s")
 
 
 def _join(rows: list[dict[str, Any]], tap: Tap) -> list[dict[str, Any]]:

@@ -27,10 +27,11 @@ class Tap:
     `up` is ready): `up`'s warm-up traffic must not count in the demo's cache hit rate, its
     expired predictions or its batch sizes."""
 
-    def __init__(self, settings: Settings, models: list[str], labels: list[Any],
+    def __init__(self, settings: Settings, served: list[str], labels: list[Any],
                  since_ms: int | None = None):
+        """``served``: the models, or groups, whose batches it sizes."""
         cat = Catalogue.from_settings(settings)
-        self._topics = [cat.predictions.name] + [cat.batch_stats(m).name for m in models]
+        self._topics = [cat.predictions.name] + [cat.batch_stats(m).name for m in served]
         self._consumer = Consumer(
             consumer_config(settings, f"demo-tap-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"})
         )
@@ -39,6 +40,7 @@ class Tap:
         self.answers: dict[str, dict[str, Any]] = defaultdict(dict)  # query -> model -> label
         self.status_counts: dict[str, int] = defaultdict(int)
         self.batch_sizes: list[int] = []
+        self.evaluated_by: dict[str, str | None] = {}  # model -> version of its latest evaluation
         self._stop = threading.Event()
         self._assigned = threading.Event()
         self._lock = threading.Lock()
@@ -74,6 +76,8 @@ class Tap:
 
     def _prediction(self, p: Prediction) -> None:
         self.status_counts[p.status] += 1
+        if p.status == "ok":
+            self.evaluated_by[p.model] = p.version
         if p.status not in ("ok", "cached") or p.output is None:
             return
         out = p.output.array()
@@ -87,6 +91,12 @@ class Tap:
                 dict(self.status_counts),
                 list(self.batch_sizes),
             )
+
+    def serving(self, model: str) -> str | None:
+        """The version that evaluated ``model``'s latest query: a new version serves once its
+        workers are warm, a few seconds after the registry names it."""
+        with self._lock:
+            return self.evaluated_by.get(model)
 
     def stop(self) -> None:
         self._stop.set()

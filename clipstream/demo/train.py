@@ -164,7 +164,12 @@ def write_degraded(repo: Path, name: str) -> Path:
     )
 
 
-def write_app_file(path: Path, models: list[str], slo_ms: float = SLO_MS) -> Path:
+GROUP = "digits-models"
+
+
+def write_app_file(path: Path, models: list[str], slo_ms: float = SLO_MS, group: str | None = GROUP) -> Path:
+    """The demo's Exp4 app over ``models``, served as one group (docs/design/0088) unless
+    ``group`` is None."""
     app = {
         "apps": [
             {
@@ -179,7 +184,8 @@ def write_app_file(path: Path, models: list[str], slo_ms: float = SLO_MS) -> Pat
             }
         ],
         "models": [
-            {"name": m, "version": "1", "path": f"models/{m}/1", "replicas": 1} for m in models
+            {"name": m, "version": "1", "path": f"models/{m}/1", "replicas": 1, **({"group": group} if group else {})}
+            for m in models
         ],
     }
     path.write_text(yaml.safe_dump(app, sort_keys=False))

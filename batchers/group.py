@@ -15,17 +15,19 @@ from dataclasses import replace
 from typing import Any
 
 from batchers.core import Pending, prediction
+from batchers.offsets import Where
 from batchers.service import BatcherService, ModelSetup
+from batchers.settings import BatcherSettings
 from clipstream.cachekey import input_digest, key_of
 from clipstream.clock import now_us
+from clipstream.settings import Settings
 from schemas import ModelRequest, Prediction, Tensor
-from batchers.offsets import Where
 
 
 class GroupService(BatcherService):
     """The batcher of a group: a request names the members it asks, and the rest pass on."""
 
-    def __init__(self, settings: Any, bs: Any, model: ModelSetup, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup, *args: Any, **kwargs: Any) -> None:
         super().__init__(settings, bs, model, *args, **kwargs)
         # a query's members share one item, so there is no one key for identical misses to wait on
         self.core.coalesce = False
@@ -55,12 +57,12 @@ class GroupService(BatcherService):
         members = self.model.members
         return [(p, prediction(p, m, members.get(m), status, now, output, error)) for p in pendings for m in p.models]
 
-    async def _look_up(self, group: list[tuple[ModelRequest, int, Where]]
+    async def _look_up(self, arrived: list[tuple[ModelRequest, int, Where]]
                        ) -> tuple[list[tuple[Pending, Prediction]], list[Pending]]:
         """Each member's key of each request in one MGET; a request is queued once, with the
         members that missed (its input's digest lets the worker fill their keys)."""
         members = self.model.members
-        pendings = [Pending(r, None, t, w, self._asked(r)) for r, t, w in group]
+        pendings = [Pending(r, None, t, w, self._asked(r)) for r, t, w in arrived]
         digests = [input_digest(p.request.input) if self.redis else None for p in pendings]
         keys = [key_of(m, members.get(m), d) for p, d in zip(pendings, digests) if d is not None for m in p.models]
         values = iter(await self._mget(keys)) if keys else iter(())

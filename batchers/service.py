@@ -5,9 +5,9 @@ A batcher process runs one of these per model it serves (``app.py``); the servic
 process share its Kafka producer and Redis client, so serving eight models costs one set of
 client threads and connections, not eight.
 
-Latency choices: a group of requests that arrived together is looked up in Redis with one
-MGET (whatever arrives while a lookup is on the wire forms the next group, so nothing waits
-for a timer); hits are produced at once to ``predictions`` at the request's selector
+Latency choices: requests that arrived together are looked up in Redis with one MGET
+(whatever arrives while a lookup is on the wire is looked up next, so nothing waits for a
+timer); hits are produced at once to ``predictions`` at the request's selector
 partition; the batching loop sleeps exactly until the next thing is due (delayed-batching
 deadline, a request's deadline, a credit timeout) or until new work wakes it.
 """
@@ -27,9 +27,10 @@ from confluent_kafka import Producer
 
 from batchers.aimd import AIMD
 from batchers.cache import cache_key
-from batchers.core import BatcherCore, Pending, by_route, prediction
+from batchers.core import BatcherCore, Pending, prediction
 from batchers.dispatch import Dispatcher
 from batchers.offsets import RequestOffsets, Where
+from batchers.outputs import Out, Outputs
 from batchers.settings import BatcherSettings
 from batchers.version import VersionSwitch
 from clipstream.clock import now_us
@@ -37,16 +38,14 @@ from clipstream.errors import ClipstreamError, DecodeError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_client
 from clipstream.settings import Settings
 from registry.spec import ModelSpec
-from schemas import BatchStats, ModelRequest, Prediction, Route, Tensor, decode_as, encode
+from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
 from topics.catalogue import Catalogue, valid_name
-from topics.deadletters import dead_letter_value
 from topics.emitter import Emitter
 from topics.intake import Record
 from topics.markers import marker_version
 
 log = logging.getLogger("clipstream.batcher")
 
-Out = tuple[str, bytes, int | None, list[Where | None] | None]  # topic, value, partition, requests it serves
 
 @dataclass
 class ModelSetup:
@@ -63,7 +62,7 @@ class ModelSetup:
     members: dict[str, str | None] = field(default_factory=dict)  # a group's: name -> version
 
 
-class BatcherService:
+class BatcherService(Outputs):
     """Decode, look up, queue, batch, produce: the I/O around one model's ``BatcherCore``."""
 
     def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup,
@@ -110,60 +109,11 @@ class BatcherService:
         self.siblings: dict[str, BatcherService] = {}
         self.producer = producer or Emitter(settings, name=f"batcher {model.name}").producer
 
-    # -- producing --------------------------------------------------------------------
-    # librdkafka, not an aiokafka producer: at batch size 1 the batcher sends one record per
-    # query, and librdkafka's own thread does the I/O with far less Python per record
-    # (docs/design/0009). ``produce`` only queues the record (acks=all); ``Emitter.serve_reports``
-    # polls for the delivery reports.
-    def _send_all(self, records: list[Out]) -> None:
-        produce = self.producer.produce
-        for topic, value, partition, wheres in records:
-            report = self._delivered if not wheres or self.offsets is None else partial(self._done, wheres)
-            if partition is None:
-                produce(topic, value, on_delivery=report)
-            else:
-                produce(topic, value, partition=partition, on_delivery=report)
-        self.producer.poll(0)
-
-    def _done(self, wheres: list[Where | None], err: Any, msg: Any) -> None:
-        """The record that serves these requests was delivered: they may be committed. One the
-        broker refused for good is let go too (the selector answers its query at the deadline),
-        as holding it would hold back every commit of its partition until the next rebalance."""
-        self._delivered(err, msg)
-        assert self.offsets is not None
-        self.offsets.done(wheres)
-
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.counts["send_errors"] += 1
-            log.warning("a record for %s was not delivered: %s", msg.topic(), err)
-
-    def _predictions(self, preds: list[tuple[Pending, Prediction]]) -> list[Out]:
-        """One ``Predictions`` record per destination, with the requests it serves (each once,
-        though a group's request has a prediction per member)."""
-        wheres: dict[Route, list[Where | None]] = {}
-        seen: set[int] = set()
-        for p, _ in preds:
-            if id(p) not in seen:
-                seen.add(id(p))
-                wheres.setdefault(p.route, []).append(p.where)
-        return [(route[0] or self.topic_predictions, encode(record), route[1], wheres[route])
-                for route, record in by_route((p.route, pred) for p, pred in preds).items()]
-
-    def _emit(self, preds: list[tuple[Pending, Prediction]]) -> None:
-        self._send_all(self._predictions(preds))
-
-    def _deadletter_record(self, reason: str, payload: bytes | None, where: Where | None,
-                           query_id: str | None = None, serves: bool = False) -> Out:
-        """``serves``: the dead letter is all that answers the request at ``where``."""
-        value = dead_letter_value(stage="batcher", reason=reason, source=where, query_id=query_id, payload=payload)
-        return self.topic_deadletter, value, None, [where] if serves else None
-
     # -- requests -----------------------------------------------------------------------
     def accept_group(self, records: list[Record]) -> None:
         """Records of ``requests.<model>`` as one fetch brought them: validate each, then wake
         the lookup task once. Synchronous (called on the loop by ``Intake``); what a bad record
-        produces (dead letter, error prediction) goes out with the lookup task's next group."""
+        produces (dead letter, error prediction) goes out with the lookup task's next round."""
         for value, where in records:
             try:
                 self._accept(value, where)
@@ -261,16 +211,16 @@ class BatcherService:
         while True:
             await self.arrived_event.wait()
             self.arrived_event.clear()
-            group, self.arrived = self.arrived, []
+            arrived, self.arrived = self.arrived, []
             if self.outbox or self.failed:
                 outbox, self.outbox = self.outbox, []
                 failed, self.failed = self.failed, []
                 self._send_all(outbox)
                 if failed:
                     self._emit(failed)
-            if not group:
+            if not arrived:
                 continue
-            hits, misses = await self._look_up(group)
+            hits, misses = await self._look_up(arrived)
             for p in misses:
                 self.core.admit(p)
             if hits:
@@ -289,13 +239,13 @@ class BatcherService:
         return [(p, prediction(p, self.model.name, self.core.version, status, now, output, error))
                 for p in pendings]
 
-    async def _look_up(self, group: list[tuple[ModelRequest, int, Where]]
+    async def _look_up(self, arrived: list[tuple[ModelRequest, int, Where]]
                        ) -> tuple[list[tuple[Pending, Prediction]], list[Pending]]:
         """(predictions of the hits, requests that missed) with one MGET."""
         version = self.core.version
         pendings = [
             Pending(r, cache_key(self.model.name, version, r.input) if self.redis else None, t, w)
-            for r, t, w in group
+            for r, t, w in arrived
         ]
         values = await self._mget([p.key for p in pendings])  # type: ignore[misc]
         hits: list[tuple[Pending, Prediction]] = []

@@ -193,9 +193,12 @@ def inspect_registry(as_json: bool) -> None:
                 "previous_versions": list(m.previous_versions),
                 "backend": m.spec.backend if m.spec else None,
                 "error": m.spec_error,
+                "group": m.group,
             }
             for n, m in view.models.items()
         },
+        "groups": {n: {"version": g.version, "replicas": g.replicas, "models": [m.name for m in g.members]}
+                   for n, g in view.groups.items()},
     }
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
@@ -203,4 +206,7 @@ def inspect_registry(as_json: bool) -> None:
     for n, a in data["apps"].items():
         click.echo(f"app {n}: policy={a['policy']} slo_ms={a['slo_ms']:g} models={list(a['models'])}")
     for n, m in data["models"].items():
-        click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}")
+        click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}"
+                   + (f" group={m['group']}" if m["group"] else ""))
+    for n, g in data["groups"].items():
+        click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}")

@@ -5,9 +5,11 @@ move the group to new workers without a query waiting for the cutoff."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -55,6 +57,9 @@ def test_a_group_serves_its_members_in_one_worker_and_moves_with_a_members_versi
         started = "\n".join(lines)
         assert f"worker-g-v{v1}-0" in started and "worker-c-v1-0" in started
         assert "worker-a-" not in started and "worker-b-" not in started  # the members run in g's worker
+        shown = subprocess.run([sys.executable, "-m", "clipstream.cli", "inspect", "--json"], env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert json.loads(shown.stdout)["groups"]["g"] == {"version": v1, "replicas": 1, "models": ["a", "b"]}
         for t in (*load.threads, *ens.threads):
             t.start()
         wait_until(lambda: len(load.outputs_since(0)) >= 20 and len(ens.outputs_since(0)) >= 20, 60,

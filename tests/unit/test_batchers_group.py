@@ -14,9 +14,11 @@ from batchers.group import GroupService
 from batchers.service import BatcherService, ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.cachekey import cache_key, input_digest
+from clipstream.clock import now_us
 from clipstream.settings import Settings
 from schemas import Batch, DeadLetter, ModelRequest, Predictions, Tensor, decode_as, encode
 from tests.unit.test_batchers_offsets import T, DeliveringProducer, owned
+from topics.markers import ready_marker
 from tests.unit.test_batchers_version import Guard
 
 X = Tensor.of(np.arange(4, dtype=np.float32))
@@ -163,5 +165,24 @@ def test_a_request_for_none_of_the_members_is_a_dead_letter() -> None:
         assert topic == "p.deadletter" and "group g serves ['a', 'b', 'c']" in decode_as(DeadLetter, value).reason
         producer.deliver()
         assert [tp.offset for tp in offsets.take()] == [7]
+
+    asyncio.run(run())
+
+
+def test_cache_keys_take_a_members_new_version_when_the_batches_do() -> None:
+    async def run() -> None:
+        producer, offsets = DeliveringProducer(), owned(3)
+        cache = Cache({})
+        svc = group(producer, offsets, cache)
+        svc.follow("gv2", {**MEMBERS, "b": "3"})  # the registry: b's version 3 makes the group gv2
+        svc.resize(1, "gv2")
+        svc.accept_group([(request("b", []), (T, 3, 0))])
+        await serve([svc], lambda: len(cache.asked) == 1)
+        svc.accept_stats([(encode(ready_marker("g", "gv2", 0, "w", now_us())), ("p.batch-stats.g", 0, 0))])
+        assert svc.core.version == "gv2"
+        svc.accept_group([(request("b", []), (T, 3, 1))])
+        await serve([svc], lambda: len(cache.asked) == 2)
+        # before gv2's worker was ready, b's key was version 2's; after, version 3's
+        assert cache.asked == [[cache_key("b", "2", X)], [cache_key("b", "3", X)]]
 
     asyncio.run(run())

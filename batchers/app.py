@@ -34,6 +34,7 @@ from batchers.settings import BatcherSettings
 from clipstream.errors import ConfigError
 from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.settings import Settings
+from registry.groups import GroupConfig
 from topics.admin import ensure_model_topics, ensure_stage_topics
 from topics.catalogue import Catalogue
 from topics.emitter import Emitter
@@ -199,7 +200,7 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
         cfg = follower.view().served().get(svc.model.name)
     except Exception:  # the registry is only advice here; keep serving
         return
-    if isinstance(svc, GroupService) and cfg is not None and hasattr(cfg, "member_versions"):
+    if isinstance(svc, GroupService) and isinstance(cfg, GroupConfig):
         svc.follow(cfg.version, cfg.member_versions)
     if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
         replicas = max(1, int(cfg.replicas))

@@ -174,3 +174,5 @@ def test_a_group_gets_one_batcher_entry_and_its_own_workers_not_its_members() ->
     assert sorted(k for k in w if k.startswith("worker-")) == sorted(
         ["worker-c-v1-0", f"worker-g-v{gv}-0", f"worker-g-v{gv}-1"])  # b's two replicas are the group's
     assert w[f"worker-g-v{gv}-1"] == ["worker", "--model", "g", "--version", gv, "--replica", "1", "--replicas", "2"]
+    apart = wanted_stages(grouped, shared_batcher=False)  # a batcher per served unit: the group has one
+    assert sorted(k for k in apart if k.startswith("batcher")) == ["batcher-c", "batcher-g"]

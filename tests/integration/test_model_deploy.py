@@ -69,6 +69,13 @@ class Load:
                     self.answers.append((sent, r))
                 time.sleep(0.03)  # a steady, small load (about 50 q/s from both)
 
+    def halt(self) -> None:
+        """Stop the callers and wait for their last calls."""
+        self.stop.set()
+        for t in self.threads:
+            if t.is_alive():
+                t.join(60)
+
     def outputs_since(self, t: float) -> list[int]:
         with self.lock:
             return [r["output"] for sent, r in self.answers if sent >= t]
@@ -120,10 +127,7 @@ def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, 
         settled = time.monotonic()
         wait_until(lambda: len(load.outputs_since(settled)) >= 10, 30, "answers after the rollback")
     finally:
-        load.stop.set()
-        for t in load.threads:
-            if t.is_alive():
-                t.join(60)
+        load.halt()
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(90)

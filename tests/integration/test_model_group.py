@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ def test_a_group_serves_its_members_in_one_worker_and_moves_with_a_members_versi
            "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "CLIPSTREAM_UP_SELECTORS": "1",
            "CLIPSTREAM_UP_WARM_UP_S": "3"}
     up = UpProcess(tmp_path / "app.yaml", port, env, Path(__file__).resolve().parents[2])
-    proc, lines = up.proc, up.lines
+    lines = up.lines
     load = Load(f"http://127.0.0.1:{port}", one)
     ens = Load(f"http://127.0.0.1:{port}", ensemble)
     v1, v2 = group_version({"a": "1", "b": "1"}), group_version({"a": "2", "b": "1"})
@@ -79,16 +78,9 @@ def test_a_group_serves_its_members_in_one_worker_and_moves_with_a_members_versi
         settled = time.monotonic()
         wait_until(lambda: len(ens.outputs_since(settled)) >= 10, 30, "ensemble answers after the rollback")
     finally:
-        for calls in (load, ens):
-            calls.stop.set()
-            for t in calls.threads:
-                if t.is_alive():
-                    t.join(60)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        load.halt()
+        ens.halt()
+        up.stop()
 
     assert not load.errors and not ens.errors, (load.errors[:5], ens.errors[:5])
     for calls in (load, ens):

@@ -19,6 +19,7 @@ from registry.groups import groups_of
 from registry.spec import load_spec
 from registry.topic import ModelConfig, RegistryView
 from schemas import Batch, BatchItem, BatchStats, Predictions, Tensor, decode_as, encode
+from tests.unit.test_workers_batch import Flaky
 from tests.unit.test_workers_loop import FakeCacheWrites, FakeConsumer, FakeProducer, Msg
 from workers import cli
 from workers.backends import BatchModel, load_model
@@ -40,18 +41,6 @@ class Mean:
         return inputs.mean(axis=1)
 
 
-class Touchy:
-    """Fails whenever any input's first value is negative."""
-
-    def __init__(self, path: Path, config: dict) -> None:
-        pass
-
-    def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
-        if (inputs[:, 0] < 0).any():
-            raise RuntimeError("negative input")
-        return np.tile([0.25, 0.75], (len(inputs), 1))
-
-
 @pytest.fixture(scope="module")
 def logreg(tmp_path_factory: pytest.TempPathFactory) -> BatchModel:
     return load_model(load_spec(make_onnx_digits_model(tmp_path_factory.mktemp("m"))), device="cpu")
@@ -67,8 +56,8 @@ def mean(tmp_path: Path) -> BatchModel:
 
 
 @pytest.fixture
-def touchy(tmp_path: Path) -> BatchModel:
-    return python_model(tmp_path, "gtouchy", Touchy, labels=["a", "b"])
+def flaky(tmp_path: Path) -> BatchModel:
+    return python_model(tmp_path, "gflaky", Flaky, labels=["a", "b"])
 
 
 def group_of(*members: tuple[str, BatchModel]) -> GroupModel:
@@ -155,15 +144,15 @@ def test_an_item_naming_some_members_gets_only_theirs(logreg: BatchModel, mean: 
     assert out.stats is not None and out.stats.errors == 0 and out.stats.batch_size == 4
 
 
-def test_a_failing_member_fails_only_its_own_predictions(touchy: BatchModel, mean: BatchModel) -> None:
-    group = group_of(("gtouchy", touchy), ("gmean", mean))
+def test_a_failing_member_fails_only_its_own_predictions(flaky: BatchModel, mean: BatchModel) -> None:
+    group = group_of(("gflaky", flaky), ("gmean", mean))
     good = np.ones(64, dtype=np.float32)
     out = serve(group, batch([item(0, good), item(1, -good), item(2, good, models=("gmean",))]))
     found = answers(out)
     assert {k: p.status for k, p in found.items()} == {
-        ("q0", "gtouchy"): "error", ("q1", "gtouchy"): "error",
+        ("q0", "gflaky"): "error", ("q1", "gflaky"): "error",
         ("q0", "gmean"): "ok", ("q1", "gmean"): "ok", ("q2", "gmean"): "ok"}
-    failed = found[("q0", "gtouchy")]
+    failed = found[("q0", "gflaky")]
     assert failed.error == "model error: RuntimeError: negative input" and failed.output is None
     assert failed.version == "3" and failed.trace["worker_in"] == 4_000
     assert found[("q1", "gmean")].output.array() == pytest.approx(-1.0)

@@ -188,6 +188,7 @@ def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str,
     t0 = time.monotonic()
     with ThreadPoolExecutor(args.concurrency) as pool:
         for phase, (lo, hi) in enumerate(((0, marks[0]), marks, (marks[1], args.queries))):
+            paused = time.monotonic()
             if phase == 1:
                 say(f"4/5 degrading {degraded}: deploying version 2, which answers wrongly")
                 cli("deploy-model", degraded, str((OUT / "models" / degraded / "2").resolve()), "--version", "2", env=env)
@@ -196,6 +197,7 @@ def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str,
                 say(f"4/5 recovering {degraded}: rollback to version 1")
                 cli("rollback", degraded, env=env)
                 until_serving(client, tap, degraded, "1")
+            t0 += time.monotonic() - paused  # the rate is the stream's own
             futures = [pool.submit(one, i) for i in range(lo, hi)]
             last = 0.0
             for f in futures:

@@ -15,7 +15,7 @@ from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 from clipstream.yamlfile import read_mapping
 from registry.repository import Repository, is_url
-from registry.spec import load_spec
+from registry.spec import TensorSpec, load_spec
 from registry.topic import RegistryView, RegistryWriter, read_view
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
@@ -38,7 +38,7 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     repository = repository or Repository()
     raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
     models = []
-    inputs: dict[str, list[tuple[str, object]]] = {}  # group -> (member, its input spec)
+    inputs: dict[str, list[tuple[str, TensorSpec]]] = {}  # group -> (member, its input spec)
     for i, m in enumerate(raw.get("models") or []):
         if not isinstance(m, dict) or "name" not in m or "path" not in m:
             raise ConfigError(f"{path}: models[{i}] needs `name` and `path`")
@@ -92,7 +92,7 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     return AppFile(apps=apps, models=models)
 
 
-def _check_groups(path: Path, inputs: dict[str, list[tuple[str, object]]], names: set[str]) -> None:
+def _check_groups(path: Path, inputs: dict[str, list[tuple[str, TensorSpec]]], names: set[str]) -> None:
     """A group is served as one model: its name is its topics', and every member reads the
     batch's one stacked input."""
     for group, members in inputs.items():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import cast
 
 import click
 
@@ -27,18 +26,6 @@ from workers.backends import BatchModel, load_model
 from workers.group import GroupModel, Member
 from workers.settings import WorkerSettings
 from workers.worker import Worker
-
-
-def resolve_from_registry(
-    settings: Settings, name: str, version: str | None, timeout_s: float
-) -> tuple[Path, str | None, int]:
-    """(local folder, version, replicas) of ``name`` from the registry.
-
-    ``--version`` may name the current version, a previous one the registry remembers, or a
-    sibling folder ``<repository>/<name>/<version>`` (the model repository layout).
-    """
-    cfg = cast(ModelConfig, registered(settings, name, timeout_s))  # without ``groups``: a model
-    return model_folder(settings, name, cfg, version)
 
 
 def registered(
@@ -72,7 +59,11 @@ def registered(
 def model_folder(
     settings: Settings, name: str, cfg: ModelConfig, version: str | None
 ) -> tuple[Path, str | None, int]:
-    """(local folder, version, replicas) of model ``name`` at ``version`` (None: its current)."""
+    """(local folder, version, replicas) of model ``name`` at ``version`` (None: its current).
+
+    ``--version`` may name the current version, a previous one the registry remembers, or a
+    sibling folder ``<repository>/<name>/<version>`` (the model repository layout).
+    """
     location, current = cfg.location or str(cfg.path), str(cfg.version)
     if version is not None and version != current:
         previous = dict(zip(cfg.previous_versions, cfg.previous_paths))

@@ -53,19 +53,24 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch, models: dict[str, FakeModelCo
     return calls
 
 
+def resolve(settings: Settings, name: str, version: str | None, timeout_s: float) -> tuple[Path, str | None, int]:
+    """(folder, version, replicas) of a model, as the ``worker`` command looks it up."""
+    return cli.model_folder(settings, name, cli.registered(settings, name, timeout_s), version)  # type: ignore[arg-type]
+
+
 def test_registry_lookup_current_previous_and_sibling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     v2 = make_profile_model(tmp_path, "sim", "2")
     v1 = make_profile_model(tmp_path / "old", "sim", "1")
     v3 = make_profile_model(tmp_path, "sim", "3")
     calls = fake_registry(monkeypatch, {"sim": FakeModelConfig(v2, "2", 3, ("1",), (str(v1),), str(v2))})
     settings = Settings(model_repository=None)
-    assert cli.resolve_from_registry(settings, "sim", None, 1) == (v2, "2", 3)
-    assert cli.resolve_from_registry(settings, "sim", "1", 1) == (v1, "1", 3)
-    assert cli.resolve_from_registry(settings, "sim", "3", 1) == (v3, "3", 3)
+    assert resolve(settings, "sim", None, 1) == (v2, "2", 3)
+    assert resolve(settings, "sim", "1", 1) == (v1, "1", 3)
+    assert resolve(settings, "sim", "3", 1) == (v3, "3", 3)
     with pytest.raises(ConfigError, match="version 9"):
-        cli.resolve_from_registry(settings, "sim", "9", 1)
+        resolve(settings, "sim", "9", 1)
     with pytest.raises(ConfigError, match="not in the registry"):
-        cli.resolve_from_registry(settings, "nope", None, 0.2)
+        resolve(settings, "nope", None, 0.2)
     assert calls.count("start") == calls.count("stop") == 5  # the follower is always stopped
 
 
@@ -76,10 +81,10 @@ def test_registry_location_resolves_against_this_hosts_repository(
     v2, v3 = make_profile_model(here, "sim", "2"), make_profile_model(here, "sim", "3")
     fake_registry(monkeypatch, {"sim": FakeModelConfig(Path("elsewhere"), "2", 1, location="sim/2")})
     settings = Settings(model_repository=str(here))
-    assert cli.resolve_from_registry(settings, "sim", None, 1) == (v2, "2", 1)
-    assert cli.resolve_from_registry(settings, "sim", "3", 1) == (v3, "3", 1)  # a sibling version
+    assert resolve(settings, "sim", None, 1) == (v2, "2", 1)
+    assert resolve(settings, "sim", "3", 1) == (v3, "3", 1)  # a sibling version
     with pytest.raises(ConfigError, match="CLIPSTREAM_MODEL_REPOSITORY is not set"):
-        cli.resolve_from_registry(Settings(model_repository=None), "sim", None, 1)
+        resolve(Settings(model_repository=None), "sim", None, 1)
 
 
 def test_cli_reports_a_bad_model_folder_and_exits_1(tmp_path: Path) -> None:

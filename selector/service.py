@@ -12,19 +12,16 @@ the next message happens to arrive.
 
 from __future__ import annotations
 
-import copy
 import functools
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from confluent_kafka import Consumer
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
-from clipstream.redisclient import REDIS_AWAY, RedisGuard
+from clipstream.redisclient import RedisGuard
 from clipstream.settings import Settings
 from registry.outputs import stored_answer
 from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
@@ -35,6 +32,7 @@ from selector.kafka import Apps, log
 from selector.metrics import SelectorMetrics
 from selector.outputs import response_record, to_output
 from selector.policies import align_state, is_stateless
+from selector.policy_states import STATE_WAIT_S, PolicyStates
 from selector.reply_budget import ReplyBudget
 from selector.store import StateStore
 from selector.trips import ModelTrips
@@ -45,15 +43,7 @@ from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
 from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
-_NOT_LOADED = object()
-
-
-# a group's policy states are read from Redis in about a millisecond; the join thread never
-# waits longer than this for them, so a frozen Redis cannot hold back the answers due meanwhile
-STATE_WAIT_S = 0.02
-
-
-class Selector:
+class Selector(PolicyStates):
     """Dispatch and join for the partitions this member owns."""
 
     def __init__(self, consumer: Consumer, producer: Emitter, store: StateStore, apps: Apps,
@@ -96,8 +86,8 @@ class Selector:
         # states read this recently are used from the store's memory, with no round trip
         # (0: every poll group asks Redis)
         self.state_fresh_s = state_fresh_s
-        self._state_reader: ThreadPoolExecutor | None = None
-        self._state_read: Future[Any] | None = None  # a read still out: no second one meanwhile
+        self._state_reader = None
+        self._state_read = None  # a read still out: no second one meanwhile
         self.save = save or store.save_predictions
         self.metrics = SelectorMetrics()
         self.metrics.reply_budget(lambda: self.reply_budget.us)
@@ -120,15 +110,7 @@ class Selector:
         try:
             app, policy, outputs = self.apps.get(ev.app)
             query = Query(qid, app.name, ev.context, ev.input.array(), ev.deadline_us)
-            if is_stateless(policy):
-                stored = None
-            else:
-                pair = (app.name, query.context or None)
-                stored = _NOT_LOADED if states is None else states.get(pair, _NOT_LOADED)
-                if stored is _NOT_LOADED:
-                    stored = self.states([pair])[pair]
-                elif stored is not None:
-                    stored = copy.deepcopy(stored)  # each query its own dict, as a load gives it
+            stored = None if is_stateless(policy) else self._stored_state(app.name, query.context, states)
             state = align_state(policy, stored, app.models)
             chosen = [m for m in policy.select(state, query) if m in app.models]
             self.metrics.dispatched(app.name, state)
@@ -350,37 +332,6 @@ class Selector:
         app = self.apps.view().apps.get(ev.app)
         default = app.default_output if app is not None else None
         self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), default, reason))
-
-    def states(self, pairs: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], State | None]:
-        """The policy states of ``pairs``: those read within ``state_fresh_s`` from memory, else
-        one MGET while Redis answers, else (and when that MGET fails) the last states read, so a
-        query still gets a combined prediction."""
-        fresh = self.store.fresh(pairs, self.state_fresh_s)
-        if fresh is not None:
-            return fresh
-        if self.guard.available() and self._state_read is None:
-            if self._state_reader is None:
-                self._state_reader = ThreadPoolExecutor(1, thread_name_prefix="selector-states")
-            read = self._state_reader.submit(self.store.load_many, pairs)
-            try:
-                return read.result(timeout=self.state_wait_s)
-            except FutureTimeout:  # it lands in memory when it ends; this group is served from memory
-                self._state_read = read
-                read.add_done_callback(self._state_read_done)
-            except REDIS_AWAY as exc:
-                self.guard.failed(exc)
-            except Exception:  # a bad entry, say: serve from memory rather than fail the group
-                log.exception("loading policy states for %d queries failed", len(pairs))
-        self.stats["recalled_states"] += len(pairs)
-        return self.store.recall(pairs)
-
-    def _state_read_done(self, read: Future[Any]) -> None:
-        exc = read.exception()
-        if isinstance(exc, REDIS_AWAY):
-            self.guard.failed(exc)
-        elif exc is not None:
-            log.warning("loading policy states failed: %s", exc)
-        self._state_read = None
 
     def _guarded(self, m: Any, work: Callable[..., None], *args: Any) -> None:
         try:

@@ -14,24 +14,21 @@ and the selector may see a duplicate, never a gap.
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
-from clipstream.redisclient import REDIS_AWAY, RedisGuard, UnansweredWrites, sync_client
+from clipstream.redisclient import RedisGuard, UnansweredWrites, sync_client
 from clipstream.settings import Settings
-from schemas import Batch, Record, decode_as, encode
+from schemas import Batch, decode_as, encode
 from topics.admin import ensure_model_topics, ensure_topics, learn_leaders
 from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
@@ -43,16 +40,14 @@ from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, 
 from workers import group
 from workers.backends import BatchModel
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch
+from workers.log import log
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
+from workers.outputs import Outputs
 from workers.settings import WorkerSettings
 
 
-def log(msg: str) -> None:
-    print(f"worker: {msg}", file=sys.stderr, flush=True)
-
-
-class Worker:
+class Worker(Outputs):
     """Serves ``model`` as replica ``replica`` of ``replicas``: one model, or a group of them
     (``workers.group``: then ``name`` and ``version`` are the group's)."""
 
@@ -343,51 +338,6 @@ class Worker:
         self.commits.offer(self.tracker.take_committable())
         self.commits.commit(self.consumer, self.ws.commit_interval_s, asynchronous)
         return False
-
-    def emit(self, outcome: BatchOutcome, offset: int) -> None:
-        """Predictions first (the caller is waiting), then the cache, stats and dead letters."""
-        records: list[tuple[str, int | None, Record]] = [
-            (topic or self.predictions_topic, partition, record)
-            for topic, partition, record in outcome.predictions_records()]
-        if outcome.stats is not None:
-            records.append((self.stats_topic, None, outcome.stats))
-            self.metrics.batch(outcome.stats)
-        records += [(self.deadletter_topic, None, r) for r in outcome.dead_letters]
-        # counted before the first produce, so an early ack cannot close the batch too soon
-        self.tracker.produced(offset, len(records))
-        for topic, partition, record in records[:1]:
-            self.produce(topic, partition, record, offset)
-        if outcome.cache and self.redis_guard.available():
-            try:
-                ttl = self.settings.cache_ttl_s
-                self.cache_writes.send([("SET", key, value, "EX", ttl) for key, value in outcome.cache])
-            except (redis.RedisError, *REDIS_AWAY) as exc:  # the cache is an optimisation: keep serving
-                if isinstance(exc, REDIS_AWAY):
-                    self.redis_guard.failed(exc)
-                log(f"cache fill failed: {exc}")
-        for topic, partition, record in records[1:]:
-            self.produce(topic, partition, record, offset)
-
-    def produce(self, topic: str, partition: int | None, record: Record, offset: int) -> None:
-        kwargs: dict[str, Any] = {"value": encode(record), "on_delivery": functools.partial(
-            self._acked, offset, topic not in (self.predictions_topic, self.stats_topic, self.deadletter_topic))}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                self.producer.produce(topic, **kwargs)
-                return
-            except BufferError:  # local queue full: let librdkafka drain it
-                self.producer.poll(0.05)
-
-    def _acked(self, offset: int, to_caller: bool, err: Any, msg: Any) -> None:
-        """A record of the batch at ``offset`` was taken, or not. Predictions sent straight to
-        a gateway's reply topic are the caller's alone: one that is refused (the gateway went,
-        and its topic with it) is logged, not redone, as no redo could reach that caller."""
-        if err is not None and to_caller:
-            log(f"predictions for {msg.topic()} not delivered ({err}); that caller gets its default")
-            err = None
-        self.tracker.acked(offset, None if err is None else f"{msg.topic()}: {err}")
 
 
 @dataclass

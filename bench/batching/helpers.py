@@ -209,7 +209,8 @@ def parse_stats_line(line: str) -> dict[str, Any] | None:
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("epoll wait (idle or waking)", ("EpollSelector.select",)),
     ("asyncio socket send/recv (syscalls)", ("selector_events.py",)),
-    ("librdkafka calls (produce, poll, flush, commit)", ("Worker.produce (", "Worker.serve (", "Worker.run (")),
+    ("librdkafka calls (produce, poll, flush, commit)",
+     ("Worker.produce (", "Outputs.produce (", "Worker.serve (", "Worker.run (")),
     ("model (onnxruntime / profile sleep)", ("onnxruntime", "profile_backend", "onnx_backend")),
     ("avro encode/decode", ("fastavro", "schemas/")),
     ("kafka client", ("aiokafka", "confluent_kafka", "kafka/")),

@@ -39,21 +39,24 @@ BAD_SHARE = 0.25  # the share of that window that must be bad for a cut
 Verdict = Literal["late", "slow", "on_time"]
 
 
-def verdict(answer: Mapping[str, Any], timed_out: bool, slo_ms: float, slow_fraction: float) -> Verdict | None:
+def verdict(answer: Mapping[str, Any], timed_out: bool, slo_ms: float, slow_fraction: float,
+            waited_ms: float = 0.0) -> Verdict | None:
     """What an answer (the caller's JSON) says about load; None: nothing (a default for another
     reason than an empty pipeline, such as every model failing).
 
     Late: no reply, a default because nothing arrived (or there was no time left to ask), or an
-    answer after the SLO. Slow: every model answered, but past ``slow_fraction`` of the SLO. Any
-    other answer with predictions in hand is on time, a straggler missing or not: the cutoff,
-    not the load, set its latency.
+    answer after the SLO. Slow: every model answered, but the pipeline took past
+    ``slow_fraction`` of the SLO, not counting the ``waited_ms`` the query waited for a slot in
+    the gateway (that wait is the limit's doing, not the pipeline's). Any other answer with
+    predictions in hand is on time, a straggler missing or not: the cutoff, not the load, set
+    its latency.
     """
     if timed_out or answer["latency_ms"] > slo_ms or (
             answer["default"] and answer.get("default_reason") in BEHIND):
         return "late"
     if answer["default"]:
         return None
-    if not answer["models"]["missing"] and answer["latency_ms"] > slo_ms * slow_fraction:
+    if not answer["models"]["missing"] and answer["latency_ms"] - waited_ms > slo_ms * slow_fraction:
         return "slow"
     return "on_time"
 

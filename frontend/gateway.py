@@ -181,12 +181,9 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
         raise state.overloaded("gateway is not connected to Kafka")
     # the body first, within its deadline: a caller trickling it holds no admission slot
     raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s)
-    if state.inflight >= state.limit:
-        how = " (learnt from how fast the pipeline answers)" if state.gw.adaptive_admission else ""
-        raise state.overloaded(f"gateway at its limit of {state.limit} requests in flight{how}")
     if state.late_for(cfg.slo_ms):
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
-    inflight = state.hold()  # the slot is held from parsing to the answer
+    inflight, waited_ms = await state.admit(cfg.slo_ms)  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:
         if len(raw) > OFFLOAD_BYTES:
@@ -224,14 +221,14 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
         finally:
             state.bus.forget(query_id)
     finally:
-        state.inflight -= 1
+        state.release()
     record = reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, req.context, deadline)
     latency_ms = (time.perf_counter() - t0) * 1000.0 + (arrived - created) / 1000.0
     if record is None:
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
-    state.observe(answer, record is None, created, inflight, slo_ms)
+    state.observe(answer, record is None, created + int(waited_ms * 1000), inflight, slo_ms, waited_ms)
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None

@@ -44,7 +44,8 @@ class Labelled:
 class GatewayMetrics:
     """Requests by route and status, queries and answers per app, latency, defaults, refusals."""
 
-    def __init__(self, inflight: Callable[[], float], limit: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, inflight: Callable[[], float], limit: Callable[[], float] = lambda: 0.0,
+                 waiting: Callable[[], float] = lambda: 0.0) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.requests = Labelled(Family(
             "clipstream_gateway_requests", "HTTP requests by route and status code.",
@@ -86,6 +87,9 @@ class GatewayMetrics:
         g = Gauge("clipstream_gateway_admission_limit",
                   "Predict requests admitted at once (learnt from how the pipeline keeps up).", registry=r)
         g.set_function(lambda: float(limit()))
+        g = Gauge("clipstream_gateway_admission_waiting",
+                  "Predict requests waiting for a slot under the admission limit.", registry=r)
+        g.set_function(lambda: float(waiting()))
         # the stages of queries answered straight from their model, which no selector sees
         self.stages = StageLatency(r)
         self._per_app: dict[str, tuple[Any, Any, Any, Any, Any]] = {}

@@ -48,6 +48,9 @@ class GatewaySettings(BaseSettings):
     # counts towards a cut (queueing); a straggler cutoff's answer never does (docs/design/0015,
     # 0074: at 0.6 the gateway refused callers whose answers came well within the SLO)
     admission_slow_fraction: float = Field(0.8, gt=0)
+    # at the limit, a predict request waits this share of its app's SLO for a slot before its
+    # 503: a pause of the pipeline fills the limit for a moment (docs/design/0089); 0: at once
+    admission_queue_share: float = Field(0.5, ge=0, lt=1)
     # how long past the deadline a reply may still be taken: the selector answers 3-40 ms before
     # it (its reply budget), so this only covers a reply hop that runs long (docs/design/0006, 0068)
     reply_margin_ms: float = Field(5.0, ge=0)

@@ -66,13 +66,17 @@ class GatewayState:
         # where answers made from a model's prediction straight are stored for feedback
         self.saver: PredictionSaver | None = None
         self.inflight = 0
+        # callers waiting for a slot, first come first served; each future gets how many were in
+        # flight when its slot was taken on its behalf (None: the wait ran out)
+        self._waiting: deque[asyncio.Future[int | None]] = deque()
+        self.waiting = 0
         ceiling = gw.max_inflight
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
         self.loop_lag_ms = 0.0
         self.lags: deque[float] = deque(maxlen=3)  # the watcher's last wake-ups, ms late
         self.lag_ticks = 0  # the watcher's ticks so far (none while it is parked)
         self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
-        self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit)
+        self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit, lambda: self.waiting)
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:
         """How late the event loop wakes up: a late loop means callers already wait in line.
@@ -127,6 +131,50 @@ class GatewayState:
             self._busy.set()
         return before
 
+    def release(self) -> None:
+        """Give a slot back: to the first caller waiting for one, if the limit allows."""
+        self.inflight -= 1
+        self.hand_over()
+
+    def hand_over(self) -> None:
+        """Slots free under the limit go to the callers waiting, in the order they came."""
+        while self._waiting and self.inflight < self.limit:
+            fut = self._waiting.popleft()
+            if not fut.done():  # else its wait ran out, or its caller went away
+                fut.set_result(self.hold())
+
+    async def admit(self, slo_ms: float) -> tuple[int, float]:
+        """Take a slot, waiting for one at most ``admission_queue_share`` of the SLO when the
+        limit is reached (docs/design/0089): a pause of the pipeline fills the limit for a
+        moment, and the answers that follow it free slots well within the SLO. Returns how many
+        were in flight before and how long it waited (ms); HTTPProblem 503 when no slot came."""
+        self.hand_over()  # after it, a slot free under the limit means nobody waits
+        if self.inflight < self.limit:
+            return self.hold(), 0.0
+        wait_s = self.gw.admission_queue_share * slo_ms / 1000.0
+        how = " (learnt from how fast the pipeline answers)" if self.gw.adaptive_admission else ""
+        if wait_s <= 0:
+            raise self.overloaded(f"gateway at its limit of {self.limit} requests in flight{how}")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int | None] = loop.create_future()
+        self._waiting.append(fut)
+        self.waiting += 1
+        began = loop.time()
+        timer = loop.call_later(wait_s, lambda: fut.done() or fut.set_result(None))
+        try:
+            before = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.result() is not None:
+                self.release()  # a slot came as its caller went away: the next one's
+            raise
+        finally:
+            timer.cancel()
+            self.waiting -= 1
+        if before is None:
+            raise self.overloaded(f"gateway at its limit of {self.limit} requests in flight{how}, "
+                                  f"and no slot freed within {wait_s * 1000:.0f} ms")
+        return before, (loop.time() - began) * 1000.0
+
     def cut_for_lag(self, now: int) -> None:
         """A late loop is a process queueing for the CPU: let fewer predictions in.
 
@@ -147,16 +195,18 @@ class GatewayState:
         return int(self.admission.limit) if self.gw.adaptive_admission else self.gw.max_inflight
 
     def observe(self, answer: dict[str, Any], timed_out: bool, admitted_us: int, inflight: int,
-                slo_ms: float) -> None:
+                slo_ms: float, waited_ms: float = 0.0) -> None:
         """Teach the admission limit whether the pipeline kept up with this answer (admitted at
-        ``admitted_us`` with ``inflight`` others in flight): ``frontend.admission.verdict``."""
-        said = verdict(answer, timed_out, slo_ms, self.gw.admission_slow_fraction)
+        ``admitted_us`` with ``inflight`` others in flight, after waiting ``waited_ms`` for the
+        slot): ``frontend.admission.verdict``. A limit grown lets waiting callers in."""
+        said = verdict(answer, timed_out, slo_ms, self.gw.admission_slow_fraction, waited_ms)
         if said == "late" and self.admission.late(now_us(), admitted_us):
             self.metrics.cuts.inc("late")
         elif said == "slow" and self.admission.slow(now_us(), admitted_us):
             self.metrics.cuts.inc("slow")
         elif said == "on_time":
             self.admission.on_time(inflight, admitted_us)
+            self.hand_over()
 
     def app_config(self, name: str) -> AppConfig:
         view = self.registry.view() if self.registry is not None else RegistryView()

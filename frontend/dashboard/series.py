@@ -171,7 +171,8 @@ class Series:
         for (app,), v in sorted(rate("clipstream_selector_defaults_total", "app").items()):
             row["stragglers"][f"defaults {app}"] = v
         for name, family in (("limit", "clipstream_gateway_admission_limit"),
-                             ("in flight", "clipstream_gateway_inflight")):
+                             ("in flight", "clipstream_gateway_inflight"),
+                             ("waiting", "clipstream_gateway_admission_waiting")):
             total = by(new, family).get(())  # summed over the gateway members
             if total is not None:
                 row["admission"][name] = total

@@ -107,16 +107,17 @@ def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
     assert 0 < row["latency"]["one p50"] <= 5.0 and row["latency"]["d p50"] <= 10.0
 
 
-def test_the_admission_panel_shows_the_gateways_limit_in_flight_and_cuts_a_second_by_cause():
+def test_the_admission_panel_shows_the_gateways_limit_in_flight_waiting_and_cuts_a_second_by_cause():
     from frontend.metrics import GatewayMetrics
 
-    gateway = GatewayMetrics(lambda: 3, lambda: 20)
+    gateway = GatewayMetrics(lambda: 3, lambda: 20, lambda: 2)
     series = Series(keep=10, window=2)
     series.add(100.0, merge([parse(gateway.render())]))
     for cause in ("loop", "loop", "loop", "loop", "slow"):
         gateway.cuts.inc(cause)
     row = series.add(102.0, merge([parse(gateway.render())]))
-    assert row["admission"] == {"limit": 20.0, "in flight": 3.0, "cuts: loop": 2.0, "cuts: slow": 0.5}
+    assert row["admission"] == {"limit": 20.0, "in flight": 3.0, "waiting": 2.0, "cuts: loop": 2.0,
+                                "cuts: slow": 0.5}
 
 
 def test_default_reasons_are_a_bounded_set_and_weights_a_softmax():

@@ -44,8 +44,9 @@ class Model:
 
 
 class Load:
-    """Two closed-loop callers, each sending its next query (a fresh input: no cache hit) as
-    soon as its last is answered; every answer is kept, in order, with its send time."""
+    """Two closed-loop callers, each sending its next query (a fresh input: no cache hit, from
+    another app's callers either) as soon as its last is answered; every answer is kept, in
+    order, with its send time."""
 
     def __init__(self, url: str, app: str) -> None:
         self.url, self.app = url, app
@@ -56,7 +57,7 @@ class Load:
         self.threads = [threading.Thread(target=self._call, args=(i,), daemon=True) for i in range(2)]
 
     def _call(self, seed: int) -> None:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng([seed, *self.app.encode()])  # two apps over one model share no input
         with Client(self.url, app=self.app) as client:
             while not self.stop.is_set():
                 sent = time.monotonic()

@@ -131,3 +131,23 @@ class AdmissionLimit:
         if self._bad_in_recent < max(2.0, BAD_SHARE * self.window):
             return False
         return self.cut(now_us, admitted_us)
+
+
+class RecentTimes:
+    """A high quantile of how long the pipeline took for an app's recent answers (from admission
+    to answer, ms): a caller waits for a slot only as long as those leave room for in its SLO,
+    so under a lasting overload, when answers take most of the SLO, a wait would only make the
+    answer late and the 503 comes at once."""
+
+    def __init__(self, window: int = 64, quantile: float = 0.9, every: int = 16) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+        self._quantile, self._every, self._seen = quantile, every, 0
+        self.value = 0.0  # recomputed every ``every`` answers (each one, while still few)
+
+    def add(self, took_ms: float) -> None:
+        self._recent.append(took_ms)
+        self._seen += 1
+        if self._seen % self._every == 0 or self._seen < self._every:
+            ordered = sorted(self._recent)
+            self.value = ordered[min(len(ordered) - 1, int(self._quantile * len(ordered)))]
+

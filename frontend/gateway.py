@@ -183,7 +183,7 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s)
     if state.late_for(cfg.slo_ms):
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
-    inflight, waited_ms = await state.admit(cfg.slo_ms)  # the slot is held from parsing to the answer
+    inflight, waited_ms = await state.admit(cfg.name, cfg.slo_ms)  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:
         if len(raw) > OFFLOAD_BYTES:
@@ -228,7 +228,7 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
-    state.observe(answer, record is None, created + int(waited_ms * 1000), inflight, slo_ms, waited_ms)
+    state.observe(cfg.name, answer, record is None, created + int(waited_ms * 1000), inflight, slo_ms, waited_ms)
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None

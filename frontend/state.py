@@ -15,7 +15,7 @@ from typing import Any, Protocol, Union
 from clipstream.clock import now_us
 from clipstream.saver import PredictionSaver
 from clipstream.settings import Settings
-from frontend.admission import AdmissionLimit, verdict
+from frontend.admission import AdmissionLimit, RecentTimes, verdict
 from frontend.gateway_http import HTTPProblem
 from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings
@@ -70,6 +70,7 @@ class GatewayState:
         # flight when its slot was taken on its behalf (None: the wait ran out)
         self._waiting: deque[asyncio.Future[int | None]] = deque()
         self.waiting = 0
+        self._took: dict[str, RecentTimes] = {}  # per app: how long the pipeline took lately
         ceiling = gw.max_inflight
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
         self.loop_lag_ms = 0.0
@@ -143,15 +144,18 @@ class GatewayState:
             if not fut.done():  # else its wait ran out, or its caller went away
                 fut.set_result(self.hold())
 
-    async def admit(self, slo_ms: float) -> tuple[int, float]:
-        """Take a slot, waiting for one at most ``admission_queue_share`` of the SLO when the
-        limit is reached (docs/design/0089): a pause of the pipeline fills the limit for a
-        moment, and the answers that follow it free slots well within the SLO. Returns how many
-        were in flight before and how long it waited (ms); HTTPProblem 503 when no slot came."""
+    async def admit(self, app: str, slo_ms: float) -> tuple[int, float]:
+        """Take a slot, waiting for one when the limit is reached (docs/design/0089): at most
+        ``admission_queue_share`` of the SLO, and no longer than the app's recent answers leave
+        room for. A pause of the pipeline fills the limit for a moment, and the answers that
+        follow it free slots well within the SLO. Returns how many were in flight before and
+        how long it waited (ms); HTTPProblem 503 when no slot came."""
         self.hand_over()  # after it, a slot free under the limit means nobody waits
         if self.inflight < self.limit:
             return self.hold(), 0.0
-        wait_s = self.gw.admission_queue_share * slo_ms / 1000.0
+        took = self._took.get(app)
+        room_ms = slo_ms - (took.value if took is not None else 0.0)
+        wait_s = min(self.gw.admission_queue_share * slo_ms, room_ms) / 1000.0
         how = " (learnt from how fast the pipeline answers)" if self.gw.adaptive_admission else ""
         if wait_s <= 0:
             raise self.overloaded(f"gateway at its limit of {self.limit} requests in flight{how}")
@@ -194,11 +198,16 @@ class GatewayState:
         """Predictions admitted at once: learnt (``frontend.admission``) unless switched off."""
         return int(self.admission.limit) if self.gw.adaptive_admission else self.gw.max_inflight
 
-    def observe(self, answer: dict[str, Any], timed_out: bool, admitted_us: int, inflight: int,
+    def observe(self, app: str, answer: dict[str, Any], timed_out: bool, admitted_us: int, inflight: int,
                 slo_ms: float, waited_ms: float = 0.0) -> None:
-        """Teach the admission limit whether the pipeline kept up with this answer (admitted at
-        ``admitted_us`` with ``inflight`` others in flight, after waiting ``waited_ms`` for the
-        slot): ``frontend.admission.verdict``. A limit grown lets waiting callers in."""
+        """Teach the admission limit whether the pipeline kept up with this answer to ``app``
+        (admitted at ``admitted_us`` with ``inflight`` others in flight, after waiting
+        ``waited_ms`` for the slot): ``frontend.admission.verdict``. A limit grown lets waiting
+        callers in."""
+        took = self._took.get(app)
+        if took is None:
+            took = self._took[app] = RecentTimes()
+        took.add(answer["latency_ms"] - waited_ms)
         said = verdict(answer, timed_out, slo_ms, self.gw.admission_slow_fraction, waited_ms)
         if said == "late" and self.admission.late(now_us(), admitted_us):
             self.metrics.cuts.inc("late")

@@ -260,6 +260,22 @@ def test_overload_is_503_with_retry_after():
     assert statuses == [(200, None), (503, "2")]
 
 
+def test_a_caller_at_the_limit_is_answered_when_a_slot_frees_within_its_wait():
+    """The pets app's SLO is 30 ms: the second caller may wait 15 ms, and the first answer frees
+    its slot after 5 (docs/design/0089)."""
+    app = make_app(FakeBus(answer, after_ms=5.0), max_inflight=1, adaptive_admission=False)
+
+    async def two_at_once() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            send = lambda: c.post("/v1/apps/pets/predict", json={"input": GOOD})
+            return list(await asyncio.gather(send(), send()))
+
+    replies = asyncio.run(two_at_once())
+    assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
+    assert {r.json()["output"] for r in replies} == {"dog"}
+
+
 def _admission_limit(c: TestClient) -> float:
     from bench.admission import limit_in
 

@@ -135,9 +135,9 @@ class AdmissionLimit:
 
 class RecentTimes:
     """A high quantile of how long the pipeline took for an app's recent answers (from admission
-    to answer, ms): a caller waits for a slot only as long as those leave room for in its SLO,
-    so under a lasting overload, when answers take most of the SLO, a wait would only make the
-    answer late and the 503 comes at once."""
+    to answer, ms): a caller waits for a slot only as long as those leave room for before the
+    slow band of its SLO, so under a lasting overload, when answers take most of the SLO, a
+    wait would only make the answer late and the 503 comes at once."""
 
     def __init__(self, window: int = 64, quantile: float = 0.9, every: int = 16) -> None:
         self._recent: deque[float] = deque(maxlen=window)

@@ -147,14 +147,16 @@ class GatewayState:
     async def admit(self, app: str, slo_ms: float) -> tuple[int, float]:
         """Take a slot, waiting for one when the limit is reached (docs/design/0089): at most
         ``admission_queue_share`` of the SLO, and no longer than the app's recent answers leave
-        room for. A pause of the pipeline fills the limit for a moment, and the answers that
-        follow it free slots well within the SLO. Returns how many were in flight before and
-        how long it waited (ms); HTTPProblem 503 when no slot came."""
+        room for before the slow band. A pause of the pipeline fills the limit for a moment,
+        and the answers that follow it free slots well within the SLO. Returns how many were in
+        flight before and how long it waited (ms); HTTPProblem 503 when no slot came."""
         self.hand_over()  # after it, a slot free under the limit means nobody waits
         if self.inflight < self.limit:
             return self.hold(), 0.0
         took = self._took.get(app)
-        room_ms = slo_ms - (took.value if took is not None else 0.0)
+        # what keeps the answer out of the slow band (the limit's sign of queueing), judged by
+        # how long the app's recent answers took
+        room_ms = slo_ms * self.gw.admission_slow_fraction - (took.value if took is not None else 0.0)
         wait_s = min(self.gw.admission_queue_share * slo_ms, room_ms) / 1000.0
         how = " (learnt from how fast the pipeline answers)" if self.gw.adaptive_admission else ""
         if wait_s <= 0:

@@ -1,5 +1,6 @@
-"""What the gateway's routes share: the registry and bus they talk to, the admission limit and
-the loop-lag watcher that feeds it, and each app's outputs and input as the registry says.
+"""What the gateway's routes share: the registry and bus they talk to, the admission limit, the
+callers waiting for a slot under it and the loop-lag watcher that feeds it, and each app's
+outputs and input as the registry says.
 
 Kept apart from the routes (``frontend.gateway``) so that the admission's state is read, and
 tested, without an HTTP server.

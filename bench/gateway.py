@@ -2,10 +2,11 @@
 
 * cache-hit round trip under light load: one caller, the same digit again and again (every
   answer after the first comes from the prediction cache), timed by the caller;
-* under overload: an open-loop Poisson load above what the pipeline serves (the default rate
-  is about twice what it answers on the 2-core reference machine), with fresh inputs, and how
-  long any caller waited compared with its SLO (it must get an answer, the default or a quick
-  503 within SLO + 20 ms).
+* under overload: an open-loop Poisson load meant to be above what the pipeline serves, with
+  fresh inputs, and how long any caller waited compared with its SLO (it must get an answer,
+  the default or a quick 503 within SLO + 20 ms). A one-model app's queries skip the selector
+  (docs/design/0083), and the pipeline may answer nearly all of the default rate: when the
+  report shows few 503s, ``--rate`` twice as high is the overload the step is for.
 
 A caller's wait is timed three ways, because the generator shares the 2 cores with the
 pipeline and is itself descheduled for tens of ms at a time: from when the query was due (the

@@ -113,7 +113,9 @@ def gateway_overload(r: dict[str, Any]) -> Result:
         get(o, "answered"), get(o, "default"), o.get("refused_503", o.get("error", 0)), get(o, "lost"))
     nice = o.get("generator_nice")
     gen = f"; generator at nice {nice}" if nice else ""
-    return f"over SLO + 20 ms: {counts}{of}; longest {ms(get(o, 'max_wait_ms'))} ms; {outcomes}{gen}", met(due == 0)
+    offered = f"{o['offered_qps']:,.0f} q/s offered; " if "offered_qps" in o else ""
+    return (f"{offered}over SLO + 20 ms: {counts}{of}; longest {ms(get(o, 'max_wait_ms'))} ms; {outcomes}{gen}",
+            met(due == 0))
 
 
 def join_overhead(r: dict[str, Any]) -> Result:

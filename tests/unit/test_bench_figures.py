@@ -110,12 +110,13 @@ def test_adapt_of_the_older_shape_without_objective_or_rounds(tmp_path: Path) ->
 def test_gateway_overload_is_met_only_when_none_is_late_from_when_due(tmp_path: Path) -> None:
     overload = {"answered": 2668, "default": 11, "error": 6932, "lost": 0, "refused_503": 6932, "max_wait_ms": 70.5,
                 "over_slo_plus_20ms": 1, "over_slo_plus_20ms_from_send": 0, "over_slo_plus_20ms_send_to_arrival": 0,
-                "stamped": 9611}
+                "stamped": 9611, "offered_qps": 1201.6}
     report = {"summary": {"cache_hit_ms": {"p50": 4.4, "p99": 26.0, "n": 400}, "overload": overload}}
     _write(tmp_path, "gateway", report)
     row = _row(tmp_path, "gateway at overload")
     assert row.met == NO
     assert "1 from when due, 0 from the send, 0 at arrival" in row.measured and "6,932 503s" in row.measured
+    assert row.measured.startswith("1,202 q/s offered; over SLO + 20 ms")
     assert _row(tmp_path, "gateway round trip").met == NO  # p99 26 ms > 25
     overload["over_slo_plus_20ms"] = 0
     _write(tmp_path, "gateway", report)

@@ -146,7 +146,8 @@ def test_a_caller_waits_no_longer_than_the_apps_recent_answers_leave_room_for() 
         return waits[0], waits[1], info.value.detail
 
     busy_s, idle_s, detail = asyncio.run(run())
-    assert busy_s < 0.02 <= 0.045 <= idle_s  # 80 - 70 = 10 ms before the slow band; the idle app's half
+    assert busy_s < 0.02  # 80 - 70 = 10 ms before the slow band
+    assert idle_s >= 0.045  # the idle app's callers still wait half its SLO
     assert "no slot freed within 50 ms" in detail
 
 

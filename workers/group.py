@@ -23,8 +23,8 @@ from clipstream.errors import ConfigError
 from registry.spec import ModelSpec
 from schemas import Batch, BatchItem
 from workers.backends import BatchModel, warm_up
-from workers.batch import (Answerer, BatchOutcome, Prepared, Ran, answer_items, batch_stats, predict_rows,
-                           prepare_batch, run_batch)
+from workers.batch import (Answerer, BatchOutcome, Prepared, Ran, answer_items, batch_stats, finish_batch,
+                           predict_rows, prepare_batch, run_batch)
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,14 @@ def prepare(model: Served, batch: Batch, **kwargs: Any) -> Prepared:
 def run(model: Served, p: Prepared) -> Ran | GroupRan | None:
     """The device's part for either."""
     return run_group(model, p) if isinstance(model, GroupModel) else run_batch(model, p)
+
+
+def finish(p: Prepared, ran: Ran | GroupRan | None, *, worker_id: str) -> BatchOutcome:
+    """The records for either: a group's batch that ran member by member, else ``finish_batch``
+    (also for a group's batch with nothing to run, which needs only its stats)."""
+    if isinstance(ran, GroupRan):
+        return finish_group(p, ran, worker_id=worker_id)
+    return finish_batch(p, ran, worker_id=worker_id)
 
 
 def warm(model: Served) -> None:

@@ -39,7 +39,7 @@ from topics.offsets import SpacedCommits, committed_offset
 from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, stop_on_signals
 from workers import group
 from workers.backends import BatchModel
-from workers.batch import BatchOutcome, Prepared, Ran, dead_letter, finish_batch
+from workers.batch import BatchOutcome, Prepared, Ran, dead_letter
 from workers.log import log
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
@@ -311,11 +311,7 @@ class Worker(Outputs):
         try:
             outcome = job.outcome
             if outcome is None and job.prepared is not None:
-                # a group's batch that ran is finished member by member; finish_batch does the rest
-                # (a group's batch with nothing to run needs only its stats, as a model's does)
-                outcome = (group.finish_group(job.prepared, job.ran, worker_id=self.worker_id)
-                           if isinstance(job.ran, group.GroupRan) else
-                           finish_batch(job.prepared, job.ran, worker_id=self.worker_id))
+                outcome = group.finish(job.prepared, job.ran, worker_id=self.worker_id)
         except Exception as exc:
             outcome = _crashed(exc, job.source, job.payload)
         self.emit(outcome or BatchOutcome(), job.offset)

@@ -202,7 +202,7 @@ def test_a_crashing_batch_is_dead_lettered_not_a_crash_loop(tmp_path: Path, monk
     def boom(*args: Any, **kwargs: Any) -> None:
         raise KeyError("surprise")
 
-    monkeypatch.setattr("workers.worker.finish_batch", boom)
+    monkeypatch.setattr("workers.group.finish_batch", boom)  # where the worker finishes a batch
     w.feed(Msg(batch_bytes(0), 8))
     assert w.drain(5.0)
     producer.flush(0)

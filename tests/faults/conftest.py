@@ -1,7 +1,10 @@
 """The pipeline the fault suite breaks: a private 3-broker KRaft cluster and Redis (as
 ``clipstream infra up --brokers 3 --free-ports --state-dir DIR`` starts them), and
 ``clipstream up`` serving an Exp4 app of three quick python models on them, with its default
-two selector members, two gateway members on one port and two batcher members. One pipeline serves every fault of the module, in turn; each test
+two selector members, two gateway members on one port and two batcher members. ``m1`` runs in
+a worker of its own; ``m2`` and ``m3`` are a group served by one worker (docs/design/0088), as
+the demo serves its models, so a worker fault can hit either kind. One pipeline serves every
+fault of the module, in turn; each test
 starts only once both paths give real answers again, so a fault's recovery is part of the
 next test's premise, not of its ledger.
 """
@@ -25,6 +28,7 @@ from clipstream.infra import _die_with_parent_hook, launcher
 from clipstream.settings import Settings
 from clipstream.testing.models import make_python_model
 from clipstream.testing.procs import wait_until
+from registry.groups import group_version
 
 ROOT = Path(__file__).resolve().parents[2]
 # Three JVMs start at once on a machine whose two cores other test processes share: a bound on
@@ -32,6 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_START_S = 180.0
 UP_READY_S = 300.0
 MODELS = ("m1", "m2", "m3")
+GROUP, GROUPED = "g", ("m2", "m3")  # the members share one worker process
+# the shared batcher serves the group as one unit beside m1 (``clipstream.up.wanted_stages``)
+BATCHER = f"batchers-{GROUP}+m1"
+WORKER, GROUP_WORKER = "worker-m1-v1-0", f"worker-{GROUP}-v{group_version({m: '1' for m in GROUPED})}-0"
 SLO_MS = 300.0  # a quick python ensemble answers in a few ms: no default in steady state
 
 SCORES = '''
@@ -67,7 +75,7 @@ class Pipeline:
     @property
     def stages(self) -> list[str]:
         return ["selector-1", "selector-2", "gateway-1", "gateway-2",
-                *(f"batchers-{'+'.join(MODELS)}.{i}" for i in (1, 2)), *(f"worker-{m}-v1-0" for m in MODELS)]
+                *(f"{BATCHER}.{i}" for i in (1, 2)), WORKER, GROUP_WORKER]
 
     def tail(self, n: int = 30) -> str:
         return "\n".join(self.lines[-n:])
@@ -86,7 +94,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
             make_python_model(tmp / "models", m, SCORES, labels=list(range(10)), extra={"offset": 10 * i})
         (tmp / "app.yaml").write_text(yaml.safe_dump({
             "apps": [{"name": app, "policy": "exp4", "slo_ms": SLO_MS, "default_output": -1, "models": list(MODELS)}],
-            "models": [{"name": m, "version": "1", "path": f"models/{m}/1", "replicas": 1} for m in MODELS],
+            "models": [{"name": m, "version": "1", "path": f"models/{m}/1", "replicas": 1,
+                        **({"group": GROUP} if m in GROUPED else {})} for m in MODELS],
         }))
         port = launcher.pick_free_ports(1)[0]
         env = {**os.environ, **status.env(), "CLIPSTREAM_TOPIC_PREFIX": prefix, "PYTHONUNBUFFERED": "1",

@@ -28,7 +28,7 @@ from clipstream.testing.faults import PATHS, Load, Query, ledger, observe, ready
 from clipstream.testing.leaders import coordinator_of, move_coordinator
 from clipstream.testing.procs import wait_until
 from selector.settings import SelectorSettings
-from tests.faults.conftest import CLUSTER_START_S, MODELS, ROOT, SLO_MS, Pipeline
+from tests.faults.conftest import BATCHER, CLUSTER_START_S, GROUP_WORKER, GROUPED, ROOT, SLO_MS, WORKER, Pipeline
 from topics.catalogue import Catalogue
 from topics.client import admin_config
 
@@ -212,7 +212,7 @@ def test_selector_member_killed(pipeline: Pipeline) -> None:
 def test_batcher_member_killed(pipeline: Pipeline) -> None:
     """One batcher of two: its request partitions wait for its restart (a static member gets
     them back at once) or its session timeout, whichever comes first (docs/design/0024)."""
-    inject, back = _kill_stage(pipeline, f"batchers-{'+'.join(MODELS)}.2")
+    inject, back = _kill_stage(pipeline, f"{BATCHER}.2")
     check(run_fault(pipeline, "batcher", inject, bound_s=BATCHER_BOUND_S, back=back), BATCHER_BOUND_S)
 
 
@@ -243,8 +243,20 @@ def test_selector_member_hung_past_its_session(pipeline: Pipeline) -> None:
 
 
 def test_worker_killed(pipeline: Pipeline) -> None:
-    inject, back = _kill_stage(pipeline, "worker-m1-v1-0")
+    inject, back = _kill_stage(pipeline, WORKER)
     check(run_fault(pipeline, "worker", inject, bound_s=GAP_BOUND_S, back=back), GAP_BOUND_S)
+
+
+def test_group_worker_killed(pipeline: Pipeline) -> None:
+    """The one process that serves two of the three models (docs/design/0088): until ``up`` has
+    restarted it, the selector answers with the model left; after, every answer has all three."""
+    inject, back = _kill_stage(pipeline, GROUP_WORKER)
+    report = run_fault(pipeline, "group-worker", inject, bound_s=GAP_BOUND_S, back=back)
+    check(report, GAP_BOUND_S)
+    partial = {p: row["real_partial"] for p, row in report["paths"].items()}
+    assert all(partial.values()), f"group-worker: no answer lacked {'+'.join(GROUPED)} on some path: {partial}"
+    never = [p for p, row in report["paths"].items() if row["gap_complete_s"] is None]
+    assert not never, f"group-worker: answers from every model never came back on {never}"
 
 
 def test_gateway_killed(pipeline: Pipeline) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from clipstream.errors import DecodeError
 from schemas import Response, Tensor
 
 WIRE_SCALARS = (bool, int, float, str)
@@ -26,12 +27,15 @@ def plain(value: Any) -> Any:
 
 def read_row(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None) -> tuple[Any, tuple[float, ...] | None]:
     """A model's row as (value, scores): class scores -> (argmax label, scores); a 0-d tensor
-    -> (its value, None)."""
+    -> (its value, None). An empty row holds no answer: a DecodeError, which the reader turns
+    into that model's failure rather than losing the rest of its record."""
     arr = tensor.array()
     if arr.ndim == 0 or (arr.size == 1 and kind in ("label", "regression")):
         value = plain(arr.reshape(()))
         return (float(value) if kind == "regression" else value), None
     row = np.asarray(arr, dtype=np.float64).ravel()
+    if row.size == 0:
+        raise DecodeError(f"an empty output tensor (shape {list(arr.shape)})")
     scores = tuple(row.tolist())
     best = int(row.argmax())
     return (labels[best] if labels and len(labels) == len(scores) else best), scores

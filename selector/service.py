@@ -12,7 +12,7 @@ the next message happens to arrive.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -24,7 +24,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.redisclient import RedisGuard
 from clipstream.settings import Settings
 from registry.outputs import stored_answer
-from schemas import ModelRequest, Predictions, QueryEvent, Response, decode_as, encode
+from schemas import ModelRequest, Predictions, QueryEvent, decode_as, encode
 from schemas.reasons import OK_STATUSES
 from selector.handover import Handover, QueryOffsets
 from selector.join import NOT_ASKED, Asked, JoinState, Pending, why_default
@@ -33,6 +33,7 @@ from selector.metrics import SelectorMetrics
 from selector.outputs import response_record, to_output
 from selector.policies import align_state, is_stateless
 from selector.policy_states import STATE_WAIT_S, PolicyStates
+from selector.replies import Replies
 from selector.reply_budget import ReplyBudget
 from selector.store import StateStore
 from selector.trips import ModelTrips
@@ -43,7 +44,8 @@ from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
 from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
-class Selector(PolicyStates):
+
+class Selector(PolicyStates, Replies):
     """Dispatch and join for the partitions this member owns."""
 
     def __init__(self, consumer: Consumer, producer: Emitter, store: StateStore, apps: Apps,
@@ -107,6 +109,12 @@ class Selector(PolicyStates):
                 return
         self.stats["queries"] += 1
         qid, now = ev.query_id, now_us()
+        nowhere = self._nowhere(ev)
+        if nowhere is not None:  # answered where every caller may read, never where it asked
+            self.dead.send(reason=nowhere, msg=msg, query_id=qid)
+            self._reply_default(dataclasses.replace(ev, reply_topic=None, reply_partition=None), msg.partition(),
+                                nowhere)
+            return
         try:
             app, policy, outputs = self.apps.get(ev.app)
             query = Query(qid, app.name, ev.context, ev.input.array(), ev.deadline_us)
@@ -149,6 +157,18 @@ class Selector(PolicyStates):
             self.producer.produce(self.catalogue.requests(model).name, encode(request), key=qid.encode())
         if poll:
             self.producer.poll(0)
+
+    def _nowhere(self, ev: QueryEvent) -> str | None:
+        """Why a query's answer may not go where it asks, or None. Only ``responses`` and the
+        reply topics take Responses: another topic named there (the registry, a model's
+        requests) would get records its readers cannot use."""
+        topic, part = ev.reply_topic, ev.reply_partition
+        if topic is not None and topic != self.catalogue.responses.name and not self.catalogue.is_reply(topic):
+            return (f"bad query: reply_topic {topic!r} is neither {self.catalogue.responses.name!r} nor a "
+                    f"reply topic ({self.catalogue.prefix}replies.<instance>)")
+        if part is not None and part < 0:
+            return f"bad query: reply_partition {part} is negative"
+        return None
 
     def prepare_model_topics(self, models: Iterable[str]) -> None:
         """Make sure the topics of ``models`` exist, with one admin client and one metadata
@@ -233,44 +253,6 @@ class Selector(PolicyStates):
                 self._reply(pending.asked, response_record(pending.query_id, pending.asked, None, 0.0, [],
                                                            pending.missing, None, now_us(), None,
                                                            f"the selector could not combine: {exc}"))
-
-    def _reply(self, asked: Asked, record: Response, late_us: int | None = None) -> None:
-        topic = asked.reply_topic or self.catalogue.responses.name
-        kwargs: dict[str, Any] = {"key": record.query_id.encode()}
-        if asked.reply_topic and asked.reply_partition is not None:
-            kwargs["partition"] = int(asked.reply_partition)
-        # only answers made at the cutoff teach the budget: it is for them (an answer complete
-        # earlier has time to spare), and their trips come when every stage is busy with newer
-        # queries. Every report marks its query answered, so its offset may be committed.
-        # Reports are served by ``run``'s reply-acks thread.
-        value = encode(record)
-        teach = late_us if self.reply_budget.adaptive else None
-        kwargs["on_delivery"] = functools.partial(self._reply_acked, query_id=record.query_id, late_us=teach,
-                                                  resend=(topic, value, dict(kwargs)))
-        self.reply_producer.produce(topic, value, **kwargs)
-        if not self.reply_budget.adaptive:
-            self.reply_producer.poll(0)
-        self.stats["responses"] += 1
-        self.metrics.answered(record)
-
-    def _reply_acked(self, err: Any, msg: Any, *, query_id: str, late_us: int | None,
-                     resend: tuple[str, bytes, dict[str, Any]]) -> None:
-        """Delivery report of a Response. Acknowledged: the query is answered, and its trip to
-        the broker and back, from when the answer was due, feeds the budget (``latency()`` runs
-        to now, so this must be served as the report arrives). Not taken: it is sent again, as
-        its query counts as unanswered until a Response of it is taken."""
-        if err is not None:
-            log.warning("the Response to %s was not delivered (%s); sending it again", query_id, err)
-            topic, value, kwargs = resend
-            try:
-                self.reply_producer.produce(topic, value, on_delivery=functools.partial(
-                    self._reply_acked, query_id=query_id, late_us=None, resend=resend), **kwargs)
-            except BufferError:  # left unanswered: replayed from Kafka after a restart or rebalance
-                log.error("the Response to %s could not be queued again", query_id)
-            return
-        self.offsets.answered(query_id)
-        if late_us is not None:
-            self.reply_budget.observe(int(msg.latency() * 1e6) + late_us)
 
     # -- the loop -----------------------------------------------------------------------
     def handle(self, msgs: list[Any], queries: str | None = None, received_us: int | None = None) -> None:

@@ -93,6 +93,16 @@ def test_a_failed_prediction_is_the_apps_default_with_the_models_error():
         assert 'clipstream_gateway_defaults_total{source="model"} 1.0' in client.get("/metrics").text
 
 
+def test_an_empty_output_is_the_apps_default_that_says_so_not_a_500():
+    client, saver = serve(FakeBus(answer, predict=scores_of([])))
+    with client:
+        r = client.post("/v1/apps/pets1/predict", json={"input": GOOD})
+    body = r.json()
+    assert r.status_code == 200 and body["default"] is True and body["output"] == "unknown"
+    assert body["default_reason"].startswith("every model failed: m1: undecodable output: an empty output tensor")
+    assert saver.saved == []
+
+
 def test_a_regression_answer_and_no_prediction_in_time():
     client, _ = serve(FakeBus(answer, predict=regression_of(2.25)))
     with client:

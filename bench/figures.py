@@ -266,7 +266,7 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("cost: highest rate through the gateway, p99 ≤ 50 ms, no refusals", "≥ 800 q/s", "cost", cost_max_rate),
     ("cost: clipstream vs MLServer 1.7.1 (and Ray Serve 2.60.0), same model and load", "≥ 2x", "cost", cost_vs_mlserver),
     ("cost: the demo's 5-model digits ensemble, highest rate within its SLO (bench.ensemble)",
-     "≥ 3x today's 130 q/s", "ensemble", ensemble),
+     "≥ 3x the first version's 130 q/s", "ensemble", ensemble),
     ("cost: light load p50; cache-hit round trip", "p50 ≤ 10 ms; hit p50 < 10 ms", "cost", cost_light),
     ("selector's skip of hopeless models vs asking every model, Kafka path, overload (bench.hopeless)", NONE,
      "hopeless", hopeless),

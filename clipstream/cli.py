@@ -1,7 +1,7 @@
 """The ``clipstream`` command.
 
 Sub-commands live beside the stage they run and are imported only when called, so that
-``clipstream infra status`` does not pay for importing onnxruntime or faust.
+``clipstream infra status`` does not pay for importing onnxruntime or torch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Start-up objects out of the garbage collector's way.
 
 A stage's start-up leaves hundreds of thousands of objects that live as long as the process:
-modules, classes, pydantic and Avro schemas, model sessions, faust's app. CPython collects its
+modules, classes, pydantic and Avro schemas, model sessions. CPython collects its
 oldest generation when enough objects have survived the younger ones, and each such
 collection walks every one of those objects, in a pause that can push a caller past its
 deadline in any stage (docs/design/0011). ``gc.freeze()`` moves everything alive at that

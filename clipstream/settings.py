@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -141,6 +141,12 @@ def settings_or_exit(make: Callable[[], T]) -> T:
     ValueError) ends the process with that message and exit code 2, not a traceback."""
     try:
         return make()
+    except ValidationError as exc:  # one line per bad value, not pydantic's four
+        for err in exc.errors():
+            field = ".".join(str(part) for part in err["loc"]) or exc.title
+            print(f"error: setting {field} = {err.get('input')!r}: {err['msg']}; fix the CLIPSTREAM_* variable "
+                  f"that sets it", file=sys.stderr, flush=True)
+        sys.exit(2)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -270,7 +270,7 @@ def wanted_stages(view: RegistryView, shared_batcher: bool = True, batcher_membe
 def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | None) -> None:
     """Run the whole pipeline for an app file until Ctrl-C."""
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
-    settings = get_settings(**overrides)
+    settings = settings_or_exit(lambda: get_settings(**overrides))
     up_settings = settings_or_exit(UpSettings)
     shared = up_settings.batchers == "shared"
     stop, serving = threading.Event(), threading.Event()

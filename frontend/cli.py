@@ -13,11 +13,11 @@ from typing import Any
 import click
 import yaml
 
-from clipstream.errors import ClipstreamError
-from clipstream.settings import get_settings
-from registry.appfile import apply_file
+from clipstream.errors import ClipstreamError, ConfigError
+from clipstream.settings import Settings, get_settings, settings_or_exit
+from registry.appfile import apply_file, check_default_output, check_policy
 from registry.repository import Repository, is_url
-from registry.topic import ModelConfig, RegistryWriter, read_view
+from registry.topic import ModelConfig, RegistryView, RegistryWriter, read_view
 from topics.admin import ensure_model_topics
 
 
@@ -35,9 +35,23 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _settings() -> Settings:
+    """The settings, or one line naming a bad ``CLIPSTREAM_*`` value and exit 2."""
+    return settings_or_exit(get_settings)
+
+
 def _parse_value(text: str | None) -> Any:
-    """`-1` -> -1, `cat` -> "cat": the default output is written as YAML."""
-    return None if text is None else yaml.safe_load(text)
+    """`-1` -> -1, `cat` -> "cat": the default output is written as YAML, and must be a value
+    an App record holds, checked here so a bad one fails before any Kafka work."""
+    if text is None:
+        return None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        why = str(exc).splitlines()[0]
+        raise ConfigError(f"--default-output {text!r} is not valid YAML ({why}): give one value such as "
+                          "-1, 0.5, true or cat, and quote a string that holds YAML's brackets") from None
+    return check_default_output(value, f"--default-output {text!r}")
 
 
 @click.command("apply")
@@ -45,7 +59,7 @@ def _parse_value(text: str | None) -> Any:
 @_friendly
 def apply(path: str) -> None:
     """Apply an app file: apps, models and links."""
-    spec = apply_file(get_settings(), path)
+    spec = apply_file(_settings(), path)
     for m in spec.models:
         click.echo(f"model {m['name']} version {m['version']} ({m['replicas']} replicas): {m['path']}")
     for a in spec.apps:
@@ -55,13 +69,15 @@ def apply(path: str) -> None:
 @click.command("register-app")
 @click.argument("name")
 @click.option("--policy", default="exp4", show_default=True)
-@click.option("--slo-ms", default=50.0, show_default=True)
+@click.option("--slo-ms", default=50.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--default-output", default=None, help="answer when nothing arrives in time (YAML)")
 @_friendly
 def register_app(name: str, policy: str, slo_ms: float, default_output: str | None) -> None:
     """Register (or update) an app."""
-    with RegistryWriter(get_settings()) as w:
-        w.app(name, policy, slo_ms, _parse_value(default_output))
+    check_policy(policy, "--policy")
+    value = _parse_value(default_output)
+    with RegistryWriter(_settings()) as w:
+        w.app(name, policy, slo_ms, value)
     click.echo(f"app {name} registered")
 
 
@@ -69,16 +85,17 @@ def register_app(name: str, policy: str, slo_ms: float, default_output: str | No
 @click.argument("name")
 @click.argument("path")
 @click.option("--version", "version", default="1", show_default=True)
-@click.option("--replicas", default=1, show_default=True)
+@click.option("--replicas", type=click.IntRange(min=1), default=None,
+              help="replicas to run (default: the model's current number; 1 for a new model)")
 @_friendly
-def deploy_model(name: str, path: str, version: str, replicas: int) -> None:
+def deploy_model(name: str, path: str, version: str, replicas: int | None) -> None:
     """Deploy a model version from a folder holding model.yaml.
 
     PATH is a local folder, a URL (s3://...), or a location inside CLIPSTREAM_MODEL_REPOSITORY
     (logreg/2); a folder inside the repository is recorded relative to it.
     """
 
-    settings = get_settings()
+    settings = _settings()
     location = _location(Repository.from_settings(settings), path)
     current = read_view(settings).model(name)
     history: dict[str, Any] = {"previous_versions": [], "previous_paths": []}
@@ -89,11 +106,19 @@ def deploy_model(name: str, path: str, version: str, replicas: int) -> None:
         if current.version != version:
             history["previous_versions"].append(current.version)
             history["previous_paths"].append(current.location or str(current.path))
-        replicas = replicas if replicas != 1 else current.replicas
-    ensure_model_topics(settings, name, replicas)
+    count = deployed_replicas(replicas, current)
+    ensure_model_topics(settings, name, count)
     with RegistryWriter(settings) as w:
-        w.model(name, version, location, replicas, **history)
+        w.model(name, version, location, count, **history)
     click.echo(f"model {name} version {version} deployed")
+
+
+def deployed_replicas(asked: int | None, current: ModelConfig | None) -> int:
+    """``--replicas`` when given; else the model keeps its replicas (a new model gets 1), so a
+    new version does not scale a model down unasked, and ``--replicas 1`` is obeyed."""
+    if asked is not None:
+        return asked
+    return current.replicas if current is not None else 1
 
 
 def _location(repository: Repository, path: str) -> str:
@@ -119,13 +144,28 @@ def _location(repository: Repository, path: str) -> str:
 @_friendly
 def link(app: str, model: str, unlink: bool) -> None:
     """Link a model to an app: the app's queries start reaching it at once."""
-    with RegistryWriter(get_settings()) as w:
+    settings = _settings()
+    check_link(read_view(settings), app, model, unlink)
+    with RegistryWriter(settings) as w:
         w.link(app, model, linked=not unlink)
     click.echo(f"{'unlinked' if unlink else 'linked'} {model} {'from' if unlink else 'to'} {app}")
 
 
+def check_link(view: RegistryView, app: str, model: str, unlink: bool = False) -> None:
+    """Refuse a link the selector could not serve: an app or a model the registry lacks. An
+    unlink only needs the link itself, so a model already removed can still be unlinked."""
+    current = view.app(app)
+    if current is None:
+        raise ClipstreamError(f"no app {app!r} in the registry: register it first with "
+                              "`clipstream register-app` or `clipstream apply -f`")
+    if unlink and model in current.models:
+        return
+    if view.model(model) is None:
+        raise ClipstreamError(f"no model {model!r} in the registry: deploy it first with `clipstream deploy-model`")
+
+
 def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> ModelConfig:
-    settings = get_settings()
+    settings = _settings()
     current = read_view(settings).model(name)
     if current is None:
         raise ClipstreamError(f"no model {name!r} in the registry; deploy it first")
@@ -146,7 +186,7 @@ def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> M
 
 @click.command("set-replicas")
 @click.argument("model")
-@click.argument("replicas", type=int)
+@click.argument("replicas", type=click.IntRange(min=1))
 @_friendly
 def set_replicas(model: str, replicas: int) -> None:
     """Change a model's number of replicas (the batcher spreads batches over them)."""
@@ -162,7 +202,8 @@ def rollback(model: str) -> None:
 
     def back(m: ModelConfig) -> ModelConfig:
         if not m.previous_versions:
-            raise ClipstreamError(f"model {model} has no earlier version to roll back to")
+            raise ClipstreamError(f"model {model} has no earlier version to roll back to; deploy another "
+                                  f"version with `clipstream deploy-model {model} PATH --version V`")
         return replace(
             m,
             version=m.previous_versions[-1],
@@ -181,7 +222,7 @@ def rollback(model: str) -> None:
 @_friendly
 def inspect_registry(as_json: bool) -> None:
     """Show the registry: apps, their linked models, and models."""
-    view = read_view(get_settings())
+    view = read_view(_settings())
     data = {
         "apps": {n: asdict(a) for n, a in view.apps.items()},
         "models": {

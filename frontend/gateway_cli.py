@@ -8,6 +8,7 @@ line instead of polling a port. ``--port 0`` picks a free port and the line name
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import sys
@@ -24,6 +25,9 @@ from frontend.settings import get_gateway_settings
 from topics.catalogue import Catalogue
 from topics.metrics import serve_metrics
 from topics.stage import announce_ready, beat_on_loop, exit_code
+
+
+BACKLOG = 4096  # connections the kernel queues before accept
 
 
 @click.command()
@@ -83,9 +87,22 @@ def shared_socket(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+def bind_failure(host: str, port: int, exc: OSError) -> str:
+    """What a failed bind means and what to do; a traceback would hide the port."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is in use (by something that does not share it with "
+                "--reuse-port): choose another with --port or stop what holds it")
+    return f"cannot listen on {host}:{port} ({exc.strerror or exc}): check --host and --port"
+
+
 async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     import uvicorn
 
+    try:  # bound first, so a taken port is one line before anything starts
+        sockets = [shared_socket(gw.host, gw.port, BACKLOG)] if reuse_port else None
+    except OSError as exc:
+        click.echo(f"error: {bind_failure(gw.host, gw.port, exc)}", err=True)
+        return 1
     app = create_app(gw, settings)
     app.state.gateway.metrics.expose()
     serve_metrics("gateway")
@@ -96,7 +113,7 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         log_level=gw.log_level.lower(),
         access_log=False,  # one log line per request would cost more than the request
         lifespan="on",
-        backlog=4096,
+        backlog=BACKLOG,
         timeout_keep_alive=30,
         http=stamped_protocol() or "auto",
         # HTTPS when CLIPSTREAM_GATEWAY_TLS_CERT/_KEY name a certificate and its key
@@ -104,7 +121,6 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         ssl_keyfile=str(gw.tls_key) if gw.tls_key else None,
     )
     server = uvicorn.Server(config)
-    sockets = [shared_socket(gw.host, gw.port, config.backlog)] if reuse_port else None
     task = asyncio.create_task(server.serve(sockets=sockets))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)

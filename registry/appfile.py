@@ -7,6 +7,7 @@ other models are switched off), and a model whose version changes keeps its old 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,43 @@ class AppFile:
     models: list[dict[str, Any]] = field(default_factory=list)
 
 
+def check_policy(policy: object, what: str = "policy") -> str:
+    """``policy`` when it names one (shared by app files and ``register-app``, so both refuse
+    the same names); ``what`` says where it came from in the message."""
+    if isinstance(policy, str) and (policy in POLICIES_BUILTIN or ":" in policy):
+        return policy
+    raise ConfigError(f"{what} must be exp3, exp4, single or pkg.module:Class, not {policy!r}")
+
+
+def check_default_output(value: object, what: str = "default_output") -> Any:
+    """``value`` when the App record can hold it (null, bool, int, float, string): a list or a
+    mapping would otherwise fail later, in the Avro encode, with no word of which field."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ConfigError(f"{what} must be null, a boolean, a number or a string, not {value!r}")
+
+
+def _number(value: object, what: str, integer: bool = False, positive: bool = False) -> int | float:
+    """``value`` when it is a finite number (an int when ``integer``): YAML's ``fast`` or
+    ``true`` would otherwise pass to ``float()`` or the Avro encode and end in a traceback."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or (
+        isinstance(value, float) and not math.isfinite(value)
+    ):
+        raise ConfigError(f"{what} must be {'an integer' if integer else 'a number'}, not {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{what} must be {'at least 1' if integer else 'more than 0'}, not {value!r}")
+    return value
+
+
+def _list(value: object, what: str) -> list[Any]:
+    """``value`` as a list (missing or null: empty); anything else is named, not iterated."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{what} must be a list, not {value!r}")
+    return value
+
+
 def load_app_file(path: str | Path, repository: Repository | None = None) -> AppFile:
     """Parse and validate an app file. A model's ``path:`` is a folder relative to the file, or
     a URL; it becomes the location the registry records: relative to ``repository`` when it
@@ -39,7 +77,7 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
     models = []
     inputs: dict[str, list[tuple[str, TensorSpec]]] = {}  # group -> (member, its input spec)
-    for i, m in enumerate(raw.get("models") or []):
+    for i, m in enumerate(_list(raw.get("models"), f"{path}: models")):
         if not isinstance(m, dict) or "name" not in m or "path" not in m:
             raise ConfigError(f"{path}: models[{i}] needs `name` and `path`")
         check_name("model", m["name"])
@@ -58,34 +96,37 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
                 "name": m["name"],
                 "version": str(m.get("version", "1")),
                 "path": location,
-                "replicas": int(m.get("replicas", 1)),
-                **{k: m[k] for k in _MODEL_KNOBS if k in m},
+                "replicas": _number(m.get("replicas", 1), f"{path}: models[{i}].replicas",
+                                    integer=True, positive=True),
+                **{k: _number(m[k], f"{path}: models[{i}].{k}", integer=k == "max_batch_size")
+                   for k in _MODEL_KNOBS if m.get(k) is not None},
                 **({"group": str(m["group"])} if m.get("group") is not None else {}),
             }
         )
     names = {m["name"] for m in models}
     _check_groups(path, inputs, names)
     apps = []
-    for i, a in enumerate(raw.get("apps") or []):
+    for i, a in enumerate(_list(raw.get("apps"), f"{path}: apps")):
         if not isinstance(a, dict) or "name" not in a:
             raise ConfigError(f"{path}: apps[{i}] needs `name`")
         check_name("app", a["name"])
-        linked = list(a.get("models") or [])
+        linked = _list(a.get("models"), f"{path}: apps[{i}].models")
         for m in linked:
-            if m not in names:
+            if not isinstance(m, str) or m not in names:
                 raise ConfigError(f"{path}: app {a['name']} links model {m!r}, not under `models:`")
-        policy = a.get("policy", "exp4")
-        if policy not in POLICIES_BUILTIN and ":" not in policy:
-            raise ConfigError(
-                f"{path}: app {a['name']}: policy must be exp3, exp4, single or pkg.module:Class"
-            )
+        policy_config = a.get("policy_config") or {}
+        if not isinstance(policy_config, dict):
+            raise ConfigError(f"{path}: apps[{i}].policy_config must be a mapping of names to numbers, "
+                              f"not {policy_config!r}")
         apps.append(
             {
                 "name": a["name"],
-                "policy": policy,
-                "slo_ms": float(a.get("slo_ms", 50)),
-                "default_output": a.get("default_output"),
-                "policy_config": dict(a.get("policy_config") or {}),
+                "policy": check_policy(a.get("policy", "exp4"), f"{path}: apps[{i}].policy"),
+                "slo_ms": float(_number(a.get("slo_ms", 50), f"{path}: apps[{i}].slo_ms", positive=True)),
+                "default_output": check_default_output(a.get("default_output"),
+                                                       f"{path}: apps[{i}].default_output"),
+                "policy_config": {k: _number(v, f"{path}: apps[{i}].policy_config.{k}")
+                                  for k, v in policy_config.items()},
                 "models": linked,
             }
         )

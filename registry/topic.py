@@ -85,6 +85,9 @@ class RegistryView:
         return {**alone, **self.groups}
 
 
+# the next step of every "the registry did not answer" error
+_KAFKA_MUST_ANSWER = "Kafka at CLIPSTREAM_KAFKA_BOOTSTRAP must answer (check with `clipstream infra status`)"
+
 # the record type each kind of registry key holds
 _KINDS: dict[str, type] = {"app": App, "model": Model, "link": Link}
 
@@ -194,7 +197,7 @@ class RegistryFollower:
 
     def wait_ready(self, timeout_s: float = 30.0) -> RegistryView:
         if not self._ready.wait(timeout_s):
-            raise InfraError(f"registry topic {self._topic} not read within {timeout_s:.0f}s")
+            raise InfraError(f"registry topic {self._topic} not read within {timeout_s:.0f}s: {_KAFKA_MUST_ANSWER}")
         return self._view
 
     def view(self) -> RegistryView:
@@ -356,7 +359,7 @@ class RegistryWriter:
     def flush(self, timeout_s: float = 10.0) -> None:
         left = self._producer.flush(timeout_s)
         if left:
-            raise InfraError(f"{left} registry records not delivered within {timeout_s:.0f}s")
+            raise InfraError(f"{left} registry records not delivered within {timeout_s:.0f}s: {_KAFKA_MUST_ANSWER}")
 
     def __enter__(self) -> "RegistryWriter":
         return self
@@ -375,7 +378,7 @@ def wait_for(
         deadline = time.monotonic() + timeout_s
         while not predicate(follower.view()):
             if time.monotonic() > deadline:
-                raise InfraError("registry did not reach the expected state in time")
+                raise InfraError(f"registry did not reach the expected state in time: {_KAFKA_MUST_ANSWER}")
             time.sleep(0.02)
         return follower.view()
     finally:

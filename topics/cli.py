@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from clipstream.settings import get_settings
+from clipstream.settings import get_settings, settings_or_exit
 from topics.admin import ensure_stage_topics
 
 
@@ -18,5 +18,5 @@ def topics() -> None:
 @click.option("--replicas", default=1, show_default=True)
 def create(models: tuple[str, ...], replicas: int) -> None:
     """Create the core topics (idempotent)."""
-    made = ensure_stage_topics(get_settings(), {model: replicas for model in models})
+    made = ensure_stage_topics(settings_or_exit(get_settings), {model: replicas for model in models})
     click.echo(f"topics ready ({len(made)} created or grown)")

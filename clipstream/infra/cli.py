@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from clipstream.errors import ClipstreamError
-from clipstream.settings import Settings, get_settings
+from clipstream.settings import Settings, get_settings, settings_or_exit
 
 STATE_DIR_OPTION = click.option(
     "--state-dir",
@@ -27,10 +27,11 @@ STATE_DIR_OPTION = click.option(
 
 
 def _settings(state_dir: Path | None, **overrides: Any) -> Settings:
+    """The settings with the options on top; a bad ``CLIPSTREAM_*`` value is one line, exit 2."""
     values = {key: value for key, value in overrides.items() if value is not None}
     if state_dir is not None:
         values["state_dir"] = state_dir
-    return get_settings(**values)
+    return settings_or_exit(lambda: get_settings(**values))
 
 
 def _progress(message: str) -> None:
@@ -131,6 +132,8 @@ def status(state_dir: Path | None) -> None:
                 how = f"running (pid {node.pid})" if node.running else f"not running (was pid {node.pid})"
                 click.echo(f"kafka node {node.node_id}: {node.address} {how}")
     if not result.running:
+        where = f" --state-dir {state_dir}" if state_dir is not None else ""
+        click.echo(f"start them with `clipstream infra up{where}`", err=True)
         sys.exit(1)
 
 
@@ -140,7 +143,7 @@ def fetch() -> None:
     from clipstream.infra import kafka
 
     with _one_line_errors():
-        libs = kafka.fetch_jars(get_settings(), progress=_progress)
+        libs = kafka.fetch_jars(_settings(None), progress=_progress)
     click.echo(f"kafka jars: {libs}")
 
 

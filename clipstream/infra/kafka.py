@@ -311,7 +311,8 @@ def format_storage(
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
         why = lines[-1] if lines else f"exit code {result.returncode}"
-        raise InfraError(f"formatting Kafka storage in {files.data_dir} failed: {why}")
+        raise InfraError(f"formatting Kafka storage in {files.data_dir} failed: {why}; remove "
+                         f"{files.data_dir} (or run `clipstream infra down`) and retry")
     return True
 
 

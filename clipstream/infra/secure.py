@@ -71,14 +71,23 @@ def make_certificates(folder: Path) -> tuple[Path, Path]:
          "-days", "2", "-extfile", str(ext), "-out", str(cert)],
     ]
     for argv in steps:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        if result.returncode != 0:
-            raise InfraError(f"openssl failed: {result.stderr.strip().splitlines()[-1:]}")
-    pkcs8 = subprocess.run([openssl, "pkcs8", "-topk8", "-nocrypt", "-in", str(key)], capture_output=True,
-                           text=True, timeout=60, check=True).stdout
+        _openssl(argv, folder)
+    pkcs8 = _openssl([openssl, "pkcs8", "-topk8", "-nocrypt", "-in", str(key)], folder)
     keystore = folder / "server.pem"
     keystore.write_text(pkcs8 + cert.read_text())
     return ca, keystore
+
+
+def _openssl(argv: list[str], folder: Path) -> str:
+    """Run one openssl step and return its stdout; a failure is an InfraError with openssl's
+    last line, not a CalledProcessError traceback."""
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        why = lines[-1] if lines else f"exit code {result.returncode}"
+        raise InfraError(f"openssl {argv[1]} failed making the broker's certificates in {folder}: {why}; "
+                         f"check that {folder} is writable and `openssl version` runs, then retry")
+    return result.stdout
 
 
 def secure_properties(port: int, controller_port: int, keystore: Path, ca: Path, username: str,
@@ -143,4 +152,6 @@ def _wait(broker: SecureBroker, settings: Settings, timeout_s: float) -> None:
         time.sleep(0.5)
     tail = broker.files.log.read_text()[-2000:] if broker.files.log.exists() else ""
     broker.stop()
-    raise InfraError(f"the secured broker did not answer ({last}):\n{tail}")
+    raise InfraError(f"the secured broker did not answer within {timeout_s:.0f}s ({last}): read its log "
+                     f"{broker.files.log} for why, then retry (with another --port if {broker.bootstrap} is "
+                     f"taken); the log ends:\n{tail}")

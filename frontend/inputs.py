@@ -20,6 +20,7 @@ from registry.spec import TensorSpec
 _BOOL: frozenset[type] = frozenset({bool})
 _INT: frozenset[type] = frozenset({int})
 _FLOAT: frozenset[type] = frozenset({int, float})
+_NESTED_OR_BOOL: frozenset[type] = frozenset({list, tuple, bool, np.bool_})
 
 
 def _allowed(dtype: str) -> tuple[frozenset[type], str]:
@@ -96,7 +97,8 @@ def parse_untyped(value: Any) -> np.ndarray:
     """An input for an app with no model spec to check against: any rectangular numbers.
 
     Integers become int64 and anything with a fraction float32 (the common model dtype); the
-    worker still checks the model's declared input when one appears later.
+    worker still checks the model's declared input when one appears later. An integer outside
+    int64 is refused rather than wrapped or rounded, and a boolean in a list as a bare one is.
     """
     if isinstance(value, bool) or value is None or isinstance(value, str):
         raise InputError(f"input is {_describe(value)}, expected numbers (a number or nested lists)")
@@ -104,6 +106,16 @@ def parse_untyped(value: Any) -> np.ndarray:
         arr = np.array(value)
     except ValueError as exc:
         raise InputError(f"input is not a rectangular nested list of numbers ({exc})") from None
+    if arr.dtype.kind in "iufO":
+        types: set[type] = set()
+        where = _untyped_items(value, "input", types)
+        if where is not None:
+            raise InputError(f"{where} is a boolean, expected a number (a boolean is not a number here)")
+        ints_only = bool(types) and all(issubclass(t, (int, np.integer)) for t in types)
+        # numpy holds integers beyond int64 as uint64, float64 or objects; none is an int64 input
+        if (ints_only and arr.dtype.kind in "fO") or (
+                arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max):
+            raise InputError(f"input holds an integer outside the int64 range [{-2**63}, {2**63 - 1}]")
     if arr.dtype.kind == "f":
         arr = arr.astype(np.float32)
     elif arr.dtype.kind in "iu":
@@ -113,6 +125,24 @@ def parse_untyped(value: Any) -> np.ndarray:
     if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
         raise InputError("input has values that are not finite numbers")
     return arr
+
+
+def _untyped_items(value: Any, where: str, types: set[type]) -> str | None:
+    """Adds the types of the numbers in nested lists to ``types``, one ``set(map(type, ...))``
+    per innermost list, and says where the first boolean is (None if none): numpy would read
+    ``[true, 1]`` as ``[1, 1]``, though a bare ``true`` is refused."""
+    if not isinstance(value, (list, tuple)):
+        types.add(type(value))
+        return where if isinstance(value, (bool, np.bool_)) else None
+    inner = set(map(type, value))
+    if not inner & _NESTED_OR_BOOL:
+        types |= inner
+        return None
+    for i, item in enumerate(value):
+        found = _untyped_items(item, f"{where}[{i}]", types)
+        if found is not None:
+            return found
+    return None
 
 
 def input_for(value: Any, spec: TensorSpec | None) -> np.ndarray:

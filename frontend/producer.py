@@ -18,6 +18,7 @@ import numpy as np
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputError
 from clipstream.settings import Settings, get_settings
+from frontend.gateway_models import MAX_SLO_MS
 from frontend.inputs import input_for, to_json
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
@@ -70,9 +71,12 @@ class Producer:
         query_id = query_id or uuid.uuid4().hex
         array = self._array(app, input)
         if slo_ms is None:
+            # the app's own, as the gateway takes it: the registry checked it, no caller's bound applies
             slo_ms = self._app_config(app).slo_ms
-        if slo_ms <= 0:
-            raise InputError("slo_ms must be positive")
+            if slo_ms <= 0:
+                raise InputError("slo_ms must be positive")
+        elif not 0 < slo_ms <= MAX_SLO_MS:  # the gateway's bound; a NaN compares false, so it is refused too
+            raise InputError(f"slo_ms must be in (0, {MAX_SLO_MS:g}] ms, got {slo_ms!r}")
         created = now_us()
         event = QueryEvent(
             query_id=query_id, app=app, context=context, input=Tensor.of(array),

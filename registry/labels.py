@@ -7,21 +7,33 @@ learner dead-letters it. Shared by both through the registry, the layer they hav
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+# the Feedback record holds an integer label as an Avro long: a larger one would be silently
+# written as a double, or not at all (OverflowError) past the double range
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def label_problem(label: Any, kind: str, labels: tuple[Any, ...] | None) -> str | None:
     """Why ``label`` cannot be feedback for outputs of ``kind`` with these ``labels``; None if it can.
 
     Regression takes a finite number; class scores take one of the declared labels, matched as
-    value or as text (``"3"`` for ``3``); plain labels take any scalar."""
+    value or as text (``"3"`` for ``3``); plain labels take any scalar. Every kind refuses an
+    integer outside int64 (the Feedback record holds a long) and a float that is not finite
+    (no answer can be scored against it)."""
     if label is None:
         return None
     if isinstance(label, (list, tuple, dict, bytes)):
         return f"a label is one value, not a {type(label).__name__}"
+    if isinstance(label, int) and not INT64_MIN <= label <= INT64_MAX:
+        # the size, not the value: a JSON integer may have thousands of digits
+        return (f"an integer label must be in the int64 range [{INT64_MIN}, {INT64_MAX}], "
+                f"not one of {label.bit_length()} bits")
+    if isinstance(label, float) and not math.isfinite(label):
+        return f"a label must be a finite number, not {label!r}"
     if kind == "regression":
-        if isinstance(label, bool) or not isinstance(label, (int, float)) or label != label or label in (
-                float("inf"), float("-inf")):
+        if isinstance(label, bool) or not isinstance(label, (int, float)):  # not finite: refused above
             return f"the app answers a regression value: the label must be a finite number, not {label!r}"
         return None
     if kind == "class_scores" and labels:

@@ -142,3 +142,45 @@ def test_the_async_predict_retries_as_the_client_does() -> None:
     assert asyncio.run(go([httpx.ReadError("reset")])) == (200, 2)
     with pytest.raises(httpx.ConnectError):
         asyncio.run(go([httpx.ConnectError("refused")] * 2))
+
+
+class _KafkaProducer:
+    """Stands in for confluent_kafka's Producer: keeps what is produced, delivers nothing."""
+
+    def __init__(self, config: dict) -> None:
+        self.produced: list[tuple[str, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: object) -> None:
+        self.produced.append((topic, value))
+
+    def poll(self, timeout_s: float) -> int:
+        return 0
+
+
+@pytest.fixture
+def producer(monkeypatch: pytest.MonkeyPatch):
+    import confluent_kafka
+
+    from clipstream.settings import Settings
+    from frontend.producer import Producer
+
+    monkeypatch.setattr(confluent_kafka, "Producer", _KafkaProducer)
+    return Producer(settings=Settings(topic_prefix="t."))
+
+
+@pytest.mark.parametrize("slo_ms", [float("nan"), float("inf"), float("-inf"), 0, -5.0, 60_000.001, 10**9])
+def test_producer_refuses_an_slo_outside_the_gateways_range(producer, slo_ms):
+    with pytest.raises(InputError, match=r"slo_ms must be in \(0, 60000\] ms"):
+        producer.send_query("pets", np.zeros(3, np.float32), slo_ms=slo_ms)
+    assert producer._producer.produced == []
+
+
+@pytest.mark.parametrize("slo_ms", [0.5, 80, 60_000])
+def test_producer_sends_an_slo_within_the_range_as_the_deadline(producer, slo_ms):
+    from schemas import QueryEvent, decode_as
+
+    qid = producer.send_query("pets", np.zeros(3, np.float32), slo_ms=slo_ms)
+    [(topic, value)] = producer._producer.produced
+    event = decode_as(QueryEvent, value)
+    assert topic == "t.queries" and event.query_id == qid
+    assert event.deadline_us - event.created_us == int(slo_ms * 1000)

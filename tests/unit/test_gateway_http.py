@@ -20,7 +20,8 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError
 from clipstream.settings import Settings
 from frontend.gateway import create_app
-from frontend.gateway_http import RECEIVED_US, predict_app, stamped_protocol
+from frontend.gateway_http import RECEIVED_US, HTTPProblem, predict_app, stamped_protocol
+from frontend.gateway_kafka import KafkaBus
 from frontend.settings import GatewaySettings
 from registry.spec import ModelSpec, OutputSpec, TensorSpec
 from registry.topic import AppConfig, ModelConfig, RegistryView
@@ -462,6 +463,34 @@ def test_feedback_is_202_and_forwarded(client, bus):
     for bad in ({"query_id": "q3"}, {"label": 1}, {"query_id": "q", "reward": 2}, {"query_id": "q", "label": [1]}):
         assert client.post("/v1/apps/pets/feedback", json=bad).status_code == 422, bad
     assert len(bus.feedback) == 2
+
+
+def test_feedback_with_an_integer_label_beyond_int64_is_422_not_500(client, bus):
+    # big answers a regression value; 10**400 is a JSON integer no Avro long or double holds
+    for digits in ("1" + "0" * 400, str(2**63)):
+        r = client.post("/v1/apps/big/feedback", content=b'{"query_id": "q", "label": %s}' % digits.encode(),
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "int64 range" in r.json()["detail"], r.text
+    assert bus.feedback == []
+
+
+def test_feedback_that_kafka_bus_cannot_encode_is_422_not_500():
+    """The bus's own guard: a plain-label app takes any text, but a lone surrogate
+    (``"\\ud800"`` is valid JSON) has no UTF-8 for Avro, so the encode fails before Kafka."""
+    registry = FakeRegistry()
+    registry._view = RegistryView(apps={"tags": AppConfig("tags", "exp4", 30.0, "unknown", {}, ("m3",))},
+                                  models={"m3": ModelConfig("m3", "1", Path("/t"))})  # no spec: plain labels
+    bus = KafkaBus(Settings(topic_prefix="t."), "unit")
+    bus._loop, bus._producer = object(), object()  # type: ignore[assignment]  # "started"; neither is used
+    with TestClient(make_app(bus, registry)) as c:  # type: ignore[arg-type]
+        r = c.post("/v1/apps/tags/feedback", content=b'{"query_id": "q", "label": "\\ud800"}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "feedback cannot be stored" in r.json()["detail"], r.text
+    # a label past the double range, had it got by the route's check (OverflowError, not ValueError)
+    with pytest.raises(HTTPProblem) as caught:
+        asyncio.run(bus.publish_feedback(Feedback("q", "tags", None, 10**400, None, 1), b"q", 1.0))
+    assert caught.value.status == 422
+    assert bus._acked is None  # no producer was made for records that never encoded
 
 
 def test_readyz_metrics_and_openapi(client):

@@ -79,3 +79,27 @@ def test_untyped_inputs_without_a_model_spec():
         with pytest.raises(InputError):
             parse_untyped(bad)
     assert input_for([[1, 2, 3], [4, 5, 6]], GRID).dtype == np.float32
+
+
+@pytest.mark.parametrize("value", [2**63, [2**63], [[1, 2], [3, 2**63]], [2**63, -1], [2**64], [-(2**63) - 1],
+                                   [10**400], [np.uint64(2**63)]])
+def test_untyped_integers_outside_int64_are_refused_not_wrapped(value):
+    # numpy reads these as uint64 (which int64 would wrap to negatives), float64 or objects
+    with pytest.raises(InputError, match="outside the int64 range"):
+        parse_untyped(value)
+
+
+def test_untyped_integers_at_the_int64_bounds_pass_unchanged():
+    arr = parse_untyped([2**63 - 1, -(2**63)])
+    assert arr.dtype == np.int64 and arr.tolist() == [2**63 - 1, -(2**63)]
+    assert parse_untyped([np.int64(3), 4]).tolist() == [3, 4]
+    assert parse_untyped([[0.5, 2**63]]).dtype == np.float32  # a number list with a fraction is floats
+
+
+@pytest.mark.parametrize(("value", "where"), [([True, 1], r"input\[0\]"), ([[1, 2], [3, False]], r"input\[1\]\[1\]"),
+                                              ([1.5, True], r"input\[1\]"), ([np.True_, 2], r"input\[0\]")])
+def test_untyped_booleans_inside_lists_are_refused_as_a_bare_one_is(value, where):
+    with pytest.raises(InputError, match=where + " is a boolean, expected a number"):
+        parse_untyped(value)
+    with pytest.raises(InputError, match="a boolean, expected numbers"):
+        parse_untyped(True)

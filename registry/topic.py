@@ -310,8 +310,8 @@ class RegistryWriter:
         policy_config: dict[str, float] | None = None,
     ) -> None:
         check_name("app", name)
-        if slo_ms <= 0:
-            raise ConfigError(f"app {name}: slo_ms must be positive")
+        if not 0 < slo_ms < float("inf"):  # a NaN compares false too
+            raise ConfigError(f"app {name}: slo_ms must be a positive finite number, not {slo_ms!r}")
         self._put(f"app:{name}", App(
             name=name,
             policy=policy,

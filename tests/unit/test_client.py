@@ -184,3 +184,18 @@ def test_producer_sends_an_slo_within_the_range_as_the_deadline(producer, slo_ms
     event = decode_as(QueryEvent, value)
     assert topic == "t.queries" and event.query_id == qid
     assert event.deadline_us - event.created_us == int(slo_ms * 1000)
+
+
+@pytest.mark.parametrize("label", [10**400, 2**63, float("nan"), [1, 2]])
+def test_producer_refuses_feedback_no_app_could_take(producer, label):
+    with pytest.raises(InputError, match="feedback label: "):
+        producer.send_feedback("pets", "q1", label=label)
+    assert producer._producer.produced == []
+
+
+def test_producer_sends_feedback_with_an_int64_label(producer):
+    from schemas import Feedback, decode_as
+
+    producer.send_feedback("pets", "q1", label=2**63 - 1)
+    [(_, value)] = producer._producer.produced
+    assert decode_as(Feedback, value).label == 2**63 - 1

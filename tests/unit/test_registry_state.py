@@ -8,7 +8,7 @@ import pytest
 
 from clipstream.errors import ConfigError, DecodeError
 from registry.appfile import load_app_file
-from registry.topic import RegistryState
+from registry.topic import RegistryState, RegistryWriter
 from schemas import App, Link, Model, encode
 
 MODEL_YAML = """backend: python
@@ -133,3 +133,11 @@ def test_an_app_file_groups_models_that_take_the_same_input(tmp_path):
     f.write_text(models + "  - {name: g, path: models/a/1}\n")
     with pytest.raises(ConfigError, match="group 'g' has the name of a model"):
         load_app_file(f)
+
+
+@pytest.mark.parametrize("slo_ms", [0.0, -1.0, float("nan"), float("inf")])
+def test_the_writer_refuses_an_slo_no_query_could_keep(slo_ms: float) -> None:
+    writer = object.__new__(RegistryWriter)  # the check comes before any Kafka work
+    writer._put = lambda *a: pytest.fail("written")  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match="slo_ms must be a positive finite number"):
+        writer.app("a", "exp4", slo_ms)

@@ -44,7 +44,7 @@ class Backoff:
     ``max_s``, never a give-up (a stage that cannot start keeps being tried, slowly, and says
     why each time). A stage that served ``healthy_s`` before it died starts over at ``first_s``."""
 
-    def __init__(self, first_s: float = 0.1, max_s: float = 30.0, healthy_s: float = 60.0):
+    def __init__(self, first_s: float = 0.1, max_s: float = 30.0, healthy_s: float = 60.0) -> None:
         if not 0 < first_s <= max_s or healthy_s <= 0:
             raise ValueError(f"backoff needs 0 < first_s <= max_s and healthy_s > 0, "
                              f"got {first_s}, {max_s}, {healthy_s}")
@@ -96,7 +96,7 @@ class Supervisor:
 
     def __init__(self, log_dir: Path, report: Report = print, heartbeat_timeout_s: float = 15.0,
                  healthy_s: float = 60.0, backoff_first_s: float = 0.1, backoff_max_s: float = 30.0,
-                 kill_grace_s: float = 5.0, spare_after_s: float = SPARE_AFTER_S):
+                 kill_grace_s: float = 5.0, spare_after_s: float = SPARE_AFTER_S) -> None:
         self.log_dir = log_dir
         self.spare_after_s = spare_after_s
         self.log_dir.mkdir(parents=True, exist_ok=True)

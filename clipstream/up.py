@@ -100,7 +100,7 @@ class Pipeline:
     """Keeps the batcher(s) and one worker per replica in step with the registry."""
 
     def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = True,
-                 targets: MetricTargets | None = None, batcher_members: int = 1, spares: bool = False):
+                 targets: MetricTargets | None = None, batcher_members: int = 1, spares: bool = False) -> None:
         self.supervisor = supervisor
         self.spares = spares  # each stage keeps a spare process (docs/design/0062)
         self.batcher_members = batcher_members

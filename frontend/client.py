@@ -28,7 +28,7 @@ __all__ = [
 class GatewayError(ClipstreamError):
     """The gateway answered with an error status; ``reason`` is its one-line explanation."""
 
-    def __init__(self, status: int | None, reason: str, retry_after: float | None = None):
+    def __init__(self, status: int | None, reason: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status}: {reason}" if status else reason)
         self.status, self.reason, self.retry_after = status, reason, retry_after
 

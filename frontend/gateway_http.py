@@ -64,7 +64,7 @@ def stamped_protocol() -> type | None:
 class HTTPProblem(Exception):
     """An answer other than 200: status, one-line reason, extra headers."""
 
-    def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None):
+    def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status, self.detail, self.headers = status, detail, dict(headers or {})
 

@@ -174,7 +174,7 @@ class RegistryFollower:
     """Reads the registry topic from the beginning in a thread and keeps a current view."""
 
     def __init__(self, settings: Settings, on_change: Callable[[RegistryView], None] | None = None,
-                 idle_poll_s: float = IDLE_POLL_S):
+                 idle_poll_s: float = IDLE_POLL_S) -> None:
         self._settings = settings
         self._idle_poll_s = idle_poll_s  # how soon ``stop`` is seen: short for a one-off read
         self._topic = Catalogue.from_settings(settings).registry.name
@@ -284,7 +284,7 @@ def read_view(settings: Settings, timeout_s: float = 30.0) -> RegistryView:
 class RegistryWriter:
     """Publishes registry records; one producer for a group of changes."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings) -> None:
         ensure_core_topics(settings)
         self._topic = Catalogue.from_settings(settings).registry.name
         self._producer = Producer(producer_config(settings, acks="all"))

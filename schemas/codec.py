@@ -39,7 +39,7 @@ class RecordSchema:
 class Codec:
     """Encodes and decodes clipstream records by short name (``"QueryEvent"``, ...)."""
 
-    def __init__(self, schema_dir: Path = SCHEMA_DIR, names: tuple[str, ...] = RECORD_NAMES):
+    def __init__(self, schema_dir: Path = SCHEMA_DIR, names: tuple[str, ...] = RECORD_NAMES) -> None:
         self._by_name: dict[str, RecordSchema] = {}
         self._by_fingerprint: dict[int, RecordSchema] = {}
         for name in names:

@@ -139,7 +139,7 @@ class Heartbeat:
     thread makes a hung selector even while its join loop still turns. The seconds are
     CLOCK_MONOTONIC (``time.monotonic``), one clock for every process on the host."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, every_s: float = HEARTBEAT_EVERY_S):
+    def __init__(self, path: str | os.PathLike[str] | None, every_s: float = HEARTBEAT_EVERY_S) -> None:
         self.path = Path(path) if path else None
         self.every_s = every_s
         self.last: dict[str, float] = {}

@@ -28,7 +28,7 @@ class Tap:
     expired predictions or its batch sizes."""
 
     def __init__(self, settings: Settings, served: list[str], labels: list[Any],
-                 since_ms: int | None = None):
+                 since_ms: int | None = None) -> None:
         """``served``: the models, or groups, whose batches it sizes."""
         cat = Catalogue.from_settings(settings)
         self._topics = [cat.predictions.name] + [cat.batch_stats(m).name for m in served]

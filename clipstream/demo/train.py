@@ -93,7 +93,7 @@ def train_torch_mlp(x: np.ndarray, y: np.ndarray, seed: int = 0) -> bytes:
         opt.step()
 
     class Scaled(torch.nn.Module):
-        def __init__(self, inner: torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
             self.inner = inner
 

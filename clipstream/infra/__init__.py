@@ -42,6 +42,12 @@ __all__ = [
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
+def last_line(result: subprocess.CompletedProcess[str]) -> str:
+    """What a failed tool said last (its stderr, else its stdout), for a one-line error."""
+    lines = (result.stderr or result.stdout or "").strip().splitlines()
+    return lines[-1] if lines else f"exit code {result.returncode}"
+
+
 def require_binary(name: str, install_hint: str) -> str:
     """Path of ``name`` on PATH, or an InfraError that tells the user how to install it."""
     path = shutil.which(name)

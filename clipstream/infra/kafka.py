@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipstream.errors import InfraError
-from clipstream.infra import file_lock, require_binary, spawn_detached
+from clipstream.infra import file_lock, last_line, require_binary, spawn_detached
 from clipstream.infra.readiness import MetadataProbe, kafka_answers  # noqa: F401 (re-exported)
 from clipstream.settings import Settings
 
@@ -309,9 +309,7 @@ def format_storage(
         argv += ["--add-scram", user]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        why = lines[-1] if lines else f"exit code {result.returncode}"
-        raise InfraError(f"formatting Kafka storage in {files.data_dir} failed: {why}; remove "
+        raise InfraError(f"formatting Kafka storage in {files.data_dir} failed: {last_line(result)}; remove "
                          f"{files.data_dir} (or run `clipstream infra down`) and retry")
     return True
 

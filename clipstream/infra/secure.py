@@ -17,7 +17,7 @@ from typing import Any
 
 from clipstream.errors import InfraError
 from clipstream.infra import kafka as kafka_mod
-from clipstream.infra import require_binary
+from clipstream.infra import last_line, require_binary
 from clipstream.settings import Settings
 
 MECHANISM = "SCRAM-SHA-512"
@@ -83,9 +83,7 @@ def _openssl(argv: list[str], folder: Path) -> str:
     last line, not a CalledProcessError traceback."""
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        why = lines[-1] if lines else f"exit code {result.returncode}"
-        raise InfraError(f"openssl {argv[1]} failed making the broker's certificates in {folder}: {why}; "
+        raise InfraError(f"openssl {argv[1]} failed making the broker's certificates in {folder}: {last_line(result)}; "
                          f"check that {folder} is writable and `openssl version` runs, then retry")
     return result.stdout
 

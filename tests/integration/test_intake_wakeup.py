@@ -18,6 +18,7 @@ from topics import consumer_config, producer_config
 from topics.admin import ensure_topics
 from topics.catalogue import TopicSpec
 from topics.intake import Intake
+from topics.stage import IDLE_POLL_S
 from topics.wakeup import attach
 
 pytestmark = pytest.mark.integration
@@ -124,7 +125,8 @@ def test_stopped_from_another_thread_the_pipe_is_closed_and_later_records_go_now
         after: list[bytes] = []
         intake._deliver = lambda records: after.extend(v for v, _ in records)
         await loop.run_in_executor(None, _send, settings, topic, [b"after"])
-        await asyncio.sleep(0.2)  # give a wrongly kept reader the chance to fire
+        # give a wrongly kept reader the chance to fire: past an idle poll, twice over
+        await asyncio.sleep(2 * IDLE_POLL_S)
         return got, fd, after
 
     got, fd, after = asyncio.run(main())

@@ -72,7 +72,6 @@ def ensemble_says(log_w: list[float]) -> Any:
 
 
 def test_answers_and_learning_survive_a_frozen_redis(settings: Settings, tmp_path: Path) -> None:
-    pytest.importorskip("batchers.cli")
     assert ensemble_says([0.0, 0.0]) == 0 and ensemble_says([0.0, -2.0]) == 1  # the premise above
     port = _free_port()
     server = start_redis(port, tmp_path / "redis", die_with_parent=True)
@@ -164,6 +163,8 @@ def test_answers_and_learning_survive_a_frozen_redis(settings: Settings, tmp_pat
             after = wait_until(lambda: (s := state(r, key)) and s["n_observed"] >= n and s, 30,
                                "the feedback sent during the freeze to be applied")
             assert after["n_observed"] == n
+            time.sleep(1.0)  # a feedback applied twice would show within a second: none does
+            assert state(r, key)["n_observed"] == n
             assert after["log_w"] == pytest.approx([0.0, learned["log_w"][1] - ETA * FEEDBACK_IN_FREEZE])
     finally:
         client.close()

@@ -24,7 +24,6 @@ pytestmark = pytest.mark.integration
 
 
 def test_pipeline_answers_by_the_deadline_without_the_straggler(settings: Settings, redis_client: Any, tmp_path: Path) -> None:
-    pytest.importorskip("batchers.cli")
     ensure_core_topics(settings)
     sfx = uuid.uuid4().hex[:6]  # unique model names: the prediction cache in Redis is shared
     models = python_models(tmp_path, f"-{sfx}", slow_s=2.0, flip=False)

@@ -18,6 +18,7 @@ import topics.intake as intake_mod
 import topics.stage as stage_mod
 from clipstream.errors import DecodeError, InfraError
 from clipstream.settings import Settings
+from clipstream.testing.procs import wait_until
 from schemas import DeadLetter, decode_as
 from tests.fakes import FakeMsg as Msg
 from topics.deadletters import COUNTS, DeadLetters, dead_letter_record, dead_letter_value, source_of
@@ -307,7 +308,7 @@ def test_send_waiting_polls_while_the_local_queue_is_full(monkeypatch: pytest.Mo
 def test_the_polling_thread_stops_at_close(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(emitter_mod, "Producer", FakeProducer)
     e = Emitter(Settings()).start_polling(0.001)
-    threading.Event().wait(0.05)
+    wait_until(lambda: e.producer.polls > 0, 5, "the polling thread to poll")  # type: ignore[attr-defined]
     assert e.close(0.1) == 0
     polls = e.producer.polls  # type: ignore[attr-defined]
     threading.Event().wait(0.02)

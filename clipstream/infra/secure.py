@@ -83,8 +83,9 @@ def _openssl(argv: list[str], folder: Path) -> str:
     last line, not a CalledProcessError traceback."""
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
-        raise InfraError(f"openssl {argv[1]} failed making the broker's certificates in {folder}: {last_line(result)}; "
-                         f"check that {folder} is writable and `openssl version` runs, then retry")
+        raise InfraError(f"openssl {argv[1]} failed making the broker's certificates in {folder}: "
+                         f"{last_line(result)}; check that {folder} is writable and `openssl version` runs, "
+                         "then retry")
     return result.stdout
 
 

@@ -1,6 +1,7 @@
 """Hostile records against the real selector (the test plays batcher and worker) and batcher:
 a policy import path that would run a command, records that do not decode or are of the wrong
-type, a tensor with more than 64 dims, feedback sent 2,000 times or aimed at another context
+type, a tensor with more than 64 dims, a query asking for its answer on the registry topic,
+feedback sent 2,000 times or aimed at another context
 or with a label of the wrong type. Each becomes a dead letter with its reason and source; a
 query among them still gets a Response, and the stage goes on serving."""
 
@@ -20,6 +21,8 @@ from hypothesis import strategies as st
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
+from frontend.producer import ResponseReader
+from registry.topic import read_view
 from schemas import (
     Batch,
     BatchStats,
@@ -107,6 +110,20 @@ def test_the_selector_survives_hostile_records_and_refuses_import_paths(
             _dead(settings, "undecodable query", payload=b"\x00garbage")
             _dead(settings, "expected a QueryEvent record, got a Feedback")
             _dead(settings, "undecodable predictions")
+
+            # a query that asks for its answer on the registry: a dead letter, its default on responses
+            with ResponseReader(settings) as responses:
+                now = now_us()
+                astray = QueryEvent(query_id=uuid.uuid4().hex, app=app, context=None,
+                                    input=Tensor.of(np.array([0.1, 0.9], np.float32)), created_us=now,
+                                    deadline_us=now + 2_000_000, reply_topic=cat.registry.name, reply_partition=0)
+                client.producer.produce(cat.queries.name, encode(astray), key=astray.query_id.encode())
+                client.producer.flush(5)
+                got = responses.collect({astray.query_id}, timeout_s=20)[astray.query_id]
+            assert got.is_default and got.output == -1 and repr(cat.registry.name) in got.default_reason
+            dead = _dead(settings, f"reply_topic {cat.registry.name!r}")
+            assert dead.stage == "selector" and dead.query_id == astray.query_id
+            assert read_view(settings).app(app) is not None  # the registry still reads
 
             # still serving: a good query gets every model's answer
             rec, _ = client.answer(client.query([0.1, 0.9], app, slo_ms=2000).query_id)

@@ -1,9 +1,9 @@
 """Hostile records against the real selector (the test plays batcher and worker) and batcher:
 a policy import path that would run a command, records that do not decode or are of the wrong
 type, a tensor with more than 64 dims, a query asking for its answer on the registry topic,
-feedback sent 2,000 times or aimed at another context
-or with a label of the wrong type. Each becomes a dead letter with its reason and source; a
-query among them still gets a Response, and the stage goes on serving."""
+feedback sent 2,000 times or aimed at another context or with a label of the wrong type. Each
+becomes a dead letter with its reason and source; a query among them still gets a Response,
+and the stage goes on serving."""
 
 from __future__ import annotations
 

@@ -18,9 +18,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Any
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from confluent_kafka import Producer
@@ -29,6 +27,7 @@ from batchers.aimd import AIMD
 from batchers.cache import cache_key
 from batchers.core import BatcherCore, Pending, prediction
 from batchers.dispatch import Dispatcher
+from batchers.fan_out import FanOut
 from batchers.offsets import RequestOffsets, Where
 from batchers.outputs import Out, Outputs
 from batchers.settings import BatcherSettings
@@ -39,7 +38,7 @@ from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_cl
 from clipstream.settings import Settings
 from registry.spec import ModelSpec
 from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
-from topics.catalogue import Catalogue, valid_name
+from topics.catalogue import Catalogue
 from topics.emitter import Emitter
 from topics.intake import Record
 from topics.markers import marker_version
@@ -62,7 +61,7 @@ class ModelSetup:
     members: dict[str, str | None] = field(default_factory=dict)  # a group's: name -> version
 
 
-class BatcherService(Outputs):
+class BatcherService(Outputs, FanOut):
     """Decode, look up, queue, batch, produce: the I/O around one model's ``BatcherCore``."""
 
     def __init__(self, settings: Settings, bs: BatcherSettings, model: ModelSetup,
@@ -143,53 +142,6 @@ class BatcherService(Outputs):
         if others:
             self._fan_out(request, others, arrival, where, value)
         self._take(request, arrival, where, value)
-
-    def _others(self, request: ModelRequest) -> list[str]:
-        """The models a request names that this service does not serve."""
-        return [name for name in request.also if name != self.model.name]
-
-    def _fan_out(self, request: ModelRequest, names: list[str], arrival: int, where: Where,
-                 value: bytes | None) -> None:
-        """An ensemble's query asks its other models in the same record (docs/design/0082): the
-        ones this process serves take their part here (a group all of its members' in one
-        part); each other one goes on to its own topic, at the same partition, for the batcher
-        that serves it. The record is done once every part is."""
-        bad: list[str] = []
-        parts: dict[int, tuple[BatcherService, list[str]]] = {}
-        for name in dict.fromkeys(names):  # each part counted once handed on: a failure leaves none open
-            sibling = self.siblings.get(name)
-            if sibling is not None:
-                parts.setdefault(id(sibling), (sibling, []))[1].append(name)
-            elif not valid_name(name):
-                bad.append(name)
-            else:
-                part = replace(request, model=name, also=[], trace=dict(request.trace))
-                self.producer.produce(self.cat.requests(name).name, encode(part), partition=where[1],
-                                      on_delivery=partial(self._forwarded, where))
-                self.counts["forwarded"] += 1
-                if self.offsets is not None:
-                    self.offsets.more(where, 1)
-        for sibling, asked in parts.values():
-            sibling._take(replace(request, model=asked[0], also=asked[1:], trace=dict(request.trace)),
-                          arrival, where, value)
-            sibling.arrived_event.set()
-            if self.offsets is not None:
-                self.offsets.more(where, 1)
-        if bad:
-            self.outbox.append(self._deadletter_record(
-                f"bad request: model names {bad!r} are not allowed", value, where, request.query_id))
-
-    def _forwarded(self, where: Where, err: Any, msg: Any) -> None:
-        """A part passed on to its model's topic was delivered, or never will be (no such
-        topic, say): a dead letter says so, and either way the record's part is done. Delivery
-        reports run on the loop (``Emitter.serve_reports``, ``_send_all``)."""
-        if err is not None:
-            self.outbox.append(self._deadletter_record(
-                f"could not pass the request on to {msg.topic()}: {err}", msg.value(), where))
-            self.arrived_event.set()
-        self._delivered(err, msg)
-        if self.offsets is not None:
-            self.offsets.done([where])
 
     def _take(self, request: ModelRequest, arrival: int, where: Where, value: bytes | None) -> None:
         """One model's request, decoded: checked against the model's input, then queued."""

@@ -180,7 +180,11 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
     # the body first, within its deadline: a caller trickling it holds no admission slot
-    raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s)
+    state.reading += 1
+    try:
+        raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s)
+    finally:
+        state.reading -= 1
     if state.late_for(cfg.slo_ms):
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
     inflight, waited_ms = await state.admit(cfg.name, cfg.slo_ms)  # the slot is held from parsing to the answer

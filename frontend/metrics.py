@@ -45,7 +45,7 @@ class GatewayMetrics:
     """Requests by route and status, queries and answers per app, latency, defaults, refusals."""
 
     def __init__(self, inflight: Callable[[], float], limit: Callable[[], float] = lambda: 0.0,
-                 waiting: Callable[[], float] = lambda: 0.0) -> None:
+                 waiting: Callable[[], float] = lambda: 0.0, reading: Callable[[], float] = lambda: 0.0) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.requests = Labelled(Family(
             "clipstream_gateway_requests", "HTTP requests by route and status code.",
@@ -90,6 +90,10 @@ class GatewayMetrics:
         g = Gauge("clipstream_gateway_admission_waiting",
                   "Predict requests waiting for a slot under the admission limit.", registry=r)
         g.set_function(lambda: float(waiting()))
+        # bodies still arriving hold no slot (a slow sender must not block the others): seen here
+        g = Gauge("clipstream_gateway_reading_bodies",
+                  "Predict requests whose body is still being received (they hold no admission slot).", registry=r)
+        g.set_function(lambda: float(reading()))
         # the stages of queries answered straight from their model, which no selector sees
         self.stages = StageLatency(r)
         self._per_app: dict[str, tuple[Any, Any, Any, Any, Any]] = {}

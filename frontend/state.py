@@ -71,6 +71,7 @@ class GatewayState:
         # flight when its slot was taken on its behalf (None: the wait ran out)
         self._waiting: deque[asyncio.Future[int | None]] = deque()
         self.waiting = 0
+        self.reading = 0  # predict requests whose body is still arriving (no slot held)
         self._took: dict[str, RecentTimes] = {}  # per app: how long the pipeline took lately
         ceiling = gw.max_inflight
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)
@@ -78,7 +79,8 @@ class GatewayState:
         self.lags: deque[float] = deque(maxlen=3)  # the watcher's last wake-ups, ms late
         self.lag_ticks = 0  # the watcher's ticks so far (none while it is parked)
         self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
-        self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit, lambda: self.waiting)
+        self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit, lambda: self.waiting,
+                                      lambda: self.reading)
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:
         """How late the event loop wakes up: a late loop means callers already wait in line.

@@ -8,7 +8,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from clipstream.settings import Settings
+from clipstream.testing.procs import wait_until
 from registry.topic import RegistryWriter
 from tests.integration.test_gateway import APP_SLO_MS, GOOD, MODEL_YAML, FakeSelector, GatewayProcess
 
@@ -93,8 +93,10 @@ def test_slow_bodies_hold_no_admission_slot_and_get_408(gateway: GatewayProcess)
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
     try:
-        time.sleep(0.3)  # every slow request is in, its body trickling
         with httpx.Client(base_url=gateway.url, timeout=5) as http:
+            # every slow request is in, its body trickling, before the good ones come
+            wait_until(lambda: f"clipstream_gateway_reading_bodies {2 * LIMIT}.0" in http.get("/metrics").text, 10,
+                       "the gateway to be reading every slow body")
             for _ in range(3 * LIMIT):
                 r = http.post("/v1/apps/pets/predict", json={"input": GOOD})
                 assert r.status_code == 200, r.text  # no slot is held by the slow ones
@@ -105,6 +107,8 @@ def test_slow_bodies_hold_no_admission_slot_and_get_408(gateway: GatewayProcess)
     for a in answers:
         assert a.startswith(b"HTTP/1.1 408"), a[:200]
         assert b"not received within 1.5 s" in a
+    with httpx.Client(base_url=gateway.url, timeout=5) as http:  # a body given up is no longer counted
+        assert "clipstream_gateway_reading_bodies 0.0" in http.get("/metrics").text
 
 
 def test_a_4mb_body_gets_a_readable_413(gateway: GatewayProcess) -> None:

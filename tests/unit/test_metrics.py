@@ -261,3 +261,13 @@ def test_the_page_gets_only_the_rows_it_has_not_seen():
     assert newer["t"] == [102.0]
     assert next(p for p in newer["panels"] if p["id"] == "weights")["series"] == {"d: m": [0.5]}
     assert series.to_json(since=102.0)["t"] == []
+
+
+def test_the_gateway_counts_the_bodies_it_is_still_reading() -> None:
+    from frontend.metrics import GatewayMetrics
+
+    reading = [0]
+    gateway = GatewayMetrics(lambda: 0, reading=lambda: reading[0])
+    assert "clipstream_gateway_reading_bodies 0.0" in gateway.render()
+    reading[0] = 7
+    assert "clipstream_gateway_reading_bodies 7.0" in gateway.render()

@@ -135,7 +135,13 @@ def test_metrics_after_known_traffic(pipeline):
     middle = scrape_kind(p, "batcher")
     for v in repeated:  # the same inputs again, one at a time: each a cache hit for each model
         predict_admitted(p.client, p.app, v.tolist())
-    after = {k: scrape_kind(p, k) for k in ("gateway", "selector", "batcher")}
+    def settled() -> dict[str, Samples] | None:  # a selector counts an answer just after sending it
+        now = {k: scrape_kind(p, k) for k in ("gateway", "selector", "batcher")}
+        name = "clipstream_selector_answers_total"
+        done = total(now["selector"], name, app=p.app) - total(before["selector"], name, app=p.app)
+        return now if done >= sent + REPEATS else None
+
+    after = wait_until(settled, 10, "the selectors to count every answer")
 
     def delta(kind: str, name: str, start: Samples | None = None, **labels: str) -> float:
         old = before[kind] if start is None else start

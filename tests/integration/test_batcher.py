@@ -21,7 +21,7 @@ from schemas import Batch, DeadLetter, Predictions, Tensor, decode_as, encode
 from tests.integration.batcher_harness import preds_of, uniq
 from topics.markers import is_handover, ready_marker
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays a neighbouring stage
 
 def test_hit_skips_the_worker_miss_is_batched_bad_input_is_dead_lettered(
     run_batcher: Any, wire: Any, redis_client: Any

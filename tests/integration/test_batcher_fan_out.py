@@ -20,7 +20,7 @@ from tests.integration.batcher_harness import uniq
 from topics import consumer_config
 from topics.admin import ensure_model_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays a neighbouring stage
 
 
 def test_one_record_is_batched_for_each_model_served_and_forwarded_for_the_other(

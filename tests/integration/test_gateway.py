@@ -39,7 +39,7 @@ from clipstream.testing.procs import predict_admitted, stop_process, wait_until
 from topics import Catalogue, TopicSpec, consumer_config, producer_config
 from topics.admin import ensure_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays a neighbouring stage
 
 GOOD = [[1, 2, 3], [4, 5, 6]]
 APP_SLO_MS = 40.0

@@ -22,7 +22,7 @@ from clipstream.testing.procs import wait_until
 from registry.topic import RegistryWriter
 from tests.integration.test_gateway import APP_SLO_MS, GOOD, MODEL_YAML, FakeSelector, GatewayProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays a neighbouring stage
 
 LIMIT = 4  # admission slots: fewer than the slow callers below
 

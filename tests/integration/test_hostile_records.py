@@ -52,7 +52,7 @@ from topics.catalogue import Catalogue
 from topics.deadletters import latest
 from topics.deadletters_cli import deadletters
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays a neighbouring stage
 
 HUGE = Tensor(dtype="float32", shape=[1] * 65, data=b"\0" * 4)  # more dims than numpy allows
 

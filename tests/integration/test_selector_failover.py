@@ -34,7 +34,7 @@ from topics.client import admin_config, consumer_config
 from topics.membership import membership_config
 from topics.stage import FATAL_EXIT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays a neighbouring stage
 
 RATE_QPS = 40  # the steady load
 SLO_MS = 300.0

@@ -31,7 +31,7 @@ from topics.admin import ensure_core_topics, ensure_topics
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays a neighbouring stage
 ROOT = Path(__file__).resolve().parents[2]
 
 MODEL_SRC = """

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from clipstream.errors import InputError
+from registry.labels import INT64_MAX, INT64_MIN
 from registry.spec import TensorSpec
 
 _BOOL: frozenset[type] = frozenset({bool})
@@ -114,8 +115,8 @@ def parse_untyped(value: Any) -> np.ndarray:
         ints_only = bool(types) and all(issubclass(t, (int, np.integer)) for t in types)
         # numpy holds integers beyond int64 as uint64, float64 or objects; none is an int64 input
         if (ints_only and arr.dtype.kind in "fO") or (
-                arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max):
-            raise InputError(f"input holds an integer outside the int64 range [{-2**63}, {2**63 - 1}]")
+                arr.dtype.kind == "u" and arr.size and arr.max() > INT64_MAX):
+            raise InputError(f"input holds an integer outside the int64 range [{INT64_MIN}, {INT64_MAX}]")
     if arr.dtype.kind == "f":
         arr = arr.astype(np.float32)
     elif arr.dtype.kind in "iu":

@@ -162,8 +162,9 @@ class GatewayState:
         room_ms = slo_ms * self.gw.admission_slow_fraction - (took.value if took is not None else 0.0)
         wait_s = min(self.gw.admission_queue_share * slo_ms, room_ms) / 1000.0
         how = " (learnt from how fast the pipeline answers)" if self.gw.adaptive_admission else ""
+        at_limit = f"gateway at its limit of {self.limit} requests in flight{how}"
         if wait_s <= 0:
-            raise self.overloaded(f"gateway at its limit of {self.limit} requests in flight{how}")
+            raise self.overloaded(at_limit)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int | None] = loop.create_future()
         self._waiting.append(fut)
@@ -180,8 +181,7 @@ class GatewayState:
             timer.cancel()
             self.waiting -= 1
         if before is None:
-            raise self.overloaded(f"gateway at its limit of {self.limit} requests in flight{how}, "
-                                  f"and no slot freed within {wait_s * 1000:.0f} ms")
+            raise self.overloaded(f"{at_limit}, and no slot freed within {wait_s * 1000:.0f} ms")
         return before, (loop.time() - began) * 1000.0
 
     def cut_for_lag(self, now: int) -> None:

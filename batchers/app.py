@@ -45,7 +45,7 @@ from topics.stage import Task, announce_ready, beat_on_loop, run_tasks
 
 log = logging.getLogger("clipstream.batcher")
 
-__all__ = ["create_tasks", "deliver_by_topic", "group_name", "run"]
+__all__ = ["BatcherProcess", "create_tasks", "deliver_by_topic", "group_name", "run"]
 
 
 def group_name(settings: Settings, models: list[ModelSetup]) -> str:
@@ -84,110 +84,133 @@ def create_tasks(settings: Settings, bs: BatcherSettings, models: list[ModelSetu
     Several processes for the same models are members of one group that share the models'
     request partitions (docs/design/0024); ``member`` (else ``CLIPSTREAM_MEMBER``) makes this
     one a static member, so a restart gets its partitions back at once."""
-    if not models or len({m.name for m in models}) != len(models):
-        raise ConfigError(f"a batcher needs distinct models, got {[m.name for m in models]}")
-    cat = Catalogue.from_settings(settings)
-    group = group_name(settings, models)
-    member = _member(member or member_name())
-    label = ",".join(m.name for m in models)
-    holder: dict[str, Any] = {}
-    offsets = RequestOffsets()  # what this member may commit (docs/design/0024)
-    expose(batcher_registry(lambda: holder.get("s", {})))
+    return BatcherProcess(settings, bs, models, follower, member).tasks()
 
-    def services() -> dict[str, BatcherService]:
-        # created inside the running loop (asyncio primitives and the Redis pool bind to it)
-        if "s" not in holder:
-            emitter = Emitter(settings, name=f"batcher {label}")
-            redis = async_client(settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
-            guard = RedisGuard(sync_client(settings).ping, name="batcher")
-            holder["emitter"] = emitter
-            holder["s"] = {m.name: (GroupService if m.members else BatcherService)(
-                settings, bs, m, emitter.producer, redis, guard, offsets) for m in models}
+
+class BatcherProcess:
+    """What a batcher process's tasks share: its models' services, built lazily on the running
+    loop, and the intakes that feed them."""
+
+    def __init__(self, settings: Settings, bs: BatcherSettings, models: list[ModelSetup],
+                 follower: Any = None, member: str | None = None) -> None:
+        if not models or len({m.name for m in models}) != len(models):
+            raise ConfigError(f"a batcher needs distinct models, got {[m.name for m in models]}")
+        self.settings, self.bs, self.models, self.follower = settings, bs, models, follower
+        self.cat = Catalogue.from_settings(settings)
+        self.group = group_name(settings, models)
+        self.member = _member(member or member_name())
+        self.label = ",".join(m.name for m in models)
+        self.offsets = RequestOffsets()  # what this member may commit (docs/design/0024)
+        self._services: dict[str, BatcherService] = {}
+        self._emitter: Emitter | None = None
+        self._intakes: list[Intake] = []
+        expose(batcher_registry(lambda: self._services))
+
+    def tasks(self) -> list[Task]:
+        loops = [loop for m in self.models for loop in self._model_loops(m.name)]  # each model's own
+        return [self.read_topics, self.deliveries, *loops, self.announce]
+
+    def services(self) -> dict[str, BatcherService]:
+        """Created inside the running loop: asyncio primitives and the Redis pool bind to it."""
+        if not self._services:
+            self._emitter = Emitter(self.settings, name=f"batcher {self.label}")
+            redis = async_client(self.settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS)
+            guard = RedisGuard(sync_client(self.settings).ping, name="batcher")
+            services = {m.name: (GroupService if m.members else BatcherService)(
+                self.settings, self.bs, m, self._emitter.producer, redis, guard, self.offsets)
+                for m in self.models}
             # an ensemble's request record names them all; a group takes its members' requests
-            siblings = {**{member: holder["s"][m.name] for m in models for member in m.members}, **holder["s"]}
-            for service in holder["s"].values():
+            siblings = {**{member: services[m.name] for m in self.models for member in m.members}, **services}
+            for service in services.values():
                 service.siblings = siblings
-        return holder["s"]
+            self._services = services
+        return self._services
 
-    def route(accept: Callable[[BatcherService, list[Record]], None],
-              topic_model: dict[str, str]) -> Callable[[list[Record]], None]:
-        by_topic = {topic: services()[model] for topic, model in topic_model.items()}  # once, not per fetch
+    def _route(self, accept: Callable[[BatcherService, list[Record]], None],
+               topic_model: dict[str, str]) -> Callable[[list[Record]], None]:
+        by_topic = {topic: self.services()[model] for topic, model in topic_model.items()}  # once, not per fetch
         return lambda records: deliver_by_topic(records, by_topic, accept)
 
-    async def read_topics() -> None:
-        loop = asyncio.get_running_loop()
+    def _open_intakes(self, loop: asyncio.AbstractEventLoop) -> list[Intake]:
+        """Requests: a consumer group whose members share each model's partitions and store
+        only what is done. Worker reports: every member reads them all, with no group (a
+        member's own batches' reports give its credit back; the others' are ignored)."""
+        cat, bs, models = self.cat, self.bs, self.models
         requests = {cat.requests(n).name: m.name for m in models for n in (m.members or [m.name])}
         stats = {cat.batch_stats(m.name).name: m.name for m in models}
 
         def shares(owned: set[Part]) -> None:  # on the loop: each model's share of its replicas' credit
             for m in models:
                 topics = [t for t, name in requests.items() if name == m.name]
-                services()[m.name].share(sum(1 for t, _ in owned if t in topics),
-                                         sum(cat.requests(n).partitions for n in (m.members or [m.name])))
+                self.services()[m.name].share(sum(1 for t, _ in owned if t in topics),
+                                              sum(cat.requests(n).partitions for n in (m.members or [m.name])))
 
-        handover = RequestHandover(offsets, lambda owned: loop.call_soon_threadsafe(shares, owned))
-        # requests: a consumer group whose members share each model's partitions and store only
-        # what is done; worker reports: every member reads them all, with no group (a member's
-        # own batches' reports give its credit back; the others' are ignored)
-        intakes = [
-            Intake(settings, list(requests), f"{group}.requests", route(BatcherService.accept_group, requests),
+        handover = RequestHandover(self.offsets, lambda owned: loop.call_soon_threadsafe(shares, owned))
+        return [
+            Intake(self.settings, list(requests), f"{self.group}.requests",
+                   self._route(BatcherService.accept_group, requests),
                    fetch_max_wait_ms=bs.fetch_max_wait_ms, rebalance=handover,
                    **{"enable.auto.offset.store": False, "auto.commit.interval.ms": bs.commit_interval_ms,
                       "client.id": f"batcher-{socket.gethostname()}-{os.getpid()}"},  # names it in the group
-                   **LAG.config(f"{group}.requests"),
-                   **membership_config(settings, member, session_timeout_ms=bs.session_timeout_ms,
+                   **LAG.config(f"{self.group}.requests"),
+                   **membership_config(self.settings, self.member, session_timeout_ms=bs.session_timeout_ms,
                                        heartbeat_interval_ms=bs.heartbeat_interval_ms)),
-            Intake(settings, list(stats), group, route(BatcherService.accept_stats, stats),
+            Intake(self.settings, list(stats), self.group, self._route(BatcherService.accept_stats, stats),
                    fetch_max_wait_ms=bs.fetch_max_wait_ms, assign=[TopicPartition(t, 0) for t in stats],
-                   **LAG.config(group)),
+                   **LAG.config(self.group)),
         ]
-        holder["intakes"] = intakes
+
+    async def read_topics(self) -> None:
+        loop = asyncio.get_running_loop()
+        intakes = self._open_intakes(loop)
+        self._intakes = intakes
         for intake in intakes:
-            intake.start(asyncio.get_running_loop())
+            intake.start(loop)
         try:
             while True:  # the offsets of requests done, for the next auto-commit
                 await asyncio.sleep(0.1)
-                done = offsets.take()
+                done = self.offsets.take()
                 if done:
                     intakes[0].store(done)
         finally:
             for intake in intakes:
                 intake.stop()
 
-    async def deliveries() -> None:
-        services()
-        await holder["emitter"].serve_reports()
+    async def deliveries(self) -> None:
+        self.services()
+        assert self._emitter is not None
+        await self._emitter.serve_reports()
 
-    def model_loops(name: str) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+    def _model_loops(self, name: str) -> list[Callable[[], Coroutine[Any, Any, None]]]:
         async def lookups() -> None:
-            await services()[name].lookup_loop()
+            await self.services()[name].lookup_loop()
 
         async def batches() -> None:
-            await services()[name].batch_loop()
+            await self.services()[name].batch_loop()
 
         for loop in (lookups, batches):
             loop.__qualname__ = loop.__name__ = f"{loop.__name__}_{name}"
         return [lookups, batches]
 
-    async def announce() -> None:
-        while "intakes" not in holder or not all(i.ready.is_set() for i in holder["intakes"]):
+    async def announce(self) -> None:
+        """Ready once every intake is; then the loop's heartbeat, the registry's replicas and
+        versions followed, and a stats line whenever it changes."""
+        while not self._intakes or not all(i.ready.is_set() for i in self._intakes):
             await asyncio.sleep(0.05)
-        announce_ready("batcher", label)
+        announce_ready("batcher", self.label)
         beat_on_loop("batcher")  # the event loop's proof of life for `up`
         last: dict[str, str] = {}
+        interval = self.bs.stats_log_interval_s
         while True:
-            await asyncio.sleep(max(0.2, min(1.0, bs.stats_log_interval_s or 1.0)))
-            for name, svc in services().items():
-                if follower is not None:
-                    await _follow(svc, follower)
-                if bs.stats_log_interval_s:
+            await asyncio.sleep(max(0.2, min(1.0, interval or 1.0)))
+            for name, svc in self.services().items():
+                if self.follower is not None:
+                    await _follow(svc, self.follower)
+                if interval:
                     line = svc.stats_line()
                     if line != last.get(name):
                         print(f"stats: {line}", flush=True)
                         last[name] = line
-
-    loops = [loop for m in models for loop in model_loops(m.name)]  # each model's own, in one process
-    return [read_topics, deliveries, *loops, announce]
 
 
 def _member(name: str | None) -> str | None:

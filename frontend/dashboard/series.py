@@ -109,75 +109,11 @@ class Series:
 
     @staticmethod
     def row(old: Samples, new: Samples, dt: float, slos: Mapping[str, float]) -> Row:
-        def delta(name: str, *labels: str) -> dict[tuple[str, ...], float]:
-            a, b = by(old, name, *labels), by(new, name, *labels)
-            return {k: max(0.0, v - a.get(k, 0.0)) for k, v in b.items()}
-
-        def rate(name: str, *labels: str) -> dict[tuple[str, ...], float]:
-            return {k: v / dt for k, v in delta(name, *labels).items()} if dt > 0 else {}
-
+        w = _Window(old, new, dt)
         row: Row = {pid: {} for pid, _, _ in PANELS}
-        answers = rate("clipstream_selector_answers_total", "app")
-        # what the gateway answered of apps the selector did not (no selector scraped, or a
-        # one-model app whose queries go to its model straight, docs/design/0083)
-        gateway_answers = rate("clipstream_gateway_answers_total", "app", "outcome")
-        straight = {app for (app, _) in gateway_answers} - {app for (app,) in answers}
-        for (app, outcome), v in gateway_answers.items():
-            if app in straight:
-                answers[(app,)] = answers.get((app,), 0.0) + v
-        row["throughput"] = {app: v for (app,), v in answers.items()}
-        buckets = delta("clipstream_selector_answer_seconds_bucket", "app", "le")
-        buckets.update({k: v for k, v in delta("clipstream_gateway_query_seconds_bucket", "app", "le").items()
-                        if k[0] in straight})
-        per_app: dict[str, dict[float, float]] = {}
-        for (app, le), v in buckets.items():
-            per_app.setdefault(app, {})[float(le)] = v
-        for app, b in sorted(per_app.items()):
-            for q in (0.5, 0.99):
-                v = quantile(q, b)
-                row["latency"][f"{app} p{int(q * 100)}"] = None if v is None else v * 1000.0
-            if app in slos:
-                row["latency"][f"{app} SLO"] = float(slos[app])
-        outcomes = row["outcomes"]
-        for (outcome,), v in rate("clipstream_selector_answers_total", "outcome").items():
-            if outcome == "prediction":
-                outcomes["prediction"] = v
-        for (app, outcome), v in gateway_answers.items():
-            if app in straight and outcome in ("prediction", "default"):
-                key = "prediction" if outcome == "prediction" else "default: answered by the gateway"
-                outcomes[key] = outcomes.get(key, 0.0) + v
-        for (reason,), v in rate("clipstream_selector_defaults_total", "reason").items():
-            outcomes[f"default: {reason}"] = v
-        for (outcome,), v in rate("clipstream_gateway_answers_total", "outcome").items():
-            if outcome == "refused":
-                outcomes["refused (503)"] = v
-        batches = delta("clipstream_batcher_batches_total", "model", "replica")
-        items = delta("clipstream_batcher_batched_requests_total", "model", "replica")
-        for (model, replica), n in sorted(batches.items()):
-            row["batch_size"][f"{model}.{replica} mean"] = items.get((model, replica), 0.0) / n if n else None
-        for (model, replica), v in sorted(by(new, "clipstream_batcher_aimd_limit", "model", "replica").items()):
-            row["batch_size"][f"{model}.{replica} limit"] = v
-        row["queue"] = {m: v for (m,), v in sorted(by(new, "clipstream_batcher_queue_depth", "model").items())}
-        hits = delta("clipstream_batcher_cache_hits_total", "model")
-        requests = delta("clipstream_batcher_requests_total", "model")
-        row["cache"] = {m: (hits.get((m,), 0.0) / n if n else None) for (m,), n in sorted(requests.items())}
-        weights = by(new, "clipstream_policy_weight", "app", "model")
-        row["weights"] = {f"{app}: {model}": v for (app, model), v in sorted(weights.items())}
-        sums = delta("clipstream_stage_latency_seconds_sum", "segment")
-        counts = delta("clipstream_stage_latency_seconds_count", "segment")
-        row["breakdown"] = {s: (sums.get((s,), 0.0) / n * 1000.0 if n else None) for (s,), n in counts.items()}
-        for (app, model), v in sorted(rate("clipstream_selector_stragglers_total", "app", "model").items()):
-            row["stragglers"][f"stragglers {app}: {model}"] = v
-        for (app,), v in sorted(rate("clipstream_selector_defaults_total", "app").items()):
-            row["stragglers"][f"defaults {app}"] = v
-        for name, family in (("limit", "clipstream_gateway_admission_limit"),
-                             ("in flight", "clipstream_gateway_inflight"),
-                             ("waiting", "clipstream_gateway_admission_waiting")):
-            total = by(new, family).get(())  # summed over the gateway members
-            if total is not None:
-                row["admission"][name] = total
-        for (cause,), v in sorted(rate("clipstream_gateway_admission_cuts_total", "cause").items()):
-            row["admission"][f"cuts: {cause}"] = v
+        _answers(w, row, slos)
+        _models(w, row)
+        _cutoffs(w, row)
         return row
 
     def to_json(self, since: float | None = None) -> dict[str, Any]:
@@ -194,3 +130,96 @@ class Series:
             series = {name: [row[pid].get(name) for _, row in rows] for name in sorted(names)}
             panels.append({"id": pid, "title": title, "unit": unit, "series": series})
         return {"t": times, "panels": panels}
+
+
+class _Window:
+    """Two merged scrapes ``dt`` seconds apart: counters as increases or rates over the window,
+    gauges as the newer scrape holds them."""
+
+    def __init__(self, old: Samples, new: Samples, dt: float) -> None:
+        self.old, self.new, self.dt = old, new, dt
+
+    def delta(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        a, b = by(self.old, name, *labels), by(self.new, name, *labels)
+        return {k: max(0.0, v - a.get(k, 0.0)) for k, v in b.items()}
+
+    def rate(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        return {k: v / self.dt for k, v in self.delta(name, *labels).items()} if self.dt > 0 else {}
+
+    def gauge(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        return by(self.new, name, *labels)
+
+
+def _answers(w: _Window, row: Row, slos: Mapping[str, float]) -> None:
+    """Throughput, latency and outcomes: the selector's counts, plus the gateway's for apps no
+    selector answered (no selector scraped, or a one-model app whose queries go to its model
+    straight, docs/design/0083)."""
+    answers = w.rate("clipstream_selector_answers_total", "app")
+    gateway_answers = w.rate("clipstream_gateway_answers_total", "app", "outcome")
+    straight = {app for (app, _) in gateway_answers} - {app for (app,) in answers}
+    for (app, outcome), v in gateway_answers.items():
+        if app in straight:
+            answers[(app,)] = answers.get((app,), 0.0) + v
+    row["throughput"] = {app: v for (app,), v in answers.items()}
+    buckets = w.delta("clipstream_selector_answer_seconds_bucket", "app", "le")
+    buckets.update({k: v for k, v in w.delta("clipstream_gateway_query_seconds_bucket", "app", "le").items()
+                    if k[0] in straight})
+    per_app: dict[str, dict[float, float]] = {}
+    for (app, le), v in buckets.items():
+        per_app.setdefault(app, {})[float(le)] = v
+    for app, b in sorted(per_app.items()):
+        for q in (0.5, 0.99):
+            v = quantile(q, b)
+            row["latency"][f"{app} p{int(q * 100)}"] = None if v is None else v * 1000.0
+        if app in slos:
+            row["latency"][f"{app} SLO"] = float(slos[app])
+    outcomes = row["outcomes"]
+    for (outcome,), v in w.rate("clipstream_selector_answers_total", "outcome").items():
+        if outcome == "prediction":
+            outcomes["prediction"] = v
+    for (app, outcome), v in gateway_answers.items():
+        if app in straight and outcome in ("prediction", "default"):
+            key = "prediction" if outcome == "prediction" else "default: answered by the gateway"
+            outcomes[key] = outcomes.get(key, 0.0) + v
+    for (reason,), v in w.rate("clipstream_selector_defaults_total", "reason").items():
+        outcomes[f"default: {reason}"] = v
+    for (outcome,), v in w.rate("clipstream_gateway_answers_total", "outcome").items():
+        if outcome == "refused":
+            outcomes["refused (503)"] = v
+
+
+def _models(w: _Window, row: Row) -> None:
+    """The batchers' and policies' panels: batch sizes and limits, queues, cache hits,
+    weights, and each stage's share of the latency."""
+    batches = w.delta("clipstream_batcher_batches_total", "model", "replica")
+    items = w.delta("clipstream_batcher_batched_requests_total", "model", "replica")
+    for (model, replica), n in sorted(batches.items()):
+        row["batch_size"][f"{model}.{replica} mean"] = items.get((model, replica), 0.0) / n if n else None
+    for (model, replica), v in sorted(w.gauge("clipstream_batcher_aimd_limit", "model", "replica").items()):
+        row["batch_size"][f"{model}.{replica} limit"] = v
+    row["queue"] = {m: v for (m,), v in sorted(w.gauge("clipstream_batcher_queue_depth", "model").items())}
+    hits = w.delta("clipstream_batcher_cache_hits_total", "model")
+    requests = w.delta("clipstream_batcher_requests_total", "model")
+    row["cache"] = {m: (hits.get((m,), 0.0) / n if n else None) for (m,), n in sorted(requests.items())}
+    weights = w.gauge("clipstream_policy_weight", "app", "model")
+    row["weights"] = {f"{app}: {model}": v for (app, model), v in sorted(weights.items())}
+    sums = w.delta("clipstream_stage_latency_seconds_sum", "segment")
+    counts = w.delta("clipstream_stage_latency_seconds_count", "segment")
+    row["breakdown"] = {s: (sums.get((s,), 0.0) / n * 1000.0 if n else None) for (s,), n in counts.items()}
+
+
+def _cutoffs(w: _Window, row: Row) -> None:
+    """Where queries were cut short: stragglers and defaults at the selector, and the gateway's
+    admission (its gauges summed over the gateway members)."""
+    for (app, model), v in sorted(w.rate("clipstream_selector_stragglers_total", "app", "model").items()):
+        row["stragglers"][f"stragglers {app}: {model}"] = v
+    for (app,), v in sorted(w.rate("clipstream_selector_defaults_total", "app").items()):
+        row["stragglers"][f"defaults {app}"] = v
+    for name, family in (("limit", "clipstream_gateway_admission_limit"),
+                         ("in flight", "clipstream_gateway_inflight"),
+                         ("waiting", "clipstream_gateway_admission_waiting")):
+        total = w.gauge(family).get(())
+        if total is not None:
+            row["admission"][name] = total
+    for (cause,), v in sorted(w.rate("clipstream_gateway_admission_cuts_total", "cause").items()):
+        row["admission"][f"cuts: {cause}"] = v

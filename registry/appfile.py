@@ -75,62 +75,64 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     path = Path(path)
     repository = repository or Repository()
     raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
-    models = []
     inputs: dict[str, list[tuple[str, TensorSpec]]] = {}  # group -> (member, its input spec)
-    for i, m in enumerate(_list(raw.get("models"), f"{path}: models")):
-        if not isinstance(m, dict) or "name" not in m or "path" not in m:
-            raise ConfigError(f"{path}: models[{i}] needs `name` and `path`")
-        check_name("model", m["name"])
-        source = str(m["path"])
-        if is_url(source):
-            location = repository.location_of(source)
-            spec = repository.read_spec(location)  # fail here, not in a worker, when model.yaml is wrong
-        else:
-            folder = (path.parent / source).resolve()
-            spec = load_spec(folder)
-            location = repository.location_of(folder)
-        if m.get("group") is not None:
-            inputs.setdefault(check_name("group", str(m["group"])), []).append((m["name"], spec.input))
-        models.append(
-            {
-                "name": m["name"],
-                "version": str(m.get("version", "1")),
-                "path": location,
-                "replicas": _number(m.get("replicas", 1), f"{path}: models[{i}].replicas",
-                                    integer=True, positive=True),
-                **{k: _number(m[k], f"{path}: models[{i}].{k}", integer=k == "max_batch_size")
-                   for k in _MODEL_KNOBS if m.get(k) is not None},
-                **({"group": str(m["group"])} if m.get("group") is not None else {}),
-            }
-        )
+    models = [_model_entry(path, i, m, repository, inputs)
+              for i, m in enumerate(_list(raw.get("models"), f"{path}: models"))]
     names = {m["name"] for m in models}
     _check_groups(path, inputs, names)
-    apps = []
-    for i, a in enumerate(_list(raw.get("apps"), f"{path}: apps")):
-        if not isinstance(a, dict) or "name" not in a:
-            raise ConfigError(f"{path}: apps[{i}] needs `name`")
-        check_name("app", a["name"])
-        linked = _list(a.get("models"), f"{path}: apps[{i}].models")
-        for m in linked:
-            if not isinstance(m, str) or m not in names:
-                raise ConfigError(f"{path}: app {a['name']} links model {m!r}, not under `models:`")
-        policy_config = a.get("policy_config") or {}
-        if not isinstance(policy_config, dict):
-            raise ConfigError(f"{path}: apps[{i}].policy_config must be a mapping of names to numbers, "
-                              f"not {policy_config!r}")
-        apps.append(
-            {
-                "name": a["name"],
-                "policy": check_policy(a.get("policy", "exp4"), f"{path}: apps[{i}].policy"),
-                "slo_ms": float(_number(a.get("slo_ms", 50), f"{path}: apps[{i}].slo_ms", positive=True)),
-                "default_output": check_default_output(a.get("default_output"),
-                                                       f"{path}: apps[{i}].default_output"),
-                "policy_config": {k: _number(v, f"{path}: apps[{i}].policy_config.{k}")
-                                  for k, v in policy_config.items()},
-                "models": linked,
-            }
-        )
+    apps = [_app_entry(path, i, a, names) for i, a in enumerate(_list(raw.get("apps"), f"{path}: apps"))]
     return AppFile(apps=apps, models=models)
+
+
+def _model_entry(path: Path, i: int, m: Any, repository: Repository,
+                 inputs: dict[str, list[tuple[str, TensorSpec]]]) -> dict[str, Any]:
+    """``models[i]`` as the registry records it. Its ``model.yaml`` is read here, so a wrong
+    spec fails the command, not a worker; a group member's input spec goes into ``inputs``."""
+    if not isinstance(m, dict) or "name" not in m or "path" not in m:
+        raise ConfigError(f"{path}: models[{i}] needs `name` and `path`")
+    check_name("model", m["name"])
+    source = str(m["path"])
+    if is_url(source):
+        location = repository.location_of(source)
+        spec = repository.read_spec(location)
+    else:
+        folder = (path.parent / source).resolve()
+        spec = load_spec(folder)
+        location = repository.location_of(folder)
+    if m.get("group") is not None:
+        inputs.setdefault(check_name("group", str(m["group"])), []).append((m["name"], spec.input))
+    return {
+        "name": m["name"],
+        "version": str(m.get("version", "1")),
+        "path": location,
+        "replicas": _number(m.get("replicas", 1), f"{path}: models[{i}].replicas", integer=True, positive=True),
+        **{k: _number(m[k], f"{path}: models[{i}].{k}", integer=k == "max_batch_size")
+           for k in _MODEL_KNOBS if m.get(k) is not None},
+        **({"group": str(m["group"])} if m.get("group") is not None else {}),
+    }
+
+
+def _app_entry(path: Path, i: int, a: Any, names: set[str]) -> dict[str, Any]:
+    """``apps[i]`` as the registry records it; it may link only models the file declares."""
+    if not isinstance(a, dict) or "name" not in a:
+        raise ConfigError(f"{path}: apps[{i}] needs `name`")
+    check_name("app", a["name"])
+    linked = _list(a.get("models"), f"{path}: apps[{i}].models")
+    for m in linked:
+        if not isinstance(m, str) or m not in names:
+            raise ConfigError(f"{path}: app {a['name']} links model {m!r}, not under `models:`")
+    policy_config = a.get("policy_config") or {}
+    if not isinstance(policy_config, dict):
+        raise ConfigError(f"{path}: apps[{i}].policy_config must be a mapping of names to numbers, "
+                          f"not {policy_config!r}")
+    return {
+        "name": a["name"],
+        "policy": check_policy(a.get("policy", "exp4"), f"{path}: apps[{i}].policy"),
+        "slo_ms": float(_number(a.get("slo_ms", 50), f"{path}: apps[{i}].slo_ms", positive=True)),
+        "default_output": check_default_output(a.get("default_output"), f"{path}: apps[{i}].default_output"),
+        "policy_config": {k: _number(v, f"{path}: apps[{i}].policy_config.{k}") for k, v in policy_config.items()},
+        "models": linked,
+    }
 
 
 def _check_groups(path: Path, inputs: dict[str, list[tuple[str, TensorSpec]]], names: set[str]) -> None:

@@ -138,25 +138,39 @@ class Selector(PolicyStates, Replies):
         self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us if chosen else None, asked=asked)
         if not chosen or ev.deadline_us <= now:
             return  # answered by the timer with the default
-        hopeless = [m for m in chosen if self.trips.hopeless(m, last_resort_us - now, now)]
-        if hopeless:
-            self.stats["not_asked"] += len(hopeless)
-            self.metrics.not_asked(app.name, hopeless)
-            for model in hopeless:  # reported as failed at once: a query with no model left is answered now
-                done = self.join.add(qid, model, "expired", error=NOT_ASKED)
-                if done is not None:
-                    self._answer_safely(done)
-                    return
-        asked_models = [m for m in chosen if m not in hopeless]
-        if not self._model_topics.issuperset(asked_models):
-            self.prepare_model_topics(asked_models)
-        groups = [asked_models] if self.grouped and asked_models else [[m] for m in asked_models]
-        for model, *also in groups:
-            request = ModelRequest(query_id=qid, app=app.name, model=model, input=ev.input, deadline_us=last_resort_us,
-                                   selector_partition=msg.partition(), trace=trace, also=also)
-            self.producer.produce(self.catalogue.requests(model).name, encode(request), key=qid.encode())
+        asked_models = self._not_hopeless(qid, app.name, chosen, last_resort_us - now, now)
+        if asked_models is None:
+            return
+        self._ask(ev, app.name, asked_models, last_resort_us, msg.partition(), trace)
         if poll:
             self.producer.poll(0)
+
+    def _not_hopeless(self, qid: str, app: str, chosen: list[str], left_us: int, now: int) -> list[str] | None:
+        """The chosen models worth asking: a model that cannot answer in the time ``left_us`` is
+        reported failed at once (the straggler it would be). None when that answered the query."""
+        hopeless = [m for m in chosen if self.trips.hopeless(m, left_us, now)]
+        if not hopeless:
+            return chosen
+        self.stats["not_asked"] += len(hopeless)
+        self.metrics.not_asked(app, hopeless)
+        for model in hopeless:  # a query with no model left is answered now
+            done = self.join.add(qid, model, "expired", error=NOT_ASKED)
+            if done is not None:
+                self._answer_safely(done)
+                return None
+        return [m for m in chosen if m not in hopeless]
+
+    def _ask(self, ev: QueryEvent, app: str, models: list[str], deadline_us: int, partition: int,
+             trace: dict[str, int]) -> None:
+        """Send the query's requests to ``models``: one record naming them all where one batcher
+        serves the app's models (docs/design/0082), else one record per model."""
+        if not self._model_topics.issuperset(models):
+            self.prepare_model_topics(models)
+        groups = [models] if self.grouped and models else [[m] for m in models]
+        for model, *also in groups:
+            request = ModelRequest(query_id=ev.query_id, app=app, model=model, input=ev.input,
+                                   deadline_us=deadline_us, selector_partition=partition, trace=trace, also=also)
+            self.producer.produce(self.catalogue.requests(model).name, encode(request), key=ev.query_id.encode())
 
     def _nowhere(self, ev: QueryEvent) -> str | None:
         """Why a query's answer may not go where it asks, or None. Only ``responses`` and the

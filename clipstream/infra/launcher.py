@@ -11,8 +11,6 @@ cluster of n (``brokers``; see ``cluster``), recorded as its list of nodes.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from clipstream.infra.ports import (  # noqa: F401 (pick_free_ports, port_is_fre
     plan_ports,
     port_is_free,
 )
+from clipstream.infra.stopping import terminate
 from clipstream.settings import Settings
 
 STATE_FILE = "infra.json"
@@ -154,51 +153,10 @@ def is_ours_and_alive(entry: Entry | None) -> bool:
 # --- stopping ------------------------------------------------------------------------------
 
 
-def _wait_dead(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    """Signal the process group ``pid`` leads (spawn_detached made one), else just ``pid``."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _terminate(*pids: int, grace_s: float) -> None:
-    """SIGTERM each group at once, wait up to ``grace_s``, then SIGKILL; reap stragglers.
-
-    The nodes of a cluster stop together: one stopped after the others would find no
-    controller quorum for its controlled shutdown and wait out the grace period.
-    """
-    for pid in pids:
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for pid in pids:
-        if not _wait_dead(pid, max(0.0, deadline - time.monotonic())):
-            _signal_group(pid, signal.SIGKILL)
-            if not _wait_dead(pid, 5.0):
-                raise InfraError(f"process {pid} survived SIGKILL; check `ps -p {pid}`")
-    for pid in pids:
-        try:  # anything the leader left behind in its group
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def _stop(name: str, entry: Entry) -> list[str]:
     """Stop a recorded component's live processes; describe each stopped one."""
     procs = [p for p in _processes(name, entry) if is_ours_and_alive(p)]
-    _terminate(*(p["pid"] for p in procs), grace_s=STOP_GRACE_S[name])
+    terminate(*(p["pid"] for p in procs), grace_s=STOP_GRACE_S[name])
     if name == "kafka" and len(_processes(name, entry)) > 1:
         return [f"kafka node {p['node_id']} (pid {p['pid']})" for p in procs]
     return [f"{name} (pid {p['pid']})" for p in procs]
@@ -277,75 +235,123 @@ def up(
     state_dir = state_dir_of(settings)
     state_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(state_dir / "infra.lock"):
-        state = load_state(state_dir)
-        revive = _recorded_kafka(state, brokers, state_dir)
-        if "redis" in state and not is_ours_and_alive(state["redis"]):
-            del state["redis"]  # forget a dead one; a fresh one takes its place
-        need_kafka, need_redis = "kafka" not in state, "redis" not in state
-        size = brokers or 1
-        ports = plan_ports(settings, free_ports, need_kafka, need_redis, size)
-        if need_redis:
-            require_binary("redis-server", redis_mod.REDIS_HINT)
-        if need_kafka or revive:
-            java = require_binary("java", kafka_mod.JAVA_HINT)
-            libs = kafka_mod.fetch_jars(settings, progress)
-        started: list[Entry] = []  # the processes this call started, to undo on failure
+        plan = _plan(settings, state_dir, free_ports, brokers, die_with_parent, progress)
         try:
-            if need_redis:
-                proc = redis_mod.start_redis(ports["redis"], state_dir, die_with_parent)
-                url = redis_mod.redis_url(ports["redis"])
-                state["redis"] = _entry(proc.pid, port=ports["redis"], url=url)
-                started.append(state["redis"])
-                _save_state(state_dir, state)
-                progress(f"redis: starting on {url} (pid {proc.pid})")
-            if need_kafka:
-                pairs = [ports[name] for name in kafka_port_names(size)]
-                nodes = cluster.nodes_from_ports(pairs)
-                all_files = cluster.write_node_files(state_dir, nodes)
-                for data_dir in cluster.format_nodes(java, libs, all_files):
-                    progress(f"kafka: formatted storage in {data_dir}")
-                entries = []
-                for node, files in zip(nodes, all_files, strict=True):
-                    proc = kafka_mod.start_broker(java, libs, files, die_with_parent)
-                    entries.append(
-                        _entry(proc.pid, node_id=node.node_id, port=node.port,
-                               controller_port=node.controller_port)
-                    )  # fmt: skip
-                    started.append(entries[-1])
-                    progress(
-                        f"kafka: starting node {node.node_id} on {node.address} "
-                        f"(pid {proc.pid}), log {files.log}"
-                    )
-                state["kafka"] = {
-                    "bootstrap": cluster.bootstrap(nodes),
-                    "version": settings.kafka_version,
-                    "nodes": entries,
-                }
-                _save_state(state_dir, state)
-            for node in revive:
-                files = cluster.node_files(state_dir, node["node_id"], len(_processes("kafka", state["kafka"])))
-                proc = kafka_mod.start_broker(java, libs, files, die_with_parent)
-                node.update(_entry(proc.pid))
-                started.append(node)
-                _save_state(state_dir, state)
-                progress(f"kafka: restarting node {node['node_id']} (pid {proc.pid}), log {files.log}")
-            _wait_both(state, state_dir, timeout_s)
+            if plan.need_redis:
+                _start_redis(plan, progress)
+            if plan.need_kafka:
+                _start_kafka(plan, settings.kafka_version, progress)
+            for node in plan.revive:
+                _restart_node(plan, node, progress)
+            _wait_both(plan.state, state_dir, timeout_s)
         except BaseException:
-            _terminate(*(e["pid"] for e in started if is_ours_and_alive(e)),
-                       grace_s=STOP_GRACE_S["kafka"])  # fmt: skip
-            for name, fresh in (("redis", need_redis), ("kafka", need_kafka)):
-                if fresh:
-                    state.pop(name, None)
-            _save_state(state_dir, state)
+            _undo(plan)
             raise
-        if not started:
+        if not plan.started:
             progress("already running")
-        result = _status_from(settings, state_dir, state)
+        result = _status_from(settings, state_dir, plan.state)
         progress(
             f"ready in {time.monotonic() - t0:.1f} s: kafka {result.kafka_bootstrap}, "
             f"redis {result.redis_url} (state in {state_dir})"
         )
         return result
+
+
+@dataclass
+class _Plan:
+    """What one ``up`` call starts, and what it has started: the steps that start each component
+    share it, and a failure stops exactly the processes in ``started``."""
+
+    state_dir: Path
+    state: dict[str, Entry]
+    revive: list[Entry]  # recorded Kafka nodes that died while the others run
+    need_kafka: bool
+    need_redis: bool
+    size: int
+    ports: dict[str, int]
+    die_with_parent: bool
+    java: str | None = None  # with ``libs``: found only when a Kafka node starts
+    libs: Path | None = None
+    started: list[Entry] = field(default_factory=list)  # the processes this call started, to undo on failure
+
+
+def _plan(settings: Settings, state_dir: Path, free_ports: bool, brokers: int | None,
+          die_with_parent: bool, progress: Progress) -> _Plan:
+    """Decide what to start and check that it can (ports, binaries, jars) before anything starts,
+    so that a refusal has nothing to undo."""
+    state = load_state(state_dir)
+    revive = _recorded_kafka(state, brokers, state_dir)
+    if "redis" in state and not is_ours_and_alive(state["redis"]):
+        del state["redis"]  # forget a dead one; a fresh one takes its place
+    need_kafka, need_redis = "kafka" not in state, "redis" not in state
+    size = brokers or 1
+    ports = plan_ports(settings, free_ports, need_kafka, need_redis, size)
+    plan = _Plan(state_dir, state, revive, need_kafka, need_redis, size, ports, die_with_parent)
+    if need_redis:
+        require_binary("redis-server", redis_mod.REDIS_HINT)
+    if need_kafka or revive:
+        plan.java = require_binary("java", kafka_mod.JAVA_HINT)
+        plan.libs = kafka_mod.fetch_jars(settings, progress)
+    return plan
+
+
+def _start_redis(plan: _Plan, progress: Progress) -> None:
+    """Start a fresh Redis and record it at once, before it is waited on, so that ``down`` or a
+    failed ``up`` finds it."""
+    proc = redis_mod.start_redis(plan.ports["redis"], plan.state_dir, plan.die_with_parent)
+    url = redis_mod.redis_url(plan.ports["redis"])
+    plan.state["redis"] = _entry(proc.pid, port=plan.ports["redis"], url=url)
+    plan.started.append(plan.state["redis"])
+    _save_state(plan.state_dir, plan.state)
+    progress(f"redis: starting on {url} (pid {proc.pid})")
+
+
+def _start_kafka(plan: _Plan, version: str, progress: Progress) -> None:
+    """Write, format and start every node of a fresh Kafka, then record them as one component:
+    its nodes share one bootstrap list and one cluster id."""
+    assert plan.java is not None and plan.libs is not None  # _plan finds them when Kafka is needed
+    pairs = [plan.ports[name] for name in kafka_port_names(plan.size)]
+    nodes = cluster.nodes_from_ports(pairs)
+    all_files = cluster.write_node_files(plan.state_dir, nodes)
+    for data_dir in cluster.format_nodes(plan.java, plan.libs, all_files):
+        progress(f"kafka: formatted storage in {data_dir}")
+    entries = []
+    for node, files in zip(nodes, all_files, strict=True):
+        proc = kafka_mod.start_broker(plan.java, plan.libs, files, plan.die_with_parent)
+        entries.append(
+            _entry(proc.pid, node_id=node.node_id, port=node.port,
+                   controller_port=node.controller_port)
+        )  # fmt: skip
+        plan.started.append(entries[-1])
+        progress(
+            f"kafka: starting node {node.node_id} on {node.address} "
+            f"(pid {proc.pid}), log {files.log}"
+        )
+    plan.state["kafka"] = {"bootstrap": cluster.bootstrap(nodes), "version": version, "nodes": entries}
+    _save_state(plan.state_dir, plan.state)
+
+
+def _restart_node(plan: _Plan, node: Entry, progress: Progress) -> None:
+    """Start a dead node of a running cluster again in place: it keeps its ports and data, so the
+    others take it back as the same node."""
+    assert plan.java is not None and plan.libs is not None  # _plan finds them when a node revives
+    files = cluster.node_files(plan.state_dir, node["node_id"], len(_processes("kafka", plan.state["kafka"])))
+    proc = kafka_mod.start_broker(plan.java, plan.libs, files, plan.die_with_parent)
+    node.update(_entry(proc.pid))
+    plan.started.append(node)
+    _save_state(plan.state_dir, plan.state)
+    progress(f"kafka: restarting node {node['node_id']} (pid {proc.pid}), log {files.log}")
+
+
+def _undo(plan: _Plan) -> None:
+    """Stop what a failed ``up`` started and forget the components it added, so that it leaves
+    nothing behind."""
+    terminate(*(e["pid"] for e in plan.started if is_ours_and_alive(e)),
+              grace_s=STOP_GRACE_S["kafka"])  # fmt: skip
+    for name, fresh in (("redis", plan.need_redis), ("kafka", plan.need_kafka)):
+        if fresh:
+            plan.state.pop(name, None)
+    _save_state(plan.state_dir, plan.state)
 
 
 def _wait_both(state: dict[str, Entry], state_dir: Path, timeout_s: float) -> None:

@@ -37,7 +37,7 @@ CLUSTER_START_S = 180.0
 UP_READY_S = 300.0
 MODELS = ("m1", "m2", "m3")
 GROUP, GROUPED = "g", ("m2", "m3")  # the members share one worker process
-# the shared batcher serves the group as one unit beside m1 (``clipstream.up.wanted_stages``)
+# the shared batcher serves the group as one unit beside m1 (``clipstream.pipeline.wanted_stages``)
 BATCHER = f"batchers-{GROUP}+m1"
 WORKER, GROUP_WORKER = "worker-m1-v1-0", f"worker-{GROUP}-v{group_version({m: '1' for m in GROUPED})}-0"
 SLO_MS = 300.0  # a quick python ensemble answers in a few ms: no default in steady state

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from clipstream.up import gateway_stages
+from clipstream.pipeline import gateway_stages
 from frontend.gateway_cli import shared_socket
 
 

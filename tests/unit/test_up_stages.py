@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from clipstream.up import Pipeline, wanted_stages
+from clipstream.pipeline import Pipeline, wanted_stages
 from registry.groups import groups_of
 from registry.topic import ModelConfig, RegistryView
 
@@ -128,10 +128,10 @@ def test_fewer_replicas_of_the_same_version_stop_at_once() -> None:
 def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: Any) -> None:
     import signal
 
-    import clipstream.up as up
+    import clipstream.pipeline as pipeline
 
     sent: list[signal.Signals] = []
-    monkeypatch.setattr(up, "_killpg", lambda pid, sig: sent.append(sig))
+    monkeypatch.setattr(pipeline, "_killpg", lambda pid, sig: sent.append(sig))
     sup = FakeSupervisor()
     pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
     pipe.sync(view(a="1"))
@@ -141,10 +141,10 @@ def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: A
     assert sent == []
     sup.stages["worker-a-v2-0"].ready.set()
     pipe._see_out(1000.0)
-    pipe._see_out(1000.0 + up.LEAVE_GRACE_S + 1)
-    pipe._see_out(1000.0 + up.LEAVE_GRACE_S + 2)
+    pipe._see_out(1000.0 + pipeline.LEAVE_GRACE_S + 1)
+    pipe._see_out(1000.0 + pipeline.LEAVE_GRACE_S + 2)
     assert sent == [signal.SIGTERM]
-    pipe._see_out(1000.0 + 2 * up.LEAVE_GRACE_S + 1)
+    pipe._see_out(1000.0 + 2 * pipeline.LEAVE_GRACE_S + 1)
     assert sent == [signal.SIGTERM, signal.SIGKILL]
 
 

@@ -1,0 +1,215 @@
+"""The stages ``clipstream up`` runs for what the registry serves, kept in step with it.
+
+Per model a batcher (or one for every model) and one worker per replica: ``wanted_stages``
+names them from a registry view, and ``Pipeline`` starts what is missing, stops what is no
+longer wanted, and lets a replaced version's workers serve until their partitions are handed
+over (docs/design/0021).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import click
+
+from clipstream.metrics_targets import MetricTargets
+from clipstream.supervise import Stage, Supervisor
+from registry.topic import RegistryView
+
+__all__ = ["LEAVE_GRACE_S", "Leaving", "Pipeline", "gateway_stages", "say", "stage_argv", "wanted_stages"]
+
+# an old version's worker normally stops by itself when the batcher hands its partition over;
+# one still running this long after the new version's workers were all ready is stopped
+LEAVE_GRACE_S = 30.0
+
+
+def say(msg: str) -> None:
+    """A line on stderr that never fails: whoever read ``up``'s output may be gone (a closed pipe)."""
+    try:
+        click.echo(msg, err=True)
+    except OSError:
+        pass
+
+
+def stage_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "clipstream.cli", *args]
+
+
+def gateway_stages(count: int, port: str) -> list[tuple[str, list[str]]]:
+    """The gateway stages: one ``gateway``, or ``gateway-1..n`` sharing the port, each with its
+    own reply topic, named by port and member so a restart reuses it."""
+    if count == 1:
+        return [("gateway", stage_argv("gateway"))]
+    return [(f"gateway-{i}", stage_argv("gateway", "--reuse-port", "--instance", f"gw{port}-{i}"))
+            for i in range(1, count + 1)]
+
+
+class Pipeline:
+    """Keeps the batcher(s) and one worker per replica in step with the registry."""
+
+    def __init__(self, supervisor: Supervisor, env: dict[str, str], shared_batcher: bool = True,
+                 targets: MetricTargets | None = None, batcher_members: int = 1, spares: bool = False) -> None:
+        self.supervisor = supervisor
+        self.spares = spares  # each stage keeps a spare process (docs/design/0062)
+        self.batcher_members = batcher_members
+        self.env = env
+        self.targets = targets  # each stage's metrics port (``clipstream.metrics_targets``)
+        self.shared_batcher = shared_batcher
+        self._lock = threading.Lock()
+        self.retiring: list[str] = []  # shared batchers replaced, stopped once the new one is ready
+        # workers of a version the registry replaced: out of the supervisor's care, serving
+        # until the batcher hands their partitions over to the new version's workers
+        self.leaving: dict[str, Leaving] = {}
+
+    def sync(self, view: RegistryView) -> list[str]:
+        """Start what the registry asks for and is not running; stop what it no longer asks for.
+
+        Worker names carry the model version, so a deploy or a rollback starts the new
+        version's workers beside the old ones, which leave once their partitions are handed
+        over (``retire``); the batcher follows the version itself (the cache key carries it,
+        so no stale answer leaks).
+        """
+        started: list[str] = []
+        with self._lock:
+            wanted = wanted_stages(view, self.shared_batcher, self.batcher_members)
+            for stage, args in wanted.items():
+                if stage in self.supervisor.stages:
+                    continue
+                back = self.leaving.pop(stage, None)
+                if back is not None and back.stage.proc is not None and back.stage.proc.poll() is None:
+                    self.supervisor.adopt(back.stage)  # rolled back before it left: it serves on
+                    continue
+                self.supervisor.add(stage, stage_argv(*args),
+                                    self.targets.env(stage, self.env) if self.targets else self.env,
+                                    spare=self.spares)
+                started.append(stage)
+            for stage in list(self.supervisor.stages):
+                if stage in wanted or stage in self.retiring:
+                    continue
+                model = _arg(self.supervisor.stages[stage], "--model")
+                served = view.served().get(model or "")
+                if (stage.startswith("worker-") and served is not None and served.spec is not None
+                        and _arg(self.supervisor.stages[stage], "--version") != served.version):
+                    self._leave(stage, model or "", str(served.version))
+                elif stage.startswith(("worker-", "batcher-")):
+                    self.supervisor.remove(stage)
+                elif stage.startswith("batchers-"):
+                    self.retiring.append(stage)
+        self.retire()
+        return started
+
+    def _leave(self, name: str, model: str, successor: str) -> None:
+        stage = self.supervisor.release(name)
+        if stage is None:
+            return
+        self.leaving[name] = Leaving(stage, model)
+        say(f"{name} serves until version {successor} of {model} is ready")
+
+    def retire(self) -> None:
+        """Stop replaced shared batchers once every wanted one is ready, and see the workers of
+        replaced versions out (called at each check)."""
+        self._see_out(time.monotonic())
+        with self._lock:
+            if not self.retiring:
+                return
+            stages = self.supervisor.stages
+            new = [s for name, s in stages.items() if name.startswith("batchers-") and name not in self.retiring]
+            if all(s.ready.is_set() for s in new):
+                for name in self.retiring:
+                    self.supervisor.remove(name)
+                self.retiring = []
+
+    def _see_out(self, now: float) -> None:
+        """A leaving worker stops by itself at the handover; one still running ``LEAVE_GRACE_S``
+        after its model's current workers were all ready gets SIGTERM, and SIGKILL after as long again."""
+        with self._lock:
+            for name, leaving in list(self.leaving.items()):
+                proc = leaving.stage.proc
+                if proc is None or proc.poll() is not None:
+                    del self.leaving[name]
+                    how = "stopped by up" if leaving.signalled else "its partition was handed over"
+                    say(f"{name} stopped ({how}, exit code {proc.returncode if proc else '-'})")
+                    continue
+                current = [s for s in self.supervisor.stages.values()
+                           if s.name.startswith("worker-") and _arg(s, "--model") == leaving.model]
+                if not leaving.successors_ready_at and current and all(s.ready.is_set() for s in current):
+                    leaving.successors_ready_at = now
+                waited = now - leaving.successors_ready_at if leaving.successors_ready_at else 0.0
+                step = 2 if waited > 2 * LEAVE_GRACE_S else 1 if waited > LEAVE_GRACE_S else 0
+                if step > leaving.signalled:
+                    sig = signal.SIGKILL if step == 2 else signal.SIGTERM
+                    say(f"{name} was not handed over {waited:.0f}s after its successors were ready; "
+                         f"stopping it ({sig.name})")
+                    _killpg(proc.pid, sig)
+                    leaving.signalled = step
+
+    def hand_back(self) -> None:
+        """Leaving workers go back to the supervisor, to be stopped with everything else."""
+        with self._lock:
+            for leaving in self.leaving.values():
+                self.supervisor.adopt(leaving.stage, restart=False)
+            self.leaving.clear()
+
+
+@dataclass
+class Leaving:
+    """A worker of a replaced version, serving until its partition is handed over."""
+
+    stage: Stage
+    model: str
+    successors_ready_at: float = 0.0
+    signalled: int = 0  # 1: SIGTERM sent, 2: SIGKILL sent
+
+
+def _arg(stage: Stage, option: str) -> str | None:
+    """The value of ``option`` a stage was started with (the first one)."""
+    argv = stage.argv
+    return next((argv[i + 1] for i in range(len(argv) - 1) if argv[i] == option), None)
+
+
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # stages run in their own session: the group is the stage
+    except ProcessLookupError:
+        pass
+
+
+def wanted_stages(view: RegistryView, shared_batcher: bool = True, batcher_members: int = 1) -> dict[str, list[str]]:
+    """Stage name -> CLI arguments: one batcher per model (or one for all), one worker per replica.
+
+    A batcher follows the models' versions through the registry itself, so its stage name
+    carries only the model names: a shared one is replaced when a model comes or goes. With
+    ``batcher_members`` above one, each batcher runs that many times (names ending ``.1``,
+    ``.2``, ...); every member is a static group member named ``batcher-<i>``."""
+    wanted: dict[str, list[str]] = {}
+
+    def batchers(name: str, models: list[str]) -> None:
+        args = ["batcher", *[a for n in models for a in ("--model", n)]]
+        if batcher_members == 1:
+            wanted[name] = [*args, "--member", "batcher-1"]
+            return
+        for i in range(1, batcher_members + 1):
+            wanted[f"{name}.{i}"] = [*args, "--member", f"batcher-{i}"]
+
+    # a group (docs/design/0088) is served as one model: its batcher and workers, not its members'
+    units = view.served()
+    served = sorted(name for name, model in units.items() if model.spec is not None)
+    if shared_batcher and served:
+        batchers("batchers-" + "+".join(served), served)
+    for name, model in units.items():
+        if model.spec is None:
+            continue
+        v = model.version
+        if not shared_batcher:  # it follows the model's version through the registry itself
+            batchers(f"batcher-{name}", [name])
+        for r in range(model.replicas):
+            wanted[f"worker-{name}-v{v}-{r}"] = [
+                "worker", "--model", name, "--version", v,
+                "--replica", str(r), "--replicas", str(model.replicas),
+            ]
+    return wanted

@@ -91,6 +91,23 @@ def create_app(
     startup (blocking work in threads); with them it uses what it was given."""
     state = GatewayState(gw or get_gateway_settings(), settings or get_settings())
     state.registry, state.bus, state.redis_ping = registry, bus, redis_ping
+    app = GatewayAPI(
+        title="clipstream gateway",
+        version="1",
+        description="Clipper-style prediction serving: predict within an SLO, send feedback.",
+        lifespan=_lifespan(state),
+    )
+    app.state.gateway = state
+    _add_guards(app, state)
+    _add_api_routes(app, state)
+    _add_ops_routes(app, state)
+    mount_dashboard(app, state.metrics, lambda: _slos(state))
+    return app
+
+
+def _lifespan(state: GatewayState) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's startup and shutdown: connect what was not injected and watch the loop's lag,
+    undoing both in reverse order when the server stops."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,13 +117,12 @@ def create_app(
             stack.callback(watcher.cancel)
             yield
 
-    app = GatewayAPI(
-        title="clipstream gateway",
-        version="1",
-        description="Clipper-style prediction serving: predict within an SLO, send feedback.",
-        lifespan=lifespan,
-    )
-    app.state.gateway = state
+    return lifespan
+
+
+def _add_guards(app: GatewayAPI, state: GatewayState) -> None:
+    """API keys and request metrics on every route, including the predict fast path that
+    ``GatewayAPI`` serves before the router; problems become JSON ``detail`` bodies."""
     app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics, app_keys=state.gw.app_keys)
     # keys and metrics apply to the fast path as to every other route
     app.predict_path = GuardMiddleware(PredictEndpoint(lambda name, request: _predict(state, name, request)),
@@ -115,6 +131,11 @@ def create_app(
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+
+
+def _add_api_routes(app: GatewayAPI, state: GatewayState) -> None:
+    """The callers' routes, predict and feedback, declared with their bodies and errors so the
+    OpenAPI schema documents them."""
 
     @app.post(
         "/v1/apps/{app}/predict",
@@ -138,6 +159,11 @@ def create_app(
     async def feedback(app: str, request: Request) -> JSONResponse:
         return JSONResponse(await feedback_route(state, app, request), 202)
 
+
+def _add_ops_routes(app: GatewayAPI, state: GatewayState) -> None:
+    """The operators' routes: liveness, readiness and Prometheus metrics, apart from the
+    callers' API so each group reads on its own."""
+
     @app.get("/healthz", summary="The process is alive")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -153,10 +179,11 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    mount_dashboard(app, state.metrics, lambda: {
-        name: cfg.slo_ms for name, cfg in (state.registry.view().apps.items() if state.registry else ())})
 
-    return app
+def _slos(state: GatewayState) -> dict[str, float]:
+    """Each app's SLO for the dashboard, read from the registry at each refresh so that apps
+    added later appear (none before the registry is connected)."""
+    return {name: cfg.slo_ms for name, cfg in (state.registry.view().apps.items() if state.registry else ())}
 
 
 async def _predict(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
@@ -199,24 +226,12 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
         slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
         deadline = created + int(slo_ms * 1000)
         model = direct_model(cfg, state.gw.direct)
-        try:
-            if model is None:
-                fut = state.bus.publish_query(QueryEvent(
-                    query_id=query_id, app=cfg.name, context=req.context, input=Tensor.of(array),
-                    created_us=created, deadline_us=deadline, reply_topic=state.bus.reply_topic, reply_partition=0,
-                    trace={"produced": created}), (req.context or query_id).encode())
-            else:
-                if state.bus.request_topic(model) is None:
-                    try:
-                        await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
-                    except InfraError as exc:
-                        raise state.overloaded(f"the topic of model {model!r} is not there: {exc}") from None
-                fut = state.bus.publish_request(request_for(
-                    query_id, cfg, model, Tensor.of(array), created, deadline, state.bus.reply_topic))
-        except Overloaded as exc:
-            raise state.overloaded(str(exc)) from None
-        except DeliveryFailed as exc:
-            raise state.overloaded(f"Kafka refused the query: {exc}") from None
+        if model is not None and state.bus.request_topic(model) is None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
+            except InfraError as exc:
+                raise state.overloaded(f"the topic of model {model!r} is not there: {exc}") from None
+        fut = _publish(state, state.bus, cfg, model, query_id, req, array, created, deadline)
         wait_s = max(0.0, (deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
         try:
             reply: Reply | None = await asyncio.wait_for(fut, wait_s)
@@ -228,11 +243,42 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
         state.release()
     record = reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, req.context, deadline)
     latency_ms = (time.perf_counter() - t0) * 1000.0 + (arrived - created) / 1000.0
-    if record is None:
-        answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
-    else:
-        answer = response_json(record, latency_ms, cfg.default_output)
+    answer = _answer_body(query_id, cfg, record, latency_ms)
     state.observe(cfg.name, answer, record is None, created + int(waited_ms * 1000), inflight, slo_ms, waited_ms)
+    _count_answer(state, answer, record, reply, latency_ms, counts)
+    return answer
+
+
+def _publish(state: GatewayState, bus: Bus, cfg: AppConfig, model: str | None, query_id: str,
+             req: PredictRequest, array: Any, created: int, deadline: int) -> asyncio.Future[Reply]:
+    """Send the query to the selector, or straight to a ``single`` app's model, and return the
+    future its reply resolves; the bus's refusals become the caller's 503."""
+    try:
+        if model is None:
+            return bus.publish_query(QueryEvent(
+                query_id=query_id, app=cfg.name, context=req.context, input=Tensor.of(array),
+                created_us=created, deadline_us=deadline, reply_topic=bus.reply_topic, reply_partition=0,
+                trace={"produced": created}), (req.context or query_id).encode())
+        return bus.publish_request(request_for(
+            query_id, cfg, model, Tensor.of(array), created, deadline, bus.reply_topic))
+    except Overloaded as exc:
+        raise state.overloaded(str(exc)) from None
+    except DeliveryFailed as exc:
+        raise state.overloaded(f"Kafka refused the query: {exc}") from None
+
+
+def _answer_body(query_id: str, cfg: AppConfig, record: Response | None, latency_ms: float) -> dict[str, Any]:
+    """The caller's JSON: the answer that came, or the app's default output when none came in
+    time."""
+    if record is None:
+        return default_json(query_id, cfg.default_output, cfg.models, latency_ms)
+    return response_json(record, latency_ms, cfg.default_output)
+
+
+def _count_answer(state: GatewayState, answer: dict[str, Any], record: Response | None, reply: Reply | None,
+                  latency_ms: float, counts: tuple[Any, ...]) -> None:
+    """Count one answered query in the gateway's and the app's metrics, defaults by who
+    decided on them."""
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None
@@ -240,7 +286,6 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
     counts[2 if answer["default"] else 1].inc()
     counts[4].observe(latency_ms / 1000.0)
-    return answer
 
 
 def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, context: str | None,

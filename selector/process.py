@@ -13,6 +13,8 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -52,11 +54,51 @@ def join_consumer_config(settings: Settings, ss: SelectorSettings) -> dict[str, 
     })
 
 
-def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
-          stop: threading.Event | None = None) -> None:
-    """Run dispatch+join and/or learn until ``stop``; print ``ready: selector`` once serving."""
+class _Readiness:
+    """Prints ``ready: selector`` once every loop asked for has its partitions: the join and
+    learn consumers are assigned on their own threads, in either order."""
 
-    stop = stop or threading.Event()
+    def __init__(self, learn: bool, join: bool) -> None:
+        self._waiting = {"join"} if join else set()
+        self._waiting |= {"learn"} if learn else set()
+        self._lock = threading.Lock()
+
+    def assigned(self, part: str) -> None:
+        with self._lock:
+            if part in self._waiting:
+                self._waiting.discard(part)
+                if not self._waiting:
+                    announce_ready("selector")
+
+    def on_assign(self, name: str) -> Callable[[Consumer, list[Any]], None]:
+        """A consumer's assignment callback: pin the offsets, then count this loop as ready."""
+        def assign(consumer: Consumer, partitions: list[Any]) -> None:
+            pin_and_assign(consumer, partitions)
+            self.assigned(name)
+        return assign
+
+
+@dataclass
+class _Clients:
+    """What the join and learn loops share, gathered in one place so that shutdown closes
+    exactly what setup opened, in its order."""
+
+    catalogue: Catalogue
+    follower: RegistryFollower
+    producer: Emitter
+    reply_producer: Emitter
+    store: StateStore
+    guard: RedisGuard
+    saver: PredictionSaver | None
+    apps: Apps
+    dead: DeadLetters
+    consumers: list[Consumer] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+def _open_clients(settings: Settings, ss: SelectorSettings, join: bool) -> _Clients:
+    """Connect to the registry, Kafka and Redis before either loop starts, so that a missing
+    dependency fails the start rather than the first query."""
     catalogue = Catalogue.from_settings(settings)
     follower = RegistryFollower(settings).start()  # it ensures the core topics first: once is enough for a restart
     follower.wait_ready(ss.registry_timeout_s)
@@ -69,71 +111,84 @@ def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bo
     saver = PredictionSaver(store.redis, store.ttl_s, guard, gather_s=ss.save_gather_ms / 1000.0).start() if join else None
     apps = Apps(follower.view, ss.policy_imports)
     dead = DeadLetters(producer, catalogue.deadletter.name, stage="selector", max_payload=65536)
-    waiting = {"join"} if join else set()
-    waiting |= {"learn"} if learn else set()
-    lock = threading.Lock()
+    return _Clients(catalogue, follower, producer, reply_producer, store, guard, saver, apps, dead)
 
-    def assigned(part: str) -> None:
-        with lock:
-            if part in waiting:
-                waiting.discard(part)
-                if not waiting:
-                    announce_ready("selector")
 
-    def on_assign(name: str) -> Any:
-        def assign(consumer: Consumer, partitions: list[Any]) -> None:
-            pin_and_assign(consumer, partitions)
-            assigned(name)
-        return assign
+def _start_learner(settings: Settings, ss: SelectorSettings, clients: _Clients, ready: _Readiness,
+                   stop: threading.Event) -> None:
+    """Run the learn loop on its own thread, since the join loop (when there is one) keeps the
+    main thread."""
+    # offsets are stored by the learner as feedback is done with: never past one that
+    # waits for Redis (``selector.learn``)
+    lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False},
+                                 **LAG.config(f"{ss.group}.learn"),
+                                 **membership_config(settings, member_name())))  # a restart: no rebalance
+    clients.consumers.append(lc)
+    lc.subscribe([clients.catalogue.feedback.name], on_assign=ready.on_assign("learn"))
+    learner = Learner(lc, clients.store, clients.apps, clients.dead, ss.learn_global, guard=clients.guard)
+    thread = threading.Thread(target=learner.run, args=(stop, ss.max_poll_s, ss.drain_max), name="learn", daemon=True)
+    clients.threads.append(thread)
+    thread.start()
 
+
+def _run_join(settings: Settings, ss: SelectorSettings, clients: _Clients, ready: _Readiness,
+              stop: threading.Event) -> None:
+    """Build the dispatch+join selector and run it on this thread until ``stop``; its
+    partitions move through the handover, which stores offsets only once answered."""
+    jc = Consumer({**join_consumer_config(settings, ss), **LAG.config(ss.group)})
+    clients.consumers.append(jc)
+    budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
+                         ss.reply_budget_quantile, max_share=ss.reply_budget_max_share)
+    saver = clients.saver
+    sel = Selector(jc, clients.producer, clients.store, clients.apps, clients.dead, clients.catalogue, settings,
+                   ss.answered_capacity, budget, clients.reply_producer, guard=clients.guard,
+                   save=saver.put if saver else None,
+                   answered_window_s=ss.answered_window_s, state_fresh_s=ss.state_fresh_ms / 1000.0,
+                   trips=ModelTrips(ss.hopeless_quantile), grouped=ss.fan_out == "grouped")
+    # the apps' models' topics, before the first query needs them (``up`` applied its
+    # app file before starting the selector, so the registry view has them)
+    sel.prepare_model_topics(m for app in clients.follower.view().apps.values() for m in app.models)
+    queries, predictions = clients.catalogue.queries.name, clients.catalogue.predictions.name
+    sel.handover = handover = Handover(queries, predictions, sel.offsets, sel.join.drop_partitions,
+                                       on_assigned=lambda: ready.assigned("join"))
+    expose(sel.metrics.registry)
+    jc.subscribe([queries, predictions], on_assign=handover.on_assign,
+                 on_revoke=handover.on_revoke, on_lost=handover.on_lost)
+    sel.run(stop, ss.max_poll_s, ss.drain_max)
+
+
+def _close(clients: _Clients, stop: threading.Event) -> None:
+    """Stop the loops and close every client in the one order that loses the least on a
+    restart (see the reply producer below)."""
+    stop.set()
+    for t in clients.threads:
+        t.join(timeout=5)
+    if clients.saver is not None:
+        clients.saver.close()
+    clients.guard.close()
+    # the reply producer first: its last acknowledgements store the last answered offsets,
+    # which closing the consumer commits (its revoke callback), so a restart replays less
+    clients.reply_producer.close(5)
+    for c in clients.consumers:
+        c.close()
+    clients.producer.close(5)
+    clients.follower.stop()
+    print("selector stopped", file=sys.stderr, flush=True)
+
+
+def serve(settings: Settings, ss: SelectorSettings, learn: bool = True, join: bool = True,
+          stop: threading.Event | None = None) -> None:
+    """Run dispatch+join and/or learn until ``stop``; print ``ready: selector`` once serving."""
+    stop = stop or threading.Event()
+    clients = _open_clients(settings, ss, join)
+    ready = _Readiness(learn, join)
     serve_metrics("selector")
-    consumers: list[Consumer] = []
-    threads: list[threading.Thread] = []
     try:
         if learn:
-            # offsets are stored by the learner as feedback is done with: never past one that
-            # waits for Redis (``selector.learn``)
-            lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False},
-                                         **LAG.config(f"{ss.group}.learn"),
-                                         **membership_config(settings, member_name())))  # a restart: no rebalance
-            consumers.append(lc)
-            lc.subscribe([catalogue.feedback.name], on_assign=on_assign("learn"))
-            learner = Learner(lc, store, apps, dead, ss.learn_global, guard=guard)
-            threads.append(threading.Thread(target=learner.run, args=(stop, ss.max_poll_s, ss.drain_max),
-                                            name="learn", daemon=True))
-            threads[-1].start()
+            _start_learner(settings, ss, clients, ready, stop)
         if join:
-            jc = Consumer({**join_consumer_config(settings, ss), **LAG.config(ss.group)})
-            consumers.append(jc)
-            budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
-                                 ss.reply_budget_quantile, max_share=ss.reply_budget_max_share)
-            sel = Selector(jc, producer, store, apps, dead, catalogue, settings, ss.answered_capacity,
-                           budget, reply_producer, guard=guard, save=saver.put if saver else None,
-                           answered_window_s=ss.answered_window_s, state_fresh_s=ss.state_fresh_ms / 1000.0,
-                           trips=ModelTrips(ss.hopeless_quantile), grouped=ss.fan_out == "grouped")
-            # the apps' models' topics, before the first query needs them (``up`` applied its
-            # app file before starting the selector, so the registry view has them)
-            sel.prepare_model_topics(m for app in follower.view().apps.values() for m in app.models)
-            sel.handover = handover = Handover(catalogue.queries.name, catalogue.predictions.name, sel.offsets,
-                                               sel.join.drop_partitions, on_assigned=lambda: assigned("join"))
-            expose(sel.metrics.registry)
-            jc.subscribe([catalogue.queries.name, catalogue.predictions.name], on_assign=handover.on_assign,
-                         on_revoke=handover.on_revoke, on_lost=handover.on_lost)
-            sel.run(stop, ss.max_poll_s, ss.drain_max)
+            _run_join(settings, ss, clients, ready, stop)
         else:
             stop.wait()
     finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=5)
-        if saver is not None:
-            saver.close()
-        guard.close()
-        # the reply producer first: its last acknowledgements store the last answered offsets,
-        # which closing the consumer commits (its revoke callback), so a restart replays less
-        reply_producer.close(5)
-        for c in consumers:
-            c.close()
-        producer.close(5)
-        follower.stop()
-        print("selector stopped", file=sys.stderr, flush=True)
+        _close(clients, stop)

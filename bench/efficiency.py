@@ -121,6 +121,24 @@ def build(root: Path, replicas: int = 1, name: str = "accel", speed: float = SPE
 
 
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
+    duration, fractions, in_flights = _options(argv)
+    report = _new_report(duration)
+    b, bound = report["device"]["best_batch"], report["device"]["max_qps"]
+    for in_flight in in_flights:
+        rows_k = strip_rows(_run_in_flight(in_flight, fractions, duration, b, bound))
+        report["by_in_flight"][str(in_flight)] = _in_flight_figures(rows_k, bound)
+        report["steps"] += rows_k
+    head = in_flights[0]  # the headline figures: the first setting run (the default, 2)
+    report["summary"] = _summary(report, head, bound)
+    _say_summary(report, bound)
+    write_json("efficiency", report, out_dir)
+    _plot(report, head, b, bound, out_dir)
+    return report
+
+
+def _options(argv: list[str] | None) -> tuple[float, tuple[float, ...], tuple[int, ...]]:
+    """The step length, offered fractions and in-flight settings: --quick picks smaller defaults,
+    which the explicit lists then override."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--fractions", help="comma-separated offered loads as fractions of the ceiling")
@@ -133,56 +151,82 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         fractions = tuple(float(f) for f in args.fractions.split(","))
     if args.in_flight:
         in_flights = tuple(int(k) for k in args.in_flight.split(","))
-    table_ms = latency_fn(CLOCKWORK)
+    return duration, fractions, in_flights
+
+
+def _new_report(duration: float) -> dict[str, Any]:
+    """The report's settings and the device's ceiling from the table, which every efficiency
+    figure is divided by; the steps and per-setting figures are filled in as they run."""
     b, ms, bound = device_bound(CLOCKWORK, SLO_MS / 2, SPEED)
     b_full, ms_full, bound_full = device_bound(CLOCKWORK, SLO_MS, SPEED)
     say(f"efficiency: device ceiling {bound:.1f} q/s (batch {b}, {ms:.1f} ms; budget SLO/2 = {SLO_MS / 2:g} ms)")
-    report: dict[str, Any] = {"machine": machine_info(), "settings": {
+    return {"machine": machine_info(), "settings": {
         "table_ms": CLOCKWORK, "speed": SPEED, "slo_ms": SLO_MS, "batch_budget_ms": SLO_MS / 2, "step_s": duration,
         "warmup_s": 2.0, "arrivals": "Poisson (cv 1)", "replicas": 1, "mode": "kafka"},
         "device": {"best_batch": b, "batch_ms": ms, "max_qps": bound,
                    "if_whole_slo_were_the_batch_budget": {"best_batch": b_full, "batch_ms": ms_full, "max_qps": bound_full}},
         "steps": [], "by_in_flight": {}}
-    for in_flight in in_flights:
-        say(f"efficiency: batches in flight per replica = {in_flight}")
-        steps = []
-        with tempfile.TemporaryDirectory(prefix="bench-eff-") as tmp, \
-                Pipeline(build(Path(tmp)), env={"CLIPSTREAM_BATCHER_MAX_IN_FLIGHT": str(in_flight)}) as pipe:
-            wait_warm(pipe.url, "accel", load.json_bodies(load.unique_inputs(1))[0])
-            kl = KafkaLoad(pipe.settings(), keep_trace=False)
-            tap = BatchStatsTap(pipe.settings(), "accel", lambda n: table_ms(n) / SPEED)
-            try:
-                for i, f in enumerate(fractions):
-                    t0 = now_us()
-                    s = load_step(pipe, "accel", f * bound, SLO_MS, duration, kafka_load=kl, seed=i + 1,
-                                  warmup_s=2.0, label=f"in-flight {in_flight} x{f:g} ")
-                    s.update(tap.between(t0 + 2_000_000, now_us()))
-                    ideal = ideal_goodput(load.arrival_times(f * bound, 1.0, duration, i + 1), SLO_MS, b,
-                                          CLOCKWORK, SPEED, 2.0, duration)
-                    s["ideal_goodput_qps"] = round(ideal, 1)
-                    s["vs_ideal"] = round(s["goodput_qps"] / ideal, 3) if ideal else None
-                    say(f"    device busy {s['device_busy']:.2f}, mean batch {s['mean_batch']:.1f}, "
-                        f"service over the table {s.get('service_over_table_ms')} ms; "
-                        f"ideal batcher {ideal:.1f} q/s in SLO -> this pipeline x{s['vs_ideal']}")
-                    s["fraction_of_ceiling"] = f
-                    s["in_flight"] = in_flight
-                    steps.append(s)
-            finally:
-                tap.close()
-                kl.close()
-        rows_k = strip_rows(steps)
-        best_k = max(rows_k, key=lambda r: r["goodput_qps"])
-        best_ideal = max(r["ideal_goodput_qps"] for r in rows_k)
-        report["by_in_flight"][str(in_flight)] = {"efficiency": round(best_k["goodput_qps"] / bound, 3),
-                                                  "best_goodput_qps": round(best_k["goodput_qps"], 1),
-                                                  "ideal_efficiency": round(best_ideal / bound, 3),
-                                                  "vs_ideal": round(best_k["goodput_qps"] / best_ideal, 3)}
-        report["steps"] += rows_k
-    head = in_flights[0]  # the headline figures: the first setting run (the default, 2)
+
+
+def _run_in_flight(in_flight: int, fractions: tuple[float, ...], duration: float, b: int,
+                   bound: float) -> list[dict[str, Any]]:
+    """Every offered load on a pipeline of its own: the batches-in-flight limit is read from the
+    environment when the batcher starts, so each setting needs a fresh pipeline."""
+    say(f"efficiency: batches in flight per replica = {in_flight}")
+    table_ms = latency_fn(CLOCKWORK)
+    steps = []
+    with tempfile.TemporaryDirectory(prefix="bench-eff-") as tmp, \
+            Pipeline(build(Path(tmp)), env={"CLIPSTREAM_BATCHER_MAX_IN_FLIGHT": str(in_flight)}) as pipe:
+        wait_warm(pipe.url, "accel", load.json_bodies(load.unique_inputs(1))[0])
+        kl = KafkaLoad(pipe.settings(), keep_trace=False)
+        tap = BatchStatsTap(pipe.settings(), "accel", lambda n: table_ms(n) / SPEED)
+        try:
+            for i, f in enumerate(fractions):
+                steps.append(_step(pipe, kl, tap, i, f, in_flight, duration, b, bound))
+        finally:
+            tap.close()
+            kl.close()
+    return steps
+
+
+def _step(pipe: Pipeline, kl: KafkaLoad, tap: BatchStatsTap, i: int, f: float, in_flight: int, duration: float,
+          b: int, bound: float) -> dict[str, Any]:
+    """One offered load, with the device's busy time over it and the ideal batcher's goodput on
+    the very same arrivals (same seed), so the two can be divided."""
+    t0 = now_us()
+    s = load_step(pipe, "accel", f * bound, SLO_MS, duration, kafka_load=kl, seed=i + 1,
+                  warmup_s=2.0, label=f"in-flight {in_flight} x{f:g} ")
+    s.update(tap.between(t0 + 2_000_000, now_us()))
+    ideal = ideal_goodput(load.arrival_times(f * bound, 1.0, duration, i + 1), SLO_MS, b,
+                          CLOCKWORK, SPEED, 2.0, duration)
+    s["ideal_goodput_qps"] = round(ideal, 1)
+    s["vs_ideal"] = round(s["goodput_qps"] / ideal, 3) if ideal else None
+    say(f"    device busy {s['device_busy']:.2f}, mean batch {s['mean_batch']:.1f}, "
+        f"service over the table {s.get('service_over_table_ms')} ms; "
+        f"ideal batcher {ideal:.1f} q/s in SLO -> this pipeline x{s['vs_ideal']}")
+    s["fraction_of_ceiling"] = f
+    s["in_flight"] = in_flight
+    return s
+
+
+def _in_flight_figures(rows_k: list[dict[str, Any]], bound: float) -> dict[str, Any]:
+    """One in-flight setting's best step against the ceiling and against the ideal batcher, so
+    the settings can be compared side by side."""
+    best_k = max(rows_k, key=lambda r: r["goodput_qps"])
+    best_ideal = max(r["ideal_goodput_qps"] for r in rows_k)
+    return {"efficiency": round(best_k["goodput_qps"] / bound, 3),
+            "best_goodput_qps": round(best_k["goodput_qps"], 1),
+            "ideal_efficiency": round(best_ideal / bound, 3),
+            "vs_ideal": round(best_k["goodput_qps"] / best_ideal, 3)}
+
+
+def _summary(report: dict[str, Any], head: int, bound: float) -> dict[str, Any]:
+    """The headline figures, from the first in-flight setting only, read three ways: best goodput
+    at any load, with p99 within the SLO, and offered at most the ceiling."""
     rows = [r for r in report["steps"] if r["in_flight"] == head]
     ok = [r for r in rows if r["effective_ms"]["p99"] <= SLO_MS]
     best = max(rows, key=lambda r: r["goodput_qps"])
-    report["summary"] = {
+    summary = {
         "efficiency": round(best["goodput_qps"] / bound, 3),
         "best_goodput_qps": round(best["goodput_qps"], 1),
         "efficiency_with_p99_within_slo": round(max((r["goodput_qps"] for r in ok), default=0.0) / bound, 3),
@@ -192,13 +236,23 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         "ideal_batcher_efficiency": report["by_in_flight"][str(head)]["ideal_efficiency"],
         "vs_ideal": report["by_in_flight"][str(head)]["vs_ideal"],
     }
-    report["summary"]["by_in_flight"] = report["by_in_flight"]
+    summary["by_in_flight"] = report["by_in_flight"]
+    return summary
+
+
+def _say_summary(report: dict[str, Any], bound: float) -> None:
+    """The closing lines a reader of the log looks for: every setting, then the headline."""
+    summary = report["summary"]
     say(f"  by batches in flight: {report['by_in_flight']}")
-    say(f"  efficiency {report['summary']['efficiency']} (goodput {best['goodput_qps']:.1f} / ceiling {bound:.1f}); "
-        f"with p99 within SLO: {report['summary']['efficiency_with_p99_within_slo']}; an ideal zero-overhead "
-        f"batcher on the same arrivals: {report['summary']['ideal_batcher_efficiency']}, so this pipeline "
-        f"delivers x{report['summary']['vs_ideal']} of it")
-    write_json("efficiency", report, out_dir)
+    say(f"  efficiency {summary['efficiency']} (goodput {summary['best_goodput_qps']:.1f} / ceiling {bound:.1f}); "
+        f"with p99 within SLO: {summary['efficiency_with_p99_within_slo']}; an ideal zero-overhead "
+        f"batcher on the same arrivals: {summary['ideal_batcher_efficiency']}, so this pipeline "
+        f"delivers x{summary['vs_ideal']} of it")
+
+
+def _plot(report: dict[str, Any], head: int, b: int, bound: float, out_dir: Path) -> None:
+    """Goodput and latency against the offered load, one line per in-flight setting, with the
+    ceiling and the ideal batcher as the references."""
     fig, axes = figure(1, 2)
     ax = axes[0][0]
     for k in report["by_in_flight"]:
@@ -222,7 +276,6 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ax.set_ylabel("latency (ms)")
     ax.legend(fontsize=8)
     save_figure(fig, "efficiency", out_dir)
-    return report
 
 
 if __name__ == "__main__":

@@ -51,6 +51,20 @@ from bench.stats import percentile, percentiles
 
 
 def main() -> None:
+    args = _options()
+    hits, steps = _measure(args)
+    report = _report(hits, steps, args.repeat)
+    _say_report(report, steps, args.repeat)
+    settings = {**vars(args), "warm_up_step": {**WARM_UP, "seconds": args.warm_up_s}}
+    write_json("gateway", {"machine": machine_info(), "settings": settings, "summary": report,
+                           "raw": {"cache_hit_ms": hits, "overload_wait_ms": steps[0].waited.tolist(),
+                                   "overload_wait_ms_later_steps": [st.waited.tolist() for st in steps[1:]],
+                                   "overload_send_to_arrival_ms": [st.to_arrival.tolist() for st in steps]}})
+    _plot(hits, steps, args)
+
+
+def _options() -> argparse.Namespace:
+    """The command line, refusing a run without an overload step."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--hits", type=int, default=400)
     ap.add_argument("--rate", type=float, default=2400.0, help="offered queries/s in the overload run")
@@ -64,6 +78,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat needs at least 1")
+    return args
+
+
+def _measure(args: argparse.Namespace) -> tuple[list[float], list[Step]]:
+    """Both measurements on one warmed pipeline of the digits app: the cache-hit round trips,
+    then every overload step."""
     from clipstream.testing.models import digits, make_onnx_digits_model
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,23 +95,36 @@ def main() -> None:
             x, _ = digits()
             body = json.dumps({"input": x[0].tolist()}).encode()
             warm_up(pipe, "digits", mode="gateway", seconds=args.warm_up_s)
-            hits = []
-            with httpx.Client(base_url=pipe.url, timeout=5) as http:
-                say(f"cache-hit round trips: {args.hits} sequential calls with one input")
-                for i in range(args.hits + 20):
-                    t0 = time.perf_counter()
-                    r = http.post("/v1/apps/digits/predict", content=body, headers={"content-type": "application/json"})
-                    dt = (time.perf_counter() - t0) * 1000
-                    assert r.status_code == 200, r.text
-                    if i >= 20:  # the first calls fill the cache and warm the clients
-                        hits.append(dt)
+            hits = _cache_hits(pipe, body, args.hits)
             steps = [_overload(pipe, args, rep) for rep in range(args.repeat)]
+    return hits, steps
+
+
+def _cache_hits(pipe: Pipeline, body: bytes, n: int) -> list[float]:
+    """One caller sending the same input again and again, timed by the caller; the first 20
+    calls fill the cache and warm the clients, so they are left out."""
+    hits = []
+    with httpx.Client(base_url=pipe.url, timeout=5) as http:
+        say(f"cache-hit round trips: {n} sequential calls with one input")
+        for i in range(n + 20):
+            t0 = time.perf_counter()
+            r = http.post("/v1/apps/digits/predict", content=body, headers={"content-type": "application/json"})
+            dt = (time.perf_counter() - t0) * 1000
+            assert r.status_code == 200, r.text
+            if i >= 20:  # the first calls fill the cache and warm the clients
+                hits.append(dt)
+    return hits
+
+
+def _report(hits: list[float], steps: list[Step], repeat: int) -> dict[str, Any]:
+    """The report's summary: the cache-hit percentiles and the first overload step, plus every
+    repetition and their totals when there are several, since lateness varies run to run."""
     report: dict[str, Any] = {
         "cache_hit_ms": {**percentiles(hits, (50, 99)), "n": len(hits)},
         "overload": steps[0].summary,
     }
     summaries = [st.summary for st in steps]
-    if args.repeat > 1:
+    if repeat > 1:
         keys = ("answered", "default", "refused_503", "lost", "max_wait_ms", "over_slo_plus_20ms",
                 "over_slo_plus_20ms_from_send", "over_slo_plus_20ms_send_to_arrival", "max_send_to_arrival_ms",
                 "over_limit")
@@ -103,9 +136,14 @@ def main() -> None:
             "over_slo_plus_20ms_send_to_arrival": sum(o["over_slo_plus_20ms_send_to_arrival"] for o in summaries),
             "max_send_to_arrival_ms": max(o["max_send_to_arrival_ms"] for o in summaries),
             "max_wait_ms": max(o["max_wait_ms"] for o in summaries)}
+    return report
+
+
+def _say_report(report: dict[str, Any], steps: list[Step], repeat: int) -> None:
+    """The closing lines: the cache hit, each overload step, and with repetitions their totals."""
     say(f"cache hit: p50 {report['cache_hit_ms']['p50']:.2f} ms, p99 {report['cache_hit_ms']['p99']:.2f} ms")
-    for rep, o in enumerate(summaries):
-        say(f"overload{f' #{rep + 1}' if args.repeat > 1 else ''}: offered {o['offered_qps']:.0f} q/s, answered "
+    for rep, o in enumerate(st.summary for st in steps):
+        say(f"overload{f' #{rep + 1}' if repeat > 1 else ''}: offered {o['offered_qps']:.0f} q/s, answered "
             f"{o['answered']}, defaults {o['default']}, 503s {o['refused_503']}, other errors {o['other_errors']}, "
             f"lost {o['lost']}; longest wait {o['max_wait_ms']:.1f} ms ({o['over_slo_plus_20ms']} callers over "
             f"SLO + 20 ms; {o['over_slo_plus_20ms_from_send']} counting from the send, "
@@ -113,15 +151,14 @@ def main() -> None:
             f"longest {o['max_send_to_arrival_ms']:.1f} ms)")
     if "overload_all" in report:
         a = report["overload_all"]
-        say(f"overload, {args.repeat} steps: {a['over_slo_plus_20ms']} of {a['callers']} callers over SLO + 20 ms "
+        say(f"overload, {repeat} steps: {a['over_slo_plus_20ms']} of {a['callers']} callers over SLO + 20 ms "
             f"({a['over_slo_plus_20ms_from_send']} counting from the send; "
             f"{a['over_slo_plus_20ms_send_to_arrival']} from the send to the answer's arrival at the socket, "
             f"longest {a['max_send_to_arrival_ms']:.1f} ms), longest wait {a['max_wait_ms']:.1f} ms")
-    settings = {**vars(args), "warm_up_step": {**WARM_UP, "seconds": args.warm_up_s}}
-    write_json("gateway", {"machine": machine_info(), "settings": settings, "summary": report,
-                           "raw": {"cache_hit_ms": hits, "overload_wait_ms": steps[0].waited.tolist(),
-                                   "overload_wait_ms_later_steps": [st.waited.tolist() for st in steps[1:]],
-                                   "overload_send_to_arrival_ms": [st.to_arrival.tolist() for st in steps]}})
+
+
+def _plot(hits: list[float], steps: list[Step], args: argparse.Namespace) -> None:
+    """The cache-hit round trips, and every overload step's waits timed two ways against SLO + 20 ms."""
     fig, axes = figure(1, 2)
     axes[0][0].hist(hits, bins=60)
     axes[0][0].set_xlabel("cache-hit round trip (ms), one caller")

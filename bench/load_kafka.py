@@ -78,12 +78,33 @@ class KafkaLoad:
             drain_s: float = 3.0, progress: Progress | None = None, gate: threading.Semaphore | None = None,
             stop_after_s: float | None = None) -> RunResult:
         """Send ``tensors[i % len]`` (``bench.load.tensors``) at ``times[i]``."""
-        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
-
         prefix = uuid.uuid4().hex[:12]
         results = [Outcome(i, 0, query_id=f"{prefix}{i:09d}") for i in range(len(times))]
-        slo_us = int(slo_ms * 1000)
         got = [0]
+        self.tap.start(self._receiver(prefix, results, got))
+        tick_stop = threading.Event()
+        ticker("kafka", len(times), lambda: got[0], progress, tick_stop)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        start = time.monotonic() + 0.02
+        start_us = now_us() + 20_000
+        sent = self._send_all(app, tensors, times, results, int(slo_ms * 1000), start, start_us, gate, stop_after_s)
+        self.producer.flush(10)
+        deadline = time.monotonic() + slo_ms / 1000 + drain_s
+        while got[0] < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.tap.stop()
+        tick_stop.set()
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        if gate is not None:
+            duration = float(stop_after_s or 0.0)
+        else:
+            duration = float(times[-1]) if len(times) else 0.0
+        return RunResult(results[:sent], start_us, duration, wall, cpu)
+
+    def _receiver(self, prefix: str, results: list[Outcome], got: list[int]) -> Callable[[Record, Any, int], None]:
+        """The tap's handler for this run: it records each of the run's Responses once on its
+        Outcome (by the number in its query id) and frees a closed loop's slot."""
+        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
         def receive(rec: Record, m: Any, now: int) -> None:
             if not isinstance(rec, Response) or not rec.query_id.startswith(prefix):
@@ -105,12 +126,12 @@ class KafkaLoad:
                     r.trace["_reply_appended"] = ts_ms * 1000
             got[0] += 1
 
-        self.tap.start(receive)
-        tick_stop = threading.Event()
-        ticker("kafka", len(times), lambda: got[0], progress, tick_stop)
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        start = time.monotonic() + 0.02
-        start_us = now_us() + 20_000
+        return receive
+
+    def _send_all(self, app: str, tensors: Sequence[Tensor], times: np.ndarray, results: list[Outcome], slo_us: int,
+                  start: float, start_us: int, gate: threading.Semaphore | None, stop_after_s: float | None) -> int:
+        """Produce every query at its time (open loop) or as a slot frees up (closed loop, until
+        ``stop_after_s``); returns how many were sent. One tight loop, so the sends stay on time."""
         produce, poll, topic = self.producer.produce, self.producer.poll, self.queries_topic
         n_t = len(tensors)
         sent = len(times)
@@ -139,16 +160,4 @@ class KafkaLoad:
                 except BufferError:
                     poll(0.01)
             poll(0)
-        self.producer.flush(10)
-        deadline = time.monotonic() + slo_ms / 1000 + drain_s
-        while got[0] < sent and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.tap.stop()
-        tick_stop.set()
-        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-        results = results[:sent]
-        if gate is not None:
-            duration = float(stop_after_s or 0.0)
-        else:
-            duration = float(times[-1]) if len(times) else 0.0
-        return RunResult(results, start_us, duration, wall, cpu)
+        return sent

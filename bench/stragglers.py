@@ -142,6 +142,22 @@ def summarise(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, A
 
 
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
+    args, sizes, duration, warm_s = _options(argv)
+    x, y = held_out()
+    report = _new_report(args, sizes, duration, warm_s)
+    _run_all(report, args, sizes, duration, warm_s, x, y)
+    summ = {str(s): summarise([(report["runs"][run_key(s, "cutoff", r)], report["runs"][run_key(s, "wait_all", r)])
+                              for r in range(args.repeat)]) for s in sizes}
+    report["summary"] = summ
+    _say_summary(summ, args.repeat)
+    write_json("stragglers", report, out_dir)
+    _plot(report, sizes, args.repeat, out_dir)
+    return report
+
+
+def _options(argv: list[str] | None) -> tuple[argparse.Namespace, tuple[int, ...], float, float]:
+    """The command line with --quick's shorter steps and warm-up resolved, refusing what cannot
+    be measured (no repetition, or an ensemble without a straggler beside it)."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", default=None, help="ensemble sizes, comma-separated (default 2,4,8; --quick: 2,8)")
@@ -157,11 +173,21 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         if min(sizes) < 2:
             ap.error("an ensemble has at least 2 models (one of them the straggler)")
     warm_s = WARM_S / 4 if args.quick else WARM_S
-    x, y = held_out()
-    report: dict[str, Any] = {"machine": machine_info(), "settings": {
+    return args, sizes, duration, warm_s
+
+
+def _new_report(args: argparse.Namespace, sizes: tuple[int, ...], duration: float, warm_s: float) -> dict[str, Any]:
+    """The report's machine and settings, with an empty ``runs`` that the measured runs fill in."""
+    return {"machine": machine_info(), "settings": {
         "sizes": sizes, "slo_ms": SLO_MS, "wait_for_all_slo_ms": WAIT_SLO_MS, "fast_ms": FAST_MS,
         "slow_ms": SLOW_MS, "slow_fraction_of_batches": SLOW_FRACTION, "rate_qps": args.rate, "step_s": duration,
         "warm_up_s": warm_s, "repeat": args.repeat, "policy": "exp4", "mode": "kafka", "inputs": "held-out digits (797), cycled", "prediction_cache": False}, "runs": {}}
+
+
+def _run_all(report: dict[str, Any], args: argparse.Namespace, sizes: tuple[int, ...], duration: float,
+             warm_s: float, x: np.ndarray, y: np.ndarray) -> None:
+    """Every repetition of every ensemble size, cutoff then wait-for-all, on one pipeline that a
+    discarded run has warmed first."""
     with tempfile.TemporaryDirectory(prefix="bench-strag-") as tmp:
         # no prediction cache: every run replays the same held-out digits, and a cached
         # prediction never reaches a worker, so the straggler would only straggle once
@@ -177,47 +203,62 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                         inputs=x[np.arange(int(args.rate * warm_s * 1.3) + 10) % len(x)])
                 for rep, s in ((rep, s) for rep in range(args.repeat) for s in sizes):
                     for mode, slo in (("cutoff", SLO_MS), ("wait_all", WAIT_SLO_MS)):
-                        n = int(args.rate * duration * 1.3) + 10
-                        inputs = x[np.arange(n) % len(x)]
-                        tag = f" #{rep + 1}" if args.repeat > 1 else ""
-                        step = load_step(pipe, f"ens{s}", args.rate, slo, duration, kafka_load=kl, inputs=inputs,
-                                         seed=s + 1000 * rep, label=f"ens{s} {mode}{tag} ")
-                        run = step.pop("_run")
-                        sc = score(run, y, s, slo)
-                        step.update(accuracy=sc["accuracy"], missing_fraction=sc["missing_fraction"],
-                                    accuracy_defaults_wrong=sc["accuracy_defaults_wrong"])
-                        step["p99_ms"] = step["latency_ms"]["p99"]
-                        step["breakdown_ms"] = table(parts_of(run.results))  # the last prediction joined
-                        report["runs"][run_key(s, mode, rep)] = step
-                        say(f"    accuracy {sc['accuracy']:.3f}, missing predictions {sc['missing_fraction']:.3%}; "
-                            + "  ".join(f"{k} {v['p50']:.1f}/{v['p99']:.1f}" for k, v in step["breakdown_ms"].items()
-                                        if k != "gateway") + " (p50/p99 ms)")
+                        report["runs"][run_key(s, mode, rep)] = _measured_run(
+                            pipe, kl, args, s, mode, slo, rep, duration, x, y)
             finally:
                 kl.close()
-    summ = {str(s): summarise([(report["runs"][run_key(s, "cutoff", r)], report["runs"][run_key(s, "wait_all", r)])
-                              for r in range(args.repeat)]) for s in sizes}
-    report["summary"] = summ
+
+
+def _measured_run(pipe: Pipeline, kl: KafkaLoad, args: argparse.Namespace, s: int, mode: str, slo: float, rep: int,
+                  duration: float, x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """One load step on ensemble ``s``, scored against the labels and split by hop, so a run's
+    accuracy and where its tail came from sit beside its latency."""
+    n = int(args.rate * duration * 1.3) + 10
+    inputs = x[np.arange(n) % len(x)]
+    tag = f" #{rep + 1}" if args.repeat > 1 else ""
+    step = load_step(pipe, f"ens{s}", args.rate, slo, duration, kafka_load=kl, inputs=inputs,
+                     seed=s + 1000 * rep, label=f"ens{s} {mode}{tag} ")
+    run = step.pop("_run")
+    sc = score(run, y, s, slo)
+    step.update(accuracy=sc["accuracy"], missing_fraction=sc["missing_fraction"],
+                accuracy_defaults_wrong=sc["accuracy_defaults_wrong"])
+    step["p99_ms"] = step["latency_ms"]["p99"]
+    step["breakdown_ms"] = table(parts_of(run.results))  # the last prediction joined
+    say(f"    accuracy {sc['accuracy']:.3f}, missing predictions {sc['missing_fraction']:.3%}; "
+        + "  ".join(f"{k} {v['p50']:.1f}/{v['p99']:.1f}" for k, v in step["breakdown_ms"].items()
+                    if k != "gateway") + " (p50/p99 ms)")
+    return step
+
+
+def _say_summary(summ: dict[str, Any], repeat: int) -> None:
+    """One closing line per ensemble size: the cutoff's tail against the SLO, and what waiting
+    for every model would have cost or gained."""
     for s, v in summ.items():
-        say(f"  stragglers, {s} models{' (median of ' + str(args.repeat) + ')' if args.repeat > 1 else ''}: "
+        say(f"  stragglers, {s} models{' (median of ' + str(repeat) + ')' if repeat > 1 else ''}: "
             f"p99 cutoff {v['p99_cutoff_ms']:.1f} ms (within SLO + 5 ms: {v['cutoff_p99_within_slo_plus_5ms']}"
             f"{', in ' + v['cutoff_p99_within_slo_plus_5ms_in'] + ' runs' if 'repetitions' in v else ''}; "
             f"{v['p99_cutoff_from_send_ms']:.1f} ms from the send), "
             f"wait for all {v['p99_wait_all_ms']:.1f} ms; accuracy loss {v['accuracy_loss_points']:.2f} points "
             f"({v['accuracy_loss_points_defaults_wrong']:.2f} counting defaults as wrong)")
-    write_json("stragglers", report, out_dir)
+
+
+def _plot(report: dict[str, Any], sizes: tuple[int, ...], repeat: int, out_dir: Path) -> None:
+    """p99, missing predictions and accuracy against the ensemble size, cutoff beside
+    wait-for-all; with repetitions the p99 is their median and each run a dot."""
+    summ = report["summary"]
     fig, axes = figure(1, 3, size=(15, 4))
     xs = list(sizes)
     for mode in ("cutoff", "wait_all"):
         line = axes[0][0].plot(xs, [summ[str(s)][f"p99_{mode}_ms"] for s in xs], "o-", label=mode)[0]
-        for r in range(args.repeat if args.repeat > 1 else 0):  # every repetition as a dot beside the median
+        for r in range(repeat if repeat > 1 else 0):  # every repetition as a dot beside the median
             axes[0][0].plot(xs, [report["runs"][run_key(s, mode, r)]["p99_ms"] for s in xs], ".",
                             color=line.get_color(), alpha=0.5)
         axes[0][1].plot(xs, [100 * report["runs"][f"{s}/{mode}"]["missing_fraction"] for s in xs], "o-", label=mode)
         axes[0][2].plot(xs, [100 * report["runs"][f"{s}/{mode}"]["accuracy"] for s in xs], "o-", label=mode)
     axes[0][0].axhline(SLO_MS, color="grey", ls=":")
     axes[0][0].set_yscale("log")
-    many = args.repeat > 1  # the p99 line is then the median, its dots every run; the others the first run
-    titles = ("p99 latency (ms)" + (f", median of {args.repeat}" if many else ""),
+    many = repeat > 1  # the p99 line is then the median, its dots every run; the others the first run
+    titles = ("p99 latency (ms)" + (f", median of {repeat}" if many else ""),
               "missing predictions (%)" + (", first run" if many else ""), "accuracy (%)" + (", first run" if many else ""))
     for ax, t in zip(axes[0], titles):
         ax.set_xlabel("models in the ensemble")
@@ -225,7 +266,6 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
         ax.set_xticks(xs)
         ax.legend()
     save_figure(fig, "stragglers", out_dir)
-    return report
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 from bench.batching.adapt import section_adapt
 from bench.batching.helpers import OBJECTIVE_MS, ROOT, log
 from bench.batching.plot import plot
-from bench.batching.runner import Bench, RunResult
+from bench.batching.runner import Bench, Model, RunResult
 from bench.batching.sections import (
     DISPATCH_MODES,
     models,
@@ -31,6 +31,26 @@ SECTIONS = ("throughput", "adapt", "delayed", "cache", "cost")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args, sections = _options(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.monotonic()
+    report = _new_report(args, argv)
+    b = Bench(args)
+    report["aimd_objective_ms_within_deadline"] = b.aimd_objective_ms
+    _run_sections(b, args, sections, report)
+    report["load_at_end"] = os.getloadavg()
+    report["wall_s"] = round(time.monotonic() - t0, 1)
+    write_json("batching", report, args.out)
+    try:
+        plot(report, args.out)
+    except Exception as exc:  # a figure problem must not lose the numbers
+        log(f"figure failed: {exc}")
+    log(f"done in {report['wall_s']} s")
+    return report
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Every option of ``python -m bench.batching``, apart from their checks in ``_options``."""
     import bench.batching
 
     ap = argparse.ArgumentParser(description=(bench.batching.__doc__ or "").split("\n\n")[0])
@@ -57,6 +77,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="the batcher's margin for the prediction's trip on to the selector when it drops requests "
                          "that cannot make their deadline (pipeline default 3 ms); 0 here, since this benchmark "
                          "counts the deadline at the predictions topic itself")
+    return ap
+
+
+def _options(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed options and the sections to run: an unknown dispatch mode is refused before
+    anything starts, and --quick alone narrows the sections to its ~1 minute pair."""
+    ap = _parser()
     args = ap.parse_args(argv)
     unknown = [m for m in (args.dispatch or "").split(",") if m.strip() and m.strip() not in DISPATCH_MODES]
     if unknown:
@@ -66,13 +93,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick and args.sections == ",".join(SECTIONS):
         sections = ["throughput", "cache"]  # ~1 min; name --sections for the others
     args.out.mkdir(parents=True, exist_ok=True)
+    return args, sections
 
-    def on_term(*_: Any) -> None:
-        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
-    t0 = time.monotonic()
-    report: dict[str, Any] = {
+def _interrupt(*_: Any) -> None:
+    """SIGTERM as Ctrl-C, so a terminated run still stops its broker and writes what it has."""
+    raise KeyboardInterrupt
+
+
+def _new_report(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
+    """What the run measures and under which settings and machine load, before any section adds
+    its figures."""
+    return {
         "what": "model abstraction layer alone on a real Kafka broker and Redis: requests.<model> -> batcher -> "
                 "worker -> predictions; goodput = ok predictions answered within the objective per second",
         "objective_ms": OBJECTIVE_MS, "request_deadline_ms": args.deadline_ms, "quick": args.quick,
@@ -80,19 +112,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "argv": list(argv) if argv is not None else sys.argv[1:], "host_cpus": os.cpu_count(),
         "load_at_start": os.getloadavg(), "machine": machine_info(), "throughput": {},
     }
-    b = Bench(args)
-    report["aimd_objective_ms_within_deadline"] = b.aimd_objective_ms
+
+
+def _run_sections(b: Bench, args: argparse.Namespace, sections: list[str], report: dict[str, Any]) -> None:
+    """The broker and Redis up, the broker warmed, then each chosen section in turn; an
+    interruption is recorded in the report and everything is stopped either way."""
     ms = models(args.quick)
     try:
         b.start()
-        # the broker's JIT: a cold broker at full load expires nearly everything and warms
-        # slowly, so it is warmed at half the load it will meet, for as long as `up` warms
-        log("warm-up run (the broker's JIT; not reported)")
-        b.run(ms["svm"], "warm-up", rate_qps=500.0, warmup_s=0.5, measure_s=1.0 if args.quick else 20.0)
-        if not args.quick:  # then on while the broker still compiles: after the 20 s alone the
-            # next two runs met it compiling and read a third to a half of the goodput of later ones
-            warm_until_jit_quiet(b.status.kafka_pid, lambda i: b.run(
-                ms["clockwork"], f"warm-up {i + 2}", warmup_s=0.5, measure_s=5.0), log)
+        _warm_broker(b, ms, args.quick)
         thr: dict[str, dict[str, RunResult]] = {}
         if "throughput" in sections:
             thr = section_throughput(b, ms, report)
@@ -109,13 +137,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["interrupted"] = True
     finally:
         b.stop()
-    report["load_at_end"] = os.getloadavg()
-    report["wall_s"] = round(time.monotonic() - t0, 1)
-    write_json("batching", report, args.out)
-    try:
-        plot(report, args.out)
-    except Exception as exc:  # a figure problem must not lose the numbers
-        log(f"figure failed: {exc}")
-    log(f"done in {report['wall_s']} s")
-    return report
 
+
+def _warm_broker(b: Bench, ms: dict[str, Model], quick: bool) -> None:
+    """Unreported runs first, so that no measured run pays for the broker's JIT compiling."""
+    # the broker's JIT: a cold broker at full load expires nearly everything and warms
+    # slowly, so it is warmed at half the load it will meet, for as long as `up` warms
+    log("warm-up run (the broker's JIT; not reported)")
+    b.run(ms["svm"], "warm-up", rate_qps=500.0, warmup_s=0.5, measure_s=1.0 if quick else 20.0)
+    if not quick:  # then on while the broker still compiles: after the 20 s alone the
+        # next two runs met it compiling and read a third to a half of the goodput of later ones
+        warm_until_jit_quiet(b.status.kafka_pid, lambda i: b.run(
+            ms["clockwork"], f"warm-up {i + 2}", warmup_s=0.5, measure_s=5.0), log)

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -61,15 +62,28 @@ def coordinator_of(settings: Settings, group: str, timeout_s: float = 60.0) -> i
         time.sleep(0.5)
 
 
+def offsets_partitions(admin: Any, timeout_s: float = 30.0) -> int:
+    """How many partitions ``__consumer_offsets`` has. A broker that has not yet applied the
+    topic's creation from the metadata log answers with none, or with an error: ask again."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topic = admin.list_topics(OFFSETS_TOPIC, timeout=10).topics.get(OFFSETS_TOPIC)
+        if topic is not None and topic.error is None and topic.partitions:
+            return len(topic.partitions)
+        if time.monotonic() > deadline:
+            why = "no such topic" if topic is None else topic.error or "no partitions"
+            raise InfraError(f"{OFFSETS_TOPIC} shows no partitions within {timeout_s:g} s ({why}); "
+                             "check the brokers with `clipstream infra status`")
+        time.sleep(0.2)
+
+
 def move_coordinator(settings: Settings, libs: Path, group: str, broker: int, timeout_s: float = 120.0) -> None:
     """Make ``broker`` the coordinator of ``group``: it leads the group's offsets partition first
     among its replicas, then by a preferred-leader election; returns once the cluster says so."""
     java = shutil.which("java")
     if java is None or shutil.which("javac") is None:
         raise InfraError(f"moving a group's coordinator runs {PROGRAM.name}, which needs a JDK: {JDK_HINT}")
-    admin = AdminClient(admin_config(settings))
-    topic = admin.list_topics(OFFSETS_TOPIC, timeout=10).topics[OFFSETS_TOPIC]
-    partition = coordinator_partition(group, len(topic.partitions))
+    partition = coordinator_partition(group, offsets_partitions(AdminClient(admin_config(settings))))
     argv = [java, *TOOL_JVM_OPTS, "-cp", str(libs / "*"), str(PROGRAM),
             settings.kafka_bootstrap, OFFSETS_TOPIC, str(partition), str(broker)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)

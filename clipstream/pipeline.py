@@ -37,6 +37,8 @@ def say(msg: str) -> None:
 
 
 def stage_argv(*args: str) -> list[str]:
+    """A stage's command line: this interpreter's ``clipstream`` CLI, so every stage runs in the
+    environment ``up`` runs in."""
     return [sys.executable, "-m", "clipstream.cli", *args]
 
 

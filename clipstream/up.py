@@ -35,7 +35,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
-from clipstream.pipeline import Pipeline, gateway_stages, say as _say, stage_argv as _stage_argv
+from clipstream.pipeline import Pipeline, gateway_stages, say, stage_argv
 from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
 from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Supervisor
 from clipstream.warmup import warm_up
@@ -102,7 +102,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
-        run.supervisor = supervisor = Supervisor(log_dir, report=_say, healthy_s=up_settings.healthy_s,
+        run.supervisor = supervisor = Supervisor(log_dir, report=say, healthy_s=up_settings.healthy_s,
                                                  heartbeat_timeout_s=up_settings.heartbeat_timeout_s)
         targets = MetricTargets(log_dir / TARGETS_FILE)
         run.pipeline = pipeline = Pipeline(supervisor, env, shared_batcher=up_settings.batchers == "shared",
@@ -119,7 +119,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         sys.stdout.flush()
         _serve(run.stop, supervisor, pipeline, follower, targets)
     except ClipstreamError as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
@@ -153,7 +153,7 @@ class _Run:
         """Stop what was started, the registry's follower first so no change starts a stage while
         the stages stop, and the infrastructure last, only if this run started it."""
         # whoever read our output may be gone (a closed pipe): stopping must not depend on it
-        _say("stopping...")
+        say("stopping...")
         if self.follower is not None:
             self.follower.stop()
         if self.supervisor is not None:
@@ -162,7 +162,7 @@ class _Run:
             self.supervisor.stop_all()
         if self.started_infra:
             launcher.down(self.settings)
-        _say("stopped")
+        say("stopped")
 
 
 def _stage_env(settings: Settings, gateway_port: int | None) -> dict[str, str]:
@@ -189,7 +189,7 @@ def _add_front_stages(supervisor: Supervisor, env: dict[str, str], targets: Metr
     # a model's batcher forwards to the others, unless the environment says (docs/design/0082)
     fan_out = {} if up_settings.batchers == "shared" else {"CLIPSTREAM_SELECTOR_FAN_OUT": "per-model"}
     for i in range(1, up_settings.selectors + 1):  # named: static group members (topics.membership)
-        supervisor.add(f"selector-{i}", _stage_argv("selector"),
+        supervisor.add(f"selector-{i}", stage_argv("selector"),
                        targets.env(f"selector-{i}", {**fan_out, **env, MEMBER_ENV: f"selector-{i}"}),
                        spare=up_settings.spares)
     for name, argv in gateway_stages(up_settings.gateways, port):

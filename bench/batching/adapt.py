@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bench.batching.helpers import (
@@ -55,41 +56,100 @@ def objectives(b: Bench) -> dict[str, float]:
             if which == "target" or objs["given"] != objs["target"]}
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The section's sizes and timings, apart from the code that runs them, since --quick
+    shortens every one of them."""
+
+    half: float  # s before the slowdown in AIMD's runs, and after it
+    sizes: list[int]
+    n_select: int
+    n_confirm: int
+    fixed_s: float  # measurement window of a fixed size's run
+
+    @classmethod
+    def of(cls, b: Bench) -> _Plan:
+        """The full section's settings, or --quick's one size and one round of each kind."""
+        if b.quick:
+            return cls(half=3.0, sizes=[4], n_select=1, n_confirm=1, fixed_s=2.0)
+        return cls(half=5.0, sizes=[2, 3, 4, 8, 12], n_select=SELECT_ROUNDS, n_confirm=CONFIRM_ROUNDS, fixed_s=3.0)
+
+
 def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> RunResult:
+    """AIMD on the Clockwork profile when the model becomes 2x slower mid-run, against the new best
+    fixed size; returns the AIMD run the figure's trace shows."""
     m = ms["clockwork"]
-    half = 3.0 if b.quick else 5.0
-    sizes = [4] if b.quick else [2, 3, 4, 8, 12]
-    n_select, n_confirm = (1, 1) if b.quick else (SELECT_ROUNDS, CONFIRM_ROUNDS)
-    fixed_s = 2.0 if b.quick else 3.0
+    plan = _Plan.of(b)
     obj = objectives(b)
     readings = [(reading, key, in_time, which == "target") for reading, key, in_time, which in READINGS
                 if reading in obj]
-    log(f"adapt: {m.label}, AIMD at {' and '.join(f'{v:g} ms' for v in dict.fromkeys(obj.values()))} on the "
-        f"service time, the model becomes 2x slower at t = {half:g} s; {n_select} interleaved round(s) of the "
-        f"fixed sizes to pick the new best, then {n_confirm} of the new best and AIMD")
-    fixed_rounds: dict[str, list[dict[str, Any]]] = {}
-    for i in range(n_select):
-        for size in sizes:
-            r = b.run(m, f"fixed {size} @ 2x slower, round {i + 1}", fixed=size, slowdown=2.0, warmup_s=1.0,
-                      measure_s=fixed_s)
-            fixed_rounds.setdefault(f"fixed {size}", []).append(r.summary)
+    _log_plan(m, obj, plan)
+    fixed_rounds = _select_rounds(b, m, plan)
     selected = {k: {key: statistics.median(s[key] for s in v) for _, key in METRICS}
                 for k, v in fixed_rounds.items()}
-    picks = {metric: best_of({k: {"goodput_qps": v[key]} for k, v in selected.items()})[0] or f"fixed {sizes[0]}"
+    picks = {metric: best_of({k: {"goodput_qps": v[key]} for k, v in selected.items()})[0] or f"fixed {plan.sizes[0]}"
              for metric, key, *_ in readings}
+    confirmed, runs = _confirm_rounds(b, m, plan, picks, obj)
+    win = int(min(2.0, plan.half - 1.0) * 1e6)
+    entry = _entry(plan, win, fixed_rounds, selected, confirmed)
+    for metric, key, in_time, counts in readings:
+        entry[metric] = _reading(b, runs[obj[metric]], win, key, in_time, counts, picks[metric],
+                                 confirmed, selected, obj[metric])
+        _log_reading(metric, entry[metric], plan.n_confirm)
+    # the figure's trace: the round whose goodput recovery is the median
+    rows = entry["goodput"]["by_round"]
+    shown = _median_index([x["recovery_batches"] for x in rows])
+    entry["trace_round"] = shown + 1
+    r = runs[obj["goodput"]][shown]
+    entry["aimd_before"], entry["aimd_after"] = rows[shown]["aimd_before"], rows[shown]["aimd_after"]
+    entry["trace"] = _trace(r, plan.half, b.deadline_us)
+    report["adapt"] = entry
+    return r
+
+
+def _log_plan(m: Model, obj: dict[str, float], plan: _Plan) -> None:
+    """The section's heading line, so the log says which objectives and rounds the figures
+    below it come from."""
+    log(f"adapt: {m.label}, AIMD at {' and '.join(f'{v:g} ms' for v in dict.fromkeys(obj.values()))} on the "
+        f"service time, the model becomes 2x slower at t = {plan.half:g} s; {plan.n_select} interleaved round(s) "
+        f"of the fixed sizes to pick the new best, then {plan.n_confirm} of the new best and AIMD")
+
+
+def _select_rounds(b: Bench, m: Model, plan: _Plan) -> dict[str, list[dict[str, Any]]]:
+    """Every fixed size at 2x slower, in interleaved rounds, so that each reading's new best is
+    picked by its median rather than by one lucky run."""
+    fixed_rounds: dict[str, list[dict[str, Any]]] = {}
+    for i in range(plan.n_select):
+        for size in plan.sizes:
+            r = b.run(m, f"fixed {size} @ 2x slower, round {i + 1}", fixed=size, slowdown=2.0, warmup_s=1.0,
+                      measure_s=plan.fixed_s)
+            fixed_rounds.setdefault(f"fixed {size}", []).append(r.summary)
+    return fixed_rounds
+
+
+def _confirm_rounds(b: Bench, m: Model, plan: _Plan, picks: dict[str, str], obj: dict[str, float]
+                    ) -> tuple[dict[str, list[dict[str, Any]]], dict[float, list[RunResult]]]:
+    """The picked sizes again, interleaved with AIMD slowing down mid-run at each objective, so
+    that the new best's rate is not the selection's biased-up median and shares AIMD's rounds."""
     confirmed: dict[str, list[dict[str, Any]]] = {}
     runs: dict[float, list[RunResult]] = {o: [] for o in dict.fromkeys(obj.values())}
-    for i in range(n_confirm):
+    for i in range(plan.n_confirm):
         for label in dict.fromkeys(picks.values()):
             r = b.run(m, f"{label} @ 2x slower, confirming, round {i + 1}", fixed=int(label.split()[1]),
-                      slowdown=2.0, warmup_s=1.0, measure_s=fixed_s)
+                      slowdown=2.0, warmup_s=1.0, measure_s=plan.fixed_s)
             confirmed.setdefault(label, []).append(r.summary)
         for ms_, got in runs.items():
-            got.append(b.run(m, f"AIMD {ms_:g} ms, slows down mid-run, round {i + 1}", warmup_s=half,
-                             measure_s=half, slowdown_at_s=half, aimd_objective_ms=ms_))
-    win = int(min(2.0, half - 1.0) * 1e6)
-    entry: dict[str, Any] = {
-        "rounds": n_confirm, "selection_rounds": n_select, "windows_s": win / 1e6,
+            got.append(b.run(m, f"AIMD {ms_:g} ms, slows down mid-run, round {i + 1}", warmup_s=plan.half,
+                             measure_s=plan.half, slowdown_at_s=plan.half, aimd_objective_ms=ms_))
+    return confirmed, runs
+
+
+def _entry(plan: _Plan, win: int, fixed_rounds: dict[str, list[dict[str, Any]]],
+           selected: dict[str, dict[str, float]], confirmed: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The report's part shared by all readings: the rounds' raw rates, the rules that turn them
+    into figures, and the device's bounds before and after the slowdown."""
+    return {
+        "rounds": plan.n_confirm, "selection_rounds": plan.n_select, "windows_s": win / 1e6,
         "fixed_at_2x_slower": selected,
         "fixed_at_2x_slower_by_round": {k: [{key: s[key] for _, key in METRICS} for s in v]
                                         for k, v in fixed_rounds.items()},
@@ -103,39 +163,41 @@ def section_adapt(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> Run
         "device_max_before": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS),
         "device_max_after": device_max(latency_fn(CLOCKWORK), OBJECTIVE_MS, slowdown=2.0),
     }
-    shown, shown_row = 0, {}
-    for metric, key, in_time, counts in readings:
-        new_label = picks[metric]
-        by_round = [s[key] for s in confirmed[new_label]]
-        new_best = statistics.median(by_round)
-        rows = [_one_round(b, r, win, key, in_time, new_best) for r in runs[obj[metric]]]
-        for row, same_round in zip(rows, by_round):
-            row["aimd_after_vs_fixed_same_round"] = ratio(same_round, row["aimd_after_qps"])
-        entry[metric] = {
-            "aimd_objective_ms": obj[metric], "counts_for_target": counts, "new_best_fixed": new_label,
-            "new_best_fixed_qps": new_best,
-            "new_best_fixed_qps_selection": selected[new_label][key],
-            "recovery_batches": rows[_median_index([x["recovery_batches"] for x in rows])]["recovery_batches"],
-            "recovery_s": rows[_median_index([x["recovery_s"] for x in rows])]["recovery_s"],
-            "aimd_after_vs_new_best": statistics.median(x["aimd_after_vs_new_best"] or 0.0 for x in rows),
-            "by_round": rows,
-        }
-        log(f"  => {metric} (AIMD {obj[metric]:g} ms): new best {new_label} {new_best:.0f} qps (median of "
-            f"{n_confirm} confirming rounds; {selected[new_label][key]:.0f} in the selection); back to 90% in "
-            f"{', '.join(str(x['recovery_batches']) for x in rows)} batches (median "
-            f"{entry[metric]['recovery_batches']}); after/new best "
-            f"{', '.join(fmt_ratio(x['aimd_after_vs_new_best']) for x in rows)} (median "
-            f"{fmt_ratio(entry[metric]['aimd_after_vs_new_best'])}); AIMD max after "
-            f"{', '.join(str(x['max_batch_after_median']) for x in rows)}")
-        if metric == "goodput":  # the figure's trace: the round whose goodput recovery is the median
-            shown = _median_index([x["recovery_batches"] for x in rows])
-            shown_row = rows[shown]
-    entry["trace_round"] = shown + 1
-    r = runs[obj["goodput"]][shown]
-    entry["aimd_before"], entry["aimd_after"] = shown_row["aimd_before"], shown_row["aimd_after"]
-    entry["trace"] = _trace(r, half, b.deadline_us)
-    report["adapt"] = entry
-    return r
+
+
+def _reading(b: Bench, aimd_runs: list[RunResult], win: int, key: str, in_time: bool, counts: bool,
+             new_label: str, confirmed: dict[str, list[dict[str, Any]]], selected: dict[str, dict[str, float]],
+             objective_ms: float) -> dict[str, Any]:
+    """One reading's figures: each AIMD round against the new best's median over the confirming
+    rounds and against the same round's run of it, then the medians over the rounds."""
+    by_round = [s[key] for s in confirmed[new_label]]
+    new_best = statistics.median(by_round)
+    rows = [_one_round(b, r, win, key, in_time, new_best) for r in aimd_runs]
+    for row, same_round in zip(rows, by_round):
+        row["aimd_after_vs_fixed_same_round"] = ratio(same_round, row["aimd_after_qps"])
+    return {
+        "aimd_objective_ms": objective_ms, "counts_for_target": counts, "new_best_fixed": new_label,
+        "new_best_fixed_qps": new_best,
+        "new_best_fixed_qps_selection": selected[new_label][key],
+        "recovery_batches": rows[_median_index([x["recovery_batches"] for x in rows])]["recovery_batches"],
+        "recovery_s": rows[_median_index([x["recovery_s"] for x in rows])]["recovery_s"],
+        "aimd_after_vs_new_best": statistics.median(x["aimd_after_vs_new_best"] or 0.0 for x in rows),
+        "by_round": rows,
+    }
+
+
+def _log_reading(metric: str, e: dict[str, Any], n_confirm: int) -> None:
+    """One reading's result line, with every round's figure beside the median, so a noisy
+    round shows in the log."""
+    rows = e["by_round"]
+    log(f"  => {metric} (AIMD {e['aimd_objective_ms']:g} ms): new best {e['new_best_fixed']} "
+        f"{e['new_best_fixed_qps']:.0f} qps (median of {n_confirm} confirming rounds; "
+        f"{e['new_best_fixed_qps_selection']:.0f} in the selection); back to 90% in "
+        f"{', '.join(str(x['recovery_batches']) for x in rows)} batches (median "
+        f"{e['recovery_batches']}); after/new best "
+        f"{', '.join(fmt_ratio(x['aimd_after_vs_new_best']) for x in rows)} (median "
+        f"{fmt_ratio(e['aimd_after_vs_new_best'])}); AIMD max after "
+        f"{', '.join(str(x['max_batch_after_median']) for x in rows)}")
 
 
 def _one_round(b: Bench, r: RunResult, win: int, key: str, in_time: bool, new_best: float) -> dict[str, Any]:

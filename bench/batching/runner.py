@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.batching.helpers import (
     FIXED_AIMD_OBJECTIVE_MS,
@@ -32,6 +32,9 @@ from bench.batching.procs import Child, LoadGen, stop_all, wait_ready
 from bench.machine import cpu_delta, cpu_snapshot
 from bench.tap import Handler, Tap
 from schemas import BatchStats, Predictions, Record
+
+if TYPE_CHECKING:  # imported lazily where used
+    from topics.catalogue import Catalogue
 
 
 @dataclass
@@ -52,6 +55,20 @@ class RunResult:
     t0_us: int = 0
     t1_us: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Window:
+    """What the measured load leaves for the run's figures, carried from ``Bench._measure``
+    (which must stay timing-tight) to ``Bench._result`` (which runs after the children stop)."""
+
+    t0_us: int
+    t1_us: int
+    sent: dict[str, Any]
+    cpu0: dict[str, float]
+    cpu1: dict[str, float]
+    spies: list[tuple[str, subprocess.Popen[bytes], Path]]
+    slow_wall: float | None
 
 
 class Bench:
@@ -117,6 +134,36 @@ class Bench:
             deadline_ms: float | None = None, aimd_objective_ms: float = OBJECTIVE_MS) -> RunResult:
         """One batcher and worker of ``model`` under an open loop; ``aimd_objective_ms`` is AIMD's
         objective on the batch's service time (Clipper's 20 ms unless a reading says otherwise)."""
+        name, folder, cat = self._new_model(model, slowdown)
+        objective_us = self.deadline_us if deadline_ms is None else int(deadline_ms * 1000)
+        bargs, env = self._batcher_argv(name, fixed, max_batch, aimd_objective_ms, delay_ms, no_cache, batcher_env)
+        t_start = time.monotonic()
+        obs: list[Obs] = []
+        batches: list[tuple[int, int, int]] = []
+        tap = None
+        batcher, worker = self._children(name, folder, bargs, env)
+        try:
+            startup_s = wait_ready([batcher, worker])
+            # the tap: predictions from their current ends, this model's batch stats from the start
+            tap = Tap(self.settings, [cat.predictions], from_beginning=[cat.batch_stats(name)])
+            tap.start(_observer(name, obs, batches))
+            job = self._load_job(model, name, cat, objective_us, rate_qps, period_s, duty)
+            if prefill:
+                self._prefill(job, obs, pool, name)
+            window = self._measure(job, batcher, worker, folder, warmup_s=warmup_s, measure_s=measure_s,
+                                   pool=pool, profile=profile, slowdown=slowdown, slowdown_at_s=slowdown_at_s)
+        finally:
+            if tap is not None:
+                tap.close()
+            batcher.stop()
+            worker.stop()
+        res = self._result(label, obs, batches, objective_us, startup_s, batcher, window)
+        self._log_run(label, res.summary, startup_s, t_start)
+        return res
+
+    def _new_model(self, model: Model, slowdown: float) -> tuple[str, Path, Catalogue]:
+        """A fresh model name, folder and topics for every run, so that no run reads another's
+        requests, predictions or consumer offsets."""
         from clipstream.testing.models import set_slowdown
         from topics.admin import ensure_model_topics
         from topics.catalogue import Catalogue
@@ -127,8 +174,13 @@ class Bench:
         set_slowdown(folder, slowdown)
         cat = Catalogue.from_settings(self.settings)
         ensure_model_topics(self.settings, name, 1)
-        objective_us = self.deadline_us if deadline_ms is None else int(deadline_ms * 1000)
+        return name, folder, cat
 
+    def _batcher_argv(self, name: str, fixed: int | None, max_batch: int, aimd_objective_ms: float,
+                      delay_ms: float | None, no_cache: bool,
+                      batcher_env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
+        """The batcher's command line and environment: a fixed size is AIMD pinned at that size
+        with an objective nothing misses, so the real batcher serves both kinds of run."""
         bargs = ["batcher", "--model", name, "--version", "1", "--replicas", "1"]
         env = {**self.env, **(batcher_env or {})}
         if fixed is not None:
@@ -140,83 +192,99 @@ class Bench:
             bargs += ["--batch-delay-ms", str(delay_ms)]
         if no_cache or self.args.no_cache:
             bargs += ["--no-cache"]
-        t_start = time.monotonic()
-        obs: list[Obs] = []
-        batches: list[tuple[int, int, int]] = []
-        tap = None
+        return bargs, env
+
+    def _children(self, name: str, folder: Path, bargs: list[str], env: dict[str, str]) -> tuple[Child, Child]:
+        """The run's batcher and worker processes, started together so that their start-ups overlap."""
         batcher = Child(f"{name}-batcher", bargs, env, self.logs)
         worker = Child(f"{name}-worker", ["worker", "--model", name, "--path", str(folder), "--replica", "0",
                                            "--replicas", "1", "--version", "1", "--device", "cpu"], env, self.logs)
-        try:
-            startup_s = wait_ready([batcher, worker])
-            # the tap: predictions from their current ends, this model's batch stats from the start
-            tap = Tap(self.settings, [cat.predictions], from_beginning=[cat.batch_stats(name)])
-            tap.start(_observer(name, obs, batches))
+        return batcher, worker
 
-            assert self.loadgen is not None
-            job = dict(bootstrap=self.status.kafka_bootstrap, topic=cat.requests(name).name, model=name,
-                       partitions=cat.predictions.partitions, objective_us=objective_us,
-                       qid_prefix=f"{name}-", rate_qps=rate_qps or model.rate_qps * self.args.rate_scale,
-                       period_s=period_s, duty=duty)
-            if prefill:  # send the pool once and wait for its answers: the cache is now warm
-                self.loadgen.start(**{**job, "rate_qps": 200.0, "period_s": 0.0, "duty": 1.0},
-                                   start=time.time() + 0.05, duration_s=pool / 200 + 0.01, pool=pool)
-                self.loadgen.result()
-                deadline = time.monotonic() + 10
-                while sum(1 for o in obs if o.status == "ok") < pool and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                time.sleep(0.3)
-                obs.clear()
-                job["qid_prefix"] = f"{name}-again-"
-            duration = warmup_s + measure_s
-            start = time.time() + 0.1
-            # open loop, but reached by a ramp over the first half of the warm-up: a step from 0 to
-            # the full rate puts a just-started batcher behind by more than a deadline at once
-            self.loadgen.start(**job, start=start, duration_s=duration, pool=pool,
-                               ramp_s=warmup_s / 2 if self.args.ramp else 0.0)
-            t0_us = int((start + warmup_s) * 1e6)
-            t1_us = int((start + duration) * 1e6)
-            pids = {"batcher": batcher.pid, "worker": worker.pid, "kafka": self.status.kafka_pid,
-                    "redis": self.status.redis_pid, "loadgen": self.loadgen.pid, "bench (consumer)": os.getpid()}
-            spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-            _sleep_until(start + warmup_s)
-            procs = {p: k for k, p in pids.items() if p}
-            cpu0 = cpu_snapshot(procs)
-            if profile:
-                spies = self._spy({"batcher": batcher.pid, "worker": worker.pid}, measure_s)
-            slow_wall = None
-            if slowdown_at_s is not None:
-                _sleep_until(start + slowdown_at_s)
-                set_slowdown(folder, 2.0 * slowdown)
-                slow_wall = time.time()
-            _sleep_until(start + duration)
-            cpu1 = cpu_snapshot(procs)
-            sent = self.loadgen.result()
-            time.sleep(0.3)  # answers still on their way
-        finally:
-            if tap is not None:
-                tap.close()
-            batcher.stop()
-            worker.stop()
-        summary = summarise(obs, t0_us, t1_us, objective_us, batches)
-        summary["offered_qps"] = sent["sent"] / max(1e-9, sent["elapsed_s"])
+    def _load_job(self, model: Model, name: str, cat: Catalogue, objective_us: int, rate_qps: float | None,
+                  period_s: float, duty: float) -> dict[str, Any]:
+        """The load generator's settings shared by the prefill and the measured load, so both
+        target the same topic with the same deadlines."""
+        return dict(bootstrap=self.status.kafka_bootstrap, topic=cat.requests(name).name, model=name,
+                    partitions=cat.predictions.partitions, objective_us=objective_us,
+                    qid_prefix=f"{name}-", rate_qps=rate_qps or model.rate_qps * self.args.rate_scale,
+                    period_s=period_s, duty=duty)
+
+    def _prefill(self, job: dict[str, Any], obs: list[Obs], pool: int, name: str) -> None:
+        """Sends the pool once and waits for its answers, so the cache is warm before the measured
+        load; its answers are then forgotten and the measured load's ids told apart."""
+        assert self.loadgen is not None
+        self.loadgen.start(**{**job, "rate_qps": 200.0, "period_s": 0.0, "duty": 1.0},
+                           start=time.time() + 0.05, duration_s=pool / 200 + 0.01, pool=pool)
+        self.loadgen.result()
+        deadline = time.monotonic() + 10
+        while sum(1 for o in obs if o.status == "ok") < pool and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        obs.clear()
+        job["qid_prefix"] = f"{name}-again-"
+
+    def _measure(self, job: dict[str, Any], batcher: Child, worker: Child, folder: Path, *, warmup_s: float,
+                 measure_s: float, pool: int, profile: bool, slowdown: float,
+                 slowdown_at_s: float | None) -> _Window:
+        """The open-loop load and its measurement window in one place, since the load's start, the
+        sleeps to the window's edges and the CPU snapshots time one another."""
+        from clipstream.testing.models import set_slowdown
+
+        assert self.loadgen is not None
+        duration = warmup_s + measure_s
+        start = time.time() + 0.1
+        # open loop, but reached by a ramp over the first half of the warm-up: a step from 0 to
+        # the full rate puts a just-started batcher behind by more than a deadline at once
+        self.loadgen.start(**job, start=start, duration_s=duration, pool=pool,
+                           ramp_s=warmup_s / 2 if self.args.ramp else 0.0)
+        t0_us = int((start + warmup_s) * 1e6)
+        t1_us = int((start + duration) * 1e6)
+        pids = {"batcher": batcher.pid, "worker": worker.pid, "kafka": self.status.kafka_pid,
+                "redis": self.status.redis_pid, "loadgen": self.loadgen.pid, "bench (consumer)": os.getpid()}
+        spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+        _sleep_until(start + warmup_s)
+        procs = {p: k for k, p in pids.items() if p}
+        cpu0 = cpu_snapshot(procs)
+        if profile:
+            spies = self._spy({"batcher": batcher.pid, "worker": worker.pid}, measure_s)
+        slow_wall = None
+        if slowdown_at_s is not None:
+            _sleep_until(start + slowdown_at_s)
+            set_slowdown(folder, 2.0 * slowdown)
+            slow_wall = time.time()
+        _sleep_until(start + duration)
+        cpu1 = cpu_snapshot(procs)
+        sent = self.loadgen.result()
+        time.sleep(0.3)  # answers still on their way
+        return _Window(t0_us, t1_us, sent, cpu0, cpu1, spies, slow_wall)
+
+    def _result(self, label: str, obs: list[Obs], batches: list[tuple[int, int, int]], objective_us: int,
+                startup_s: float, batcher: Child, w: _Window) -> RunResult:
+        """The run's figures from what the tap saw in the window, the load sent and the CPU used,
+        with the batcher's max batch size trace and the profiles when asked for."""
+        summary = summarise(obs, w.t0_us, w.t1_us, objective_us, batches)
+        summary["offered_qps"] = w.sent["sent"] / max(1e-9, w.sent["elapsed_s"])
         summary["startup_s"] = round(startup_s, 2)
         summary["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
-        summary["cpu_s"] = cpu_delta(cpu0, cpu1)
+        summary["cpu_s"] = cpu_delta(w.cpu0, w.cpu1)
         max_batch_trace = [(t, max(r["max_batch_size"] for r in s["replicas"]))
                            for t, line in batcher.lines if (s := parse_stats_line(line)) and s.get("replicas")]
-        res = RunResult(label, summary, obs, batches, max_batch_trace, t0_us, t1_us)
-        if slow_wall is not None:
-            res.extra["slowdown_at_us"] = int(slow_wall * 1e6)
-        if spies:
-            res.extra["profile"] = self._spy_results(spies)
-        s = summary
+        res = RunResult(label, summary, obs, batches, max_batch_trace, w.t0_us, w.t1_us)
+        if w.slow_wall is not None:
+            res.extra["slowdown_at_us"] = int(w.slow_wall * 1e6)
+        if w.spies:
+            res.extra["profile"] = self._spy_results(w.spies)
+        return res
+
+    def _log_run(self, label: str, s: dict[str, Any], startup_s: float, t_start: float) -> None:
+        """The run's progress line (and its latency by hop with --verbose), so a long benchmark
+        shows each run's figures as it goes."""
         log(f"  {label:28s} offered {s['offered_qps']:7.0f}  goodput {s['goodput_qps']:7.0f} qps  "
             f"ok {s['ok_qps']:7.0f}  expired {s['expired_qps']:6.0f}  batch {s['mean_batch']:5.1f}  "
             f"p50 {fmt_ms(s['latency_ms_p50'])} ms  (start {startup_s:.1f}s, run {time.monotonic() - t_start:.1f}s)")
         if self.args.verbose:
             log("      hops p50 ms: " + ", ".join(f"{k} {v}" for k, v in s["hop_ms_p50"].items()))
-        return res
 
     def _spy(self, pids: Mapping[str, int], seconds: float) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")

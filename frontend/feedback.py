@@ -14,6 +14,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from clipstream.clock import now_us
+from clipstream.errors import InputError
 from frontend.gateway_http import HTTPProblem, parse_json, read_body
 from frontend.gateway_kafka import DeliveryFailed, Overloaded
 from frontend.gateway_models import FeedbackRequest, validation_reason
@@ -49,6 +50,8 @@ async def feedback(state: GatewayState, app_name: str, request: Request) -> dict
     known = await stored(state, req.query_id)
     try:
         await state.bus.publish_feedback(record, req.query_id.encode(), state.gw.feedback_ack_timeout_s)
+    except InputError as exc:  # a label Avro cannot hold, though the checks above let it by
+        raise HTTPProblem(422, str(exc)) from None
     except Overloaded as exc:
         raise state.overloaded(str(exc)) from None
     except DeliveryFailed as exc:

@@ -231,7 +231,7 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
                 await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
             except InfraError as exc:
                 raise state.overloaded(f"the topic of model {model!r} is not there: {exc}") from None
-        fut = _publish(state, state.bus, cfg, model, query_id, req, array, created, deadline)
+        fut = _publish(state, cfg, model, query_id, req, array, created, deadline)
         wait_s = max(0.0, (deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
         try:
             reply: Reply | None = await asyncio.wait_for(fut, wait_s)
@@ -249,10 +249,11 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     return answer
 
 
-def _publish(state: GatewayState, bus: Bus, cfg: AppConfig, model: str | None, query_id: str,
+def _publish(state: GatewayState, cfg: AppConfig, model: str | None, query_id: str,
              req: PredictRequest, array: Any, created: int, deadline: int) -> asyncio.Future[Reply]:
     """Send the query to the selector, or straight to a ``single`` app's model, and return the
     future its reply resolves; the bus's refusals become the caller's 503."""
+    bus = state.bus
     try:
         if model is None:
             return bus.publish_query(QueryEvent(

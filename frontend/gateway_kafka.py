@@ -27,8 +27,7 @@ from confluent_kafka.admin import AdminClient
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
-from clipstream.errors import DecodeError
-from frontend.gateway_http import HTTPProblem
+from clipstream.errors import DecodeError, InputError
 from frontend.state import Reply
 from schemas import Feedback, ModelRequest, Predictions, QueryEvent, Response, decode, encode
 from topics.admin import ensure_model_topics, ensure_topics, watermarks
@@ -165,12 +164,12 @@ class KafkaBus:
     # -- feedback -----------------------------------------------------------------------
     async def publish_feedback(self, record: Feedback, key: bytes, timeout_s: float) -> None:
         """Send a Feedback record and wait for the broker to take it (DeliveryFailed if not; a
-        record that does not encode is the caller's bad input, a 422, not a 500)."""
+        record that does not encode is the caller's bad input, an InputError)."""
         assert self._loop is not None and self._producer is not None, "bus not started"
         try:
             value = encode(record)
         except (ValueError, OverflowError) as exc:  # a label the route let through that Avro cannot hold
-            raise HTTPProblem(422, f"feedback cannot be stored: {exc}") from None
+            raise InputError(f"feedback cannot be stored: {exc}") from None
         if self._acked is None:
             self._acked = Emitter(self._settings, name="gateway feedback",
                                   **{"message.timeout.ms": 10_000}).start_polling()

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from clipstream.clock import now_us
+from clipstream.errors import ClipstreamError
 from frontend.dashboard import PAGE_PATHS
 from frontend.metrics import GatewayMetrics
 
@@ -61,7 +62,7 @@ def stamped_protocol() -> type | None:
     return StampedHttpToolsProtocol
 
 
-class HTTPProblem(Exception):
+class HTTPProblem(ClipstreamError):
     """An answer other than 200: status, one-line reason, extra headers."""
 
     def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None) -> None:

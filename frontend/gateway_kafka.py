@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 
 from clipstream.clock import now_us
 from clipstream.settings import Settings
-from clipstream.errors import DecodeError, InputError
+from clipstream.errors import ClipstreamError, DecodeError, InputError
 from frontend.state import Reply
 from schemas import Feedback, ModelRequest, Predictions, QueryEvent, Response, decode, encode
 from topics.admin import ensure_model_topics, ensure_topics, watermarks
@@ -43,7 +43,7 @@ __all__ = ["DeliveryFailed", "KafkaBus", "Overloaded", "watermarks"]
 log = logging.getLogger(__name__)
 
 
-class Overloaded(Exception):
+class Overloaded(ClipstreamError):
     """Kafka's local queue is full: the caller gets 503 rather than an unbounded wait."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
 from topics.client import producer_config
 from topics.stage import IDLE_POLL_S
@@ -34,7 +35,7 @@ log = logging.getLogger("clipstream.topics")
 Report = Callable[[KafkaError | None, Any], None]
 
 
-class DeliveryFailed(Exception):
+class DeliveryFailed(ClipstreamError):
     """The broker did not take a record."""
 
 

@@ -179,6 +179,12 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
                 tap.close()
                 kl.close()
     write_json("breakdown", report, out_dir)
+    _plot(report, out_dir)
+    return report
+
+
+def _plot(report: dict[str, Any], out_dir: Path) -> None:
+    """Each case's mean time per segment, and its CPU per query by process, as stacked bars."""
     fig, axes = figure(1, 2, size=(14, 5))
     keys = list(report["cases"])
     ax = axes[0][0]
@@ -204,7 +210,6 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ax.tick_params(axis="x", rotation=20, labelsize=7)
     ax.legend(fontsize=7)
     save_figure(fig, "breakdown", out_dir)
-    return report
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -219,7 +219,6 @@ async def _gateway(url: str, path: str, bodies: Sequence[bytes], times: np.ndarr
 
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     headers = {"content-type": "application/json"}
-    loop = asyncio.get_running_loop()
     results = [Outcome(i, 0) for i in range(len(times))]
     answered = [0]
     raw = RawHTTP(url, max_connections, timeout_s) if kind == "raw" else None
@@ -240,16 +239,8 @@ async def _gateway(url: str, path: str, bodies: Sequence[bytes], times: np.ndarr
                 else:
                     resp = await client.post(path, content=bodies[i % len(bodies)], headers=headers)
                     status, content = resp.status_code, resp.content
-                r.recv_us, r.status = now_us(), status
-                if status == 200:
-                    body = json.loads(content)
-                    r.outcome = "default" if body.get("default") else "answered"
-                    r.query_id = body.get("query_id", "")
-                    r.output = body.get("output")
-                    r.server_ms = float(body.get("latency_ms", math.nan))
-                else:
-                    r.outcome = "error"
-                    r.detail = content[:200].decode("utf-8", "replace")
+                r.recv_us = now_us()
+                _read_answer(r, status, content)
             except Exception:  # timeouts, refused connections: an error, keep going
                 r.recv_us = now_us()
                 r.outcome = "error"
@@ -258,22 +249,45 @@ async def _gateway(url: str, path: str, bodies: Sequence[bytes], times: np.ndarr
         stop = threading.Event()
         ticker("gateway", len(times), lambda: answered[0], progress, stop)
         cpu0, wall0 = time.process_time(), time.monotonic()
-        start_us = now_us() + 20_000
-        t0 = loop.time() + 0.02
-        tasks: set[asyncio.Task[None]] = set()
-        for i, t in enumerate(times):
-            delay = t0 + t - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            results[i].sched_us = start_us + int(t * 1e6)
-            task = asyncio.create_task(one(i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s + 5)
+        start_us = await _send_on_schedule(times, results, one, timeout_s)
         stop.set()
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
         if raw is not None:
             await raw.aclose()
     duration = float(times[-1]) if len(times) else 0.0
     return RunResult(results, start_us, duration, wall, cpu)
+
+
+def _read_answer(r: Outcome, status: int, content: bytes) -> None:
+    """Fill ``r`` from the gateway's answer: its outcome, and the body's fields the reports read."""
+    r.status = status
+    if status == 200:
+        body = json.loads(content)
+        r.outcome = "default" if body.get("default") else "answered"
+        r.query_id = body.get("query_id", "")
+        r.output = body.get("output")
+        r.server_ms = float(body.get("latency_ms", math.nan))
+    else:
+        r.outcome = "error"
+        r.detail = content[:200].decode("utf-8", "replace")
+
+
+async def _send_on_schedule(times: np.ndarray, results: list[Outcome],
+                            one: Callable[[int], Awaitable[None]], timeout_s: float) -> int:
+    """Start ``one(i)`` at each ``times[i]`` (open loop: never waiting for an answer), then wait
+    for the answers; the schedule's start, in µs."""
+    loop = asyncio.get_running_loop()
+    start_us = now_us() + 20_000
+    t0 = loop.time() + 0.02
+    tasks: set[asyncio.Task[None]] = set()
+    for i, t in enumerate(times):
+        delay = t0 + t - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        results[i].sched_us = start_us + int(t * 1e6)
+        task = asyncio.create_task(one(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s + 5)
+    return start_us

@@ -11,7 +11,19 @@ from bench.common import figure, save_figure
 def plot(report: dict[str, Any], out_dir: Path) -> Path:
     """Draw the report's sections into ``out_dir/batching.png``."""
     fig, axes = figure(2, 2, (15, 10))
-    ax = axes[0][0]
+    _throughput(axes[0][0], report)
+    _adapt(axes[0][1], report)
+    _delayed(axes[1][0], report)
+    _cost(axes[1][1], report)
+    for row in axes:
+        for ax in row:
+            if not ax.has_data():
+                ax.text(0.5, 0.5, "section not run", ha="center", va="center", transform=ax.transAxes)
+    return save_figure(fig, "batching", out_dir)
+
+
+def _throughput(ax: Any, report: dict[str, Any]) -> None:
+    """No batching, fixed sizes and AIMD, per model kind: goodput and ok throughput."""
     for e in report.get("throughput", {}).values():
         labels = list(e["runs"])
         c = e.get("confirmed", {}).get("goodput", {}).get("aimd_vs_best_fixed")
@@ -32,8 +44,10 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
     ax.set_title("real broker + Redis: no batching / fixed / AIMD (*); dotted = device max")
     ax.legend(fontsize=7)
 
+
+def _adapt(ax: Any, report: dict[str, Any]) -> None:
+    """AIMD's batch size and goodput over time, around the model's slowdown."""
     ad = report.get("adapt")
-    ax = axes[0][1]
     if ad:
         tr = ad["trace"]
         ax.plot([t for t, _, _ in tr["batches"]], [s for _, s, _ in tr["batches"]], ".", ms=2, label="batch size (worker)")
@@ -53,8 +67,10 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
         ax.set_title(f"AIMD ({ad['goodput']['aimd_objective_ms']:g} ms objective), Clockwork profile 2x slower "
                      "at the dashed line (dotted: best fixed goodput after)", fontsize=8)
 
+
+def _delayed(ax: Any, report: dict[str, Any]) -> None:
+    """Delayed batching against none under bursty load."""
     de = report.get("delayed")
-    ax = axes[1][0]
     if de:
         labels = list(de["runs"])
         x = range(len(labels))
@@ -65,8 +81,10 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
         ax.set_title("delayed batching, 5 ms + 0.05 ms/item, bursty load "
                      f"(AIMD; median of {de.get('rounds', 1)} rounds)")
 
+
+def _cost(ax: Any, report: dict[str, Any]) -> None:
+    """CPU per query by process, for the batching layer at saturation."""
     co = report.get("cost")
-    ax = axes[1][1]
     if co:
         e = next(iter(co.values()))
         per = e["cpu_us_per_ok_query"]
@@ -74,8 +92,3 @@ def plot(report: dict[str, Any], out_dir: Path) -> Path:
         ax.set_ylabel("CPU us per ok query")
         ax.set_title(f"ONNX digits, AIMD at saturation: CPU per query by process (layer {e['layer_us_per_ok_query']} us)")
         ax.tick_params(axis="x", labelsize=7)
-    for row in axes:
-        for ax in row:
-            if not ax.has_data():
-                ax.text(0.5, 0.5, "section not run", ha="center", va="center", transform=ax.transAxes)
-    return save_figure(fig, "batching", out_dir)

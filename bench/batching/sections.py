@@ -227,20 +227,7 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
     entry: dict[str, Any] = {"burst": {"period_s": period, "duty": duty}, "rounds": n_rounds,
                              "runs": {k: _median_run(v) for k, v in rounds.items()},
                              "goodput_qps_by_round": {k: [s["goodput_qps"] for s in v] for k, v in rounds.items()},
-                             "ratios": {}}
-    for mode in modes:
-        for rate in rates:
-            offs = rounds[f"{mode}, {rate:g} qps, delay 0 ms"]
-            for delay in delays[1:]:
-                ons = rounds[f"{mode}, {rate:g} qps, delay {delay:g} ms"]
-                entry["ratios"][f"{mode}, {rate:g} qps, delay {delay:g} vs 0 ms"] = {
-                    "goodput": _median_ratio(offs, ons, "goodput_qps"),
-                    "batches_per_s": _median_ratio(offs, ons, "batches_per_s"),
-                    "device_busy": _median_ratio(offs, ons, "device_busy"),
-                    "goodput_by_round": [_ratio(off["goodput_qps"], on["goodput_qps"]) for off, on in zip(offs, ons)],
-                    "goodput_qps": [statistics.median(s["goodput_qps"] for s in offs),
-                                    statistics.median(s["goodput_qps"] for s in ons)],
-                }
+                             "ratios": _delay_ratios(rounds, modes, rates, delays)}
     # the same loads served by an ideal batcher that forms the next batch as the device frees
     lat = latency_fn(fixed_ms=SVM_FIXED_MS, per_item_ms=SVM_PER_ITEM_MS)
     cap = int(device_max(lat, OBJECTIVE_MS)["batch_size"])  # where AIMD settles at the 20 ms objective
@@ -255,6 +242,27 @@ def section_delayed(b: Bench, ms: dict[str, Model], report: dict[str, Any]) -> N
     for k, v in entry["ideal_dispatch_as_device_frees"].items():
         log(f"  => ideal batcher, next batch formed as the device frees, {k}: delay gain "
             + ", ".join(f"x{_r(x)} at {d}" for d, x in v["ratios"].items()) + " (a bound, simulated)")
+
+
+def _delay_ratios(rounds: Mapping[str, Sequence[Mapping[str, Any]]], modes: Sequence[str],
+                  rates: Sequence[float], delays: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """Each delay against none, per dispatch mode and rate: medians over the rounds, and each
+    round's own goodput ratio."""
+    ratios: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        for rate in rates:
+            offs = rounds[f"{mode}, {rate:g} qps, delay 0 ms"]
+            for delay in delays[1:]:
+                ons = rounds[f"{mode}, {rate:g} qps, delay {delay:g} ms"]
+                ratios[f"{mode}, {rate:g} qps, delay {delay:g} vs 0 ms"] = {
+                    "goodput": _median_ratio(offs, ons, "goodput_qps"),
+                    "batches_per_s": _median_ratio(offs, ons, "batches_per_s"),
+                    "device_busy": _median_ratio(offs, ons, "device_busy"),
+                    "goodput_by_round": [_ratio(off["goodput_qps"], on["goodput_qps"]) for off, on in zip(offs, ons)],
+                    "goodput_qps": [statistics.median(s["goodput_qps"] for s in offs),
+                                    statistics.median(s["goodput_qps"] for s in ons)],
+                }
+    return ratios
 
 
 def _median_ratio(offs: Sequence[Mapping[str, Any]], ons: Sequence[Mapping[str, Any]], key: str) -> float | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import redis
+from confluent_kafka import Consumer, TopicPartition
 
 from clipstream.clock import now_us
 from clipstream.infra.redis import redis_answers, redis_url, start_redis
@@ -29,10 +30,12 @@ from clipstream.testing.models import make_python_model
 from clipstream.testing.procs import stop_process, wait_until
 from schemas import Response, decode_as
 from selector.policies import Exp4
+from selector.settings import SelectorSettings
 from selector.types import Output, Query
 from tests.integration.test_selector_service import Client, process, publish_app, state
 from topics.admin import ensure_core_topics, ensure_topics
 from topics.catalogue import Catalogue
+from topics.client import consumer_config
 
 pytestmark = pytest.mark.integration
 
@@ -163,10 +166,24 @@ def test_answers_and_learning_survive_a_frozen_redis(settings: Settings, tmp_pat
             after = wait_until(lambda: (s := state(r, key)) and s["n_observed"] >= n and s, 30,
                                "the feedback sent during the freeze to be applied")
             assert after["n_observed"] == n
-            time.sleep(1.0)  # a feedback applied twice would show within a second: none does
+            # once the learner has committed past every feedback record, none is left to retry:
+            # a feedback applied twice would show by then
+            wait_until(lambda: _learner_done(settings), 30, "the learner to commit past every feedback record")
             assert state(r, key)["n_observed"] == n
             assert after["log_w"] == pytest.approx([0.0, learned["log_w"][1] - ETA * FEEDBACK_IN_FREEZE])
     finally:
         client.close()
         os.kill(server.pid, signal.SIGCONT)  # never leave it stopped, whatever failed
         stop_process(server, 10)
+
+
+def _learner_done(settings: Settings) -> bool:
+    """The selector's learner has committed offsets at the end of every feedback partition."""
+    feedback = Catalogue.from_settings(settings).feedback
+    consumer = Consumer(consumer_config(settings, f"{SelectorSettings().group}.learn"))
+    try:
+        committed = consumer.committed([TopicPartition(feedback.name, p) for p in range(feedback.partitions)], timeout=5)
+        ends = [consumer.get_watermark_offsets(tp, timeout=5)[1] for tp in committed]
+        return all(end == 0 or tp.offset >= end for tp, end in zip(committed, ends))
+    finally:
+        consumer.close()

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from clipstream.settings import Settings
 from selector.reply_budget import ReplyBudget
 from topics.admin import ensure_core_topics
 from topics.catalogue import Catalogue
 from topics.emitter import Emitter
+
+pytestmark = pytest.mark.integration
 
 
 def test_acknowledged_trips_are_measured_when_they_arrive_not_when_the_loop_next_polls(settings: Settings) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 from clipstream.errors import ConfigError
+from workers.backends import devices
 from workers.backends.devices import (
     CPU_EP,
     CUDA_EP,
@@ -49,8 +51,36 @@ def test_providers_on_a_gpu() -> None:
     assert onnx_providers("cuda", [CPU_EP]) == [CPU_EP]
 
 
-def test_driver_probe_answers_a_count() -> None:
-    assert cuda_driver_device_count() >= 0
+class _Driver:
+    """A stand-in for libcuda: ``cuInit``'s status, then ``cuDeviceGetCount``'s status and count."""
+
+    def __init__(self, init: int = 0, status: int = 0, count: int = 0) -> None:
+        self.init, self.status, self.count = init, status, count
+
+    def cuInit(self, flags: int) -> int:  # noqa: N802 - the driver's own name
+        return self.init
+
+    def cuDeviceGetCount(self, ref: Any) -> int:  # noqa: N802
+        ref._obj.value = self.count
+        return self.status
+
+
+def _with_driver(monkeypatch: pytest.MonkeyPatch, driver: object | None) -> int:
+    def cdll(name: str) -> object:
+        if driver is None:
+            raise OSError(f"{name}: cannot open shared object file")
+        return driver
+
+    monkeypatch.setattr(devices.ctypes, "CDLL", cdll)
+    return cuda_driver_device_count()
+
+
+def test_driver_probe_reads_the_drivers_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _with_driver(monkeypatch, _Driver(count=3)) == 3
+    assert _with_driver(monkeypatch, None) == 0  # no driver library
+    assert _with_driver(monkeypatch, _Driver(init=100, count=3)) == 0  # cuInit failed: no device
+    assert _with_driver(monkeypatch, _Driver(status=1, count=3)) == 0  # the count call failed
+    assert _with_driver(monkeypatch, object()) == 0  # a library without the driver's calls
 
 
 def test_thread_count_precedence(monkeypatch: pytest.MonkeyPatch) -> None:

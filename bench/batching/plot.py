@@ -42,7 +42,8 @@ def _throughput(ax: Any, report: dict[str, Any]) -> None:
     ax.set_yscale("log")
     ax.set_ylabel("qps (goodput: ok within the deadline; 0 drawn at 0.5)")
     ax.set_title("real broker + Redis: no batching / fixed / AIMD (*); dotted = device max")
-    ax.legend(fontsize=7)
+    if allk:
+        ax.legend(fontsize=7)
 
 
 def _adapt(ax: Any, report: dict[str, Any]) -> None:

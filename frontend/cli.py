@@ -18,6 +18,7 @@ from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.repository import Repository, is_url
 from registry.topic import ModelConfig, RegistryView, RegistryWriter, read_view
+from registry.versions import check_version, next_version
 from topics.admin import ensure_model_topics
 
 
@@ -68,48 +69,59 @@ def apply(path: str) -> None:
 
 @click.command("register-app")
 @click.argument("name")
-@click.option("--policy", default="exp4", show_default=True)
-@click.option("--slo-ms", default=50.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--policy", default=None, help="exp3, exp4, single or pkg.module:Class (a new app: exp4)")
+@click.option("--slo-ms", default=None, type=click.FloatRange(min=0, min_open=True), help="(a new app: 50)")
 @click.option("--default-output", default=None, help="answer when nothing arrives in time (YAML)")
 @_friendly
-def register_app(name: str, policy: str, slo_ms: float, default_output: str | None) -> None:
-    """Register (or update) an app."""
-    check_policy(policy, "--policy")
+def register_app(name: str, policy: str | None, slo_ms: float | None, default_output: str | None) -> None:
+    """Register an app, or update one: what is not given keeps its registered value."""
+    if policy is not None:
+        check_policy(policy, "--policy")
     value = _parse_value(default_output)
-    with RegistryWriter(_settings()) as w:
-        w.app(name, policy, slo_ms, value)
-    click.echo(f"app {name} registered")
+    settings = _settings()
+    current = read_view(settings).app(name)
+    with RegistryWriter(settings) as w:
+        w.app(name,
+              policy if policy is not None else current.policy if current else "exp4",
+              slo_ms if slo_ms is not None else current.slo_ms if current else 50.0,
+              value if default_output is not None else current.default_output if current else None,
+              dict(current.policy_config) if current else None)
+    click.echo(f"app {name} {'updated' if current else 'registered'}")
 
 
 @click.command("deploy-model")
 @click.argument("name")
 @click.argument("path")
-@click.option("--version", "version", default="1", show_default=True)
+@click.option("--version", "version", default=None,
+              help="the version's name (default: one more than the model's highest; 1 for a new model)")
 @click.option("--replicas", type=click.IntRange(min=1), default=None,
               help="replicas to run (default: the model's current number; 1 for a new model)")
 @_friendly
-def deploy_model(name: str, path: str, version: str, replicas: int | None) -> None:
+def deploy_model(name: str, path: str, version: str | None, replicas: int | None) -> None:
     """Deploy a model version from a folder holding model.yaml.
 
     PATH is a local folder, a URL (s3://...), or a location inside CLIPSTREAM_MODEL_REPOSITORY
-    (logreg/2); a folder inside the repository is recorded relative to it.
+    (logreg/2); a folder inside the repository is recorded relative to it. An existing version
+    keeps its folder: a new folder needs a new version.
     """
 
     settings = _settings()
     location = _location(Repository.from_settings(settings), path)
     current = read_view(settings).model(name)
-    history: dict[str, Any] = {"previous_versions": [], "previous_paths": []}
-    if current is not None:
-        history["group"] = current.group
-        history["previous_versions"] = list(current.previous_versions)
-        history["previous_paths"] = list(current.previous_paths)
+    version = version if version is not None else next_version(current)
+    check_version(current, version, location, "--version N")
+    kept: dict[str, Any] = {"previous_versions": [], "previous_paths": []}
+    if current is not None:  # the model's group and batching knobs stay; its history grows
+        kept.update(group=current.group, latency_objective_ms=current.latency_objective_ms,
+                    max_batch_size=current.max_batch_size, batch_delay_ms=current.batch_delay_ms,
+                    previous_versions=list(current.previous_versions), previous_paths=list(current.previous_paths))
         if current.version != version:
-            history["previous_versions"].append(current.version)
-            history["previous_paths"].append(current.location or str(current.path))
+            kept["previous_versions"].append(current.version)
+            kept["previous_paths"].append(current.location or str(current.path))
     count = deployed_replicas(replicas, current)
     ensure_model_topics(settings, name, count)
     with RegistryWriter(settings) as w:
-        w.model(name, version, location, count, **history)
+        w.model(name, version, location, count, **kept)
     click.echo(f"model {name} version {version} deployed")
 
 
@@ -145,7 +157,12 @@ def _location(repository: Repository, path: str) -> str:
 def link(app: str, model: str, unlink: bool) -> None:
     """Link a model to an app: the app's queries start reaching it at once."""
     settings = _settings()
-    check_link(read_view(settings), app, model, unlink)
+    view = read_view(settings)
+    check_link(view, app, model, unlink)
+    current = view.app(app)
+    if current is not None and unlink and model not in current.models:
+        click.echo(f"{model} is not linked to {app}: nothing to unlink")
+        return
     with RegistryWriter(settings) as w:
         w.link(app, model, linked=not unlink)
     click.echo(f"{'unlinked' if unlink else 'linked'} {model} {'from' if unlink else 'to'} {app}")

@@ -7,6 +7,7 @@ other models are switched off), and a model whose version changes keeps its old 
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +19,15 @@ from clipstream.yamlfile import read_mapping
 from registry.repository import Repository, is_url
 from registry.spec import TensorSpec, load_spec
 from registry.topic import RegistryView, RegistryWriter, read_view
+from registry.versions import check_version
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
 
 POLICIES_BUILTIN = ("exp3", "exp4", "single")
 _MODEL_KNOBS = ("latency_objective_ms", "max_batch_size", "batch_delay_ms")
+_FILE_KEYS = ("apps", "models")
+_MODEL_KEYS = ("name", "version", "path", "replicas", "group", *_MODEL_KNOBS)
+_APP_KEYS = ("name", "policy", "slo_ms", "default_output", "policy_config", "models")
 
 
 @dataclass
@@ -68,6 +73,16 @@ def _list(value: object, what: str) -> list[Any]:
     return value
 
 
+def _known_keys(entry: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    """Refuse a key the file format does not have: a misspelt ``replicas`` would otherwise be
+    ignored, and the default applied without a word."""
+    for key in entry:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean `{close[0]}`? " if close else ""
+            raise ConfigError(f"{where}: unknown key `{key}`; {hint}the keys are {', '.join(known)}")
+
+
 def load_app_file(path: str | Path, repository: Repository | None = None) -> AppFile:
     """Parse and validate an app file. A model's ``path:`` is a folder relative to the file, or
     a URL; it becomes the location the registry records: relative to ``repository`` when it
@@ -75,6 +90,7 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     path = Path(path)
     repository = repository or Repository()
     raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
+    _known_keys(raw, _FILE_KEYS, str(path))
     inputs: dict[str, list[tuple[str, TensorSpec]]] = {}  # group -> (member, its input spec)
     models = [_model_entry(path, i, m, repository, inputs)
               for i, m in enumerate(_list(raw.get("models"), f"{path}: models"))]
@@ -90,6 +106,7 @@ def _model_entry(path: Path, i: int, m: Any, repository: Repository,
     spec fails the command, not a worker; a group member's input spec goes into ``inputs``."""
     if not isinstance(m, dict) or "name" not in m or "path" not in m:
         raise ConfigError(f"{path}: models[{i}] needs `name` and `path`")
+    _known_keys(m, _MODEL_KEYS, f"{path}: models[{i}] ({m['name']})")
     check_name("model", m["name"])
     source = str(m["path"])
     if is_url(source):
@@ -116,6 +133,7 @@ def _app_entry(path: Path, i: int, a: Any, names: set[str]) -> dict[str, Any]:
     """``apps[i]`` as the registry records it; it may link only models the file declares."""
     if not isinstance(a, dict) or "name" not in a:
         raise ConfigError(f"{path}: apps[{i}] needs `name`")
+    _known_keys(a, _APP_KEYS, f"{path}: apps[{i}] ({a['name']})")
     check_name("app", a["name"])
     linked = _list(a.get("models"), f"{path}: apps[{i}].models")
     for m in linked:
@@ -152,6 +170,8 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
     """Publish an app file to the registry and create each model's topics."""
     spec = load_app_file(path, Repository.from_settings(settings))
     view = view if view is not None else read_view(settings)
+    for m in spec.models:  # all checked before anything is written
+        check_version(view.model(m["name"]), m["version"], m["path"], f"`version:` in {path}")
     with RegistryWriter(settings) as writer:
         for m in spec.models:
             m = dict(m)

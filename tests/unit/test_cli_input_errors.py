@@ -176,7 +176,7 @@ def test_register_app_writes_the_parsed_default_output(monkeypatch: pytest.Monke
     fake = NoKafka(RegistryView()).install(monkeypatch)
     result = CliRunner().invoke(main, ["register-app", "digits", "--policy", "single", "--default-output", "-1"])
     assert result.exit_code == 0, result.output
-    assert fake.writes == [("app", ("digits", "single", 50.0, -1))]
+    assert fake.writes == [("app", ("digits", "single", 50.0, -1, None))]
 
 
 # 3. link: the app and the model must be in the registry

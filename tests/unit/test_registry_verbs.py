@@ -1,0 +1,109 @@
+"""The registry verbs change only what they are asked to: a version keeps its folder for good,
+an update of an app keeps what was not given, and an app file's misspelt key is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clipstream.cli import main
+from clipstream.errors import ConfigError
+from clipstream.settings import Settings
+from registry.appfile import apply_file, load_app_file
+from registry.topic import AppConfig, ModelConfig, RegistryView
+from registry.versions import check_version, next_version
+from tests.unit.test_cli_input_errors import NoKafka, _model_dir, _one_line_error
+
+
+def _model(version: str = "1", location: str = "/models/m/1", **kw: object) -> ModelConfig:
+    return ModelConfig(name="m", version=version, path=Path(location), location=location, **kw)  # type: ignore[arg-type]
+
+
+def test_the_next_version_is_one_more_than_the_highest_the_model_had() -> None:
+    assert next_version(None) == "1"
+    assert next_version(_model("3", previous_versions=("1", "7"), previous_paths=("/a", "/b"))) == "8"
+    with pytest.raises(ConfigError, match="not numbers .*--version"):
+        next_version(_model("blue"))
+
+
+def test_an_existing_version_keeps_its_folder() -> None:
+    current = _model("2", "/models/m/2", previous_versions=("1",), previous_paths=("/models/m/1",))
+    check_version(None, "1", "/anywhere", "--version N")
+    check_version(current, "2", "/models/m/2", "--version N")  # the same deployment again
+    check_version(current, "3", "/models/m/3", "--version N")  # a new version
+    with pytest.raises(ConfigError, match=r"model m version 2 is deployed from /models/m/2, not /new: .*--version N"):
+        check_version(current, "2", "/new", "--version N")
+    with pytest.raises(ConfigError, match=r"version 1 is deployed from /models/m/1"):
+        check_version(current, "1", "/new", "--version N")  # rollback's target too
+
+
+def _deployed(monkeypatch: pytest.MonkeyPatch, view: RegistryView, *args: str) -> tuple[NoKafka, object]:
+    fake = NoKafka(view).install(monkeypatch)
+    return fake, CliRunner().invoke(main, ["deploy-model", *args])
+
+
+def test_deploy_model_names_the_next_version_and_keeps_the_models_knobs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    folder = _model_dir(tmp_path)
+    current = _model("1", "/models/m/1", replicas=2, max_batch_size=8, batch_delay_ms=4.0, group="g")
+    fake, result = _deployed(monkeypatch, RegistryView(models={"m": current}), "m", str(folder))
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    assert "model m version 2 deployed" in result.output  # type: ignore[attr-defined]
+    ((verb, args),) = fake.writes
+    assert verb == "model" and args[:4] == ("m", "2", str(folder), 2)
+
+
+def test_deploy_model_refuses_another_folder_for_the_deployed_version(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = NoKafka(RegistryView(models={"m": _model("1", "/models/m/1")})).install(monkeypatch)
+    result = CliRunner().invoke(main, ["deploy-model", "m", str(_model_dir(tmp_path)), "--version", "1"])
+    _one_line_error(result, 1, "model m version 1 is deployed from /models/m/1", "--version N")
+    assert fake.writes == [] and fake.topics == []
+
+
+def test_register_app_keeps_what_was_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = AppConfig(name="ens", policy="exp3", slo_ms=80.0, default_output=-1, policy_config={"eta": 0.2})
+    fake = NoKafka(RegistryView(apps={"ens": app})).install(monkeypatch)
+    result = CliRunner().invoke(main, ["register-app", "ens", "--slo-ms", "300"])
+    assert result.exit_code == 0 and "app ens updated" in result.output, result.output
+    assert fake.writes == [("app", ("ens", "exp3", 300.0, -1, {"eta": 0.2}))]
+
+
+def test_unlinking_a_model_that_is_not_linked_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    view = RegistryView(apps={"digits": AppConfig(name="digits", policy="exp4", slo_ms=50.0, default_output=None)},
+                        models={"m": _model()})
+    fake = NoKafka(view).install(monkeypatch)
+    result = CliRunner().invoke(main, ["link", "digits", "m", "--unlink"])
+    assert result.exit_code == 0 and "m is not linked to digits: nothing to unlink" in result.output
+    assert fake.writes == []
+
+
+MODEL_ENTRY = "  - {name: m, path: models/m/1%s}\n"
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("apps: []\nmodels:\n" + MODEL_ENTRY % ", replica: 2", "models[0] (m): unknown key `replica`; did you mean `replicas`?"),
+    ("models:\n" + MODEL_ENTRY % "" + "apps:\n  - {name: a, polcy: exp3, models: [m]}\n",
+     "apps[0] (a): unknown key `polcy`; did you mean `policy`?"),
+    ("modles:\n" + MODEL_ENTRY % "", "unknown key `modles`; did you mean `models`?"),
+    ("apps: []\nmodels:\n" + MODEL_ENTRY % ", colour: red", "unknown key `colour`; the keys are name, version"),
+])
+def test_an_app_files_unknown_key_is_named(tmp_path: Path, text: str, reason: str) -> None:
+    _model_dir(tmp_path)
+    (tmp_path / "app.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_app_file(tmp_path / "app.yaml")
+    assert reason in str(info.value)
+
+
+def test_apply_refuses_another_folder_for_a_registered_version_before_writing(tmp_path: Path) -> None:
+    _model_dir(tmp_path)
+    (tmp_path / "app.yaml").write_text("models:\n" + MODEL_ENTRY % ", version: '1'")
+    view = RegistryView(models={"m": _model("1", "/elsewhere/m/1")})
+    with pytest.raises(ConfigError, match=r"version 1 is deployed from /elsewhere/m/1, not .*: give the new folder "
+                                          r"a new version \(`version:` in .*app.yaml\)"):
+        apply_file(Settings(), tmp_path / "app.yaml", view)  # refused before a writer is made

@@ -228,10 +228,15 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
     if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
         replicas = max(1, int(cfg.replicas))
         if replicas > len(svc.core.dispatcher.replicas):
-            # topic creation blocks: keep it off the event loop
-            await asyncio.get_running_loop().run_in_executor(
-                None, ensure_model_topics, svc.settings, svc.model.name, replicas
-            )
+            # topic creation and the metadata round trip block: keep them off the event loop
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, ensure_model_topics, svc.settings, svc.model.name, replicas)
+            # a new replica gets batches only once the producer knows its partition: librdkafka
+            # refuses a record for one beyond its cached partition count
+            if not await loop.run_in_executor(None, svc.knows_partitions, svc.topic_batches, replicas):
+                log.warning("batcher %s: the producer does not know %d partitions of %s yet; "
+                            "trying again", svc.model.name, replicas, svc.topic_batches)
+                return
         svc.resize(replicas, cfg.version, cfg.spec)
 
 

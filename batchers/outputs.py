@@ -8,11 +8,12 @@ done.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from functools import partial
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from batchers.core import Pending, by_route
 from batchers.offsets import RequestOffsets, Where
@@ -23,6 +24,9 @@ log = logging.getLogger("clipstream.batcher")
 
 Out = tuple[str, bytes, int | None, list[Where | None] | None]  # topic, value, partition, requests it serves
 
+METADATA_TIMEOUT_S = 5.0  # one metadata round trip for a topic's partitions
+HELD_RETRY_S = 0.5  # between metadata refreshes while a held record's partition is still unknown
+
 
 class Outputs:
     """The producing half of ``BatcherService``, which sets these attributes."""
@@ -32,6 +36,8 @@ class Outputs:
     counts: dict[str, int]
     topic_predictions: str
     topic_deadletter: str
+    held: list[Out]  # records for a partition the producer did not know yet, in order
+    _resending: asyncio.Task[None] | None
 
     # -- producing --------------------------------------------------------------------
     # librdkafka, not an aiokafka producer: at batch size 1 the batcher sends one record per
@@ -40,13 +46,65 @@ class Outputs:
     # polls for the delivery reports.
     def _send_all(self, records: list[Out]) -> None:
         produce = self.producer.produce
-        for topic, value, partition, wheres in records:
+        for record in records:
+            topic, value, partition, wheres = record
             report = self._delivered if not wheres or self.offsets is None else partial(self._done, wheres)
             if partition is None:
                 produce(topic, value, on_delivery=report)
+            elif self.held and self._held_back(record):
+                continue
             else:
-                produce(topic, value, partition=partition, on_delivery=report)
+                try:
+                    produce(topic, value, partition=partition, on_delivery=report)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                        raise
+                    self._hold(record)
         self.producer.poll(0)
+
+    # -- a partition the producer does not know yet ------------------------------------------
+    # librdkafka refuses a record for a partition beyond the count in its cached metadata at
+    # once, and refreshes that only every few minutes: a replica added live (``set-replicas``)
+    # is such a partition until then. ``knows_partitions`` tells the producer before a new
+    # replica gets batches (``app._follow``); a record refused anyway is held and sent once the
+    # partition is known, never dropped, as it carries requests.
+    def knows_partitions(self, topic: str, count: int) -> bool:
+        """Refresh the producer's metadata of ``topic`` (blocking: run it off the loop); whether
+        it now knows at least ``count`` partitions."""
+        try:
+            meta = self.producer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+        except KafkaException as exc:
+            log.warning("no metadata for %s: %s", topic, exc)
+            return False
+        return meta is not None and meta.error is None and len(meta.partitions) >= count
+
+    def _held_back(self, record: Out) -> bool:
+        """Hold ``record`` too if an earlier one for its partition is held: each partition's
+        records stay in order (a handover must follow the batches before it)."""
+        if any(h[0] == record[0] and h[2] == record[2] for h in self.held):
+            self.held.append(record)
+            return True
+        return False
+
+    def _hold(self, record: Out) -> None:
+        self.held.append(record)
+        if self._resending is None or self._resending.done():
+            log.warning("partition %s of %s is not known to the producer yet; its records wait until it is",
+                        record[2], record[0])
+            self._resending = asyncio.get_running_loop().create_task(self._resend_held())
+
+    async def _resend_held(self) -> None:
+        """Refresh the held records' topics' metadata, then send them again; those whose
+        partition is still unknown are held again, for the next round. They stay in ``held``
+        while the refresh runs, so records sent meanwhile queue behind them."""
+        loop = asyncio.get_running_loop()
+        while self.held:
+            for topic in dict.fromkeys(r[0] for r in self.held):
+                await loop.run_in_executor(None, self.knows_partitions, topic, 0)
+            held, self.held = self.held, []
+            self._send_all(held)
+            if self.held:
+                await asyncio.sleep(HELD_RETRY_S)
 
     def _done(self, wheres: list[Where | None], err: Any, msg: Any) -> None:
         """The record that serves these requests was delivered: they may be committed. One the

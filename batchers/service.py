@@ -99,6 +99,8 @@ class BatcherService(Outputs, FanOut):
         self.arrived: list[tuple[ModelRequest, int, Where]] = []  # (request, arrival, its record)
         self.arrived_event = asyncio.Event()
         self.outbox: list[Out] = []  # dead letters from ``accept``
+        self.held: list[Out] = []  # for a partition the producer does not know yet (``Outputs._hold``)
+        self._resending: asyncio.Task[None] | None = None
         self.failed: list[tuple[Pending, Prediction]] = []  # error predictions from ``accept``
         self._tasks: set[asyncio.Task[None]] = set()  # coalesced requests being served
         self.counts = {"requests": 0, "cached": 0, "batched": 0, "batches": 0, "expired": 0, "errors": 0,

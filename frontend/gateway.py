@@ -140,7 +140,7 @@ def _add_api_routes(app: GatewayAPI, state: GatewayState) -> None:
     @app.post(
         "/v1/apps/{app}/predict",
         response_model=PredictResponse,
-        responses=_errors(401, 403, 404, 408, 413, 422, 503),
+        responses=_errors(400, 401, 403, 404, 408, 413, 422, 503),
         openapi_extra=_body_doc(PredictRequest),
         summary="Predict within the SLO (the app's default output when nothing answers in time)",
     )
@@ -152,7 +152,7 @@ def _add_api_routes(app: GatewayAPI, state: GatewayState) -> None:
         "/v1/apps/{app}/feedback",
         status_code=202,
         response_model=Accepted,
-        responses=_errors(401, 403, 404, 408, 413, 422, 503),
+        responses=_errors(400, 401, 403, 404, 408, 413, 422, 503),
         openapi_extra=_body_doc(FeedbackRequest),
         summary="The true label of, or a reward for, an earlier query",
     )

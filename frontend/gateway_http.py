@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError
@@ -47,9 +48,15 @@ def stamped_protocol() -> type | None:
     Under load a request can wait in the event loop for milliseconds between its bytes
     arriving and its handler starting; the caller's clock runs all along, so the deadline
     (and the wait for the reply) counts from the stamp, not from the handler. None when
-    httptools is missing: the handler's own start is used then.
+    httptools is missing: the handler's own start is used then (and uvicorn's h11 protocol
+    answers a request it cannot parse in plain text).
+
+    A request the parser refuses (``Content-Length: abc``, no HTTP at all) never reaches the
+    app; uvicorn answers it 400 in plain text, and this protocol in the gateway's JSON
+    (``parse_error_response``), still closing the connection.
     """
     try:
+        from httptools import HttpParserCallbackError, HttpParserInvalidURLError
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return None
@@ -59,7 +66,33 @@ def stamped_protocol() -> type | None:
             super().on_message_begin()
             self.scope[RECEIVED_US] = now_us()  # type: ignore[literal-required]
 
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn calls this while it handles the parser's error, which names the fault
+            error = sys.exception()
+            reason = str(error or "")
+            if isinstance(error, HttpParserCallbackError):  # a callback of uvicorn's refused what it read
+                reason = "the URL is not valid" if isinstance(error.__context__, HttpParserInvalidURLError) else ""
+            self.transport.write(parse_error_response(reason, self.server_state.default_headers))
+            self.transport.close()
+
     return StampedHttpToolsProtocol
+
+
+# the parser's reasons that a caller may not read at once, said plainly
+_PARSE_REASONS = {"Invalid character in Content-Length": "Content-Length must be a whole number of bytes"}
+
+
+def parse_error_response(reason: str, default_headers: Iterable[tuple[bytes, bytes]] = ()) -> bytes:
+    """The raw 400 for a request the HTTP parser refused, for ``reason`` (the parser's words;
+    empty when it gave none): the gateway's JSON ``{"detail": ...}`` and ``connection: close``,
+    after the server's own headers (date, server)."""
+    reason = reason.strip()
+    detail = "the request is not valid HTTP/1.1" + (f": {_PARSE_REASONS.get(reason, reason)}" if reason else "")
+    body = json.dumps({"detail": detail}, separators=(",", ":")).encode()
+    head = [b"HTTP/1.1 400 Bad Request", *(name + b": " + value for name, value in default_headers),
+            b"content-type: application/json", b"content-length: " + str(len(body)).encode(),
+            b"connection: close"]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 class HTTPProblem(ClipstreamError):
@@ -263,6 +296,8 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
                         break
                     continue
                 chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body ended (or its body was no HTTP): no one reads an answer
+        raise HTTPProblem(400, "the request ended before its body did", {"connection": "close"}) from None
     except TimeoutError:
         if not over:
             raise HTTPProblem(408, f"request body not received within {timeout_s:g} s",

@@ -3,6 +3,7 @@ trickle in, bodies over the limit with and without Content-Length, and HTTPS."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import ssl
@@ -126,6 +127,22 @@ def test_a_4mb_body_gets_a_readable_413(gateway: GatewayProcess) -> None:
         assert r.status_code == 413 and "over the limit of 1048576 bytes" in r.json()["detail"]
         r = http.post("/v1/apps/pets/feedback", content=chunked())
         assert r.status_code == 413
+        assert http.post("/v1/apps/pets/predict", json={"input": GOOD}).status_code == 200
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"1e3"])
+def test_a_content_length_that_is_no_number_gets_the_gateways_json_400(gateway: GatewayProcess, length: bytes) -> None:
+    """uvicorn's parser refuses it before the app runs; the gateway's protocol still answers in JSON."""
+    parts = urlsplit(gateway.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+        s.sendall(b"POST /v1/apps/pets/predict HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):  # to the close: the server ends the connection
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), data
+    assert "Content-Length" in json.loads(body)["detail"]
+    with httpx.Client(base_url=gateway.url, timeout=10) as http:  # a new connection is served
         assert http.post("/v1/apps/pets/predict", json={"input": GOOD}).status_code == 200
 
 

@@ -132,9 +132,10 @@ def response_json(record: Response, latency_ms: float, default_output: Any = Non
 
 def default_json(
     query_id: str, default_output: Any, models: tuple[str, ...] | list[str], latency_ms: float,
-    reason: str = "timeout",
+    reason: str = "no answer reached the gateway by the deadline",
 ) -> dict[str, Any]:
-    """The answer when no Response came in time: the app's default, every model missing."""
+    """The answer when no Response came in time: the app's default, every model missing; the
+    reason says it is the gateway's own wait that ended."""
     return {
         "query_id": query_id,
         "output": _finite(default_output),

@@ -57,7 +57,7 @@ def test_gateway_default_when_nothing_arrived():
     got = default_json("q9", 0, ("a", "b"), 55.5)
     assert got["query_id"] == "q9" and got["output"] == 0 and got["default"] is True
     assert got["confidence"] == 0.0 and got["models"] == {"answered": [], "missing": ["a", "b"]}
-    assert got["default_reason"] == "timeout" and got["scores"] is None
+    assert got["default_reason"] == "no answer reached the gateway by the deadline" and got["scores"] is None
 
 
 def test_request_bodies_are_strict():

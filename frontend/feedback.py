@@ -47,7 +47,8 @@ async def feedback(state: GatewayState, app_name: str, request: Request) -> dict
         reward=float(req.reward) if req.reward is not None else None,
         created_us=now_us(),
     )
-    known = await stored(state, req.query_id)
+    # a query this gateway just answered has its predictions on their way to the store
+    known = True if req.query_id in state.answered else await stored(state, req.query_id)
     try:
         await state.bus.publish_feedback(record, req.query_id.encode(), state.gw.feedback_ack_timeout_s)
     except InputError as exc:  # a label Avro cannot hold, though the checks above let it by

@@ -284,6 +284,8 @@ def _count_answer(state: GatewayState, answer: dict[str, Any], record: Response 
         # by who decided, not the free-text reason: metric labels must stay a small set
         state.metrics.defaults.inc("gateway_timeout" if record is None
                                    else "model" if isinstance(reply, Prediction) else "selector")
+    if not answer["default"]:
+        state.remember_answer(answer["query_id"])
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
     counts[2 if answer["default"] else 1].inc()
     counts[4].observe(latency_ms / 1000.0)

@@ -68,6 +68,8 @@ class GatewaySettings(BaseSettings):
     retry_after_s: int = Field(1, ge=0)
     # how long /feedback waits for the broker's acknowledgement before answering 503
     feedback_ack_timeout_s: float = Field(5.0, gt=0)
+    # the query ids answered lately that /feedback knows are being stored (a few seconds' worth)
+    answered_memory: int = Field(65_536, ge=0)
     log_level: str = "warning"
     # libuv's event loop when installed (false: asyncio's own); see frontend.gateway_cli
     uvloop: bool = True

@@ -9,7 +9,7 @@ tested, without an HTTP server.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, Union
 
@@ -66,6 +66,9 @@ class GatewayState:
         self.stored: Callable[[str], Awaitable[bool | None]] | None = None
         # where answers made from a model's prediction straight are stored for feedback
         self.saver: PredictionSaver | None = None
+        # queries this gateway answered with predictions lately: theirs are being stored, so
+        # feedback right after the answer is not told they are missing
+        self.answered: OrderedDict[str, None] = OrderedDict()
         self.inflight = 0
         # callers waiting for a slot, first come first served; each future gets how many were in
         # flight when its slot was taken on its behalf (None: the wait ran out)
@@ -81,6 +84,12 @@ class GatewayState:
         self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
         self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit, lambda: self.waiting,
                                       lambda: self.reading)
+
+    def remember_answer(self, query_id: str) -> None:
+        """Note a query answered with predictions; the oldest are forgotten past the bound."""
+        self.answered[query_id] = None
+        if len(self.answered) > self.gw.answered_memory:
+            self.answered.popitem(last=False)
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:
         """How late the event loop wakes up: a late loop means callers already wait in line.

@@ -118,3 +118,20 @@ def test_feedback_for_a_query_with_no_stored_predictions_is_202_with_the_reason(
         assert r.status_code == 202 and r.json()["applied"] is False and "dead-lettered" in r.json()["reason"]
         r = c.post("/v1/apps/pets/feedback", json={"query_id": "q-known", "label": "cat"})
         assert r.status_code == 202 and r.json() == {"accepted": True, "query_id": "q-known"}
+
+
+def test_feedback_right_after_an_answer_is_not_told_the_predictions_are_missing() -> None:
+    """The predictions of a query this gateway just answered are still on their way to the
+    store (written every few hundred ms): its feedback finds them soon, so no `applied: false`."""
+    app = make_app(FakeBus(answer))
+
+    async def stored(qid: str) -> bool:
+        return False  # not in the store yet
+
+    app.state.gateway.stored = stored
+    with TestClient(app) as c:
+        qid = c.post("/v1/apps/pets/predict", json={"input": GOOD}).json()["query_id"]
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": qid, "label": "cat"})
+        assert r.status_code == 202 and r.json() == {"accepted": True, "query_id": qid}
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": "q-never-answered-here", "label": "cat"})
+        assert r.status_code == 202 and r.json()["applied"] is False

@@ -67,6 +67,7 @@ class Pipeline:
         # workers of a version the registry replaced: out of the supervisor's care, serving
         # until the batcher hands their partitions over to the new version's workers
         self.leaving: dict[str, Leaving] = {}
+        self.view: RegistryView | None = None  # the last one synced to
 
     def sync(self, view: RegistryView) -> list[str]:
         """Start what the registry asks for and is not running; stop what it no longer asks for.
@@ -78,6 +79,7 @@ class Pipeline:
         """
         started: list[str] = []
         with self._lock:
+            self.view = view
             wanted = wanted_stages(view, self.shared_batcher, self.batcher_members)
             for stage, args in wanted.items():
                 if stage in self.supervisor.stages:
@@ -100,10 +102,27 @@ class Pipeline:
                     self._leave(stage, model or "", str(served.version))
                 elif stage.startswith(("worker-", "batcher-")):
                     self.supervisor.remove(stage)
+                    say(f"stopped {stage} (registry change)")  # as ``up`` says each start
                 elif stage.startswith("batchers-"):
                     self.retiring.append(stage)
         self.retire()
         return started
+
+    def hint(self, stage: Stage) -> str:
+        """What to do about a stage that exited before it was ready, for ``Supervisor.wait_ready``:
+        a worker whose model does not load fails again at every restart, so the way out is a
+        fixed version or the previous one, which the error should name."""
+        model = _arg(stage, "--model")
+        if not stage.name.startswith("worker-") or model is None:
+            return ""
+        group = self.view.groups.get(model) if self.view is not None else None
+        if group is not None:  # a group's worker loads every member: the member is what gets fixed
+            members = ", ".join(m.name for m in group.members)
+            return (f"; if a member of group {model} ({members}) did not load, fix it and deploy it as a new "
+                    f"version (clipstream deploy-model MEMBER PATH --version N), or roll it back "
+                    f"(clipstream rollback MEMBER)")
+        return (f"; if its model did not load, fix the model and deploy it as a new version "
+                f"(clipstream deploy-model {model} PATH --version N), or roll it back (clipstream rollback {model})")
 
     def _leave(self, name: str, model: str, successor: str) -> None:
         stage = self.supervisor.release(name)
@@ -124,6 +143,7 @@ class Pipeline:
             if all(s.ready.is_set() for s in new):
                 for name in self.retiring:
                     self.supervisor.remove(name)
+                    say(f"stopped {name} (registry change)")
                 self.retiring = []
 
     def _see_out(self, now: float) -> None:

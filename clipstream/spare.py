@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported at run time: every stage imports this module
+    import subprocess
 
 SPARE_ENV = "CLIPSTREAM_SPARE"
 WAITING_LINE = b"spare: waiting"  # what a spare prints once its imports are done
@@ -23,3 +27,10 @@ def wait_if_spare(prepare: Callable[[], object] = lambda: None) -> None:
     print(WAITING_LINE.decode(), flush=True)
     if not sys.stdin.readline():
         sys.exit(0)
+
+
+def end_spare(spare: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a spare the supervisor no longer needs: it has nothing to finish."""
+    if spare.poll() is None:
+        spare.kill()
+    spare.wait(5)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipstream.errors import ClipstreamError
-from clipstream.spare import SPARE_ENV, WAITING_LINE
+from clipstream.spare import SPARE_ENV, WAITING_LINE, end_spare
 from topics.stage import HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
 
 Report = Callable[[str], None]
@@ -74,6 +74,7 @@ class Stage:
     started_at: float = 0.0
     ready_at: float = 0.0
     ready_line: str = ""
+    log_from: int = 0  # the log's size as this process started: its output is what follows
     hung: str = ""  # why it is being killed, while it is
     hung_for_s: float = 0.0
     kill_at: float = 0.0  # SIGKILL then, if SIGTERM has not ended it
@@ -129,6 +130,7 @@ class Supervisor:
         stage.started_at, stage.ready_at = time.monotonic(), 0.0
         stage.hung, stage.hung_for_s, stage.kill_at = "", 0.0, 0.0
         stage.heartbeat_path.unlink(missing_ok=True)  # the last run's beats are not this one's
+        stage.log_from = stage.log_path.stat().st_size if stage.log_path.exists() else 0  # logs span runs
         if not self._take_spare(stage):  # a spare's output is already teed to the stage's log
             self._start(stage, spare=False)
 
@@ -167,7 +169,7 @@ class Supervisor:
         """A spare that ended before it was used: said once, and the stage has no more of them
         (its restarts start a fresh process, as without spares)."""
         stage.spare = False
-        _end(spare)
+        end_spare(spare)
         self.report(f"the spare process of {stage.name} ended with code {spare.returncode} before it was "
                     f"needed; its restarts start a fresh process (its output: {stage.log_path})")
 
@@ -189,8 +191,10 @@ class Supervisor:
         proc.wait()  # its output ends as it exits: ``watch`` restarts it now, not at its next look
         self._wake.set()
 
-    def wait_ready(self, timeout_s: float, names: list[str] | None = None) -> None:
-        """Block until the named stages (default all) are ready; a stage that exits is an error."""
+    def wait_ready(self, timeout_s: float, names: list[str] | None = None,
+                   hint: Callable[[Stage], str] = lambda stage: "") -> None:
+        """Block until the named stages (default all) are ready; a stage that exits is an error,
+        which quotes its output and adds ``hint(stage)``: what to do, which only ``up`` knows."""
         deadline = time.monotonic() + timeout_s
         names = names if names is not None else list(self.stages)
         pending = set(names)
@@ -201,8 +205,8 @@ class Supervisor:
                     pending.discard(name)
                 elif stage.proc is not None and stage.proc.poll() is not None:
                     raise ClipstreamError(
-                        f"stage {name} exited with code {stage.proc.returncode} before it was ready; "
-                        f"see {stage.log_path}:\n{tail(stage.log_path)}"
+                        f"stage {name} exited with code {stage.proc.returncode} before it was ready"
+                        f"{hint(stage)}; see {stage.log_path}:\n{tail(stage.log_path, start=stage.log_from)}"
                     )
             if pending and time.monotonic() > deadline:
                 raise ClipstreamError(
@@ -350,14 +354,7 @@ class Supervisor:
 def _drop_spare(stage: Stage) -> None:
     spare, stage.spare_proc = stage.spare_proc, None
     if spare is not None:
-        _end(spare)
-
-
-def _end(spare: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a spare: it has nothing to finish."""
-    if spare.poll() is None:
-        spare.kill()
-    spare.wait(5)
+        end_spare(spare)
 
 
 def _terminate(stages: list[Stage], grace_s: float = 10.0) -> None:
@@ -392,8 +389,11 @@ def _signame(signum: int) -> str:
         return f"signal {signum}"
 
 
-def tail(path: Path, lines: int = 15) -> str:
+def tail(path: Path, lines: int = 15, start: int = 0) -> str:
+    """The last ``lines`` lines of a log from byte ``start`` on: one process's, not earlier runs'."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as log:
+            log.seek(start)
+            return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""

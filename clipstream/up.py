@@ -19,8 +19,10 @@ new one is ready, so no request falls between them. ``per-model`` runs one proce
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ import click
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from clipstream.errors import ClipstreamError
+from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
@@ -82,14 +84,21 @@ class UpSettings(BaseSettings):
 
 @click.command("up")
 @click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--gateway-port", type=int, default=None, help="default: CLIPSTREAM_GATEWAY_PORT or 8080")
-@click.option("--free-ports", is_flag=True, help="start Kafka and Redis on free ports if they are not running")
+@click.option("--gateway-port", type=click.IntRange(0, 65535), default=None,
+              help="default: CLIPSTREAM_GATEWAY_PORT or 8080")
+@click.option("--free-ports", is_flag=True, help="start Kafka and Redis on free ports if they are not running, "
+              "and the gateway on a free port if its default one is taken")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | None) -> None:
     """Run the whole pipeline for an app file until Ctrl-C."""
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     run = _Run(settings_or_exit(lambda: get_settings(**overrides)))
     up_settings = settings_or_exit(UpSettings)
+    try:  # before anything is applied or started: a taken port would fail only once all else is up
+        gateway_port = _gateway_port(gateway_port, free_ports)
+    except ClipstreamError as exc:
+        say(f"error: {exc}")
+        raise SystemExit(1) from None
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, run.on_signal)
     try:
@@ -113,7 +122,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         _add_front_stages(supervisor, env, targets, up_settings, port)
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
-        _start_and_warm_up(supervisor, targets, follower, env, url, up_settings.warm_up_s)
+        _start_and_warm_up(supervisor, pipeline, targets, follower, env, url, up_settings.warm_up_s)
         run.serving.set()
         click.echo(f"ready: {url}", nl=True)
         sys.stdout.flush()
@@ -181,6 +190,49 @@ def _stage_env(settings: Settings, gateway_port: int | None) -> dict[str, str]:
     return env
 
 
+class GatewayPortTaken(ClipstreamError):
+    """The gateway's port cannot be bound: found before ``up`` applies or starts anything."""
+
+
+def _gateway_port(asked: int | None, free_ports: bool) -> int | None:
+    """The port the gateways will listen on, checked free on the gateway's host; with
+    ``--free-ports`` and no ``--gateway-port``, a free one instead of a taken one (else the
+    port asked, None for the gateway's own default). Two gateways sharing the port
+    (``CLIPSTREAM_UP_GATEWAYS``, SO_REUSEPORT) are not started yet, so a plain bind tells."""
+    host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", "127.0.0.1")
+    raw = os.environ.get("CLIPSTREAM_GATEWAY_PORT", "8080")
+    if asked is None and not (raw.isdigit() and int(raw) <= 65535):
+        raise ConfigError(f"CLIPSTREAM_GATEWAY_PORT={raw!r} is not a port: set it to a number from 0 to 65535, "
+                          "or pass --gateway-port P")
+    port = asked if asked is not None else int(raw)
+    if port == 0:  # the gateway picks one itself
+        return asked
+    try:
+        bind_once(host, port)
+        return asked
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE and free_ports and asked is None:
+            free = bind_once(host, 0)
+            click.echo(f"gateway: port {port} on {host} is in use; using free port {free} (--free-ports)")
+            return free
+        if exc.errno == errno.EADDRINUSE:
+            instead = "another --gateway-port P" if asked is not None else "--gateway-port P or --free-ports"
+            raise GatewayPortTaken(f"port {port} on {host} is in use (another clipstream up, or another server); "
+                                   f"stop it, or pass {instead}") from None
+        raise GatewayPortTaken(f"cannot listen on {host}:{port} ({exc.strerror or exc}): check "
+                               "CLIPSTREAM_GATEWAY_HOST and --gateway-port") from None
+
+
+def bind_once(host: str, port: int) -> int:
+    """Bind ``host:port`` as the gateway will and let go at once; the port bound (a free one for
+    0). SO_REUSEADDR, as the gateway's: a closed connection in TIME_WAIT does not count as in
+    use, and no SO_REUSEPORT, so a gateway that shares its port (another ``up``'s) does."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        return int(sock.getsockname()[1])
+
+
 def _add_front_stages(supervisor: Supervisor, env: dict[str, str], targets: MetricTargets,
                       up_settings: UpSettings, port: str) -> None:
     """Add the selectors and the gateways: they serve every model, so they come from the
@@ -196,11 +248,11 @@ def _add_front_stages(supervisor: Supervisor, env: dict[str, str], targets: Metr
         supervisor.add(name, argv, targets.env(name, env), spare=up_settings.spares)
 
 
-def _start_and_warm_up(supervisor: Supervisor, targets: MetricTargets, follower: RegistryFollower,
-                       env: dict[str, str], url: str, warm_up_s: float) -> None:
+def _start_and_warm_up(supervisor: Supervisor, pipeline: Pipeline, targets: MetricTargets,
+                       follower: RegistryFollower, env: dict[str, str], url: str, warm_up_s: float) -> None:
     """Wait for every stage, say where to scrape and look, and warm up before ``ready``: the
     first requests to a fresh pipeline would otherwise be slow (clipstream/warmup.py)."""
-    supervisor.wait_ready(READY_TIMEOUT_S)
+    supervisor.wait_ready(READY_TIMEOUT_S, hint=pipeline.hint)
     for line in targets.lines():
         click.echo(line)
     click.echo(f"{TARGETS_LINE}{targets.path}")

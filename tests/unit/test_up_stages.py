@@ -80,7 +80,7 @@ class FakeSupervisor:
         self.stages.setdefault(stage.name, stage)
 
 
-def test_a_replaced_shared_batcher_stops_only_once_its_successor_is_ready() -> None:
+def test_a_replaced_shared_batcher_stops_only_once_its_successor_is_ready(capsys: Any) -> None:
     sup = FakeSupervisor()
     pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
     pipe.sync(view(a="1"))
@@ -90,8 +90,10 @@ def test_a_replaced_shared_batcher_stops_only_once_its_successor_is_ready() -> N
     pipe.retire()
     assert "batchers-a" in sup.stages  # the new one is not ready yet: the old one keeps serving
     sup.stages["batchers-a+b"].ready.set()
+    assert "stopped" not in capsys.readouterr().err
     pipe.retire()
     assert sup.removed == ["batchers-a"] and "batchers-a+b" in sup.stages
+    assert capsys.readouterr().err == "stopped batchers-a (registry change)\n"  # as its successor's start is said
 
 
 
@@ -115,14 +117,16 @@ def test_an_old_versions_workers_serve_on_beside_the_new_ones_until_handed_over(
     assert sorted(pipe.leaving) == ["worker-b-v3-0"] and sup.removed == []
 
 
-def test_fewer_replicas_of_the_same_version_stop_at_once() -> None:
+def test_fewer_replicas_of_the_same_version_stop_at_once_and_each_stop_is_said(capsys: Any) -> None:
     sup = FakeSupervisor()
     pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
     pipe.sync(view(b="3"))
     fewer = view(b="3")
     fewer.models["b"] = ModelConfig("b", "3", Path("/m"), replicas=1, spec=SPEC)
-    pipe.sync(fewer)
+    assert pipe.sync(fewer) == []
     assert sup.removed == ["worker-b-v3-1"] and not pipe.leaving
+    # as ``up`` says "started worker-... (registry change)" for a scale-up
+    assert capsys.readouterr().err == "stopped worker-b-v3-1 (registry change)\n"
 
 
 def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: Any) -> None:

@@ -1,0 +1,146 @@
+"""What `clipstream up` checks and says when its start goes wrong: a taken gateway port fails at
+once, before anything is applied or started; a stage that exits before it is ready is quoted
+with this run's output only; and a worker's failure says how to get out of a model that does
+not load.
+
+No Kafka or Redis: the port check runs before them, and the stages here are small child
+processes (one a real worker, which fails loading its model before it needs a broker)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import clipstream.up as up_module
+from clipstream.errors import ClipstreamError
+from clipstream.pipeline import Pipeline, stage_argv
+from clipstream.supervise import Stage, Supervisor, tail
+from clipstream.testing.models import make_python_model
+from clipstream.testing.procs import wait_until
+from frontend.gateway_cli import shared_socket
+
+HOST = "127.0.0.1"
+
+
+@pytest.fixture
+def taken() -> Iterator[int]:
+    """A port something listens on, as another server would."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        sock.listen(1)
+        yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def app_file(tmp_path: Path) -> Path:
+    path = tmp_path / "app.yaml"
+    path.write_text("apps: []\nmodels: []\n")
+    return path
+
+
+def _nothing_may_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def started(*_: Any, **__: Any) -> None:
+        raise AssertionError("up went on past a taken gateway port")
+
+    for name in ("_ensure_infra", "apply_file", "Supervisor"):
+        monkeypatch.setattr(up_module, name, started)
+    monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
+
+
+def test_a_taken_gateway_port_fails_at_once_in_one_line(monkeypatch: pytest.MonkeyPatch, taken: int,
+                                                         app_file: Path, tmp_path: Path) -> None:
+    _nothing_may_start(monkeypatch)
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_PORT", str(taken))  # the default port, from the environment
+    result = CliRunner().invoke(up_module.up, ["-f", str(app_file), "--state-dir", str(tmp_path / "state")])
+    assert result.exit_code == 1, result.output
+    assert result.output == (f"error: port {taken} on {HOST} is in use (another clipstream up, or another server); "
+                             "stop it, or pass --gateway-port P or --free-ports\n")
+
+    asked = CliRunner().invoke(up_module.up, ["-f", str(app_file), "--gateway-port", str(taken), "--free-ports",
+                                              "--state-dir", str(tmp_path / "state")])
+    assert asked.exit_code == 1, asked.output  # a port asked for is kept, or fails: never moved
+    assert asked.output == (f"error: port {taken} on {HOST} is in use (another clipstream up, or another server); "
+                            "stop it, or pass another --gateway-port P\n")
+    assert "Traceback" not in result.output + asked.output and not (tmp_path / "state").exists()
+
+
+def test_free_ports_moves_the_gateway_off_a_taken_default_port(monkeypatch: pytest.MonkeyPatch, taken: int) -> None:
+    monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_PORT", str(taken))
+    port = up_module._gateway_port(None, free_ports=True)
+    assert port is not None and port != taken
+    assert up_module.bind_once(HOST, port) == port  # free indeed
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_PORT", "80a")
+    with pytest.raises(ClipstreamError, match=r"CLIPSTREAM_GATEWAY_PORT='80a' is not a port.*--gateway-port P"):
+        up_module._gateway_port(None, free_ports=False)
+
+
+def test_the_check_leaves_the_port_to_gateways_that_share_it_and_sees_another_ups(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
+    port = up_module.bind_once(HOST, 0)
+    assert up_module._gateway_port(port, free_ports=False) == port
+    # CLIPSTREAM_UP_GATEWAYS=2: both bind the port after the check (SO_REUSEPORT), as the gateways do
+    first, second = shared_socket(HOST, port, 8), shared_socket(HOST, port, 8)
+    try:  # another up's gateways, sharing the port among themselves, hold it against this one
+        with pytest.raises(up_module.GatewayPortTaken, match=f"port {port} on {HOST} is in use"):
+            up_module._gateway_port(port, free_ports=False)
+    finally:
+        first.close()
+        second.close()
+
+
+# prints its line, then exits only once ``up``'s tee has written it to the log (no race with the quote)
+FAILING_CHILD = '''
+import sys, time
+from pathlib import Path
+print("error: address already in use", flush=True)
+deadline = time.monotonic() + 30
+while b"already in use" not in Path(sys.argv[1]).read_bytes() and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(3)
+'''
+
+
+def test_a_stage_that_exits_before_ready_is_quoted_with_this_runs_output_only(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    earlier = "ready: gateway http://127.0.0.1:8080\n" * 3  # what earlier runs left in the log
+    (logs / "gateway.log").write_text(earlier)
+    sup = Supervisor(logs, report=lambda _: None)
+    sup.add("gateway", [sys.executable, "-c", FAILING_CHILD, str(logs / "gateway.log")], {})
+    with pytest.raises(ClipstreamError) as failed:
+        sup.wait_ready(60)
+    message = str(failed.value)
+    assert message.startswith(f"stage gateway exited with code 3 before it was ready; see {logs / 'gateway.log'}:\n")
+    assert message.endswith(":\nerror: address already in use") and "ready: gateway" not in message
+    assert (logs / "gateway.log").read_text().startswith(earlier)  # earlier runs' lines are kept
+    assert tail(logs / "gateway.log", lines=2) == "ready: gateway http://127.0.0.1:8080\nerror: address already in use"
+
+
+def test_a_worker_whose_model_does_not_load_says_to_deploy_a_fix_or_roll_back(tmp_path: Path) -> None:
+    folder = make_python_model(tmp_path / "models", "sumnet", "class Model:\n    pass\n", labels=[0, 1],
+                               class_name="NoSuchModel", shape=(2,))
+    sup = Supervisor(tmp_path / "logs", report=lambda _: None)
+    pipeline = Pipeline(sup, {})
+    sup.add("worker-sumnet-v1-0", stage_argv("worker", "--model", "sumnet", "--version", "1", "--path", str(folder)),
+            {**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = tmp_path / "logs" / "worker-sumnet-v1-0.log"
+    # the worker's reason in the log before the quote is taken: its last line may be teed just after it exits
+    wait_until(lambda: log.exists() and b"NoSuchModel" in log.read_bytes(), 120, "the worker to say why its model did not load")
+    with pytest.raises(ClipstreamError) as failed:
+        sup.wait_ready(120, hint=pipeline.hint)
+    first = str(failed.value).splitlines()[0]
+    assert first.startswith("stage worker-sumnet-v1-0 exited with code 1 before it was ready; if its model did "
+                            "not load, fix the model and deploy it as a new version (clipstream deploy-model "
+                            "sumnet PATH --version N), or roll it back (clipstream rollback sumnet); see "), first
+    assert "NoSuchModel" in str(failed.value)  # the worker's own reason, quoted from its log
+    gateway = Stage("gateway", stage_argv("gateway"), {}, tmp_path / "gateway.log")
+    assert pipeline.hint(gateway) == ""  # only a worker's model is fixed that way

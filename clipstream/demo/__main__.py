@@ -152,38 +152,51 @@ def main() -> None:
     write_report(rows, models, degraded, offline, tap, args, not_asked)
 
 
-def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str, tap: Tap,
-           env: dict[str, str]) -> list[dict[str, Any]]:
-    from frontend.client import Client, Overloaded
+class _Callers:
+    """The demo's callers: each sends one held-out digit, retries while the gateway sheds load,
+    sends the true label as feedback and keeps the answer's row."""
 
-    _, x_test, _, y_test = load_digits_split()
-    rng = np.random.default_rng(0)
-    order = rng.integers(0, len(x_test), size=args.queries)
-    marks = (args.queries // 3, 2 * args.queries // 3)
-    client = Client(url, app="digits")
-    rows: list[dict[str, Any]] = []
-    rejected = [0]
-    lock = threading.Lock()
+    def __init__(self, url: str, x_test: np.ndarray, y_test: np.ndarray, order: np.ndarray) -> None:
+        from frontend.client import Client
 
-    def one(i: int) -> None:
-        x, y = x_test[order[i]], int(y_test[order[i]])
+        self.client = Client(url, app="digits")
+        self.x_test, self.y_test, self.order = x_test, y_test, order
+        self.rows: list[dict[str, Any]] = []
+        self.rejected = 0
+        self.lock = threading.Lock()
+
+    def one(self, i: int) -> None:
+        from frontend.client import Overloaded
+
+        x, y = self.x_test[self.order[i]], int(self.y_test[self.order[i]])
         for attempt in range(50):
             try:
-                r = client.predict("digits", x.tolist())
+                r = self.client.predict("digits", x.tolist())
                 break
             except Overloaded as exc:  # 503: the gateway sheds load; back off as it asks
-                with lock:
-                    rejected[0] += 1
+                with self.lock:
+                    self.rejected += 1
                 time.sleep(min(exc.retry_after or 0.05, 0.05 * (attempt + 1)))
         else:
             raise SystemExit("the gateway kept answering 503; is the machine overloaded?")
-        client.feedback(r["query_id"], y)
-        with lock:
-            rows.append({"i": i, "query_id": r["query_id"], "label": y, "output": r["output"],
-                         "ensemble_ok": r["output"] == y, "latency_ms": r["latency_ms"],
-                         "default": r["default"], "default_reason": r.get("default_reason"),
-                         "missing": r["models"]["missing"]})
+        self.client.feedback(r["query_id"], y)
+        with self.lock:
+            self.rows.append({"i": i, "query_id": r["query_id"], "label": y, "output": r["output"],
+                              "ensemble_ok": r["output"] == y, "latency_ms": r["latency_ms"],
+                              "default": r["default"], "default_reason": r.get("default_reason"),
+                              "answered": r["models"]["answered"], "missing": r["models"]["missing"]})
 
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return sorted(self.rows, key=lambda r: r["i"])
+
+
+def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str, tap: Tap,
+           env: dict[str, str]) -> list[dict[str, Any]]:
+    _, x_test, _, y_test = load_digits_split()
+    order = np.random.default_rng(0).integers(0, len(x_test), size=args.queries)
+    marks = (args.queries // 3, 2 * args.queries // 3)
+    callers = _Callers(url, x_test, y_test, order)
     say(f"3/5 streaming {args.queries} held-out digits through {url} with feedback ...")
     t0 = time.monotonic()
     with ThreadPoolExecutor(args.concurrency) as pool:
@@ -192,25 +205,24 @@ def stream(args: argparse.Namespace, url: str, models: list[str], degraded: str,
             if phase == 1:
                 say(f"4/5 degrading {degraded}: deploying version 2, which answers wrongly")
                 cli("deploy-model", degraded, str((OUT / "models" / degraded / "2").resolve()), "--version", "2", env=env)
-                until_serving(client, tap, degraded, "2")
+                until_serving(callers.client, tap, degraded, "2")
             if phase == 2:
                 say(f"4/5 recovering {degraded}: rollback to version 1")
                 cli("rollback", degraded, env=env)
-                until_serving(client, tap, degraded, "1")
+                until_serving(callers.client, tap, degraded, "1")
             t0 += time.monotonic() - paused  # the rate is the stream's own
-            futures = [pool.submit(one, i) for i in range(lo, hi)]
             last = 0.0
-            for f in futures:
+            for f in [pool.submit(callers.one, i) for i in range(lo, hi)]:
                 f.result()
                 if time.monotonic() - last > 2:
                     last = time.monotonic()
-                    with lock:
-                        snapshot = sorted(rows, key=lambda r: r["i"])
-                    say(table(_join(snapshot, tap), models, tap, t0, args.queries))
-    rows.sort(key=lambda r: r["i"])
-    if rejected[0]:
-        say(f"    the gateway shed load {rejected[0]} times (503, retried)")
-    time.sleep(1.0)  # the tap trails the last responses by a few milliseconds
+                    say(table(_join(callers.snapshot(), tap), models, tap, t0, args.queries))
+    if callers.rejected:
+        say(f"    the gateway shed load {callers.rejected} times (503, retried)")
+    rows = callers.snapshot()
+    short = tap.wait_for({r["query_id"]: r["answered"] for r in rows})
+    if short:
+        say(f"    {short} answered queries have no prediction on the predictions topic yet; the report leaves them out")
     return _join(rows, tap)
 
 

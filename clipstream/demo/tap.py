@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,18 @@ class Tap:
                 dict(self.status_counts),
                 list(self.batch_sizes),
             )
+
+    def wait_for(self, expected: Mapping[str, Collection[str]], timeout_s: float = 10.0) -> int:
+        """Wait until each query's named models have their prediction here (the tap reads the
+        predictions topic a fetch behind the gateway's answers); how many queries still lack one
+        at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                short = sum(1 for q, ms in expected.items() if not set(ms) <= self.answers.get(q, {}).keys())
+            if short == 0 or time.monotonic() >= deadline:
+                return short
+            time.sleep(0.05)
 
     def serving(self, model: str) -> str | None:
         """The version that evaluated ``model``'s latest query: a new version serves once its

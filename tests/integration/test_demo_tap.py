@@ -57,3 +57,20 @@ def test_the_tap_skips_what_came_before_it_and_counts_what_follows(settings: Set
     assert status == {"cached": 1, "expired": 1}
     assert sizes == [3]
     assert answers == {"q1": {"m": 1}}
+
+
+def test_the_tap_waits_for_the_predictions_the_answers_named(settings: Settings) -> None:
+    ensure_core_topics(settings)
+    ensure_model_topics(settings, "m")
+    cat = Catalogue.from_settings(settings)
+    producer = Producer(producer_config(settings))
+    tap = Tap(settings, ["m"], [0, 1]).start()
+    try:
+        assert tap.wait_assigned(30)
+        assert tap.wait_for({"a1": ["m"]}, timeout_s=0.3) == 1  # nothing sent yet: short at the deadline
+        producer.produce(cat.predictions.name, value=_predictions("a1", "ok"))
+        assert producer.flush(10) == 0
+        assert tap.wait_for({"a1": ["m"]}, timeout_s=20) == 0
+        assert tap.wait_for({"a1": ["m"], "never": ["m"], "none-answered": []}, timeout_s=0.3) == 1
+    finally:
+        tap.stop()

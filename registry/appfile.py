@@ -115,8 +115,8 @@ def _model_entry(path: Path, i: int, m: Any, repository: Repository,
     else:
         folder = (path.parent / source).resolve()
         if not folder.is_dir():
-            raise ConfigError(f"{path}: models[{i}] ({m['name']}): no folder {folder} (a model's `path` is "
-                              "relative to the app file, or a URL)")
+            raise ConfigError(f"{path}: models[{i}] ({m['name']}): no folder {folder} to hold its model.yaml "
+                              "(a model's `path` is relative to the app file, or a URL)")
         spec = load_spec(folder)
         location = repository.location_of(folder)
     if m.get("group") is not None:

@@ -111,6 +111,6 @@ def test_apply_refuses_another_folder_for_a_registered_version_before_writing(tm
 
 def test_an_app_files_missing_model_folder_is_named_with_where_paths_start(tmp_path: Path) -> None:
     (tmp_path / "app.yaml").write_text("models:\n  - {name: ghost, path: models/ghost/1}\n")
-    with pytest.raises(ConfigError, match=r"models\[0\] \(ghost\): no folder .*models/ghost/1 \(a model's `path` "
-                                          r"is relative to the app file"):
+    with pytest.raises(ConfigError, match=r"models\[0\] \(ghost\): no folder .*models/ghost/1 to hold its model.yaml "
+                                          r"\(a model's `path` is relative to the app file"):
         load_app_file(tmp_path / "app.yaml")

@@ -17,7 +17,7 @@ from batchers.cache import Coalescer
 from batchers.dispatch import Dispatcher, InFlight, Replica
 from batchers.queue import DeadlineQueue
 from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Route, Tensor, route_of
-from topics.markers import handover
+from topics.markers import RETIRE_PREFIX, handover
 
 
 @dataclass
@@ -194,6 +194,13 @@ class BatcherCore:
         self._count += 1
         return [(r, handover(self.model, self.version, r, f"handover-{self._prefix}-{self._count}", now_us))
                 for r in range(replicas)]
+
+    def retirements(self, first: int, last: int, now_us: int) -> list[tuple[int, Batch]]:
+        """(replica, empty batch) for each replica from ``first`` up to ``last`` (excluded), which
+        the registry removed: its worker stops once the batches before it are served."""
+        self._count += 1
+        return [(r, handover(self.model, self.version, r, f"{RETIRE_PREFIX}{self._prefix}-{self._count}", now_us))
+                for r in range(first, last)]
 
     # -- feedback from workers ----------------------------------------------------------
     def on_stats(self, stats: BatchStats, now_us: int | None = None) -> list[str]:

@@ -326,7 +326,11 @@ class BatcherService(Outputs, FanOut):
         self._wanted = (replicas, spec)
         self.switch.want(version, replicas, now)
         if self.switch.target is None:
+            before = len(self.core.dispatcher.replicas)
             self._apply(replicas, spec)
+            # a removed replica's worker serves what was sent to it, then stops
+            self._send_all([(self.topic_batches, encode(b), r, None)
+                            for r, b in self.core.retirements(replicas, before, now)])
         else:
             self._maybe_switch(now)
 

@@ -97,9 +97,12 @@ class Pipeline:
                     continue
                 model = _arg(self.supervisor.stages[stage], "--model")
                 served = view.served().get(model or "")
-                if (stage.startswith("worker-") and served is not None and served.spec is not None
-                        and _arg(self.supervisor.stages[stage], "--version") != served.version):
-                    self._leave(stage, model or "", str(served.version))
+                if stage.startswith("worker-") and served is not None and served.spec is not None:
+                    if _arg(self.supervisor.stages[stage], "--version") != served.version:
+                        self._leave(stage, model or "", f"version {served.version} of {model} is ready")
+                    else:  # a replica the registry removed: its batches are served, then it stops
+                        self._leave(stage, model or "", f"the batches sent to it are served ({model} now has "
+                                    f"{served.replicas} replicas)")
                 elif stage.startswith(("worker-", "batcher-")):
                     self.supervisor.remove(stage)
                     say(f"stopped {stage} (registry change)")  # as ``up`` says each start
@@ -124,12 +127,12 @@ class Pipeline:
         return (f"; if its model did not load, fix the model and deploy it as a new version "
                 f"(clipstream deploy-model {model} PATH --version N), or roll it back (clipstream rollback {model})")
 
-    def _leave(self, name: str, model: str, successor: str) -> None:
+    def _leave(self, name: str, model: str, until: str) -> None:
         stage = self.supervisor.release(name)
         if stage is None:
             return
         self.leaving[name] = Leaving(stage, model)
-        say(f"{name} serves until version {successor} of {model} is ready")
+        say(f"{name} serves until {until}")
 
     def retire(self) -> None:
         """Stop replaced shared batchers once every wanted one is ready, and see the workers of

@@ -7,7 +7,9 @@ Both are ordinary records of their topic's schema (the Avro schemas stay as they
   model's batches to that version;
 - a **handover** on ``batches.<model>``: a ``Batch`` with no items, stamped with the version the
   batcher moves to, sent to each partition; read after every batch of the old version there,
-  it tells the old version's worker that nothing more is coming for it.
+  it tells the old version's worker that nothing more is coming for it. A handover whose id
+  starts ``retire/`` goes to a partition whose replica the registry removed: its worker stops
+  once the batches before it are served, whatever its version.
 
 Workers and batchers are stages that never import each other, so the format lives here.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 from schemas import Batch, BatchStats
 
 READY_PREFIX = "ready/"
+RETIRE_PREFIX = "retire/"
 
 
 def ready_marker(model: str, version: str, replica: int, worker_id: str, now_us: int) -> BatchStats:
@@ -39,3 +42,8 @@ def handover(model: str, version: str | None, replica: int, batch_id: str, now_u
 
 def is_handover(batch: Batch) -> bool:
     return not batch.items
+
+
+def is_retirement(batch: Batch) -> bool:
+    """A handover to a replica the registry removed: nothing more comes to its partition."""
+    return not batch.items and batch.batch_id.startswith(RETIRE_PREFIX)

@@ -33,7 +33,7 @@ from topics.admin import ensure_model_topics, ensure_topics, learn_leaders
 from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
 from topics.emitter import Emitter
-from topics.markers import is_handover, ready_marker
+from topics.markers import is_handover, is_retirement, ready_marker
 from topics.metrics import LAG, expose, serve_metrics
 from topics.offsets import SpacedCommits, committed_offset
 from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, stop_on_signals
@@ -267,13 +267,16 @@ class Worker(Outputs):
 
     def _not_ours(self, batch: Batch) -> bool:
         """A batch with nothing for this worker: a handover (no items), or, when it serves only
-        its own version, one stamped with another. A handover to another version made since
-        this worker was ready means no batch of its version follows: it stops, after the ones read."""
+        its own version, one stamped with another. A handover to another version, or one that
+        retires this replica, made since this worker was ready means no batch for it follows: it
+        stops, after the ones read."""
         foreign = self.own_version_only and batch.version is not None and batch.version != self.version
         if is_handover(batch):
-            if foreign and batch.created_us >= self.ready_us and self.running:
-                log(f"{self.name} replica {self.replica}: the batcher moved to version {batch.version}; "
-                    f"version {self.version} stops once its batches are done")
+            if (foreign or is_retirement(batch)) and batch.created_us >= self.ready_us and self.running:
+                why = ("the registry removed this replica" if is_retirement(batch)
+                       else f"the batcher moved to version {batch.version}")
+                log(f"{self.name} replica {self.replica}: {why}; version {self.version} stops once its "
+                    "batches are done")
                 self.running = False
             return True
         if foreign and batch.version not in self._skipping:

@@ -25,7 +25,7 @@ from schemas import Batch, encode
 from tests.integration.batcher_harness import uniq
 from topics import consumer_config
 from topics.admin import ensure_model_topics
-from topics.markers import is_handover, ready_marker
+from topics.markers import is_handover, is_retirement, ready_marker
 
 pytestmark = [pytest.mark.integration, pytest.mark.component]  # the test plays the workers
 
@@ -98,3 +98,59 @@ def test_a_replica_added_live_gets_batches_and_the_batcher_keeps_running(
     assert "is not known to the producer yet" not in b.output(), b.output()[-3000:]
     assert [q for q in sent if q not in batched] == []  # every request batched
     assert {batched[q] for q in sent} == {0, 1}  # and both replicas serve
+
+
+def test_a_replica_removed_live_gets_a_retirement_after_its_last_batch(
+    run_batcher: Any, wire: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """`set-replicas MODEL 1` from 2: the batcher stops sending to partition 1 and writes a
+    retirement there, after the batches already sent to it, so that replica's worker serves
+    them and stops (``up`` lets it leave instead of killing it)."""
+    model = uniq("shrink")
+    w = wire(model, 1)
+    ensure_model_topics(settings, model, 2)
+    path = make_python_model(tmp_path, model, SRC, labels=[0, 1], shape=(2,))
+    with RegistryWriter(settings) as reg:
+        reg.model(model, "1", path, replicas=2)
+    wait_for(settings, lambda v: model in v.models and v.models[model].replicas == 2)
+    b = run_batcher(model, "--no-cache", "--batch-delay-ms", "0")
+    topic = w.cat.batches(model).name
+    w.consumers.pop(topic).close()
+    watch = Consumer(consumer_config(settings, f"test-{uuid.uuid4().hex}", **{"auto.offset.reset": "earliest"}))
+    watch.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+    w.consumers[topic] = watch
+    x = np.zeros(2, np.float32)
+    seen: list[tuple[int, str]] = []  # (partition, query id or "retired"), in the order read
+    batched: set[str] = set()
+
+    def worker(batch: Batch, msg: Any) -> None:
+        if is_retirement(batch):
+            seen.append((msg.partition(), "retired"))
+        elif not is_handover(batch):
+            seen.extend((msg.partition(), item.query_id) for item in batch.items)
+            batched.update(item.query_id for item in batch.items)
+            w.stats(batch, 1_000)
+
+    sent: list[str] = []
+
+    def both_replicas(_: list[Any]) -> bool:  # one request at a time until each replica had one
+        if {p for p, _ in seen} == {0, 1}:
+            return True
+        if all(q in batched for q in sent):
+            sent.append(f"q{len(sent)}")
+            w.request(sent[-1], x)
+        return False
+
+    w.take(topic, Batch, both_replicas, timeout_s=60, on=worker)
+    with RegistryWriter(settings) as reg:  # what `clipstream set-replicas MODEL 1` writes
+        reg.model(model, "1", path, replicas=1)
+    w.take(topic, Batch, lambda _: (1, "retired") in seen, timeout_s=30, on=worker)
+    after = [f"r{i}" for i in range(10)]
+    for q in after:
+        w.request(q, x)
+    w.take(topic, Batch, lambda _: all(q in batched for q in after), timeout_s=30, on=worker)
+
+    on_1 = [q for p, q in seen if p == 1]
+    assert on_1[-1] == "retired" and on_1.count("retired") == 1  # the last word on partition 1
+    assert all(p == 0 for p, q in seen if q in after)  # later batches go to the replica left
+    assert b.proc.poll() is None and "Traceback" not in b.output(), b.output()[-3000:]

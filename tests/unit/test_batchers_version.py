@@ -10,7 +10,7 @@ from batchers.version import MARKER_LEAD_US, VersionSwitch
 from clipstream.clock import now_us
 from clipstream.settings import Settings
 from schemas import Batch, BatchStats, decode_as, encode
-from topics.markers import handover, is_handover, marker_version, ready_marker
+from topics.markers import handover, is_handover, is_retirement, marker_version, ready_marker
 
 S = 1_000_000
 
@@ -116,5 +116,10 @@ def test_the_service_moves_version_and_replicas_together_and_hands_each_partitio
     moved = [(topic, partition, decode_as(Batch, value)) for topic, value, partition in producer.sent]
     assert [(t, p) for t, p, _ in moved] == [("p.batches.m", 0), ("p.batches.m", 1)]
     assert all(is_handover(b) and b.version == "2" for _, _, b in moved)
-    svc.resize(1, "2")  # the same version, fewer replicas: at once, no handover
-    assert len(svc.core.dispatcher.replicas) == 1 and len(producer.sent) == 2
+    svc.resize(1, "2")  # the same version, fewer replicas: at once, and replica 1 is retired
+    assert len(svc.core.dispatcher.replicas) == 1 and len(producer.sent) == 3
+    topic, value, partition = producer.sent[2]
+    gone = decode_as(Batch, value)
+    assert (topic, partition) == ("p.batches.m", 1) and is_retirement(gone) and gone.version == "2"
+    svc.resize(1, "2")  # read again: nothing more is sent
+    assert len(producer.sent) == 3

@@ -117,16 +117,22 @@ def test_an_old_versions_workers_serve_on_beside_the_new_ones_until_handed_over(
     assert sorted(pipe.leaving) == ["worker-b-v3-0"] and sup.removed == []
 
 
-def test_fewer_replicas_of_the_same_version_stop_at_once_and_each_stop_is_said(capsys: Any) -> None:
+def test_a_removed_replica_serves_what_was_sent_to_it_and_each_stop_is_said(capsys: Any) -> None:
     sup = FakeSupervisor()
     pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
     pipe.sync(view(b="3"))
     fewer = view(b="3")
     fewer.models["b"] = ModelConfig("b", "3", Path("/m"), replicas=1, spec=SPEC)
     assert pipe.sync(fewer) == []
-    assert sup.removed == ["worker-b-v3-1"] and not pipe.leaving
+    # not stopped: it leaves once the batcher's retirement follows the batches sent to it
+    assert sup.removed == [] and sorted(pipe.leaving) == ["worker-b-v3-1"]
+    assert capsys.readouterr().err == ("worker-b-v3-1 serves until the batches sent to it are served "
+                                       "(b now has 1 replicas)\n")
+    pipe.leaving["worker-b-v3-1"].stage.proc.returncode = 0  # it stopped by itself
+    pipe.retire()
+    assert not pipe.leaving
     # as ``up`` says "started worker-... (registry change)" for a scale-up
-    assert capsys.readouterr().err == "stopped worker-b-v3-1 (registry change)\n"
+    assert capsys.readouterr().err == "worker-b-v3-1 stopped (its partition was handed over, exit code 0)\n"
 
 
 def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: Any) -> None:

@@ -14,6 +14,7 @@ from clipstream.settings import Settings
 from registry.spec import load_spec
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Predictions, Tensor, decode_as, encode
 from clipstream.testing.models import make_profile_model
+from topics.markers import RETIRE_PREFIX
 from workers.backends import load_model
 from workers.worker import Worker
 
@@ -242,6 +243,28 @@ def test_a_deployed_worker_serves_only_its_version_and_stops_at_the_handover(tmp
     w.housekeep()
     stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
     assert [s.batch_id for s in stats] == ["b2"] and consumer.commits == [4]
+
+
+@pytest.mark.parametrize("own_version_only", [True, False])
+def test_a_retired_replica_serves_the_batches_before_its_retirement_then_stops(
+    tmp_path: Path, own_version_only: bool
+) -> None:
+    """Scaled down, the same version: the batcher's retirement on this partition, made after
+    the worker was ready, follows the last batch sent to it; an older one is from before."""
+    w, producer, consumer, _ = make_worker(tmp_path, own_version_only=own_version_only)
+    w.ready_us = 1000
+    old = Batch(batch_id=f"{RETIRE_PREFIX}x-1", model="sim", version="1", replica=0, created_us=900, items=[])
+    w.feed(Msg(encode(old), 0))  # a retirement from before this worker was ready: it serves on
+    assert w.running
+    w.feed(Msg(batch_bytes(1, created_us=1100), 1))
+    w.feed(Msg(encode(Batch(batch_id=f"{RETIRE_PREFIX}x-2", model="sim", version="1", replica=0,
+                            created_us=1200, items=[])), 2))
+    assert not w.running
+    assert w.drain(5.0)
+    producer.flush(0)
+    w.housekeep()
+    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    assert [s.batch_id for s in stats] == ["b1"] and consumer.commits == [3]
 
 
 def test_a_worker_given_only_a_folder_serves_any_version_but_never_an_empty_batch(tmp_path: Path) -> None:

@@ -236,6 +236,7 @@ class BatcherService(Outputs, FanOut):
                 if version is not None:  # a worker of ``version`` is ready, not a batch report
                     self.switch.mark_ready(version, stats.replica, stats.created_us)
                     self._maybe_switch(now)
+                    self._maybe_grow(now)
                     continue
                 keys += self.core.on_stats(stats, now)
             except Exception as exc:  # undecodable, or one the batcher cannot use: the rest still count
@@ -325,14 +326,30 @@ class BatcherService(Outputs, FanOut):
         now = now_us()
         self._wanted = (replicas, spec)
         self.switch.want(version, replicas, now)
-        if self.switch.target is None:
-            before = len(self.core.dispatcher.replicas)
+        before = len(self.core.dispatcher.replicas)
+        if self.switch.target is None and replicas > before:  # new replicas wait for their workers
+            self.switch.want_more(before, replicas, now)
+            self._maybe_grow(now)
+        elif self.switch.target is None:
+            self.switch.grown()
             self._apply(replicas, spec)
             # a removed replica's worker serves what was sent to it, then stops
             self._send_all([(self.topic_batches, encode(b), r, None)
                             for r, b in self.core.retirements(replicas, before, now)])
         else:
+            self.switch.grown()  # the new version's replicas all wait for their markers anyway
             self._maybe_switch(now)
+
+    def _maybe_grow(self, now: int) -> None:
+        why = self.switch.growth_due(now)
+        if why is None:
+            return
+        if why == "timeout":
+            log.warning("batcher %s: no ready marker from new replicas %d..%d after %.0f s; sending them batches "
+                        "anyway (are their workers running? see their logs)", self.model.name,
+                        self.switch.grow_from, self.switch.grow_to - 1, (now - self.switch.grow_since_us) / 1e6)
+        self.switch.grown()
+        self._apply(*self._wanted)
 
     def _apply(self, replicas: int, spec: ModelSpec | None) -> None:
         if replicas != len(self.core.dispatcher.replicas):

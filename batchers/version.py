@@ -31,6 +31,11 @@ class VersionSwitch:
     target_replicas: int = 0
     since_us: int = 0
     _marks: dict[tuple[str, int], int] = field(default_factory=dict)  # (version, replica) -> made at
+    # more replicas of the current version: the new ones, from ``grow_from`` up to ``grow_to``,
+    # get batches once their workers say they are ready too (0: no growth waits)
+    grow_from: int = 0
+    grow_to: int = 0
+    grow_since_us: int = 0
 
     def want(self, version: str | None, replicas: int, now_us: int) -> None:
         """The registry's version and replica count, as often as it is read."""
@@ -40,6 +45,25 @@ class VersionSwitch:
         if version != self.target:
             self.target, self.since_us = version, now_us
         self.target_replicas = replicas
+
+    def want_more(self, before: int, replicas: int, now_us: int) -> None:
+        """The registry asks for more replicas of the current version than are served."""
+        if replicas != self.grow_to:
+            self.grow_from, self.grow_to, self.grow_since_us = before, replicas, now_us
+
+    def growth_due(self, now_us: int) -> str | None:
+        """Why the new replicas should get batches now ("ready" or "timeout"), else None: a
+        batch sent to a worker still loading its model would wait past its deadline."""
+        if not self.grow_to or self.current is None:
+            return "ready" if self.grow_to else None
+        floor = self.grow_since_us - MARKER_LEAD_US
+        if all(self._marks.get((self.current, r), floor - 1) >= floor for r in range(self.grow_from, self.grow_to)):
+            return "ready"
+        return "timeout" if now_us - self.grow_since_us >= self.timeout_us else None
+
+    def grown(self) -> None:
+        """The growth took effect, or the registry no longer asks for it."""
+        self.grow_from = self.grow_to = 0
 
     def mark_ready(self, version: str, replica: int, made_us: int) -> None:
         key = (version, replica)

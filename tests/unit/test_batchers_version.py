@@ -123,3 +123,30 @@ def test_the_service_moves_version_and_replicas_together_and_hands_each_partitio
     assert (topic, partition) == ("p.batches.m", 1) and is_retirement(gone) and gone.version == "2"
     svc.resize(1, "2")  # read again: nothing more is sent
     assert len(producer.sent) == 3
+
+
+def test_more_replicas_of_the_same_version_wait_for_their_workers() -> None:
+    sw = VersionSwitch("1", timeout_us=60 * S)
+    assert sw.growth_due(100 * S) is None  # nothing asked
+    sw.want_more(1, 3, now_us=100 * S)
+    sw.mark_ready("1", 1, 101 * S)
+    assert sw.growth_due(101 * S) is None  # replica 2 is still loading
+    sw.want_more(1, 3, now_us=150 * S)  # the registry read again: the wait keeps its start
+    sw.mark_ready("2", 2, 102 * S)  # another version's marker says nothing
+    assert sw.growth_due(159 * S) is None and sw.growth_due(160 * S) == "timeout"
+    sw.mark_ready("1", 2, 103 * S)
+    assert sw.growth_due(103 * S) == "ready"
+    sw.grown()
+    assert sw.growth_due(200 * S) is None
+
+
+def test_the_service_sends_a_new_replica_batches_once_its_worker_is_ready() -> None:
+    svc, _ = service("1", 1)
+    svc.resize(2, "1")  # `set-replicas m 2`
+    assert len(svc.core.dispatcher.replicas) == 1  # replica 1's worker is still starting
+    svc.resize(2, "1")  # read again
+    assert len(svc.core.dispatcher.replicas) == 1
+    svc.accept_stats([stats_record(ready_marker("m", "1", 1, "w1", now_us()))])
+    assert len(svc.core.dispatcher.replicas) == 2
+    svc.resize(1, "1")  # and back: at once, with the retirement
+    assert len(svc.core.dispatcher.replicas) == 1

@@ -341,6 +341,8 @@ class BatcherService(Outputs, FanOut):
             self._maybe_switch(now)
 
     def _maybe_grow(self, now: int) -> None:
+        """Give the new replicas of the current version batches once their workers are ready
+        (or waited for too long)."""
         why = self.switch.growth_due(now)
         if why is None:
             return

@@ -17,7 +17,7 @@ from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.repository import Repository, is_url
-from registry.topic import ModelConfig, RegistryView, RegistryWriter, read_view
+from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, next_version
 from topics.admin import ensure_model_topics
 
@@ -80,12 +80,10 @@ def register_app(name: str, policy: str | None, slo_ms: float | None, default_ou
     value = _parse_value(default_output)
     settings = _settings()
     current = read_view(settings).app(name)
+    keep = current or AppConfig(name=name, policy="exp4", slo_ms=50.0, default_output=None)  # a new app's defaults
     with RegistryWriter(settings) as w:
-        w.app(name,
-              policy if policy is not None else current.policy if current else "exp4",
-              slo_ms if slo_ms is not None else current.slo_ms if current else 50.0,
-              value if default_output is not None else current.default_output if current else None,
-              dict(current.policy_config) if current else None)
+        w.app(name, policy if policy is not None else keep.policy, slo_ms if slo_ms is not None else keep.slo_ms,
+              value if default_output is not None else keep.default_output, dict(keep.policy_config) or None)
     click.echo(f"app {name} {'updated' if current else 'registered'}")
 
 

@@ -33,7 +33,7 @@ import click
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from clipstream.errors import ClipstreamError, ConfigError
+from clipstream.errors import ClipstreamError, ConfigError, InfraError
 from clipstream.infra import launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
@@ -44,6 +44,7 @@ from clipstream.warmup import warm_up
 from registry.appfile import apply_file
 from registry.topic import RegistryFollower
 from topics.catalogue import REQUEST_PARTITIONS
+from topics.client import common_config
 from topics.membership import MEMBER_ENV
 
 READY_TIMEOUT_S = 180.0
@@ -284,15 +285,37 @@ def _report_started(stages: list[str], targets: MetricTargets | None = None) -> 
 
 
 def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool]:
-    """Use Kafka/Redis where the settings point if they answer; else start them locally."""
-    if kafka_answers(settings.kafka_bootstrap) and _redis_answers(settings):
+    """Use Kafka/Redis where the settings point if they answer; else start them locally. A
+    Kafka or Redis named on purpose (``CLIPSTREAM_KAFKA_BOOTSTRAP``, ``CLIPSTREAM_REDIS_URL``)
+    is never swapped for a local one: serving from a cluster nobody asked for would hide it."""
+    kafka_ok = kafka_answers(settings.kafka_bootstrap, common_config(settings))
+    redis_ok = _redis_answers(settings)
+    if kafka_ok and redis_ok:
         return settings, False
+    _refuse_to_replace(settings, kafka_ok, redis_ok)
     status = launcher.status(settings)
     if status.running:
         return settings.model_copy(update=status_settings(status)), False
     click.echo("starting Kafka and Redis ...")
     status = launcher.up(settings, free_ports=free_ports, progress=lambda m: click.echo(m))
     return settings.model_copy(update=status_settings(status)), True
+
+
+def _refuse_to_replace(settings: Settings, kafka_ok: bool, redis_ok: bool) -> None:
+    """InfraError when starting a local Kafka and Redis would drop one the settings name."""
+    named = settings.model_fields_set
+    kafka = f"Kafka at {settings.kafka_bootstrap}"
+    redis = f"Redis at {redacted_url(settings.redis_url)}"
+    for ok, field_name, var, what, check in (
+            (kafka_ok, "kafka_bootstrap", "CLIPSTREAM_KAFKA_BOOTSTRAP", kafka, "its addresses and security settings"),
+            (redis_ok, "redis_url", "CLIPSTREAM_REDIS_URL", redis, "its address and password")):
+        if field_name in named and not ok:
+            raise InfraError(f"{what} ({var}) does not answer (check {check}); start it, or unset {var} "
+                             "so that up starts a local one")
+    if named & {"kafka_bootstrap", "redis_url"}:  # one named and answering: the other is not there
+        missing, var = (redis, "CLIPSTREAM_REDIS_URL") if kafka_ok else (kafka, "CLIPSTREAM_KAFKA_BOOTSTRAP")
+        raise InfraError(f"{missing} does not answer, and up starts a local one only together with the other: "
+                         f"start it, or set {var} to one that answers")
 
 
 def status_settings(status: launcher.InfraStatus) -> dict[str, str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Mapping
+from typing import Any
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -59,9 +61,12 @@ class MetadataProbe:
     list (a cluster is ready once every node has registered).
     """
 
-    def __init__(self, bootstrap: str, brokers: int = 1) -> None:
+    def __init__(self, bootstrap: str, brokers: int = 1, client_config: Mapping[str, Any] | None = None) -> None:
+        """``client_config``: the clients' settings (security among them), for a broker that
+        answers only clients that speak its protocol."""
         self.bootstrap = bootstrap
         self.brokers = brokers
+        self._config = dict(client_config or {})
         host, _, port = bootstrap.split(",")[0].rpartition(":")
         self._host, self._port = host or "127.0.0.1", int(port)
         self._client: object | None = None
@@ -79,6 +84,7 @@ class MetadataProbe:
         if self._client is None:
             self._client = AdminClient(
                 {
+                    **self._config,
                     "bootstrap.servers": self.bootstrap,
                     "log_level": 0,  # refusals while starting are expected, not news
                     "reconnect.backoff.ms": 50,
@@ -92,6 +98,7 @@ class MetadataProbe:
         return len(metadata.brokers) >= self.brokers
 
 
-def kafka_answers(bootstrap: str) -> bool:
-    """One-shot check that a broker at ``bootstrap`` serves metadata."""
-    return MetadataProbe(bootstrap)()
+def kafka_answers(bootstrap: str, client_config: Mapping[str, Any] | None = None) -> bool:
+    """One-shot check that a broker at ``bootstrap`` serves metadata (to a client with
+    ``client_config``: a secured broker refuses one without its security settings)."""
+    return MetadataProbe(bootstrap, client_config=client_config)()

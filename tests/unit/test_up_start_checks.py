@@ -9,6 +9,7 @@ processes (one a real worker, which fails loading its model before it needs a br
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -144,3 +145,42 @@ def test_a_worker_whose_model_does_not_load_says_to_deploy_a_fix_or_roll_back(tm
     assert "NoSuchModel" in str(failed.value)  # the worker's own reason, quoted from its log
     gateway = Stage("gateway", stage_argv("gateway"), {}, tmp_path / "gateway.log")
     assert pipeline.hint(gateway) == ""  # only a worker's model is fixed that way
+
+
+@pytest.mark.parametrize(("named", "kafka_ok", "redis_ok", "reason"), [
+    ({"CLIPSTREAM_KAFKA_BOOTSTRAP": "k1:9092,k2:9092"}, False, True,
+     "Kafka at k1:9092,k2:9092 (CLIPSTREAM_KAFKA_BOOTSTRAP) does not answer"),
+    ({"CLIPSTREAM_KAFKA_BOOTSTRAP": "k1:9092"}, True, False,
+     "Redis at redis://127.0.0.1:6379/0 does not answer, and up starts a local one only together"),
+    ({"CLIPSTREAM_REDIS_URL": "redis://r:6379/0"}, True, False,
+     "Redis at redis://r:6379/0 (CLIPSTREAM_REDIS_URL) does not answer"),
+])
+def test_a_kafka_or_redis_named_on_purpose_is_never_swapped_for_a_local_one(
+        monkeypatch: pytest.MonkeyPatch, named: dict[str, str], kafka_ok: bool, redis_ok: bool, reason: str) -> None:
+    from clipstream.settings import Settings
+
+    for var in ("CLIPSTREAM_KAFKA_BOOTSTRAP", "CLIPSTREAM_REDIS_URL"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in named.items():
+        monkeypatch.setenv(var, value)
+    asked: list[dict[str, Any]] = []
+    monkeypatch.setattr(up_module, "kafka_answers", lambda bootstrap, config: asked.append(config) or kafka_ok)
+    monkeypatch.setattr(up_module, "_redis_answers", lambda settings: redis_ok)
+    monkeypatch.setattr(up_module.launcher, "up", lambda *a, **k: pytest.fail("a local Kafka and Redis were started"))
+    monkeypatch.setattr(up_module.launcher, "status", lambda *a, **k: pytest.fail("the local ones were looked for"))
+    with pytest.raises(ClipstreamError, match=re.escape(reason)):
+        up_module._ensure_infra(Settings(), free_ports=True)
+    assert asked and asked[0]["bootstrap.servers"] == Settings().kafka_bootstrap
+
+
+def test_a_secured_kafka_is_asked_with_its_security_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clipstream.settings import Settings
+
+    monkeypatch.setenv("CLIPSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("CLIPSTREAM_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    asked: list[dict[str, Any]] = []
+    monkeypatch.setattr(up_module, "kafka_answers", lambda bootstrap, config: asked.append(config) or True)
+    monkeypatch.setattr(up_module, "_redis_answers", lambda settings: True)
+    settings = Settings()
+    assert up_module._ensure_infra(settings, free_ports=False) == (settings, False)
+    assert asked[0]["security.protocol"] == "SASL_SSL" and asked[0]["sasl.mechanism"] == "SCRAM-SHA-512"

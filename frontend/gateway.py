@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 
 from clipstream.clock import now_us
-from clipstream.errors import InfraError, InputError
+from clipstream.errors import ClipstreamError, InfraError, InputError
 from clipstream.redisclient import RedisGuard, stored_predictions_key, sync_client
 from clipstream.saver import GATHER_S, PredictionSaver
 from clipstream.settings import Settings, get_settings
@@ -112,12 +112,25 @@ def _lifespan(state: GatewayState) -> Callable[[FastAPI], contextlib.AbstractAsy
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            await _connect(state, stack)
+            try:
+                await _connect(state, stack)
+            except Exception as exc:  # kept for ``clipstream gateway``, which prints it as one line
+                app.state.startup_error = startup_failure(exc)
+                raise
             watcher = asyncio.create_task(state.watch_loop_lag())
             stack.callback(watcher.cancel)
             yield
 
     return lifespan
+
+
+def startup_failure(exc: Exception) -> str:
+    """One line for a gateway that could not connect at startup, naming the cause and what to do:
+    an operator reads this instead of uvicorn's tracebacks."""
+    if isinstance(exc, ClipstreamError):  # our own messages already say what to do
+        return f"the gateway could not start: {exc}"
+    return (f"the gateway could not start: {type(exc).__name__}: {exc}; check Kafka and Redis with "
+            "`clipstream infra status` and the CLIPSTREAM_KAFKA_BOOTSTRAP / CLIPSTREAM_REDIS_URL settings")
 
 
 def _add_guards(app: GatewayAPI, state: GatewayState) -> None:

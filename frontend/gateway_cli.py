@@ -28,6 +28,7 @@ from topics.stage import announce_ready, beat_on_loop, exit_code
 
 
 BACKLOG = 4096  # connections the kernel queues before accept
+STARTUP_FAILED = 3  # the exit code of a gateway whose startup failed, as uvicorn's own (STARTUP_FAILURE)
 
 
 @click.command()
@@ -121,7 +122,9 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         ssl_keyfile=str(gw.tls_key) if gw.tls_key else None,
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=sockets))
+    quiet = _QuietFailedStartup(app)
+    logging.getLogger("uvicorn.error").addFilter(quiet)
+    task = asyncio.create_task(_serve_until_exit(server, sockets))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if server.started:
@@ -133,8 +136,35 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         announce_ready("gateway", f"{gw.scheme}://{gw.host}:{port}")
         beat_on_loop("gateway")  # the serving loop's proof of life for `up`
     await task
+    logging.getLogger("uvicorn.error").removeFilter(quiet)
+    if server.started:
+        return 0
     # uvicorn reports a failed startup by exiting the serve loop without having started
-    return 0 if server.started else 1
+    why = getattr(app.state, "startup_error", None) or "the gateway did not start (see the log above)"
+    click.echo(f"error: {why}", err=True)
+    return STARTUP_FAILED
+
+
+class _QuietFailedStartup(logging.Filter):
+    """Drops uvicorn's errors once the app's startup failed (its tracebacks and "Application
+    startup failed"): the gateway prints the cause as one line instead."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or getattr(self.app.state, "startup_error", None) is None
+
+
+async def _serve_until_exit(server: Any, sockets: list[socket.socket] | None) -> None:
+    """``server.serve``, with uvicorn's ``sys.exit(3)`` on a failed startup turned into a normal
+    end: a SystemExit in a task would leave the event loop before ``_serve`` could explain it."""
+    try:
+        await server.serve(sockets=sockets)
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILED:
+            raise
 
 
 if __name__ == "__main__":

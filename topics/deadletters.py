@@ -85,9 +85,19 @@ class DeadLetters:
             log.error("dead letter from %s not sent (%s): %s", stage, exc, reason)
 
 
-def latest(settings: Any, count: int = 20, timeout_s: float = 10.0) -> list[DeadLetter]:
-    """The newest ``count`` dead letters on the deadletter topic, oldest first, for
-    ``clipstream deadletters`` (a record that does not decode shows as stage ``?`` with why)."""
+# the stages that write dead letters (``DeadLetters(..., stage=...)``, ``dead_letter_value``/``_record``);
+# listed here so ``clipstream deadletters --stage`` can refuse a name no record will ever carry
+STAGES: tuple[str, ...] = ("gateway", "selector", "batcher", "worker", "registry")
+
+
+def latest(settings: Any, count: int = 20, timeout_s: float = 10.0, stage: str | None = None) -> list[DeadLetter]:
+    """The newest ``count`` dead letters on the deadletter topic (of ``stage`` only, if given),
+    oldest first, for ``clipstream deadletters`` (a record that does not decode shows as stage
+    ``?`` with why).
+
+    With a stage, each partition is read backwards in growing windows until it holds ``count``
+    records of that stage or its start is reached, so an older record of a quiet stage is not
+    hidden behind the newest records of a busy one."""
     import uuid
 
     from confluent_kafka import Consumer, TopicPartition
@@ -103,27 +113,39 @@ def latest(settings: Any, count: int = 20, timeout_s: float = 10.0) -> list[Dead
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             return []
-        ends: dict[int, int] = {}
-        starts: list[TopicPartition] = []
+        deadline = time.monotonic() + timeout_s
         for p in meta.partitions:
             low, high = watermarks(consumer, TopicPartition(topic, p), timeout_s)
-            if high > low:
-                ends[p] = high
-                starts.append(TopicPartition(topic, p, max(low, high - count)))
-        if starts:
-            consumer.assign(starts)
-        deadline = time.monotonic() + timeout_s
-        while ends and time.monotonic() < deadline:
-            for msg in consumer.consume(500, timeout=0.2):
-                if msg.error():
-                    continue
-                out.append(_decoded(msg))
-                if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                    ends.pop(msg.partition(), None)
+            span, end = count, high
+            found: list[DeadLetter] = []
+            while end > low and len(found) < count and time.monotonic() < deadline:
+                start = max(low, end - span)
+                read = _read_range(consumer, TopicPartition(topic, p, start), end, deadline)
+                found = [d for d in read if stage is None or d.stage == stage] + found
+                end, span = start, span * 2
+            out.extend(found)
     finally:
         consumer.close()
     out.sort(key=lambda d: d.created_us)
     return out[-count:]
+
+
+def _read_range(consumer: Any, start: Any, end: int, deadline: float) -> list[DeadLetter]:
+    """The records of one partition from ``start`` (a TopicPartition with its offset) up to
+    ``end``, decoded; fewer if ``deadline`` passes first, so a slow broker cannot hang the CLI."""
+    consumer.assign([start])
+    out: list[DeadLetter] = []
+    while time.monotonic() < deadline:
+        done = False
+        for msg in consumer.consume(500, timeout=0.2):
+            if msg.error():
+                continue
+            if msg.offset() < end:
+                out.append(_decoded(msg))
+            done = done or msg.offset() + 1 >= end
+        if done:
+            break
+    return out
 
 
 def _decoded(msg: Any) -> DeadLetter:

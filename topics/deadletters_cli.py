@@ -11,20 +11,21 @@ from confluent_kafka import KafkaException
 
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
-from topics.deadletters import latest
+from topics.deadletters import STAGES, latest
 
 
 @click.command()
 @click.option("-n", "--count", type=click.IntRange(1, 10_000), default=20, show_default=True,
-              help="How many of the newest dead letters to show.")
-@click.option("--stage", default=None, help="Only those from this stage (gateway, selector, batcher, worker).")
+              help="How many of the newest dead letters to show (of --stage, if given).")
+@click.option("--stage", default=None, type=click.Choice(STAGES),
+              help="Only those from this stage; -n then counts that stage's records.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, help="Seconds to wait for Kafka.")
 def deadletters(count: int, stage: str | None, as_json: bool, timeout_s: float) -> None:
     """Show the newest dead letters: stage, reason, source topic[partition]@offset, query id."""
     settings = settings_or_exit(get_settings)
     try:
-        found = [d for d in latest(settings, count, timeout_s) if stage is None or d.stage == stage]
+        found = latest(settings, count, timeout_s, stage=stage)
     except (KafkaException, ClipstreamError) as exc:
         click.echo(f"error: cannot read the deadletter topic at {settings.kafka_bootstrap}: {exc}", err=True)
         sys.exit(1)

@@ -22,8 +22,13 @@ STATE_DIR_OPTION = click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where pids, logs and data live (default: CLIPSTREAM_STATE_DIR or ~/.local/state).",
+    help="Where pids, logs and data live (default: CLIPSTREAM_STATE_DIR, else "
+    "$XDG_STATE_HOME/clipstream or ~/.local/state/clipstream).",
 )
+
+# the secure broker is Kafka only: a stage also needs a Redis, which the operator must name
+NO_REDIS_NOTE = ("note: this command starts no Redis: set CLIPSTREAM_REDIS_URL to a running one "
+                 "(`clipstream infra up` without --secure starts one, next to a plaintext broker)")
 
 
 def _settings(state_dir: Path | None, **overrides: Any) -> Settings:
@@ -169,6 +174,13 @@ def secure_broker(port: int | None, user: str, state_dir: Path | None) -> None:
             return int(s.getsockname()[1])
 
     settings = _settings(None)
+    if state_dir is not None:  # made like `infra up --state-dir` makes it: mkdtemp wants it there
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            click.echo(f"error: cannot create --state-dir {state_dir} ({exc.strerror or exc}): "
+                       "choose a folder you can write", err=True)
+            sys.exit(1)
     folder = Path(tempfile.mkdtemp(prefix="secure-", dir=state_dir or None))
     secret = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else None
     password_file = folder / "sasl-password"
@@ -183,6 +195,7 @@ def secure_broker(port: int | None, user: str, state_dir: Path | None) -> None:
             value = f'"$(cat {password_file})"' if password_file.exists() else "<as set>"
         click.echo(f"export {key}={value}")
     click.echo(f"ready: secure broker {broker.bootstrap} (state in {folder}); Ctrl-C stops it", err=True)
+    click.echo(NO_REDIS_NOTE, err=True)
     try:
         while broker.process.poll() is None:  # SIGTERM ends us, and the broker with us
             time.sleep(0.5)

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     redis_password: SecretStr | None = None
     topic_prefix: str = "clipstream."
     # partitions of the queries/predictions/feedback topics: the selector's parallelism
-    selector_partitions: int = 4
+    selector_partitions: int = Field(4, ge=1)  # the queries, predictions, responses and feedback topics
     # copies of each topic clipstream creates; unset: min(3, the brokers the cluster lists),
     # so one local broker gets 1 and a cluster 3 (with min.insync.replicas 2)
     replication_factor: int | None = Field(default=None, ge=1)

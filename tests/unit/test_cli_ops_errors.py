@@ -126,8 +126,8 @@ def test_topics_create_refuses_zero_selector_partitions(monkeypatch: pytest.Monk
     monkeypatch.setattr(topics_cli, "ensure_stage_topics", lambda s, m: called.append(m) or [])
     monkeypatch.setenv("CLIPSTREAM_SELECTOR_PARTITIONS", "0")
     out = CliRunner().invoke(topics_cli.topics, ["create"])
-    assert out.exit_code == 1 and not called
-    assert out.output.startswith("error: CLIPSTREAM_SELECTOR_PARTITIONS is 0") and "Traceback" not in out.output
+    assert out.exit_code == 2 and not called  # the settings refuse it, for every stage
+    assert "selector_partitions = '0'" in out.output and "Traceback" not in out.output
 
 
 def test_gateway_without_kafka_is_one_line_and_exit_3(monkeypatch: pytest.MonkeyPatch,

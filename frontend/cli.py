@@ -18,7 +18,7 @@ from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.repository import Repository, is_url
 from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
-from registry.versions import check_version, next_version
+from registry.versions import check_version, history, next_version
 from topics.admin import ensure_model_topics
 
 
@@ -108,14 +108,10 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
     current = read_view(settings).model(name)
     version = version if version is not None else next_version(current)
     check_version(current, version, location, "--version N")
-    kept: dict[str, Any] = {"previous_versions": [], "previous_paths": []}
-    if current is not None:  # the model's group and batching knobs stay; its history grows
+    kept: dict[str, Any] = history(current, version)
+    if current is not None:  # the model's group and batching knobs stay
         kept.update(group=current.group, latency_objective_ms=current.latency_objective_ms,
-                    max_batch_size=current.max_batch_size, batch_delay_ms=current.batch_delay_ms,
-                    previous_versions=list(current.previous_versions), previous_paths=list(current.previous_paths))
-        if current.version != version:
-            kept["previous_versions"].append(current.version)
-            kept["previous_paths"].append(current.location or str(current.path))
+                    max_batch_size=current.max_batch_size, batch_delay_ms=current.batch_delay_ms)
     count = deployed_replicas(replicas, current)
     ensure_model_topics(settings, name, count)
     with RegistryWriter(settings) as w:

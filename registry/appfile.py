@@ -19,7 +19,7 @@ from clipstream.yamlfile import read_mapping
 from registry.repository import Repository, is_url
 from registry.spec import TensorSpec, load_spec
 from registry.topic import RegistryView, RegistryWriter, read_view
-from registry.versions import check_version
+from registry.versions import check_version, history
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
 
@@ -177,14 +177,7 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
         check_version(view.model(m["name"]), m["version"], m["path"], f"`version:` in {path}")
     with RegistryWriter(settings) as writer:
         for m in spec.models:
-            m = dict(m)
-            current = view.model(m["name"])
-            if current is not None and current.version != m["version"]:
-                m["previous_versions"] = [*current.previous_versions, current.version]
-                m["previous_paths"] = [*current.previous_paths, current.location or str(current.path)]
-            elif current is not None:
-                m["previous_versions"] = list(current.previous_versions)
-                m["previous_paths"] = list(current.previous_paths)
+            m = {**m, **history(view.model(m["name"]), m["version"])}
             ensure_model_topics(settings, m["name"], m["replicas"])
             if m.get("group"):
                 ensure_model_topics(settings, m["group"], m["replicas"])

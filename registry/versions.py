@@ -23,11 +23,23 @@ def next_version(current: ModelConfig | None) -> str:
     the highest number the model has had."""
     if current is None:
         return "1"
-    numbers = [int(v) for v in known_versions(current) if v.isdigit()]
-    if len(numbers) < len(known_versions(current)):
+    known = known_versions(current)
+    if not all(v.isdigit() for v in known):
         raise ConfigError(f"model {current.name} has versions that are not numbers "
-                          f"({', '.join(sorted(known_versions(current)))}): name the new one with --version")
-    return str(max(numbers) + 1)
+                          f"({', '.join(sorted(known))}): name the new one with --version")
+    return str(max(int(v) for v in known) + 1)
+
+
+def history(current: ModelConfig | None, version: str) -> dict[str, list[str]]:
+    """The rollback history a deployment of ``version`` records: the model's, plus its current
+    version when that is another one."""
+    if current is None:
+        return {"previous_versions": [], "previous_paths": []}
+    versions, paths = list(current.previous_versions), list(current.previous_paths)
+    if current.version != version:
+        versions.append(current.version)
+        paths.append(current.location or str(current.path))
+    return {"previous_versions": versions, "previous_paths": paths}
 
 
 def check_version(current: ModelConfig | None, version: str, location: str, how: str) -> None:

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "link": "frontend.cli:link",
     "set-replicas": "frontend.cli:set_replicas",
     "rollback": "frontend.cli:rollback",
+    "remove-model": "frontend.cli:remove_model",
     "inspect": "frontend.cli:inspect_registry",
     "up": "clipstream.up:up",
 }

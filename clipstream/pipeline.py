@@ -122,10 +122,11 @@ class Pipeline:
         if group is not None:  # a group's worker loads every member: the member is what gets fixed
             members = ", ".join(m.name for m in group.members)
             return (f"; if a member of group {model} ({members}) did not load, fix it and deploy it as a new "
-                    f"version (clipstream deploy-model MEMBER PATH --version N), or roll it back "
-                    f"(clipstream rollback MEMBER)")
+                    f"version (clipstream deploy-model MEMBER PATH --version N), roll it back "
+                    f"(clipstream rollback MEMBER), or remove it (clipstream remove-model MEMBER --unlink)")
         return (f"; if its model did not load, fix the model and deploy it as a new version "
-                f"(clipstream deploy-model {model} PATH --version N), or roll it back (clipstream rollback {model})")
+                f"(clipstream deploy-model {model} PATH --version N), roll it back (clipstream rollback {model}), "
+                f"or remove it (clipstream remove-model {model} --unlink, and take it out of the app file)")
 
     def _leave(self, name: str, model: str, until: str) -> None:
         stage = self.supervisor.release(name)

@@ -114,6 +114,8 @@ class Supervisor:
         self._lock = threading.Lock()
         self._stopping = False
         self._wake = threading.Event()  # a stage's output ended (it exited), or ``interrupt``
+        # what to do about a stage that keeps dying (its second death in a row on): ``Pipeline.hint``
+        self.hint: Callable[[Stage], str] = lambda stage: ""
 
     def add(self, name: str, argv: list[str], env: dict[str, str], spare: bool = False) -> Stage:
         """Start a stage; with ``spare``, its restarts are taken over by a spare process
@@ -191,10 +193,9 @@ class Supervisor:
         proc.wait()  # its output ends as it exits: ``watch`` restarts it now, not at its next look
         self._wake.set()
 
-    def wait_ready(self, timeout_s: float, names: list[str] | None = None,
-                   hint: Callable[[Stage], str] = lambda stage: "") -> None:
+    def wait_ready(self, timeout_s: float, names: list[str] | None = None) -> None:
         """Block until the named stages (default all) are ready; a stage that exits is an error,
-        which quotes its output and adds ``hint(stage)``: what to do, which only ``up`` knows."""
+        which quotes its output and adds ``self.hint(stage)``: what to do, which only ``up`` knows."""
         deadline = time.monotonic() + timeout_s
         names = names if names is not None else list(self.stages)
         pending = set(names)
@@ -206,7 +207,7 @@ class Supervisor:
                 elif stage.proc is not None and stage.proc.poll() is not None:
                     raise ClipstreamError(
                         f"stage {name} exited with code {stage.proc.returncode} before it was ready"
-                        f"{hint(stage)}; see {stage.log_path}:\n{tail(stage.log_path, start=stage.log_from)}"
+                        f"{self.hint(stage)}; see {stage.log_path}:\n{tail(stage.log_path, start=stage.log_from)}"
                     )
             if pending and time.monotonic() > deadline:
                 raise ClipstreamError(
@@ -258,7 +259,8 @@ class Supervisor:
                 served = max(0.0, now - stage.hung_for_s - stage.ready_at) if stage.ready_at else 0.0
                 delay = stage.backoff.next_delay(served)
                 stage.next_start = now + delay
-                self.report(f"restarting {stage.name} in {delay:g}s ({why}); log: {stage.log_path}")
+                again = self.hint(stage) if stage.backoff.streak >= 2 else ""
+                self.report(f"restarting {stage.name} in {delay:g}s ({why}); log: {stage.log_path}{again}")
             if now >= stage.next_start and not self._stopping:
                 stage.restarts += 1
                 stage.next_start = 0.0

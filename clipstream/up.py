@@ -118,12 +118,13 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         run.pipeline = pipeline = Pipeline(supervisor, env, shared_batcher=up_settings.batchers == "shared",
                                            targets=targets, batcher_members=up_settings.batcher_members,
                                            spares=up_settings.spares)
+        supervisor.hint = pipeline.hint
         run.follower = follower = RegistryFollower(settings).start()
         view = follower.wait_ready(30)
         _add_front_stages(supervisor, env, targets, up_settings, port)
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
-        _start_and_warm_up(supervisor, pipeline, targets, follower, env, url, up_settings.warm_up_s)
+        _start_and_warm_up(supervisor, targets, follower, env, url, up_settings.warm_up_s)
         run.serving.set()
         click.echo(f"ready: {url}", nl=True)
         sys.stdout.flush()
@@ -249,11 +250,11 @@ def _add_front_stages(supervisor: Supervisor, env: dict[str, str], targets: Metr
         supervisor.add(name, argv, targets.env(name, env), spare=up_settings.spares)
 
 
-def _start_and_warm_up(supervisor: Supervisor, pipeline: Pipeline, targets: MetricTargets,
-                       follower: RegistryFollower, env: dict[str, str], url: str, warm_up_s: float) -> None:
+def _start_and_warm_up(supervisor: Supervisor, targets: MetricTargets, follower: RegistryFollower,
+                       env: dict[str, str], url: str, warm_up_s: float) -> None:
     """Wait for every stage, say where to scrape and look, and warm up before ``ready``: the
     first requests to a fresh pipeline would otherwise be slow (clipstream/warmup.py)."""
-    supervisor.wait_ready(READY_TIMEOUT_S, hint=pipeline.hint)
+    supervisor.wait_ready(READY_TIMEOUT_S)
     for line in targets.lines():
         click.echo(line)
     click.echo(f"{TARGETS_LINE}{targets.path}")

@@ -13,7 +13,9 @@ from typing import Any
 import click
 import yaml
 
+from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
+from clipstream.redisclient import REDIS_AWAY, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.repository import Repository, is_url
@@ -173,6 +175,55 @@ def check_link(view: RegistryView, app: str, model: str, unlink: bool = False) -
         return
     if view.model(model) is None:
         raise ClipstreamError(f"no model {model!r} in the registry: deploy it first with `clipstream deploy-model`")
+
+
+@click.command("remove-model")
+@click.argument("name")
+@click.option("--unlink", is_flag=True, help="unlink it from every app that links it, in the same change")
+@_friendly
+def remove_model(name: str, unlink: bool) -> None:
+    """Remove a model: its workers stop, and its cached predictions are deleted.
+
+    A model an app links is refused without --unlink, so no app loses a model unasked. The
+    model's versions go with it: deployed again, it starts from a clean slate.
+    """
+    settings = _settings()
+    view = read_view(settings)
+    apps = linked_apps(view, name, unlink)
+    with RegistryWriter(settings) as w:
+        for app in apps:  # before the model, so no stage ever sees a link to a missing model
+            w.delete(f"link:{app}:{name}")
+        w.delete(f"model:{name}")
+    for app in apps:
+        left = [m for m in view.apps[app].models if m != name]
+        click.echo(f"unlinked {name} from {app}" + ("" if left else
+                   f" (no model left: {app}'s queries are refused until one is linked)"))
+    click.echo(f"model {name} removed")
+    click.echo(_forget_cached(settings, name))
+
+
+def linked_apps(view: RegistryView, name: str, unlink: bool) -> list[str]:
+    """The apps ``remove-model`` unlinks ``name`` from; refused when there are some and
+    ``unlink`` is not given, naming them and both ways on."""
+    if view.model(name) is None:
+        raise ClipstreamError(f"no model {name!r} in the registry (`clipstream inspect` lists the models)")
+    apps = sorted(a.name for a in view.apps.values() if name in a.models)
+    if apps and not unlink:
+        raise ClipstreamError(f"model {name} is linked to {', '.join(apps)}: unlink it first "
+                              f"(clipstream link {apps[0]} {name} --unlink), or give --unlink to unlink it "
+                              "from every app in the same change")
+    return apps
+
+
+def _forget_cached(settings: Settings, name: str) -> str:
+    """Delete the model's cached predictions; a Redis away is a warning, as the registry
+    change is done, naming the keys to delete before the model is deployed again."""
+    try:
+        count = forget_model(sync_client(settings), name)
+    except REDIS_AWAY as exc:
+        return (f"warning: Redis at CLIPSTREAM_REDIS_URL did not answer ({exc}), so {name}'s cached predictions "
+                f"stay: delete the keys {KEY_PREFIX}{name}:* before deploying {name} again")
+    return f"{count} cached predictions of {name} deleted"
 
 
 def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> ModelConfig:

@@ -109,9 +109,10 @@ def _restarted(stage: Stage, old_pid: int) -> bool:
     return proc is not None and proc.pid != old_pid and stage.ready.is_set()
 
 
-def test_a_stage_killed_again_and_again_is_restarted_every_time(tmp_path, child, running) -> None:
+def test_a_stage_killed_again_and_again_is_restarted_every_time_and_told_what_to_do(tmp_path, child, running) -> None:
     healthy_s = 3.0  # each kill below comes within ms of the ready line, far inside this
     r = Running(tmp_path, heartbeat_timeout_s=0, backoff_first_s=0.05, backoff_max_s=0.2, healthy_s=healthy_s)
+    r.sup.hint = lambda stage: f"; what to do about {stage.name}"
     running.append(r)
     stage = r.start_child(child)
     for _ in range(8):  # the old supervisor gave a stage up after 5 restarts
@@ -124,6 +125,9 @@ def test_a_stage_killed_again_and_again_is_restarted_every_time(tmp_path, child,
     assert all("(exit code -9, SIGKILL)" in line for line in restarts)
     # it never served a healthy while, so each pause doubles up to the cap
     assert [line.split()[3] for line in restarts] == ["0.05s", "0.1s", "0.2s", "0.2s", "0.2s", "0.2s", "0.2s", "0.2s"]
+    # what to do is said from the second death in a row on: one death may be a one-off
+    assert restarts[0].endswith(f"log: {stage.log_path}")
+    assert all(line.endswith(f"log: {stage.log_path}; what to do about child") for line in restarts[1:])
 
     # once it has served a healthy while, the next death is restarted after the first pause again
     wait_until(lambda: time.monotonic() - stage.ready_at > healthy_s, 2 * healthy_s, "a healthy while")
@@ -132,6 +136,7 @@ def test_a_stage_killed_again_and_again_is_restarted_every_time(tmp_path, child,
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
     assert r.reports[-2].startswith("restarting child in 0.05s (exit code -9, SIGKILL)"), r.reports
+    assert r.reports[-2].endswith(f"log: {stage.log_path}"), r.reports  # a first death again
     assert r.reports[-1].startswith("child is ready again, "), r.reports
 
 

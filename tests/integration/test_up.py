@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
 import yaml
 
 from clipstream.infra.launcher import pick_free_ports
@@ -137,6 +138,25 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         else:
             assert "started batcher-sevens (registry change)" in lines
             assert len(_ours(settings.topic_prefix)) >= 8  # up, gateway, 2 selectors, 2 batchers, 2 workers
+
+        # a linked model is removed only with --unlink; then its worker stops, the app is answered
+        # by the model left, and the removed model's cached predictions are gone
+        cache = redis.Redis.from_url(settings.redis_url)
+        assert list(cache.scan_iter(match="cs:cache:sevens:*"))
+        refused = subprocess.run([sys.executable, "-m", "clipstream.cli", "remove-model", "sevens"], env=env,
+                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1 and f"model sevens is linked to {app}" in refused.stderr, refused.stderr
+        _cli("remove-model", "sevens", "--unlink", env=env)
+        assert not list(cache.scan_iter(match="cs:cache:sevens:*"))
+        wait_until(lambda: "stopped worker-sevens-v1-0 (registry change)" in lines, 60, "the removed model's worker to stop")
+
+        def answered_by_logreg_alone() -> dict[str, Any] | None:
+            got = predict_admitted(client, app, (x[1603] + np.float32(time.monotonic() % 1)).tolist())
+            return got if got["models"] == {"answered": ["logreg"], "missing": []} else None
+
+        wait_until(answered_by_logreg_alone, 60, "the app to be answered by logreg alone")
+        if batchers == "per-model":
+            assert "stopped batcher-sevens (registry change)" in lines
     finally:
         client.close() if hasattr(client, "close") else None
         code = up.stop(90)

@@ -126,22 +126,24 @@ def test_a_stage_that_exits_before_ready_is_quoted_with_this_runs_output_only(tm
     assert tail(logs / "gateway.log", lines=2) == "ready: gateway http://127.0.0.1:8080\nerror: address already in use"
 
 
-def test_a_worker_whose_model_does_not_load_says_to_deploy_a_fix_or_roll_back(tmp_path: Path) -> None:
+def test_a_worker_whose_model_does_not_load_says_to_deploy_a_fix_roll_back_or_remove_it(tmp_path: Path) -> None:
     folder = make_python_model(tmp_path / "models", "sumnet", "class Model:\n    pass\n", labels=[0, 1],
                                class_name="NoSuchModel", shape=(2,))
     sup = Supervisor(tmp_path / "logs", report=lambda _: None)
     pipeline = Pipeline(sup, {})
+    sup.hint = pipeline.hint
     sup.add("worker-sumnet-v1-0", stage_argv("worker", "--model", "sumnet", "--version", "1", "--path", str(folder)),
             {**os.environ, "PYTHONUNBUFFERED": "1"})
     log = tmp_path / "logs" / "worker-sumnet-v1-0.log"
     # the worker's reason in the log before the quote is taken: its last line may be teed just after it exits
     wait_until(lambda: log.exists() and b"NoSuchModel" in log.read_bytes(), 120, "the worker to say why its model did not load")
     with pytest.raises(ClipstreamError) as failed:
-        sup.wait_ready(120, hint=pipeline.hint)
+        sup.wait_ready(120)
     first = str(failed.value).splitlines()[0]
     assert first.startswith("stage worker-sumnet-v1-0 exited with code 1 before it was ready; if its model did "
                             "not load, fix the model and deploy it as a new version (clipstream deploy-model "
-                            "sumnet PATH --version N), or roll it back (clipstream rollback sumnet); see "), first
+                            "sumnet PATH --version N), roll it back (clipstream rollback sumnet), or remove it "
+                            "(clipstream remove-model sumnet --unlink, and take it out of the app file); see "), first
     assert "NoSuchModel" in str(failed.value)  # the worker's own reason, quoted from its log
     gateway = Stage("gateway", stage_argv("gateway"), {}, tmp_path / "gateway.log")
     assert pipeline.hint(gateway) == ""  # only a worker's model is fixed that way

@@ -17,7 +17,7 @@ from batchers.cache import Coalescer
 from batchers.dispatch import Dispatcher, InFlight, Replica
 from batchers.queue import DeadlineQueue
 from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Route, Tensor, route_of
-from topics.markers import RETIRE_PREFIX, handover
+from topics.markers import HANDOVER_PREFIX, RETIRE_PREFIX, handover
 
 
 @dataclass
@@ -192,7 +192,7 @@ class BatcherCore:
         after every batch of the previous version on its partition, it tells that version's
         worker it may stop (docs/design/0021). No credit is taken; no worker reports on it."""
         self._count += 1
-        return [(r, handover(self.model, self.version, r, f"handover-{self._prefix}-{self._count}", now_us))
+        return [(r, handover(self.model, self.version, r, f"{HANDOVER_PREFIX}{self._prefix}-{self._count}", now_us))
                 for r in range(replicas)]
 
     def retirements(self, first: int, last: int, now_us: int) -> list[tuple[int, Batch]]:

@@ -20,6 +20,7 @@ from schemas import Batch, BatchStats
 
 READY_PREFIX = "ready/"
 RETIRE_PREFIX = "retire/"
+HANDOVER_PREFIX = "handover-"
 
 
 def ready_marker(model: str, version: str, replica: int, worker_id: str, now_us: int) -> BatchStats:
@@ -47,3 +48,14 @@ def is_handover(batch: Batch) -> bool:
 def is_retirement(batch: Batch) -> bool:
     """A handover to a replica the registry removed: nothing more comes to its partition."""
     return not batch.items and batch.batch_id.startswith(RETIRE_PREFIX)
+
+
+def sender_of(batch_id: str) -> str:
+    """Which batcher sent a batch or a marker: its id is ``<sender>-<count>`` after the marker's
+    prefix, and a batcher process keeps one sender for its life. An id of another shape is
+    from sender ``""``."""
+    for prefix in (RETIRE_PREFIX, HANDOVER_PREFIX):
+        if batch_id.startswith(prefix):
+            batch_id = batch_id[len(prefix):]
+            break
+    return batch_id.rpartition("-")[0]

@@ -33,13 +33,14 @@ from topics.admin import ensure_model_topics, ensure_topics, learn_leaders
 from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config
 from topics.emitter import Emitter
-from topics.markers import is_handover, is_retirement, ready_marker
+from topics.markers import is_handover, is_retirement, ready_marker, sender_of
 from topics.metrics import LAG, expose, serve_metrics
 from topics.offsets import SpacedCommits, committed_offset
 from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, stop_on_signals
 from workers import group
 from workers.backends import BatchModel
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter
+from workers.leaving import SendersLeft
 from workers.log import log
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
@@ -82,6 +83,7 @@ class Worker(Outputs):
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}.{replica}"
         self.group_id = f"{settings.topic_prefix}worker.{name}.{replica}"
         self.running = True
+        self.senders = SendersLeft()  # who must hand over before this worker leaves
         self.redis_guard = RedisGuard(lambda: self.redis.ping(), name=f"worker {name}.{replica}")
         self.metrics = WorkerMetrics(name, replica, version)
 
@@ -172,6 +174,8 @@ class Worker(Outputs):
                 while msg is not None:  # a batch served on this thread may have read the next
                     msg = self.feed(msg)
                 self.housekeep()
+                if self.senders.since_us is not None:  # handed over by some batchers: the rest are waited for
+                    self._maybe_stop(now_us())
         finally:
             self.stop_pipeline()
             self.consumer.close()
@@ -268,21 +272,38 @@ class Worker(Outputs):
     def _not_ours(self, batch: Batch) -> bool:
         """A batch with nothing for this worker: a handover (no items), or, when it serves only
         its own version, one stamped with another. A handover to another version, or one that
-        retires this replica, made since this worker was ready means no batch for it follows: it
-        stops, after the ones read."""
+        retires this replica, made since this worker was ready means no batch for it follows
+        from that batcher: it stops once every batcher that sent to it lately has said so
+        (``workers.leaving``), after the batches read."""
         foreign = self.own_version_only and batch.version is not None and batch.version != self.version
+        sender, now = sender_of(batch.batch_id), now_us()
         if is_handover(batch):
             if (foreign or is_retirement(batch)) and batch.created_us >= self.ready_us and self.running:
-                why = ("the registry removed this replica" if is_retirement(batch)
-                       else f"the batcher moved to version {batch.version}")
-                log(f"{self.name} replica {self.replica}: {why}; version {self.version} stops once its "
-                    "batches are done")
-                self.running = False
+                first = self.senders.since_us is None
+                self.senders.handed_over(sender, now)
+                if first:
+                    why = ("the registry removed this replica" if is_retirement(batch)
+                           else f"the batcher moved to version {batch.version}")
+                    log(f"{self.name} replica {self.replica}: {why}; version {self.version} stops once its "
+                        "batches are done" + self._others())
+                self._maybe_stop(now)
             return True
+        self.senders.sent(sender, now)
         if foreign and batch.version not in self._skipping:
             self._skipping.add(batch.version)  # type: ignore[arg-type]
             log(f"skipping batches of version {batch.version} (this worker serves version {self.version})")
         return foreign
+
+    def _others(self) -> str:
+        left = self.senders.waiting_for()
+        return f" and {len(left)} more batcher(s) hand over" if left else ""
+
+    def _maybe_stop(self, now: int) -> None:
+        if self.running and self.senders.may_stop(now):
+            left = self.senders.waiting_for()
+            if left:  # a member that died before it handed over: waited for as long as it may be
+                log(f"{self.name} replica {self.replica}: stopping without a handover from {len(left)} batcher(s)")
+            self.running = False
 
     def _device_loop(self) -> None:
         while True:

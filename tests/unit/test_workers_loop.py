@@ -253,11 +253,12 @@ def test_a_retired_replica_serves_the_batches_before_its_retirement_then_stops(
     the worker was ready, follows the last batch sent to it; an older one is from before."""
     w, producer, consumer, _ = make_worker(tmp_path, own_version_only=own_version_only)
     w.ready_us = 1000
-    old = Batch(batch_id=f"{RETIRE_PREFIX}x-1", model="sim", version="1", replica=0, created_us=900, items=[])
+    # ids of the shape of batch_bytes's ("b1"): the batches' own batcher (``topics.markers.sender_of``)
+    old = Batch(batch_id=f"{RETIRE_PREFIX}1", model="sim", version="1", replica=0, created_us=900, items=[])
     w.feed(Msg(encode(old), 0))  # a retirement from before this worker was ready: it serves on
     assert w.running
     w.feed(Msg(batch_bytes(1, created_us=1100), 1))
-    w.feed(Msg(encode(Batch(batch_id=f"{RETIRE_PREFIX}x-2", model="sim", version="1", replica=0,
+    w.feed(Msg(encode(Batch(batch_id=f"{RETIRE_PREFIX}2", model="sim", version="1", replica=0,
                             created_us=1200, items=[])), 2))
     assert not w.running
     assert w.drain(5.0)
@@ -265,6 +266,35 @@ def test_a_retired_replica_serves_the_batches_before_its_retirement_then_stops(
     w.housekeep()
     stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
     assert [s.batch_id for s in stats] == ["b1"] and consumer.commits == [3]
+
+
+def _sent(sender: str, n: int, items: int = 3, created_us: int = 1100) -> Msg:
+    """Batch ``n`` of batcher ``sender``, as the batcher names it (a retirement when ``items`` is 0)."""
+    batch_id = f"{RETIRE_PREFIX if not items else ''}{sender}-{n}"
+    its = [BatchItem(query_id=f"{sender}{n}q{i}", selector_partition=0, deadline_us=10**18, cache_key=None,
+                     input=Tensor.of(np.full(4, i, dtype=np.float32))) for i in range(items)]
+    return Msg(encode(Batch(batch_id=batch_id, model="sim", version="1", replica=0, created_us=created_us,
+                            items=its)), n)
+
+
+def test_a_retired_replica_waits_for_every_batcher_that_sent_to_it(tmp_path: Path) -> None:
+    """Two batcher members send to one partition and retire it a moment apart: the batch the
+    later one sent after the first retirement is served, and the worker stops at the second."""
+    w, producer, consumer, _ = make_worker(tmp_path)
+    w.ready_us = 1000
+    w.feed(_sent("m1", 1))
+    w.feed(_sent("m2", 2))
+    w.feed(_sent("m1", 3, items=0))  # the first member's retirement
+    assert w.running and w.senders.waiting_for() == ["m2"]
+    w.feed(_sent("m2", 4))  # the later member had not read the registry change yet
+    assert w.running
+    w.feed(_sent("m2", 5, items=0))
+    assert not w.running
+    assert w.drain(5.0)
+    producer.flush(0)
+    w.housekeep()
+    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    assert [s.batch_id for s in stats] == ["m1-1", "m2-2", "m2-4"] and consumer.commits == [6]
 
 
 def test_a_worker_given_only_a_folder_serves_any_version_but_never_an_empty_batch(tmp_path: Path) -> None:

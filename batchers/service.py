@@ -153,9 +153,10 @@ class BatcherService(Outputs, FanOut):
                 self.model.spec.input.check(array)
         except (ClipstreamError, ValueError, TypeError) as exc:  # numpy's own errors on a hostile tensor too
             self.counts["errors"] += 1
-            self.outbox.append(self._deadletter_record(f"bad input: {exc}", value, where, request.query_id))
+            reason = f"bad input for model {self.model.name}: {exc}"  # an ensemble's models each say so
+            self.outbox.append(self._deadletter_record(reason, value, where, request.query_id))
             self.failed += self._answers([Pending(request, None, arrival, where, self._asked(request))],
-                                         "error", arrival, error=f"bad input: {exc}")
+                                         "error", arrival, error=reason)
             return
         self.counts["requests"] += 1
         self.arrived.append((request, arrival, where))

@@ -10,6 +10,7 @@ see what went wrong. ``dead_letter_record`` builds the record the ``DeadLetter``
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -26,11 +27,17 @@ Source = tuple[str, int, int]  # (topic, partition, offset)
 COUNTS: Counter[tuple[str, str]] = Counter()
 
 
+# what a reason's head may carry from the record itself: a quoted or bracketed value, or a
+# word holding a digit or a sign (an id, a number, a dtype with its width)
+_VALUE = re.compile(r"'[^']*'|\"[^\"]*\"|\[[^\]]*\]|\([^)]*\)|\S*[^a-z_\s-]\S*")
+
+
 def reason_label(reason: str) -> str:
-    """A bounded label for a free-text reason: its words before the first colon, at most 40
-    characters ("bad input: shape (3,) ..." -> "bad input")."""
-    head = reason.split(":", 1)[0].strip().lower()[:40]
-    return head or "unknown"
+    """A bounded label for a free-text reason: the first four words before its first colon,
+    without the values a record put there, so a stream of hostile records cannot grow the
+    metric's series ("unknown app 'x1'" -> "unknown app", "bad input: shape ..." -> "bad input")."""
+    head = _VALUE.sub(" ", reason.split(":", 1)[0].lower())
+    return " ".join(head.split()[:4])[:40] or "unknown"
 
 
 def source_of(msg: Any) -> Source | None:

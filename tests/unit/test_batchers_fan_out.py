@@ -3,6 +3,7 @@ broker: each model served here takes its part, the others' parts go on to their 
 the record is committable only once every part is served."""
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 
@@ -10,6 +11,8 @@ from batchers.metrics import read
 from batchers.service import BatcherService, ModelSetup
 from batchers.settings import BatcherSettings
 from clipstream.settings import Settings
+from clipstream.testing.models import make_profile_model
+from registry.spec import load_spec
 from schemas import Batch, DeadLetter, ModelRequest, Tensor, decode_as, encode
 from tests.unit.test_batchers_offsets import T, DeliveringProducer, owned
 from tests.unit.test_batchers_version import Guard
@@ -110,5 +113,34 @@ def test_a_part_that_cannot_be_passed_on_is_a_dead_letter_and_lets_the_record_co
         assert [tp.offset for tp in offsets.take()] == [6]
         for t in tasks:
             t.cancel()
+
+    asyncio.run(run())
+
+
+def test_an_ensembles_bad_input_is_a_dead_letter_per_model_naming_it(tmp_path: Path) -> None:
+    """One record asks two models served here; its input fits neither: each model's dead letter
+    and error answer names that model, so the two are told apart."""
+    spec = load_spec(make_profile_model(tmp_path, "m", fixed_ms=1.0, shape=[4], labels=[0, 1]))
+
+    async def run() -> None:
+        producer, offsets = DeliveringProducer(), owned(0)
+        services = {name: service(producer, offsets, name) for name in ("m", "n")}
+        for svc in services.values():
+            svc.siblings = services
+            svc.model.spec = spec
+        r = ModelRequest(query_id="q", app="a", model="m", input=Tensor.of(np.zeros(3, np.float32)),
+                         deadline_us=2**62, selector_partition=0, trace={}, also=["n"])
+        services["m"].accept_group([(encode(r), (T, 0, 1))])
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(c()) for svc in services.values() for c in (svc.lookup_loop, svc.batch_loop)]
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            dead = [decode_as(DeadLetter, v).reason for t, v, _ in producer.sent if t == "p.deadletter"]
+            if len(dead) == 2:
+                break
+        for t in tasks:
+            t.cancel()
+        assert sorted(reason.split(":")[0] for reason in dead) == ["bad input for model m", "bad input for model n"]
+        assert all("(3,)" in reason or "[3]" in reason for reason in dead), dead
 
     asyncio.run(run())

@@ -216,6 +216,28 @@ def test_dead_letters_are_counted_by_stage_and_reason_prefix():
     assert after[("clipstream_dead_letters_total", (("reason", "undecodable query"), ("stage", "unit")))] == before + 1
 
 
+@pytest.mark.parametrize(("reason", "label"), [
+    ("unknown app 'rand65b1eec3'", "unknown app"),
+    ("unknown tensor dtype 'complex256x'", "unknown tensor dtype"),
+    ("tensor of dtype float32 and shape [64] needs 256 bytes, got 3", "tensor of dtype and"),
+    ("bad input for model logreg: input shape [63] does not match", "bad input for model"),
+    ("query 4019abc has no app", "query has no app"),
+    (":", "unknown"),
+])
+def test_a_reason_label_keeps_none_of_the_records_values(reason: str, label: str) -> None:
+    """Hostile records choose the values in a reason (an app name, a dtype, a shape): none may
+    reach the label, or every such record would add a series to the metric."""
+    assert reason_label(reason) == label
+
+
+def test_hostile_reasons_add_no_series() -> None:
+    for i in range(20):
+        dead_letter_record(stage="unit-hostile", reason=f"unknown app 'app{i:x}-{i * 7919}'")
+    labels = {dict(k[1])["reason"] for k in samples(render().decode())
+              if k[0] == "clipstream_dead_letters_total" and dict(k[1]).get("stage") == "unit-hostile"}
+    assert labels == {"unknown app"}
+
+
 def test_gateway_counts_per_app_and_serves_the_dashboard_behind_its_keys():
     with TestClient(make_app(api_keys=("k1",))) as c:
         for path in PAGE_PATHS:  # the page and its scripts hold no data: open

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -109,6 +110,9 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         port = env.get("CLIPSTREAM_GATEWAY_PORT", "8080")
         url = f"http://{env.get('CLIPSTREAM_GATEWAY_HOST', '127.0.0.1')}:{port}"
         click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={redacted_url(settings.redis_url, settings.redis_password)}")
+        exports = cli_exports(settings, get_settings())
+        if exports:
+            click.echo(f"other clipstream commands (inspect, deadletters, infra status) reach these with: {exports}")
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
@@ -317,6 +321,17 @@ def _refuse_to_replace(settings: Settings, kafka_ok: bool, redis_ok: bool) -> No
         missing, var = (redis, "CLIPSTREAM_REDIS_URL") if kafka_ok else (kafka, "CLIPSTREAM_KAFKA_BOOTSTRAP")
         raise InfraError(f"{missing} does not answer, and up starts a local one only together with the other: "
                          f"start it, or set {var} to one that answers")
+
+
+def cli_exports(used: Settings, own: Settings) -> str:
+    """The ``export`` line that points another shell's clipstream commands where ``up`` runs,
+    or "" when their own settings (``own``) already do: after ``--free-ports`` or ``--state-dir``
+    they would look at the defaults and find nothing."""
+    pairs = [(var, redacted_url(str(getattr(used, name))) if name == "redis_url" else str(getattr(used, name)))
+             for name, var in (
+        ("kafka_bootstrap", "CLIPSTREAM_KAFKA_BOOTSTRAP"), ("redis_url", "CLIPSTREAM_REDIS_URL"),
+        ("state_dir", "CLIPSTREAM_STATE_DIR")) if getattr(used, name) != getattr(own, name)]
+    return "export " + " ".join(f"{var}={shlex.quote(value)}" for var, value in pairs) if pairs else ""
 
 
 def status_settings(status: launcher.InfraStatus) -> dict[str, str]:

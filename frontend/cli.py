@@ -280,7 +280,7 @@ def rollback(model: str) -> None:
 
 
 @click.command("inspect")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the whole registry as one JSON document")
 @_friendly
 def inspect_registry(as_json: bool) -> None:
     """Show the registry: apps, their linked models, and models."""
@@ -295,6 +295,7 @@ def inspect_registry(as_json: bool) -> None:
                 "replicas": m.replicas,
                 "previous_versions": list(m.previous_versions),
                 "backend": m.spec.backend if m.spec else None,
+                "input": {"dtype": m.spec.input.dtype, "shape": list(m.spec.input.shape)} if m.spec else None,
                 "error": m.spec_error,
                 "group": m.group,
             }
@@ -309,7 +310,8 @@ def inspect_registry(as_json: bool) -> None:
     for n, a in data["apps"].items():
         click.echo(f"app {n}: policy={a['policy']} slo_ms={a['slo_ms']:g} models={list(a['models'])}")
     for n, m in data["models"].items():
-        click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}"
+        shape = f" input={m['input']['dtype']}{m['input']['shape']}" if m["input"] else ""
+        click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}"
                    + (f" group={m['group']}" if m["group"] else ""))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}")

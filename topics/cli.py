@@ -13,7 +13,7 @@ from topics.admin import ensure_stage_topics
 
 @click.group()
 def topics() -> None:
-    """Topic catalogue."""
+    """Create clipstream's topics ahead of the stages (each stage also creates the ones it uses)."""
 
 
 @topics.command("create")
@@ -23,6 +23,10 @@ def topics() -> None:
                    "(not the replication factor; that is CLIPSTREAM_REPLICATION_FACTOR)")
 def create(models: tuple[str, ...], replicas: int) -> None:
     """Create the core topics (idempotent)."""
+    if replicas != 1 and not models:
+        click.echo("error: --replicas sets the partitions of a model's batches topic: name the model with --model",
+                   err=True)
+        sys.exit(2)
     settings = settings_or_exit(get_settings)
     try:
         made = ensure_stage_topics(settings, {model: replicas for model in models})

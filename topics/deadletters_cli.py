@@ -22,7 +22,8 @@ from topics.deadletters import STAGES, latest
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, help="Seconds to wait for Kafka.")
 def deadletters(count: int, stage: str | None, as_json: bool, timeout_s: float) -> None:
-    """Show the newest dead letters: stage, reason, source topic[partition]@offset, query id."""
+    """Show the newest dead letters, oldest first, one per line: the time (UTC), the stage, the
+    source topic[partition]@offset, the query id and the reason."""
     settings = settings_or_exit(get_settings)
     try:
         found = latest(settings, count, timeout_s, stage=stage)

@@ -114,3 +114,21 @@ def test_an_app_files_missing_model_folder_is_named_with_where_paths_start(tmp_p
     with pytest.raises(ConfigError, match=r"models\[0\] \(ghost\): no folder .*models/ghost/1 to hold its model.yaml "
                                           r"\(a model's `path` is relative to the app file"):
         load_app_file(tmp_path / "app.yaml")
+
+
+def test_inspect_shows_each_models_input(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A Kafka client builds its Tensor from the model's input: inspect names it, so the user
+    need not open model.yaml."""
+    from registry.spec import load_spec
+
+    spec = load_spec(_model_dir(tmp_path))
+    NoKafka(RegistryView(models={"m": _model(spec=spec)})).install(monkeypatch)
+    shown = CliRunner().invoke(main, ["inspect"])
+    assert shown.exit_code == 0 and f"input={spec.input.dtype}{list(spec.input.shape)}" in shown.output, shown.output
+    as_json = CliRunner().invoke(main, ["inspect", "--json"])
+    assert '"dtype": "%s"' % spec.input.dtype in as_json.output
+
+
+def test_topics_create_refuses_replicas_without_a_model() -> None:
+    result = CliRunner().invoke(main, ["topics", "create", "--replicas", "3"])
+    assert result.exit_code == 2 and "name the model with --model" in result.output

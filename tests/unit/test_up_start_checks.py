@@ -186,3 +186,16 @@ def test_a_secured_kafka_is_asked_with_its_security_settings(monkeypatch: pytest
     settings = Settings()
     assert up_module._ensure_infra(settings, free_ports=False) == (settings, False)
     assert asked[0]["security.protocol"] == "SASL_SSL" and asked[0]["sasl.mechanism"] == "SCRAM-SHA-512"
+
+
+def test_up_says_how_other_commands_reach_the_infra_it_moved() -> None:
+    from clipstream.settings import Settings
+    from clipstream.up import cli_exports
+
+    own = Settings(_env_file=None)
+    assert cli_exports(own, own) == ""  # the defaults reach it: nothing to say
+    moved = own.model_copy(update={"kafka_bootstrap": "127.0.0.1:53911", "redis_url": "redis://:pw@127.0.0.1:41231/0",
+                                   "state_dir": Path("/tmp/my state")})
+    assert cli_exports(moved, own) == ("export CLIPSTREAM_KAFKA_BOOTSTRAP=127.0.0.1:53911 "
+                                       "CLIPSTREAM_REDIS_URL='redis://:***@127.0.0.1:41231/0' "
+                                       "CLIPSTREAM_STATE_DIR='/tmp/my state'")

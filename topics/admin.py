@@ -1,12 +1,19 @@
-"""Idempotent topic creation with the AdminClient."""
+"""Idempotent topic creation with the AdminClient.
+
+It is also where a stage first meets Kafka: every stage makes sure of its topics (or of the
+registry's) before anything else, so ``ensure_topics`` is where a stage started with no Kafka
+finds out, and says so in one line.
+"""
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewPartitions, NewTopic
 
 from clipstream.errors import InfraError
 from clipstream.settings import Settings
@@ -22,17 +29,14 @@ def ensure_topics(
     Returns the names created or grown. Waits until the broker's metadata shows every topic
     with its partitions, so a producer that starts right after finds them. New topics get
     ``CLIPSTREAM_REPLICATION_FACTOR`` copies, or by default ``min(3, brokers)`` for the
-    brokers the cluster lists now, with ``min.insync.replicas`` to match.
+    brokers the cluster lists now, with ``min.insync.replicas`` to match. A process that has
+    not yet reached Kafka gets InfraError within ``UNREACHABLE_S`` when no broker takes a
+    connection (``_first_metadata``), not after ``timeout_s``.
     """
     specs = list(specs)
-    admin = AdminClient(admin_config(settings))
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise InfraError(
-            f"Kafka at {settings.kafka_bootstrap} does not answer ({exc}); "
-            "start it with `clipstream infra up` or set CLIPSTREAM_KAFKA_BOOTSTRAP"
-        ) from exc
+    watch = _BrokerWatch()
+    admin = AdminClient({**admin_config(settings), "error_cb": watch})
+    metadata = _first_metadata(admin, settings, timeout_s, watch)
     existing = metadata.topics
     changed: list[str] = []
     rf = replication_factor(settings, len(metadata.brokers))
@@ -72,6 +76,74 @@ def ensure_topics(
     if new or grow or any(existing[s.name].error is not None for s in specs if s.name in existing):
         _wait_for(admin, specs, timeout_s)  # a restart finds them all: no second round trip
     return changed
+
+
+# how long a process that has not yet had Kafka's metadata waits when librdkafka says every
+# broker it knows is down (refused, unresolvable, cut off): a stage started with no Kafka says
+# so within seconds, while one that finds Kafka slow to answer still waits ``timeout_s``
+UNREACHABLE_S = 5.0
+
+# set once this process has had metadata from Kafka: from then on an outage (a failover, a
+# restart of the broker) is waited out for the whole ``timeout_s``, as it may pass
+_REACHED = threading.Event()
+
+_KAFKA_CHECK = "check CLIPSTREAM_KAFKA_BOOTSTRAP with `clipstream infra status`, or start Kafka with `clipstream infra up`"
+
+# what a broker error quoted in that line can do without: the broker's name (the line names the
+# bootstrap list) and how long the attempt took
+_BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
+_AFTER = re.compile(r"\s*\(after [^()]*\)$")
+
+
+class _BrokerWatch:
+    """An admin client's ``error_cb``: whether librdkafka found every broker down, and the last
+    broker error it reported (what the one error line quotes). Called where the client is
+    polled."""
+
+    def __init__(self) -> None:
+        self.all_down = False
+        self.last: str | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.all_down = True
+        else:  # "host:port/bootstrap: Connect to ... failed: ... (after 0ms in state CONNECT)"
+            self.last = _BROKER_PREFIX.sub("", _AFTER.sub("", err.str()))
+
+
+def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, watch: _BrokerWatch) -> ClusterMetadata:
+    """The cluster's metadata; InfraError, naming CLIPSTREAM_KAFKA_BOOTSTRAP, if it does not come.
+
+    Until this process has once had metadata (a stage's start, a CLI verb), the first request
+    waits ``UNREACHABLE_S``, and if by then librdkafka has found every broker down the caller
+    is told at once: nothing listens there. Otherwise (a broker that took the connection but
+    is slow to answer, or a process that has had Kafka before) the wait goes on to
+    ``timeout_s``. The client is polled after a failed request so that its log lines (folded,
+    ``topics.kafkalog``) and errors are served before the error that ends the stage."""
+    start = time.monotonic()
+    fast = not _REACHED.is_set()
+    waits = [min(UNREACHABLE_S, timeout_s), timeout_s] if fast and timeout_s > UNREACHABLE_S else [timeout_s]
+    failure: KafkaException | None = None
+    for until in waits:
+        try:
+            metadata = admin.list_topics(timeout=max(0.1, start + until - time.monotonic()))
+        except KafkaException as exc:
+            failure = exc
+            admin.poll(0)
+            if fast and watch.all_down:
+                why = f" ({watch.last})" if watch.last else ""
+                raise InfraError(
+                    f"Kafka at {settings.kafka_bootstrap} (CLIPSTREAM_KAFKA_BOOTSTRAP) does not answer: "
+                    f"no broker took a connection within {until:g}s{why}; {_KAFKA_CHECK}"
+                ) from exc
+            fast = False  # a broker took the connection: slow, not away; wait it out
+            continue
+        _REACHED.set()
+        return metadata
+    raise InfraError(
+        f"Kafka at {settings.kafka_bootstrap} (CLIPSTREAM_KAFKA_BOOTSTRAP) does not answer within "
+        f"{timeout_s:g}s ({watch.last or failure}); {_KAFKA_CHECK}"
+    ) from failure
 
 
 def replication_factor(settings: Settings, brokers: int) -> int:

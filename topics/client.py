@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from clipstream.settings import Settings
+from topics.kafkalog import KAFKA_LOG
 
 _SECURITY = {
     "kafka_security_protocol": "security.protocol",
@@ -40,10 +41,16 @@ def metadata_refresh_ms(settings: Settings) -> int | None:
 
 
 def common_config(settings: Settings) -> dict[str, Any]:
+    """What every client shares: the brokers, Nagle off, security, and librdkafka's log lines
+    through ``topics.kafkalog`` (the stage's log, repeats folded) rather than straight to
+    stderr, where a client retrying a broker that is away writes many lines a second.
+    ``log.connection.close`` stays on: librdkafka already keeps quiet about an idle connection
+    a broker reaps, and warns of a close only with requests in flight, as in a failover."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "socket.nagle.disable": True,
         "broker.address.family": "v4",
+        "logger": KAFKA_LOG,
     }
     refresh = metadata_refresh_ms(settings)
     if refresh is not None:

@@ -61,3 +61,87 @@ def test_a_missing_topic_is_created_and_waited_for(monkeypatch: pytest.MonkeyPat
     assert ensure_stage_topics(SETTINGS, models) == [missing]
     assert fake.created == [missing]
     assert fake.metadata_requests == 2  # the second shows it, so a producer started next finds it
+
+
+class AwayAdmin:
+    """No broker: each metadata request fails as librdkafka's does, and ``poll`` serves the
+    errors librdkafka reported meanwhile to the client's ``error_cb`` (``errors`` of them)."""
+
+    def __init__(self, conf: dict[str, Any], errors: list[Any]) -> None:
+        self.error_cb = conf["error_cb"]
+        self.errors = errors
+        self.waits: list[float] = []
+
+    def list_topics(self, timeout: float = 0.0) -> Any:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.waits.append(timeout)
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"))
+
+    def poll(self, timeout: float = 0.0) -> int:
+        for err in self.errors:
+            self.error_cb(err)
+        return len(self.errors)
+
+
+REFUSED = [("_TRANSPORT", "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused "
+                          "(after 0ms in state CONNECT)"),
+           ("_ALL_BROKERS_DOWN", "1/1 brokers are down")]
+
+
+def _away(monkeypatch: pytest.MonkeyPatch, errors: list[tuple[str, str]], reached: bool) -> list[AwayAdmin]:
+    import threading
+
+    from confluent_kafka import KafkaError
+
+    made: list[AwayAdmin] = []
+    kafka_errors = [KafkaError(getattr(KafkaError, code), text) for code, text in errors]
+    monkeypatch.setattr(admin_mod, "AdminClient", lambda conf: made.append(AwayAdmin(conf, kafka_errors)) or made[-1])
+    flag = threading.Event()
+    if reached:
+        flag.set()
+    monkeypatch.setattr(admin_mod, "_REACHED", flag)
+    return made
+
+
+def test_a_start_with_every_broker_refusing_fails_after_the_short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clipstream.errors import InfraError
+
+    made = _away(monkeypatch, REFUSED, reached=False)
+    with pytest.raises(InfraError) as caught:
+        admin_mod.ensure_core_topics(Settings(kafka_bootstrap="127.0.0.1:1"))
+    assert made[0].waits == [pytest.approx(admin_mod.UNREACHABLE_S, abs=0.5)]  # not the 30 s
+    message = str(caught.value)
+    assert "CLIPSTREAM_KAFKA_BOOTSTRAP" in message and "`clipstream infra status`" in message
+    assert "(Connect to ipv4#127.0.0.1:1 failed: Connection refused)" in message
+
+
+def test_a_broker_that_took_the_connection_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No "all brokers down": a broker slow to answer, not away; the whole timeout is waited."""
+    from clipstream.errors import InfraError
+
+    made = _away(monkeypatch, [("_TIMED_OUT", "b:9092/1: ApiVersionRequest failed: Local: Timed out")], reached=False)
+    with pytest.raises(InfraError, match="does not answer within 30s"):
+        admin_mod.ensure_core_topics(Settings(kafka_bootstrap="b:9092"))
+    assert len(made[0].waits) == 2 and made[0].waits[0] == pytest.approx(admin_mod.UNREACHABLE_S, abs=0.5)
+
+
+def test_a_process_that_had_kafka_waits_out_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a stage's start, Kafka away is a failover or a restart: no short wait."""
+    from clipstream.errors import InfraError
+
+    made = _away(monkeypatch, REFUSED, reached=True)
+    with pytest.raises(InfraError, match="does not answer within 30s"):
+        admin_mod.ensure_model_topics(Settings(kafka_bootstrap="127.0.0.1:1"), "m")
+    assert made[0].waits == [pytest.approx(30.0, abs=0.5)]
+
+
+def test_metadata_once_had_marks_the_process_as_having_reached_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    flag = threading.Event()
+    monkeypatch.setattr(admin_mod, "_REACHED", flag)
+    fake = FakeAdmin(_stage_specs({}))
+    monkeypatch.setattr(admin_mod, "AdminClient", lambda conf: fake)
+    ensure_stage_topics(SETTINGS, {})
+    assert flag.is_set()

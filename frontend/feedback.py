@@ -1,5 +1,7 @@
 """The feedback route's work: check the label against the app's outputs, publish the
 ``Feedback`` record, and say whether the query's stored predictions are there to join with.
+Feedback for a query answered for another app is refused (409) where the stored predictions
+tell their app: a key allowed one app must not teach another (the learner refuses it too).
 
 The context is never the caller's: the learner takes the one stored with the query
 (docs/design/0031), so a caller cannot create policy state for contexts of its choosing.
@@ -8,6 +10,7 @@ The context is never the caller's: the learner takes the one stored with the que
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from fastapi import Request
@@ -15,6 +18,7 @@ from pydantic import ValidationError
 
 from clipstream.clock import now_us
 from clipstream.errors import InputError
+from clipstream.redisclient import stored_predictions_key
 from frontend.gateway_http import HTTPProblem, parse_json, read_body
 from frontend.gateway_kafka import DeliveryFailed, Overloaded
 from frontend.gateway_models import FeedbackRequest, validation_reason
@@ -49,6 +53,10 @@ async def feedback(state: GatewayState, app_name: str, request: Request) -> dict
     )
     # a query this gateway just answered has its predictions on their way to the store
     known = True if req.query_id in state.answered else await stored(state, req.query_id)
+    if isinstance(known, str) and known != cfg.name:  # the learner would refuse it too
+        # the other app is not named: a key limited to this app must learn nothing of the others
+        raise HTTPProblem(409, f"query {req.query_id!r} was answered for another app, not {cfg.name!r}: "
+                               "its feedback goes to that app's feedback route")
     try:
         await state.bus.publish_feedback(record, req.query_id.encode(), state.gw.feedback_ack_timeout_s)
     except InputError as exc:  # a label Avro cannot hold, though the checks above let it by
@@ -69,11 +77,35 @@ UNKNOWN_QUERY = ("no stored predictions for this query id (unknown, expired, or 
                  "applied if they appear within a few seconds, else dead-lettered")
 
 
-async def stored(state: GatewayState, query_id: str) -> bool | None:
-    """Whether the selector holds the query's predictions (None: Redis cannot say now)."""
+async def stored(state: GatewayState, query_id: str) -> bool | str | None:
+    """Whether the selector holds the query's predictions: False, True, or the app they were
+    answered for when ``state.stored`` can tell (``stored_app``); None: Redis cannot say now."""
     if state.stored is None:
         return None
     try:
         return await asyncio.wait_for(state.stored(query_id), 0.5)
     except Exception:  # Redis slow or away: the feedback still goes to Kafka, unjudged
         return None
+
+
+# the stored record's first bytes: ``registry.outputs.stored_answer`` puts the app first, and
+# an app's name is far shorter, so one short read tells the app whatever the predictions weigh
+STORED_HEAD_BYTES = 512
+_APP_FIRST = b'{"app": '
+
+
+async def stored_app(client: Any, query_id: str) -> bool | str:
+    """For ``GatewayState.stored``: False when the query's predictions are not stored, else the
+    app they were answered for (True when their record does not say, or says past its head)."""
+    head = await client.getrange(stored_predictions_key(query_id), 0, STORED_HEAD_BYTES - 1)
+    if isinstance(head, str):  # a client that decodes its replies
+        head = head.encode()
+    if not head:
+        return False
+    if not head.startswith(_APP_FIRST):
+        return True
+    try:
+        app, _ = json.JSONDecoder().raw_decode(head[len(_APP_FIRST):].decode("utf-8", "replace"))
+    except ValueError:
+        return True
+    return app if isinstance(app, str) and app else True

@@ -30,11 +30,12 @@ from pydantic import ValidationError
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, InfraError, InputError
-from clipstream.redisclient import RedisGuard, stored_predictions_key, sync_client
+from clipstream.redisclient import RedisGuard, sync_client
 from clipstream.saver import GATHER_S, PredictionSaver
 from clipstream.settings import Settings, get_settings
 from frontend.dashboard import mount_dashboard
 from frontend.feedback import feedback as feedback_route
+from frontend.feedback import stored_app
 from frontend.gateway_http import (
     RECEIVED_US,
     GatewayAPI,
@@ -373,7 +374,7 @@ async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> Non
         stack.push_async_callback(client.aclose)
         state.redis_ping = client.ping
         if state.stored is None:
-            state.stored = lambda qid: _exists(client, stored_predictions_key(qid))
+            state.stored = lambda qid: stored_app(client, qid)  # whose query it was, for feedback
         if state.saver is None and state.gw.direct:
             state.saver = await loop.run_in_executor(None, _saver, state.settings)
             stack.callback(state.saver.close)
@@ -389,6 +390,3 @@ def _saver(settings: Settings) -> PredictionSaver:
     guard = RedisGuard(client.ping, name="gateway")
     return PredictionSaver(client, settings.stored_predictions_ttl_s, guard, gather_s=GATHER_S).start()
 
-
-async def _exists(client: Any, key: str) -> bool:
-    return bool(await client.exists(key))

@@ -63,7 +63,7 @@ class GatewayState:
         self.bus: Bus | None = None
         self.redis_ping: Callable[[], Awaitable[bool]] | None = None
         # whether the selector still holds a query's predictions (None: cannot tell now)
-        self.stored: Callable[[str], Awaitable[bool | None]] | None = None
+        self.stored: Callable[[str], Awaitable[bool | str | None]] | None = None
         # where answers made from a model's prediction straight are stored for feedback
         self.saver: PredictionSaver | None = None
         # queries this gateway answered with predictions lately: theirs are being stored, so

@@ -64,7 +64,7 @@ def array_of(name: str, shape: Sequence[int], data: bytes) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"not a tensor shape: {exc}") from exc
     if name not in DTYPES:
-        raise DecodeError(f"unknown tensor dtype {name!r}")
+        raise DecodeError(f"unknown tensor dtype {name!r}: use one of {sorted(DTYPES)}")
     if any(d < 0 for d in shape):
         raise DecodeError(f"negative dimension in tensor shape {shape}")
     dtype = np.dtype(name).newbyteorder("<")

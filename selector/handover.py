@@ -51,6 +51,12 @@ class QueryOffsets:
             else:
                 self._where.setdefault(query_id, []).append((partition, offset))
 
+    def source(self, query_id: str) -> tuple[int, int] | None:
+        """(partition, offset) a query still unanswered was first read at; None if none is open."""
+        with self._lock:
+            where = self._where.get(query_id)
+            return where[0] if where else None
+
     def answered(self, query_id: str) -> None:
         """The broker acknowledged the query's Response."""
         with self._lock:

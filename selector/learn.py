@@ -25,7 +25,9 @@ from clipstream.redisclient import REDIS_AWAY, RedisGuard
 from registry.labels import label_problem
 from schemas import Feedback as FeedbackRecord
 from schemas import decode_as
+from selector.checks import app_problem, reward_problem
 from selector.kafka import Apps, log
+from selector.metrics import FeedbackMetrics
 from selector.policies import align_state
 from selector.store import StateStore
 from selector.types import Feedback, Output, Query
@@ -40,7 +42,7 @@ class Learner:
     RETRY_EVERY_S = 0.25
 
     def __init__(self, consumer: Consumer, store: StateStore, apps: Apps, dead: DeadLetters, learn_global: bool = True,
-                 guard: RedisGuard | None = None) -> None:
+                 guard: RedisGuard | None = None, metrics: FeedbackMetrics | None = None) -> None:
         self.retry: deque[tuple[float, float, Any]] = deque()  # (next try, give up at, message)
         self.guard = guard or RedisGuard(lambda: store.redis.ping(), name="learn")
         self.offsets = FeedbackOffsets()
@@ -50,6 +52,8 @@ class Learner:
         self.apps = apps
         self.dead = dead
         self.learn_global = learn_global
+        # what became of each record, for Prometheus (``stats`` is the same, per process)
+        self.metrics = metrics or FeedbackMetrics()
         self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0, "held_for_redis": 0, "repeated": 0}
 
     def handle(self, msg: Any, give_up_at: float | None = None) -> bool:
@@ -58,14 +62,13 @@ class Learner:
         try:
             fb = decode_as(FeedbackRecord, msg.value())
         except ClipstreamError as exc:
-            self.stats["bad_feedback"] += 1
-            self.dead.send(reason=f"undecodable feedback: {exc}", msg=msg)
-            return True
+            return self._refuse(msg, f"undecodable feedback: {exc}")
         qid = fb.query_id
         if fb.label is None and fb.reward is None:
-            self.stats["bad_feedback"] += 1
-            self.dead.send(reason="feedback has neither a label nor a reward", msg=msg, query_id=qid)
-            return True
+            return self._refuse(msg, "feedback has neither a label nor a reward", qid, fb.app)
+        problem = reward_problem(fb.reward)  # checked before Redis is asked anything
+        if problem is not None:
+            return self._refuse(msg, problem, qid, fb.app)
         stored = self.store.load_predictions(qid)
         if stored is None:
             now = time.monotonic()
@@ -74,20 +77,22 @@ class Learner:
                 self.retry.append((now + self.RETRY_EVERY_S, give_up_at, msg))
                 return False
             self.stats["unknown_query"] += 1
+            self.metrics.count(self._known(fb.app), "unknown_query")
             self.dead.send(reason="feedback for an unknown or expired query id", msg=msg, query_id=qid)
             return True
+        # the app the query was answered for, never the one the feedback claims: a key allowed
+        # one app must not teach another through a query id of that app's
+        problem = app_problem(qid, fb.app, stored.get("app"))
+        if problem is not None:
+            return self._refuse(msg, problem, qid, stored.get("app"))
         app_name = stored.get("app") or fb.app
         try:
             app, policy, outputs = self.apps.get(app_name)
         except ClipstreamError as exc:
-            self.stats["bad_feedback"] += 1
-            self.dead.send(reason=f"feedback for {app_name}: {exc}", msg=msg, query_id=qid)
-            return True
+            return self._refuse(msg, f"feedback for {app_name}: {exc}", qid, app_name)
         problem = label_problem(fb.label, outputs.kind, outputs.labels)
         if problem is not None:
-            self.stats["bad_feedback"] += 1
-            self.dead.send(reason=f"feedback label refused: {problem}", msg=msg, query_id=qid)
-            return True
+            return self._refuse(msg, f"feedback label refused: {problem}", qid, app_name)
         # the context the query was answered in, never the one the feedback claims: a caller
         # cannot aim a query's feedback at another context's weights, nor make new ones
         context = stored.get("context") or None
@@ -104,11 +109,21 @@ class Learner:
         applied = self.store.observe_once(app_name, context, qid, preds, observe)
         if context and self.learn_global:
             applied += self.store.observe_once(app_name, None, qid, preds, observe)
-        if applied or not preds:
-            self.stats["observed"] += 1
-        else:
-            self.stats["repeated"] += 1
+        outcome = "observed" if applied or not preds else "repeated"
+        self.stats[outcome] += 1
+        self.metrics.count(app_name, "applied" if outcome == "observed" else outcome)
         return True
+
+    def _refuse(self, msg: Any, reason: str, query_id: str | None = None, app: str | None = None) -> bool:
+        """Dead-letter a feedback record that changes nothing; done with it (True)."""
+        self.stats["bad_feedback"] += 1
+        self.metrics.count(self._known(app), "refused")
+        self.dead.send(reason=reason, msg=msg, query_id=query_id)
+        return True
+
+    def _known(self, app: str | None) -> str | None:
+        """``app`` when the registry holds it, else None: a label a caller's record cannot grow."""
+        return app if app is not None and app in self.apps.view().apps else None
 
     def run(self, stop: threading.Event, max_poll_s: float = IDLE_POLL_S, drain_max: int = 500) -> None:
         while not stop.is_set():
@@ -145,6 +160,7 @@ class Learner:
 
     def _dead_letter(self, msg: Any, exc: Exception) -> None:
         self.stats["bad_feedback"] += 1
+        self.metrics.count(None, "failed")
         try:
             self.dead.send(reason=f"the learner failed on this feedback: {type(exc).__name__}: {exc}", msg=msg)
         except Exception:  # the dead letter is a report: losing it must not stop the learner

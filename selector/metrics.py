@@ -1,5 +1,6 @@
 """The selector's Prometheus families: queries and answers per app, defaults by reason,
-stragglers per app and model, the answer's latency and its split by stage, policy weights.
+stragglers per app and model, the answer's latency and its split by stage, policy weights,
+and the learner's feedback by outcome.
 
 Counting happens where the selector already touches a query (dispatch, answer, reply) through
 label children cached per app and model; the policy weights are read at scrape time from the
@@ -16,7 +17,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from clipstream.clock import now_us
 from schemas import Response
-from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED
+from schemas.reasons import EXPIRED_ON_ARRIVAL, NO_TIME_TO_ASK, NOTHING_ARRIVED
 from topics.metrics import LATENCY_BUCKETS, Family, GaugesAtScrape, StageLatency
 
 WEIGHT = "clipstream_policy_weight"
@@ -31,6 +32,8 @@ def default_reason(reason: str | None) -> str:
         return "nothing_arrived"
     if reason == NO_TIME_TO_ASK:
         return "no_time_to_ask"
+    if reason == EXPIRED_ON_ARRIVAL:
+        return "expired_on_arrival"
     if reason.startswith("every model failed"):
         return "models_failed"
     if reason == "the policy selected no model":
@@ -104,6 +107,11 @@ class SelectorMetrics:
         self._children(app)[0].inc()
         self.latest_state[app] = state
 
+    def arrived_expired(self, app: str) -> None:
+        """A query of a known ``app`` that came past its deadline: counted, though no policy
+        selected for it (its default's reason tells it apart)."""
+        self._children(app)[0].inc()
+
     def answered(self, record: Response) -> None:
         app = record.app if record.app in self._app else UNKNOWN_APP
         _, prediction, default, latency = self._children(app)
@@ -139,4 +147,30 @@ def _count(family: Family, children: dict[tuple[str, str], Any], app: str, model
         c = children.get(key)
         if c is None:
             c = children[key] = family.labels(app, model)
+        c.inc()
+
+
+# what became of a feedback record: the learner's outcomes, a bounded label
+FEEDBACK_OUTCOMES = ("applied", "repeated", "unknown_query", "refused", "failed")
+
+
+class FeedbackMetrics:
+    """``clipstream_selector_feedback_total{app, outcome}``: the only sign, outside Redis, that
+    feedback sent through Kafka was applied. ``app`` is the app of the query it is about when
+    the registry holds it, else ``_unknown``: the caller names the app of unknown queries."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._family = Family("clipstream_selector_feedback",
+                              "Feedback records the learner is done with, by app and outcome (applied, repeated: "
+                              "had before, unknown_query, refused: dead-lettered, failed: the learner failed).",
+                              ("app", "outcome"), registry=self.registry)
+        self._by: dict[tuple[str, str], Any] = {}
+
+    def count(self, app: str | None, outcome: str) -> None:
+        """One more feedback with ``outcome`` for ``app`` (None or not in the registry: ``_unknown``)."""
+        key = (app or UNKNOWN_APP, outcome)
+        c = self._by.get(key)
+        if c is None:
+            c = self._by[key] = self._family.labels(*key)
         c.inc()

@@ -126,6 +126,7 @@ def _start_learner(settings: Settings, ss: SelectorSettings, clients: _Clients, 
     clients.consumers.append(lc)
     lc.subscribe([clients.catalogue.feedback.name], on_assign=ready.on_assign("learn"))
     learner = Learner(lc, clients.store, clients.apps, clients.dead, ss.learn_global, guard=clients.guard)
+    expose(learner.metrics.registry)  # a --learn-only process serves these alone
     thread = threading.Thread(target=learner.run, args=(stop, ss.max_poll_s, ss.drain_max), name="learn", daemon=True)
     clients.threads.append(thread)
     thread.start()

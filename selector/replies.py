@@ -86,6 +86,8 @@ class Replies:
         """A Response that cannot be delivered: a dead letter says so, and its query counts as
         answered, so that the commits of its partition move on past it."""
         log.error("the Response to %s could not be delivered to %s (%s): given up", query_id, topic, why)
+        read_at = self.offsets.source(query_id)  # the query's own record, for whoever looks into it
+        source = (self.catalogue.queries.name, *read_at) if read_at is not None else None
         self.dead.send(reason=f"the Response could not be delivered to {topic}: {why}", query_id=query_id,
-                       payload=value)
+                       payload=value, source=source)
         self.offsets.answered(query_id)

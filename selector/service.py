@@ -20,12 +20,13 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from clipstream.clock import now_us
-from clipstream.errors import ClipstreamError
+from clipstream.errors import ClipstreamError, InputError
 from clipstream.redisclient import RedisGuard
 from clipstream.settings import Settings
 from registry.outputs import stored_answer
 from schemas import ModelRequest, Predictions, QueryEvent, decode_as, encode
-from schemas.reasons import OK_STATUSES
+from schemas.reasons import EXPIRED_ON_ARRIVAL, OK_STATUSES
+from selector.checks import EMPTY_QUERY_ID, deadline_problem, reply_problem
 from selector.handover import Handover, QueryOffsets
 from selector.join import NOT_ASKED, Asked, JoinState, Pending, why_default
 from selector.kafka import Apps, log
@@ -109,22 +110,33 @@ class Selector(PolicyStates, Replies):
                 return
         self.stats["queries"] += 1
         qid, now = ev.query_id, now_us()
-        nowhere = self._nowhere(ev)
+        if not qid:  # no Response: nobody could match one keyed b''
+            self.dead.send(reason=EMPTY_QUERY_ID, msg=msg)
+            return
+        nowhere = reply_problem(ev, self.catalogue)
         if nowhere is not None:  # answered where every caller may read, never where it asked
-            self.dead.send(reason=nowhere, msg=msg, query_id=qid)
-            self._reply_default(dataclasses.replace(ev, reply_topic=None, reply_partition=None), msg.partition(),
-                                nowhere)
+            self._refuse(msg, dataclasses.replace(ev, reply_topic=None, reply_partition=None), nowhere)
             return
         try:
             app, policy, outputs = self.apps.get(ev.app)
+            too_long = deadline_problem(ev, app)
+            if too_long is not None:
+                raise InputError(too_long)
+        except ClipstreamError as exc:
+            self._refuse(msg, ev, str(exc))
+            return
+        if ev.deadline_us <= now:  # out of time before any model could be asked: none is
+            self.metrics.arrived_expired(app.name)
+            self._reply_default(ev, msg.partition(), EXPIRED_ON_ARRIVAL)
+            return
+        try:
             query = Query(qid, app.name, ev.context, ev.input.array(), ev.deadline_us)
             stored = None if is_stateless(policy) else self._stored_state(app.name, query.context, states)
             state = align_state(policy, stored, app.models)
             chosen = [m for m in policy.select(state, query) if m in app.models]
             self.metrics.dispatched(app.name, state)
         except ClipstreamError as exc:
-            self.dead.send(reason=str(exc), msg=msg, query_id=qid)
-            self._reply_default(ev, msg.partition(), str(exc))
+            self._refuse(msg, ev, str(exc))
             return
         trace = dict(ev.trace)
         trace["dispatched"] = now
@@ -136,7 +148,7 @@ class Selector(PolicyStates, Replies):
         cutoff_us = ev.deadline_us - self.reply_budget.for_slo(ev.deadline_us - ev.created_us)
         last_resort_us = ev.deadline_us - self.reply_budget.floor_us
         self.join.register(qid, chosen, cutoff_us, last_resort_us=last_resort_us if chosen else None, asked=asked)
-        if not chosen or ev.deadline_us <= now:
+        if not chosen:
             return  # answered by the timer with the default
         asked_models = self._not_hopeless(qid, app.name, chosen, last_resort_us - now, now)
         if asked_models is None:
@@ -171,18 +183,6 @@ class Selector(PolicyStates, Replies):
             request = ModelRequest(query_id=ev.query_id, app=app, model=model, input=ev.input,
                                    deadline_us=deadline_us, selector_partition=partition, trace=trace, also=also)
             self.producer.produce(self.catalogue.requests(model).name, encode(request), key=ev.query_id.encode())
-
-    def _nowhere(self, ev: QueryEvent) -> str | None:
-        """Why a query's answer may not go where it asks, or None. Only ``responses`` and the
-        reply topics take Responses: another topic named there (the registry, a model's
-        requests) would get records its readers cannot use."""
-        topic, part = ev.reply_topic, ev.reply_partition
-        if topic is not None and topic != self.catalogue.responses.name and not self.catalogue.is_reply(topic):
-            return (f"bad query: reply_topic {topic!r} is neither {self.catalogue.responses.name!r} nor a "
-                    f"reply topic ({self.catalogue.prefix}replies.<instance>)")
-        if part is not None and part < 0:
-            return f"bad query: reply_partition {part} is negative"
-        return None
 
     def prepare_model_topics(self, models: Iterable[str]) -> None:
         """Make sure the topics of ``models`` exist, with one admin client and one metadata
@@ -306,7 +306,8 @@ class Selector(PolicyStates, Replies):
         for i, m in enumerate(msgs):
             if not m.error() and m.topic() == queries:
                 ev = events[i]
-                self.offsets.read(m.partition(), m.offset(), ev.query_id if ev is not None else None)
+                # no query id (or an empty one): no Response will come, nothing to wait for
+                self.offsets.read(m.partition(), m.offset(), ev.query_id or None if ev is not None else None)
                 self._dispatch_guarded(m, ev, states)
         self.producer.poll(0)
 
@@ -320,6 +321,11 @@ class Selector(PolicyStates, Replies):
                            query_id=ev.query_id if ev is not None else None)
             if ev is not None and ev.query_id not in self.join:
                 self._reply_default(ev, m.partition(), f"the selector could not dispatch: {exc}")
+
+    def _refuse(self, msg: Any, ev: QueryEvent, reason: str) -> None:
+        """A query the selector will not serve: a dead letter, and a default naming ``reason``."""
+        self.dead.send(reason=reason, msg=msg, query_id=ev.query_id)
+        self._reply_default(ev, msg.partition(), reason)
 
     def _reply_default(self, ev: QueryEvent, partition: int, reason: str) -> None:
         """Answer a query that never reached the join with a default naming ``reason``."""

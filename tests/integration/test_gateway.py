@@ -28,11 +28,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clipstream.clock import now_us
+from clipstream.redisclient import stored_predictions_key
 from clipstream.settings import Settings
 from frontend.client import Client
 from frontend.gateway_kafka import KafkaBus, watermarks
 from frontend.producer import Producer as QueryProducer
 from frontend.producer import ResponseReader
+from registry.outputs import stored_answer
 from registry.topic import RegistryWriter
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from clipstream.testing.procs import predict_admitted, stop_process, wait_until
@@ -260,6 +262,21 @@ def test_feedback_lands_on_the_feedback_topic(gateway: GatewayProcess, gw_settin
         assert got["q-r"].reward == 0.25 and got["q-r"].label is None
     finally:
         consumer.close()
+
+
+def test_feedback_for_another_apps_stored_query_is_refused(gateway: GatewayProcess, gw_settings: Settings,
+                                                           redis_client: Any) -> None:
+    """The stored predictions (real Redis, as the selector writes them) say whose query it was:
+    a caller of pets cannot teach another app, and is not told which one it was."""
+    qid = f"q-other-{uuid.uuid4().hex}"
+    record = stored_answer("secret-app", None, {"value": "dog"}, {"m1": {"value": "dog"}})
+    redis_client.set(stored_predictions_key(qid), json.dumps(record), ex=60)
+    r = httpx.post(f"{gateway.url}/v1/apps/pets/feedback", json={"query_id": qid, "label": "dog"})
+    assert r.status_code == 409 and "another app, not 'pets'" in r.json()["detail"], r.text
+    assert "secret-app" not in r.text
+    redis_client.set(stored_predictions_key(qid), json.dumps(stored_answer("pets", None, {"value": "dog"}, {})), ex=60)
+    r = httpx.post(f"{gateway.url}/v1/apps/pets/feedback", json={"query_id": qid, "label": "dog"})
+    assert r.status_code == 202 and r.json() == {"accepted": True, "query_id": qid}
 
 
 def test_two_instances_each_get_only_their_own_replies(gateway, selector, gw_settings, tmp_path):

@@ -30,7 +30,7 @@ def _recording() -> tuple[Selector, Any, Any, Catalogue, list[dict[str, Any]]]:
 def _query(cat: Catalogue, qid: str, reply_topic: str | None, reply_partition: int | None = 0,
            offset: int = 0) -> Msg:
     ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=0, deadline_us=now_us() + 1_000_000, reply_topic=reply_topic,
+                    created_us=now_us(), deadline_us=now_us() + 1_000_000, reply_topic=reply_topic,
                     reply_partition=reply_partition)
     return Msg(encode(ev), cat.queries.name, offset=offset)
 

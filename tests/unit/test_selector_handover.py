@@ -145,7 +145,7 @@ def test_the_selector_commits_a_query_once_its_response_is_acknowledged() -> Non
         def error(self) -> None: return None
 
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=0, deadline_us=2**60)
+                    created_us=2**60 - 1_000_000, deadline_us=2**60)
     sel.handle([Msg(5, encode(ev)), Msg(6, b"garbage")])
     assert sel.offsets.take() == {}  # q is in flight; the garbage after it waits behind it
     sel.answer(sel.join.get("q"))

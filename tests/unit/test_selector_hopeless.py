@@ -112,7 +112,7 @@ def asked(requests: FakeProducer) -> list[str]:
 
 def _query(cat: Catalogue, qid: str, left_us: int) -> Msg:
     ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=0, deadline_us=now_us() + left_us)
+                    created_us=now_us(), deadline_us=now_us() + left_us)
     return Msg(encode(ev), cat.queries.name)
 
 

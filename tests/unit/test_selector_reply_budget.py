@@ -74,7 +74,7 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
 
     def query(qid: str) -> Msg:
         ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
-                        created_us=0, deadline_us=deadline)
+                        created_us=deadline - 1_000_000, deadline_us=deadline)
         return Msg(encode(ev), cat.queries.name)
 
     sel.dispatch(query("q0"))
@@ -94,9 +94,10 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     assert sel.join.get("q2").expected == () and sel.join.get("q2").last_resort_us is None
 
 
-def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too() -> None:
+def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reply reaches the caller late by the trip and by how late the timer was served;
     only answers made at the cutoff, which the budget is for, teach it."""
+    import selector.service
     from clipstream.clock import now_us
     from clipstream.settings import get_settings
 
@@ -109,15 +110,19 @@ def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too() -> None:
     sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
-    deadline = now_us() - 7_000  # its cutoff (3 ms before) was due 10 ms ago: the loop was busy
+    created = now_us()
+    deadline = created + 1_000_000
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=0, deadline_us=deadline)
+                    created_us=created, deadline_us=deadline)
     sel.dispatch(Msg(encode(ev), cat.queries.name))
+    # the loop comes back 7 ms past the deadline: its cutoff (3 ms before) was due 10 ms ago
+    monkeypatch.setattr(selector.service, "now_us", lambda: now_us() - created + deadline + 7_000)
     sel.answer_expired()
     (kw,) = replies.options
     kw["on_delivery"](None, SimpleNamespace(latency=lambda: 0.001))  # 1 ms to the broker and back
     assert 11_000 <= budget.us < 20_000, budget.us
-    sel.dispatch(Msg(encode(dataclasses.replace(ev, query_id="q2", deadline_us=2**60)), cat.queries.name))
+    sel.dispatch(Msg(encode(dataclasses.replace(ev, query_id="q2", created_us=deadline,
+                                                deadline_us=deadline + 30_000_000)), cat.queries.name))
     taught = budget.us
     sel.answer(sel.join.get("q2"))  # complete before its cutoff: it teaches the budget nothing
     replies.options[-1]["on_delivery"](None, SimpleNamespace(latency=lambda: 0.040))

@@ -83,7 +83,7 @@ def _selector(policy: Any, redis: FakeRedis, settings: Any) -> tuple[Selector, F
 
 def _query(i: int, context: str | None) -> Msg:
     ev = QueryEvent(query_id=f"q{i}", app="app", context=context, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=0, deadline_us=2**62)
+                    created_us=2**62 - 1_000_000, deadline_us=2**62)
     return Msg(encode(ev), "queries")
 
 
@@ -176,7 +176,7 @@ def test_answers_now_due_go_before_the_new_queries_of_a_group() -> None:
     sel.handle([query(0, due)], cat.queries.name)
     while now_us() < due:  # q0's deadline passes with its prediction still missing
         time.sleep(0.001)
-    sel.handle([query(1, 2**62)], cat.queries.name)
+    sel.handle([query(1, now_us() + 30_000_000)], cat.queries.name)
     order = [(t, decode_as(Response, v).query_id if t == cat.responses.name else decode_as(ModelRequest, v).query_id)
              for t, v in producer.sent]
     assert order == [(cat.requests("m1").name, "q0"), (cat.responses.name, "q0"), (cat.requests("m1").name, "q1")]

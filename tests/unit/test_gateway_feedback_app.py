@@ -1,0 +1,58 @@
+"""Feedback for a query answered for another app is refused at the gateway (409) when the
+stored predictions say whose query it is: a key allowed one app must not teach another."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi.testclient import TestClient
+
+from clipstream.redisclient import stored_predictions_key
+from frontend.feedback import STORED_HEAD_BYTES, stored_app
+from registry.outputs import stored_answer
+from tests.unit.test_gateway_http import FakeBus, answer, make_app
+
+
+class FakeRedis:
+    """GETRANGE over stored values, as redis.asyncio answers it (bytes; b'' for a missing key)."""
+
+    def __init__(self, values: dict[str, bytes]) -> None:
+        self.values = values
+        self.reads: list[tuple[str, int, int]] = []
+
+    async def getrange(self, key: str, start: int, end: int) -> bytes:
+        self.reads.append((key, start, end))
+        return self.values.get(key, b"")[start:end + 1]
+
+
+def _store(**apps: str) -> FakeRedis:
+    many = {f"m{i}": {"value": "dog", "scores": [0.5] * 200} for i in range(8)}  # far past the head
+    return FakeRedis({stored_predictions_key(qid): json.dumps(stored_answer(app, "ctx", {"value": "dog"}, many))
+                      .encode() for qid, app in apps.items()})
+
+
+def test_feedback_for_another_apps_query_is_409_without_naming_that_app_and_not_published() -> None:
+    bus = FakeBus(answer)
+    app = make_app(bus)
+    redis = _store(**{"q-big": "big", "q-pets": "pets"})
+    app.state.gateway.stored = lambda qid: stored_app(redis, qid)
+    with TestClient(app) as c:
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": "q-big", "label": "dog"})
+        assert r.status_code == 409 and "another app, not 'pets'" in r.json()["detail"]
+        assert "app 'big'" not in r.json()["detail"]  # a key limited to pets learns nothing of the other apps
+        assert bus.feedback == []
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": "q-pets", "label": "dog"})
+        assert r.status_code == 202 and r.json() == {"accepted": True, "query_id": "q-pets"}
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": "q-gone", "label": "dog"})
+        assert r.status_code == 202 and r.json()["applied"] is False
+    assert [rec.query_id for rec, _ in bus.feedback] == ["q-pets", "q-gone"]
+    assert all(end - start + 1 == STORED_HEAD_BYTES for _, start, end in redis.reads)  # never the whole record
+
+
+def test_a_stored_record_that_does_not_say_its_app_first_counts_as_stored() -> None:
+    redis = FakeRedis({stored_predictions_key("q-old"): b'{"context": null, "app": "big"}',
+                       stored_predictions_key("q-cut"): b'{"app": "' + b"x" * STORED_HEAD_BYTES})
+    assert asyncio.run(stored_app(redis, "q-old")) is True
+    assert asyncio.run(stored_app(redis, "q-cut")) is True
+    assert asyncio.run(stored_app(redis, "q-none")) is False

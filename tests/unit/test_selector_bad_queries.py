@@ -1,0 +1,138 @@
+"""Queries the selector refuses at dispatch, as the gateway and the producer would have: no
+query id, a deadline past any SLO, a responses partition that does not exist, a dtype nobody
+knows; and a query already out of time, answered with a reason of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from clipstream.clock import now_us
+from frontend.gateway_models import MAX_SLO_MS as GATEWAY_MAX_SLO_MS
+from schemas import QueryEvent, Response, Tensor, decode_as, encode
+from schemas.reasons import NOTHING_ARRIVED
+from schemas.tensor import DTYPES
+from schemas.reasons import EXPIRED_ON_ARRIVAL
+from selector.checks import MAX_SLO_MS
+from selector.metrics import default_reason
+from tests.fakes import FakeMsg as Msg
+from tests.unit.test_selector_bad_replies import _recording
+from topics.catalogue import Catalogue
+
+
+def _event(qid: str = "q", slo_us: int = 1_000_000, **over: Any) -> QueryEvent:
+    now = now_us()
+    ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
+                    created_us=now, deadline_us=now + slo_us)
+    return dataclasses.replace(ev, **over)
+
+
+def _msg(cat: Catalogue, ev: QueryEvent, offset: int = 0) -> Msg:
+    return Msg(encode(ev), cat.queries.name, partition=1, offset=offset)
+
+
+def _answers(replies: Any) -> list[Response]:
+    return [decode_as(Response, v) for _, v in replies.sent]
+
+
+def test_a_query_without_an_id_is_a_dead_letter_with_no_response_and_its_offset_moves_on() -> None:
+    sel, requests, replies, cat, dead = _recording()
+    sel.handle([_msg(cat, _event(""), offset=4)])
+    assert requests.sent == [] and replies.sent == []  # a Response keyed b'' would reach nobody
+    (letter,) = dead
+    assert "empty query_id" in letter["reason"] and letter["msg"].offset() == 4
+    assert sel.offsets.take() == {1: 5}  # nothing to wait for: the partition's commits go on
+
+
+def test_a_deadline_past_the_longest_slo_is_a_dead_letter_and_a_default_naming_it() -> None:
+    sel, requests, replies, cat, dead = _recording()
+    sel.apps.get("app")[0].slo_ms = 50.0  # the app's own SLO is the usual short one
+    slo_us = int(MAX_SLO_MS * 1000) + 1_000
+    sel.dispatch(_msg(cat, _event(slo_us=slo_us)))
+    assert requests.sent == []
+    (r,) = _answers(replies)
+    assert r.is_default and r.output == -1 and "longest SLO" in (r.default_reason or "")
+    (letter,) = dead
+    assert letter["query_id"] == "q" and letter["reason"] == r.default_reason
+    assert f"{MAX_SLO_MS:g} ms" in letter["reason"]
+
+
+def test_an_app_registered_with_a_longer_slo_may_use_it() -> None:
+    """The gateway and the producer ask with the app's own SLO when the caller names none."""
+    sel, requests, replies, cat, dead = _recording()
+    app, policy, outputs = sel.apps.get("app")
+    app.slo_ms = 2 * MAX_SLO_MS
+    sel.dispatch(_msg(cat, _event(slo_us=int(1.5 * MAX_SLO_MS * 1000))))
+    assert dead == [] and replies.sent == [] and len(requests.sent) == 1
+    sel.dispatch(_msg(cat, _event("q2", slo_us=int(2.5 * MAX_SLO_MS * 1000))))
+    assert len(requests.sent) == 1 and f"{2 * MAX_SLO_MS:g} ms" in dead[0]["reason"]
+
+
+def test_the_selectors_slo_bound_is_the_gateways() -> None:
+    assert MAX_SLO_MS == GATEWAY_MAX_SLO_MS
+
+
+@pytest.mark.parametrize("late", ["deadline_passed", "negative_slo"])
+def test_a_query_out_of_time_on_arrival_has_its_own_reason_and_asks_no_model(late: str) -> None:
+    sel, requests, replies, cat, dead = _recording()
+    now = now_us()
+    ev = (_event(created_us=now - 1_000_000, deadline_us=now - 5_000) if late == "deadline_passed"
+          else _event(slo_us=-20_000))
+    sel.dispatch(_msg(cat, ev))
+    assert requests.sent == [] and dead == [] and "q" not in sel.join
+    (r,) = _answers(replies)  # at once, not at the next timer
+    assert r.is_default and r.output == -1 and r.default_reason == EXPIRED_ON_ARRIVAL != NOTHING_ARRIVED
+    assert default_reason(r.default_reason) == "expired_on_arrival"
+    assert sel.metrics.registry.get_sample_value(
+        "clipstream_selector_defaults_total", {"app": "app", "reason": "expired_on_arrival"}) == 1
+    assert sel.metrics.registry.get_sample_value("clipstream_selector_queries_total", {"app": "app"}) == 1
+
+
+def test_a_reply_partition_the_responses_topic_lacks_is_refused_and_answered_there() -> None:
+    sel, requests, replies, cat, dead = _recording()
+    parts = cat.responses.partitions
+    sel.dispatch(_msg(cat, _event(reply_topic=cat.responses.name, reply_partition=parts + 95)))
+    assert requests.sent == []
+    (r,) = _answers(replies)
+    assert replies.sent[0][0] == cat.responses.name and "partition" not in replies.options[0]
+    assert r.is_default and f"reply_partition {parts + 95}" in (r.default_reason or "")
+    (letter,) = dead
+    assert letter["query_id"] == "q" and f"{parts} partitions" in letter["reason"]
+    sel.dispatch(_msg(cat, _event("q-last", reply_topic=cat.responses.name, reply_partition=parts - 1)))
+    assert len(requests.sent) == 1 and len(dead) == 1  # its last partition is served
+
+
+def test_a_response_given_up_names_its_querys_record() -> None:
+    sel, _, _, cat, dead = _recording()
+
+    class NoSuchPartition:
+        def produce(self, topic: str, value: bytes, **kw: Any) -> None:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+
+        def poll(self, timeout: float) -> None:
+            return None
+
+    sel.reply_producer = NoSuchPartition()  # type: ignore[assignment]
+    sel.handle([_msg(cat, _event(reply_topic=cat.replies("gw1").name, reply_partition=5), offset=9)])
+    sel.answer(sel.join.get("q"))
+    (letter,) = dead
+    assert "could not be delivered" in letter["reason"]
+    assert letter["source"] == (cat.queries.name, 1, 9)
+    assert sel.offsets.take() == {1: 10}
+
+
+def test_an_unknown_dtype_is_refused_with_the_names_accepted() -> None:
+    sel, requests, replies, cat, dead = _recording()
+    ev = _event()
+    ev = dataclasses.replace(ev, input=Tensor(dtype=">f4", shape=[2], data=b"\x00" * 8))
+    sel.dispatch(_msg(cat, ev))
+    assert requests.sent == []
+    (letter,) = dead
+    assert "unknown tensor dtype '>f4'" in letter["reason"]
+    assert all(repr(name) in letter["reason"] for name in DTYPES)
+    (r,) = _answers(replies)
+    assert r.is_default and r.default_reason == letter["reason"]

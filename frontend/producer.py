@@ -20,7 +20,7 @@ from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputErr
 from clipstream.settings import Settings, get_settings
 from frontend.gateway_models import MAX_SLO_MS
 from frontend.inputs import input_for, to_json
-from registry.labels import label_problem
+from registry.labels import label_problem, reward_problem
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from topics.admin import watermarks
@@ -101,8 +101,9 @@ class Producer:
         """Publish the true label of, or a reward in [0, 1] for, an earlier query."""
         if label is None and reward is None:
             raise InputError("feedback needs a label or a reward")
-        if reward is not None and not 0.0 <= float(reward) <= 1.0:
-            raise InputError("reward must be in [0, 1]")
+        problem = reward_problem(reward)  # the learner's own check: a bool or a NaN too
+        if problem is not None:
+            raise InputError(problem)
         problem = label_problem(label, "label", None)  # what no app's outputs could take
         if problem is not None:
             raise InputError(f"feedback label: {problem}")

@@ -1,4 +1,4 @@
-"""Whether a feedback label fits what an app's models answer.
+"""Whether a feedback label fits what an app's models answer, and whether its reward is one.
 
 A label of the wrong type (a list for a class, text for a regression) would be scored as
 "every model wrong" and teach the policy nonsense, so the gateway refuses it (422) and the
@@ -8,6 +8,7 @@ learner dead-letters it. Shared by both through the registry, the layer they hav
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 # the Feedback record holds an integer label as an Avro long: a larger one would be silently
@@ -40,4 +41,15 @@ def label_problem(label: Any, kind: str, labels: tuple[Any, ...] | None) -> str 
         if not any(label == known or str(label) == str(known) for known in labels):
             shown = ", ".join(repr(k) for k in labels[:20]) + (", ..." if len(labels) > 20 else "")
             return f"label {label!r} is not one of the app's labels [{shown}]"
+    return None
+
+
+def reward_problem(reward: float | None) -> str | None:
+    """Why a feedback's reward is refused, or None: a reward is a number in [0, 1] (the REST
+    gateway's bound, and the Avro schema's doc); a NaN or infinity would poison the weights."""
+    if reward is None:
+        return None
+    # a NaN compares false, so the range refuses it along with the infinities
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not 0.0 <= reward <= 1.0:
+        return f"feedback reward refused: {reward!r} is not a number in [0, 1]"
     return None

@@ -52,17 +52,6 @@ def deadline_problem(ev: QueryEvent, app: AppConfig) -> str | None:
     return f"bad query: its deadline is {span / 1000:.0f} ms after its creation, beyond the longest SLO, {longest:g} ms"
 
 
-def reward_problem(reward: float | None) -> str | None:
-    """Why a feedback's reward is refused, or None: a reward is a number in [0, 1] (the REST
-    gateway's bound, and the Avro schema's doc); a NaN or infinity would poison the weights."""
-    if reward is None:
-        return None
-    # a NaN compares false, so the range refuses it along with the infinities
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not 0.0 <= reward <= 1.0:
-        return f"feedback reward refused: {reward!r} is not a number in [0, 1]"
-    return None
-
-
 def app_problem(query_id: str, claimed: str, stored: str | None) -> str | None:
     """Why a feedback may not teach the app its query was answered for, or None: it names
     another app, so its sender may hold a key for that app alone (app-scoped API keys)."""

@@ -22,10 +22,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, RedisGuard
-from registry.labels import label_problem
+from registry.labels import label_problem, reward_problem
 from schemas import Feedback as FeedbackRecord
 from schemas import decode_as
-from selector.checks import app_problem, reward_problem
+from selector.checks import app_problem
 from selector.kafka import Apps, log
 from selector.metrics import FeedbackMetrics
 from selector.policies import align_state

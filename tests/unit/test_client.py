@@ -193,6 +193,21 @@ def test_producer_refuses_feedback_no_app_could_take(producer, label):
     assert producer._producer.produced == []
 
 
+@pytest.mark.parametrize("reward", [True, float("nan"), float("inf"), 1.5, -0.1])
+def test_producer_refuses_a_reward_the_learner_would_refuse(producer, reward):
+    with pytest.raises(InputError, match=r"feedback reward refused: .* is not a number in \[0, 1\]"):
+        producer.send_feedback("pets", "q1", reward=reward)
+    assert producer._producer.produced == []
+
+
+def test_producer_sends_a_numpy_reward(producer):
+    from schemas import Feedback, decode_as
+
+    producer.send_feedback("pets", "q1", reward=np.float32(0.5))
+    [(_, value)] = producer._producer.produced
+    assert decode_as(Feedback, value).reward == 0.5
+
+
 def test_producer_sends_feedback_with_an_int64_label(producer):
     from schemas import Feedback, decode_as
 

@@ -16,6 +16,7 @@ group and owns some of every model's request partitions (docs/design/0024).
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import click
@@ -104,5 +105,6 @@ def batcher(
             ))
         # follow the registry live only where it, not the command line, set the replicas
         run(settings, bs, setups, follower if replicas is None else None, member)
-    except ClipstreamError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except ClipstreamError as exc:  # one line, as every stage says it
+        click.echo(f"error: batcher: {exc}", err=True)
+        sys.exit(1)

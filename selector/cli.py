@@ -30,6 +30,6 @@ def selector(group: str | None, learn: bool, learn_only: bool, log_level: str) -
     try:
         serve(get_settings(), ss, learn=learn or learn_only, join=not learn_only, stop=stop)
     except ClipstreamError as exc:
-        click.echo(f"selector: {exc}", err=True)
+        click.echo(f"error: selector: {exc}", err=True)
         sys.exit(1)
     sys.exit(exit_code())

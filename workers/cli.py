@@ -137,6 +137,6 @@ def worker(
         Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws,
                own_version_only=own_version_only).run()
     except ClipstreamError as exc:
-        click.echo(f"worker {name} replica {replica}: {exc}", err=True)
+        click.echo(f"error: worker {name} replica {replica}: {exc}", err=True)
         sys.exit(1)
     sys.exit(exit_code())

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = {
     "gateway": (["gateway", "--port", "0"], 3),
     "selector": (["selector"], 1),
+    "batcher": (["batcher", "--model", "x"], 1),
     "worker": (["worker", "--model", "x", "--version", "1", "--replica", "0", "--replicas", "1"], 1),
 }
 
@@ -49,4 +50,5 @@ def test_a_stage_with_no_kafka_says_so_in_a_few_lines(stage: str, tmp_path: Path
     assert "ready:" not in done.stdout
     said = [line for line in lines if "CLIPSTREAM_KAFKA_BOOTSTRAP" in line]
     assert said and f"127.0.0.1:{kafka_port}" in said[-1] and "`clipstream infra status`" in said[-1], lines
+    assert said[-1].startswith("error: "), lines  # every stage says it the same way
     assert took < 20.0, f"gave up after {took:.1f}s"  # a start with no broker at all is not waited out

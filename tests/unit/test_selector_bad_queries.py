@@ -9,14 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from confluent_kafka import KafkaError, KafkaException
 
 from clipstream.clock import now_us
 from frontend.gateway_models import MAX_SLO_MS as GATEWAY_MAX_SLO_MS
 from schemas import QueryEvent, Response, Tensor, decode_as, encode
-from schemas.reasons import NOTHING_ARRIVED
+from schemas.reasons import EXPIRED_ON_ARRIVAL, NOTHING_ARRIVED
 from schemas.tensor import DTYPES
-from schemas.reasons import EXPIRED_ON_ARRIVAL
 from selector.checks import MAX_SLO_MS
 from selector.metrics import default_reason
 from tests.fakes import FakeMsg as Msg
@@ -104,25 +102,6 @@ def test_a_reply_partition_the_responses_topic_lacks_is_refused_and_answered_the
     assert letter["query_id"] == "q" and f"{parts} partitions" in letter["reason"]
     sel.dispatch(_msg(cat, _event("q-last", reply_topic=cat.responses.name, reply_partition=parts - 1)))
     assert len(requests.sent) == 1 and len(dead) == 1  # its last partition is served
-
-
-def test_a_response_given_up_names_its_querys_record() -> None:
-    sel, _, _, cat, dead = _recording()
-
-    class NoSuchPartition:
-        def produce(self, topic: str, value: bytes, **kw: Any) -> None:
-            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
-
-        def poll(self, timeout: float) -> None:
-            return None
-
-    sel.reply_producer = NoSuchPartition()  # type: ignore[assignment]
-    sel.handle([_msg(cat, _event(reply_topic=cat.replies("gw1").name, reply_partition=5), offset=9)])
-    sel.answer(sel.join.get("q"))
-    (letter,) = dead
-    assert "could not be delivered" in letter["reason"]
-    assert letter["source"] == (cat.queries.name, 1, 9)
-    assert sel.offsets.take() == {1: 10}
 
 
 def test_an_unknown_dtype_is_refused_with_the_names_accepted() -> None:

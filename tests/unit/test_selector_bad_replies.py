@@ -90,7 +90,7 @@ def test_a_response_its_topic_keeps_refusing_is_given_up_and_its_offset_may_be_c
     assert decode_as(Response, letter["payload"]).query_id == "q"
 
 
-def test_a_response_to_a_partition_its_topic_lacks_is_given_up_at_once() -> None:
+def test_a_response_to_a_partition_its_topic_lacks_is_given_up_at_once_naming_its_querys_record() -> None:
     sel, _, _, cat, dead = _recording()
 
     class NoSuchPartition:
@@ -105,6 +105,7 @@ def test_a_response_to_a_partition_its_topic_lacks_is_given_up_at_once() -> None
     sel.dispatch(_query(cat, "q", cat.replies("gw1").name, reply_partition=5))
     sel.answer(sel.join.get("q"))
     assert sel.offsets.take() == {0: 1} and dead[0]["query_id"] == "q"
+    assert dead[0]["source"] == (cat.queries.name, 0, 0)  # the query's own record, to look into
 
 
 def test_an_empty_output_fails_its_model_and_the_rest_of_the_record_is_joined() -> None:

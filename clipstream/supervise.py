@@ -114,8 +114,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._stopping = False
         self._wake = threading.Event()  # a stage's output ended (it exited), or ``interrupt``
-        # what to do about a stage that keeps dying (its second death in a row on): ``Pipeline.hint``
-        self.hint: Callable[[Stage], str] = lambda stage: ""
+        self.hint: Callable[[Stage], str] = lambda stage: ""  # what to do about one that keeps dying
 
     def add(self, name: str, argv: list[str], env: dict[str, str], spare: bool = False) -> Stage:
         """Start a stage; with ``spare``, its restarts are taken over by a spare process

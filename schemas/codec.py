@@ -44,10 +44,15 @@ class Codec:
         self._by_fingerprint: dict[int, RecordSchema] = {}
         for name in names:
             parsed = load_schema(str(schema_dir / f"clipstream.{name}.avsc"))
-            fp = int(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"), 16)
-            schema = RecordSchema(name, parsed, fp, MAGIC + struct.pack("<Q", fp))
+            # fastavro gives the fingerprint as the hex of its 8 bytes in the spec's order, little-endian
+            wire = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+            schema = RecordSchema(name, parsed, int.from_bytes(wire, "little"), MAGIC + wire)
             self._by_name[name] = schema
-            self._by_fingerprint[fp] = schema
+            self._by_fingerprint[schema.fingerprint] = schema
+        for schema in list(self._by_name.values()):
+            # records of earlier clipstream versions carry the 8 bytes reversed (a registry topic
+            # keeps them for good): still read, never written
+            self._by_fingerprint.setdefault(int.from_bytes(schema.header[2:], "big"), schema)
 
     @property
     def names(self) -> list[str]:
@@ -97,7 +102,7 @@ class Codec:
         fp = struct.unpack_from("<Q", data, 2)[0]
         schema = self._by_fingerprint.get(fp)
         if schema is None:
-            raise DecodeError(f"unknown schema fingerprint {fp:016x}")
+            raise DecodeError(f"unknown schema fingerprint {fp:016x} (header bytes {bytes(data[:HEADER_LEN]).hex()})")
         return schema
 
     @staticmethod

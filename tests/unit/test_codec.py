@@ -73,6 +73,42 @@ def test_fingerprints_differ_per_schema():
     assert len(fps) == len(codec.names)
 
 
+def _crc64_avro(data: bytes) -> int:
+    """CRC-64-AVRO as the Avro specification gives it, written out here so the codec's
+    framing is checked against the specification, not against fastavro."""
+    empty = 0xC15D213AA4D7A795
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (empty & -(fp & 1))
+        table.append(fp)
+    fp = empty
+    for byte in data:
+        fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
+    return fp
+
+
+def test_the_header_is_the_specifications_little_endian_fingerprint():
+    """A reader in another language (Java's BinaryMessageDecoder) finds the fingerprint of the
+    schema's canonical form in bytes 2..10, least significant byte first."""
+    from fastavro.schema import to_parsing_canonical_form
+
+    assert _crc64_avro(b'"null"') == 7195948357588979594  # the specification's own example
+    codec = default_codec()
+    for name in codec.names:
+        schema = codec.schema(name)
+        want = _crc64_avro(to_parsing_canonical_form(schema.parsed).encode())
+        assert schema.header == MAGIC + want.to_bytes(8, "little"), name
+        assert encode_dict(name, samples()[name])[:10] == schema.header
+
+
+def test_records_of_the_earlier_byte_order_are_still_read():
+    data = encode(Link(app="a", model="m"))
+    legacy = data[:2] + data[2:10][::-1] + data[10:]  # how earlier versions wrote the fingerprint
+    assert decode_as(Link, legacy) == decode_as(Link, data)
+
+
 def test_decode_as_rejects_another_type():
     data = encode(Link(app="a", model="m"))
     with pytest.raises(DecodeError, match="expected a App record, got a Link"):
@@ -89,7 +125,8 @@ def test_garbage_is_a_decode_error(data):
 
 
 def test_unknown_fingerprint():
-    with pytest.raises(DecodeError, match="unknown schema fingerprint"):
+    with pytest.raises(DecodeError, match="unknown schema fingerprint 0000000000003039 "
+                                          r"\(header bytes c3013930000000000000\)"):
         decode(MAGIC + struct.pack("<Q", 12345) + b"\x00")
 
 

@@ -121,10 +121,10 @@ class Pipeline:
         group = self.view.groups.get(model) if self.view is not None else None
         if group is not None:  # a group's worker loads every member: the member is what gets fixed
             members = ", ".join(m.name for m in group.members)
-            return (f"; if a member of group {model} ({members}) did not load, fix it and deploy it as a new "
-                    f"version (clipstream deploy-model MEMBER PATH --version N), roll it back "
-                    f"(clipstream rollback MEMBER), or remove it (clipstream remove-model MEMBER --unlink)")
-        return (f"; if its model did not load, fix the model and deploy it as a new version "
+            return (f"; if a member of group {model} ({members}) does not load or keeps failing, fix it and "
+                    f"deploy it as a new version (clipstream deploy-model MEMBER PATH --version N), roll it "
+                    f"back (clipstream rollback MEMBER), or remove it (clipstream remove-model MEMBER --unlink)")
+        return (f"; if its model does not load or keeps failing, fix the model and deploy it as a new version "
                 f"(clipstream deploy-model {model} PATH --version N), roll it back (clipstream rollback {model}), "
                 f"or remove it (clipstream remove-model {model} --unlink, and take it out of the app file)")
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clipstream.backoff import Backoff
 from clipstream.errors import ClipstreamError
 from clipstream.spare import SPARE_ENV, WAITING_LINE, end_spare
 from topics.stage import HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
@@ -37,27 +38,6 @@ CHECK_S = 0.5
 # a stage's spare is started once the stage has been ready this long: not while the pipeline
 # is still starting, where its imports would compete with the stages' own
 SPARE_AFTER_S = 5.0
-
-
-class Backoff:
-    """The pause before a restart: ``first_s`` doubling with each death in a row up to
-    ``max_s``, never a give-up (a stage that cannot start keeps being tried, slowly, and says
-    why each time). A stage that served ``healthy_s`` before it died starts over at ``first_s``."""
-
-    def __init__(self, first_s: float = 0.1, max_s: float = 30.0, healthy_s: float = 60.0) -> None:
-        if not 0 < first_s <= max_s or healthy_s <= 0:
-            raise ValueError(f"backoff needs 0 < first_s <= max_s and healthy_s > 0, "
-                             f"got {first_s}, {max_s}, {healthy_s}")
-        self.first_s, self.max_s, self.healthy_s = first_s, max_s, healthy_s
-        self.streak = 0  # deaths in a row without a healthy while between them
-
-    def next_delay(self, healthy_for_s: float) -> float:
-        """The pause before restarting a stage that served ``healthy_for_s`` before it died."""
-        if healthy_for_s >= self.healthy_s:
-            self.streak = 0
-        delay = min(self.max_s, self.first_s * 2.0 ** min(self.streak, 64))
-        self.streak += 1
-        return delay
 
 
 @dataclass
@@ -253,8 +233,7 @@ class Supervisor:
                 self._keep_spare(stage, now)
                 continue
             if stage.next_start == 0.0:
-                code = stage.proc.returncode
-                why = stage.hung or f"exit code {code}" + (f", {_signame(-code)}" if code < 0 else "")
+                why = _why_it_died(stage, stage.proc.returncode)
                 served = max(0.0, now - stage.hung_for_s - stage.ready_at) if stage.ready_at else 0.0
                 delay = stage.backoff.next_delay(served)
                 stage.next_start = now + delay
@@ -381,6 +360,17 @@ def _signal(stage: Stage, sig: signal.Signals) -> None:
         os.killpg(stage.proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _why_it_died(stage: Stage, code: int) -> str:
+    """A restart line's reason: the hang, the signal, or the exit code with the last line the
+    stage wrote, which is its error when it exits on one (only this process's lines)."""
+    if stage.hung:
+        return stage.hung
+    if code < 0:
+        return f"exit code {code}, {_signame(-code)}"
+    last = tail(stage.log_path, lines=1, start=stage.log_from).strip()
+    return f"exit code {code}" + (f": {last[:200]}" if last and code > 0 else "")
 
 
 def _signame(signum: int) -> str:

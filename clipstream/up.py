@@ -112,7 +112,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={redacted_url(settings.redis_url, settings.redis_password)}")
         exports = cli_exports(settings, get_settings())
         if exports:
-            click.echo(f"other clipstream commands (inspect, deadletters, infra status) reach these with: {exports}")
+            click.echo("other clipstream commands (inspect, deadletters, infra status) reach these after:")
+            click.echo(exports)
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"

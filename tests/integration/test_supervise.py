@@ -140,6 +140,32 @@ def test_a_stage_killed_again_and_again_is_restarted_every_time_and_told_what_to
     assert r.reports[-1].startswith("child is ready again, "), r.reports
 
 
+# ready, then (once the test says go: not before the supervisor has seen it ready) an error
+FAILING = '''
+import os, sys, time
+from topics.stage import announce_ready
+announce_ready("child")
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+print("error: the model raised ValueError", flush=True)
+sys.exit(1)
+'''
+
+
+def test_a_restart_line_quotes_the_error_the_stage_exited_on(tmp_path, running) -> None:
+    """An operator reads why a stage died in the restart line itself, not only in its log."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    r = Running(tmp_path, heartbeat_timeout_s=0, backoff_first_s=0.05, backoff_max_s=0.2)
+    running.append(r)
+    r.start_child(script, str(tmp_path / "go"))
+    (tmp_path / "go").touch()
+    wait_until(lambda: any(line.startswith("restarting child in ") for line in r.reports), RESTART_BOUND_S,
+               "a restart line")
+    line = next(line for line in r.reports if line.startswith("restarting child in "))
+    assert "(exit code 1: error: the model raised ValueError); log: " in line, line
+
+
 def test_an_exit_wakes_the_supervisor_at_once_however_seldom_it_looks(tmp_path, child, running) -> None:
     # an hour between looks: only the end of the child's output can bring the restart in time
     r = Running(tmp_path, every_s=3600.0, heartbeat_timeout_s=0, backoff_first_s=0.05)

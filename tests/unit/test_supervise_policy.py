@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clipstream.supervise import Backoff
+from clipstream.backoff import Backoff
 from topics.stage import Heartbeat, read_heartbeat
 
 

@@ -140,8 +140,8 @@ def test_a_worker_whose_model_does_not_load_says_to_deploy_a_fix_roll_back_or_re
     with pytest.raises(ClipstreamError) as failed:
         sup.wait_ready(120)
     first = str(failed.value).splitlines()[0]
-    assert first.startswith("stage worker-sumnet-v1-0 exited with code 1 before it was ready; if its model did "
-                            "not load, fix the model and deploy it as a new version (clipstream deploy-model "
+    assert first.startswith("stage worker-sumnet-v1-0 exited with code 1 before it was ready; if its model does "
+                            "not load or keeps failing, fix the model and deploy it as a new version (clipstream deploy-model "
                             "sumnet PATH --version N), roll it back (clipstream rollback sumnet), or remove it "
                             "(clipstream remove-model sumnet --unlink, and take it out of the app file); see "), first
     assert "NoSuchModel" in str(failed.value)  # the worker's own reason, quoted from its log

@@ -20,7 +20,7 @@ from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.repository import Repository, is_url
 from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
-from registry.versions import check_version, history, next_version
+from registry.versions import check_version, history, next_version, rolled_back
 from topics.admin import ensure_model_topics
 
 
@@ -238,6 +238,8 @@ def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> M
             model.name, model.version, model.location or str(model.path), model.replicas,
             previous_versions=list(model.previous_versions),
             previous_paths=list(model.previous_paths),
+            retired_versions=list(model.retired_versions),
+            retired_paths=list(model.retired_paths),
             latency_objective_ms=model.latency_objective_ms,
             max_batch_size=model.max_batch_size,
             batch_delay_ms=model.batch_delay_ms,
@@ -262,20 +264,7 @@ def set_replicas(model: str, replicas: int) -> None:
 def rollback(model: str) -> None:
     """Go back to the model's previous version."""
 
-    def back(m: ModelConfig) -> ModelConfig:
-        if not m.previous_versions:
-            raise ClipstreamError(f"model {model} has no earlier version to roll back to; deploy another "
-                                  f"version with `clipstream deploy-model {model} PATH --version V`")
-        return replace(
-            m,
-            version=m.previous_versions[-1],
-            location=m.previous_paths[-1],
-            path=Path(m.previous_paths[-1]),
-            previous_versions=m.previous_versions[:-1],
-            previous_paths=m.previous_paths[:-1],
-        )
-
-    m = _rewrite_model(model, back)
+    m = _rewrite_model(model, rolled_back)
     click.echo(f"model {model} rolled back to version {m.version}")
 
 
@@ -294,6 +283,7 @@ def inspect_registry(as_json: bool) -> None:
                 "location": m.location,
                 "replicas": m.replicas,
                 "previous_versions": list(m.previous_versions),
+                "retired_versions": list(m.retired_versions),
                 "backend": m.spec.backend if m.spec else None,
                 "input": {"dtype": m.spec.input.dtype, "shape": list(m.spec.input.shape)} if m.spec else None,
                 "error": m.spec_error,

@@ -65,6 +65,9 @@ class ModelConfig:
     # absolute path; the verbs that rewrite a model write this back, never ``path``
     location: str = ""
     group: str | None = None  # served together with the group's other models (``registry.groups``)
+    # versions a rollback left, with their locations: never given another folder (``registry.versions``)
+    retired_versions: tuple[str, ...] = ()
+    retired_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,8 @@ class RegistryState:
                 previous_paths=tuple(m.previous_paths),
                 location=m.path,
                 group=m.group,
+                retired_versions=tuple(m.retired_versions),
+                retired_paths=tuple(m.retired_paths),
             )
         apps = {}
         for name, a in self._apps.items():
@@ -339,6 +344,8 @@ class RegistryWriter:
             batch_delay_ms=knobs.pop("batch_delay_ms", None),
             updated_us=self._now(),
             group=knobs.pop("group", None),
+            retired_versions=list(knobs.pop("retired_versions", [])),
+            retired_paths=list(knobs.pop("retired_paths", [])),
         )
         if record.group is not None:
             check_name("group", record.group)

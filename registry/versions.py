@@ -2,18 +2,24 @@
 
 A version names one folder for good: ``rollback`` returns to a version by the folder recorded
 for it, so a deployment that gave an existing version another folder would make the old one
-unreachable and leave the running workers on the old code (docs/design/0092).
+unreachable and leave the running workers on the old code (docs/design/0092). A version a
+rollback left is kept as retired: its number is never given to other code, whose answers
+would otherwise be taken from its cached predictions (docs/design/0098).
 """
 
 from __future__ import annotations
 
-from clipstream.errors import ConfigError
+from dataclasses import replace
+from pathlib import Path
+
+from clipstream.errors import ClipstreamError, ConfigError
 from registry.topic import ModelConfig
 
 
 def known_versions(current: ModelConfig) -> dict[str, str]:
-    """Every version the registry holds for a model, with the location recorded for it."""
-    known = dict(zip(current.previous_versions, current.previous_paths))
+    """Every version the registry holds for a model, retired ones too, with its location."""
+    known = dict(zip(current.retired_versions, current.retired_paths))
+    known.update(zip(current.previous_versions, current.previous_paths))
     known[current.version] = current.location or str(current.path)
     return known
 
@@ -31,15 +37,35 @@ def next_version(current: ModelConfig | None) -> str:
 
 
 def history(current: ModelConfig | None, version: str) -> dict[str, list[str]]:
-    """The rollback history a deployment of ``version`` records: the model's, plus its current
-    version when that is another one."""
+    """The history a deployment of ``version`` records: the model's rollback history plus its
+    current version when that is another one, and its retired versions; ``version`` itself,
+    now current, is in neither (so rollback does not return to the version it leaves)."""
     if current is None:
-        return {"previous_versions": [], "previous_paths": []}
-    versions, paths = list(current.previous_versions), list(current.previous_paths)
+        return {"previous_versions": [], "previous_paths": [], "retired_versions": [], "retired_paths": []}
+    earlier = list(zip(current.previous_versions, current.previous_paths))
     if current.version != version:
-        versions.append(current.version)
-        paths.append(current.location or str(current.path))
-    return {"previous_versions": versions, "previous_paths": paths}
+        earlier.append((current.version, current.location or str(current.path)))
+    earlier = [(v, p) for v, p in earlier if v != version]
+    retired = [(v, p) for v, p in zip(current.retired_versions, current.retired_paths) if v != version]
+    return {"previous_versions": [v for v, _ in earlier], "previous_paths": [p for _, p in earlier],
+            "retired_versions": [v for v, _ in retired], "retired_paths": [p for _, p in retired]}
+
+
+def rolled_back(current: ModelConfig) -> ModelConfig:
+    """The model back at its previous version; the version it leaves is retired, not forgotten."""
+    if not current.previous_versions:
+        raise ClipstreamError(f"model {current.name} has no earlier version to roll back to; deploy another "
+                              f"version with `clipstream deploy-model {current.name} PATH --version V`")
+    return replace(
+        current,
+        version=current.previous_versions[-1],
+        location=current.previous_paths[-1],
+        path=Path(current.previous_paths[-1]),
+        previous_versions=current.previous_versions[:-1],
+        previous_paths=current.previous_paths[:-1],
+        retired_versions=(*current.retired_versions, current.version),
+        retired_paths=(*current.retired_paths, current.location or str(current.path)),
+    )
 
 
 def check_version(current: ModelConfig | None, version: str, location: str, how: str) -> None:

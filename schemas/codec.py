@@ -31,9 +31,10 @@ RECORD_NAMES: tuple[str, ...] = tuple(cls.__name__ for cls in RECORD_TYPES)
 @dataclass(frozen=True)
 class RecordSchema:
     name: str
-    parsed: Any
+    parsed: Any  # the schema records are read as (and written with, for the current one)
     fingerprint: int
     header: bytes
+    writer: Any = None  # an earlier version's schema that wrote the record; None: ``parsed``
 
 
 class Codec:
@@ -49,7 +50,15 @@ class Codec:
             schema = RecordSchema(name, parsed, int.from_bytes(wire, "little"), MAGIC + wire)
             self._by_name[name] = schema
             self._by_fingerprint[schema.fingerprint] = schema
-        for schema in list(self._by_name.values()):
+        for path in sorted((schema_dir / "earlier").glob("clipstream.*.avsc")):
+            # a record type's earlier schema: what it wrote is read as the current type, the
+            # fields added since taking their defaults (Avro's schema resolution)
+            writer = load_schema(str(path))
+            current = self._by_name[writer["name"].rsplit(".", 1)[-1]]
+            wire = bytes.fromhex(fingerprint(to_parsing_canonical_form(writer), "CRC-64-AVRO"))
+            self._by_fingerprint[int.from_bytes(wire, "little")] = RecordSchema(
+                current.name, current.parsed, int.from_bytes(wire, "little"), MAGIC + wire, writer)
+        for schema in list(self._by_fingerprint.values()):
             # records of earlier clipstream versions carry the 8 bytes reversed (a registry topic
             # keeps them for good): still read, never written
             self._by_fingerprint.setdefault(int.from_bytes(schema.header[2:], "big"), schema)
@@ -110,7 +119,7 @@ class Codec:
         buf = io.BytesIO(data)
         buf.seek(HEADER_LEN)
         try:
-            record = schemaless_reader(buf, schema.parsed, None)
+            record = schemaless_reader(buf, schema.writer or schema.parsed, schema.parsed if schema.writer else None)
         except Exception as exc:  # fastavro raises EOFError, ValueError, UnicodeDecodeError, ...
             raise DecodeError(f"{schema.name} record does not decode: {type(exc).__name__}: {exc}") from exc
         if buf.tell() != len(data):

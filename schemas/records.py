@@ -174,6 +174,8 @@ class Model:
     batch_delay_ms: float | None = None
     updated_us: int = 0
     group: str | None = None  # served together with the group's other models (docs/design/0088)
+    retired_versions: list[str] = field(default_factory=list)  # left by a rollback (docs/design/0098)
+    retired_paths: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,6 +126,8 @@ def samples() -> dict[str, dict[str, Any]]:
             "batch_delay_ms": 2.0,
             "updated_us": 1,
             "group": "digits",
+            "retired_versions": ["3"],
+            "retired_paths": ["/models/m/3"],
         },
         "Link": {"app": "digits", "model": "m", "linked": True, "updated_us": 1},
         "DeadLetter": {

@@ -109,6 +109,33 @@ def test_records_of_the_earlier_byte_order_are_still_read():
     assert decode_as(Link, legacy) == decode_as(Link, data)
 
 
+def test_records_an_earlier_schema_wrote_are_read_as_the_current_type(tmp_path):
+    """A registry topic keeps the records of every earlier version for good: a Model written
+    before its retired versions existed reads with them empty, and every earlier schema in
+    ``schemas/earlier`` is one the codec reads."""
+    import io
+    from pathlib import Path
+
+    from fastavro import schemaless_writer
+    from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
+
+    import schemas
+
+    earlier = sorted((Path(schemas.__file__).parent / "earlier").glob("clipstream.*.avsc"))
+    assert earlier, "schemas/earlier holds the Model schema before retired versions"
+    for path in earlier:
+        writer = load_schema(str(path))
+        name = writer["name"].rsplit(".", 1)[-1]
+        plain = {k: v for k, v in samples()[name].items() if k in {f["name"] for f in writer["fields"]}}
+        buf = io.BytesIO()
+        buf.write(MAGIC + bytes.fromhex(fingerprint(to_parsing_canonical_form(writer), "CRC-64-AVRO")))
+        schemaless_writer(buf, writer, plain)
+        got = decode_as(BY_NAME[name], buf.getvalue())
+        added = {f["name"]: f["default"] for f in default_codec().schema(name).parsed["fields"] if f["name"] not in plain}
+        assert added and got == from_avro(BY_NAME[name], {**plain, **added}), path.name  # the new fields' defaults
+        assert encode(got)[:10] == default_codec().schema(name).header  # written with the current one
+
+
 def test_decode_as_rejects_another_type():
     data = encode(Link(app="a", model="m"))
     with pytest.raises(DecodeError, match="expected a App record, got a Link"):

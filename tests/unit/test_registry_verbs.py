@@ -13,7 +13,7 @@ from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 from registry.appfile import apply_file, load_app_file
 from registry.topic import AppConfig, ModelConfig, RegistryView
-from registry.versions import check_version, next_version
+from registry.versions import check_version, history, next_version, rolled_back
 from tests.unit.test_cli_input_errors import NoKafka, _model_dir, _one_line_error
 
 
@@ -37,6 +37,29 @@ def test_an_existing_version_keeps_its_folder() -> None:
         check_version(current, "2", "/new", "--version N")
     with pytest.raises(ConfigError, match=r"version 1 is deployed from /models/m/1"):
         check_version(current, "1", "/new", "--version N")  # rollback's target too
+
+
+def test_a_version_a_rollback_left_is_retired_never_given_again() -> None:
+    """Deploy 4, roll back to 3, deploy again: the new one is 5, not 4 again, whose cached
+    predictions would answer for it; and 4 keeps its folder."""
+    current = _model("4", "/models/m/bad", previous_versions=("1", "3"), previous_paths=("/models/m/1", "/models/m/3"))
+    back = rolled_back(current)
+    assert (back.version, back.location, back.previous_versions) == ("3", "/models/m/3", ("1",))
+    assert (back.retired_versions, back.retired_paths) == (("4",), ("/models/m/bad",))
+    assert next_version(back) == "5"
+    with pytest.raises(ConfigError, match=r"version 4 is deployed from /models/m/bad"):
+        check_version(back, "4", "/models/m/fixed", "--version N")
+    check_version(back, "4", "/models/m/bad", "--version N")  # the same code again is allowed
+    again = history(back, "4")  # and takes it out of the retired ones
+    assert again == {"previous_versions": ["1", "3"], "previous_paths": ["/models/m/1", "/models/m/3"],
+                     "retired_versions": [], "retired_paths": []}
+
+
+def test_a_deployment_of_a_version_in_the_history_takes_it_out_of_the_history() -> None:
+    """An app file that names version 1 while 3 is current: rollback then returns to 3, and 1
+    is not both current and in the history."""
+    current = _model("3", "/models/m/3", previous_versions=("1", "2"), previous_paths=("/models/m/1", "/models/m/2"))
+    assert history(current, "1")["previous_versions"] == ["2", "3"]
 
 
 def _deployed(monkeypatch: pytest.MonkeyPatch, view: RegistryView, *args: str) -> tuple[NoKafka, object]:

@@ -21,6 +21,7 @@ from registry.spec import ModelSpec, OutputSpec
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Route, Tensor, encode, route_of
 from topics.deadletters import dead_letter_record
 from workers.backends import BatchModel
+from workers.failures import ModelFailures
 
 STAGE = "worker"
 
@@ -92,12 +93,14 @@ class Prepared:
 
 @dataclass
 class Ran:
-    """What the device did with a batch: per-item rows, or the model's failure."""
+    """What the device did with a batch: per-item rows, or the model's failure (``error``: what
+    it raised, kept for its traceback until the failure is reported)."""
 
     rows: list[np.ndarray]
     failure: str | None
     service_us: int
     out_us: int
+    error: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 # who answers: (model name, version); None is the batch's own model at its version
@@ -185,25 +188,33 @@ def predict_rows(model: BatchModel, inputs: np.ndarray, clock: Callable[[], int]
     start = time.perf_counter()
     try:
         rows = output_rows(model.spec.output, model.predict_batch(inputs), len(inputs))
-        failure = None
-    except Exception as exc:  # any model bug: answer with errors, keep serving
-        rows, failure = [], f"model error: {type(exc).__name__}: {exc}"
-    return Ran(rows, failure, int((time.perf_counter() - start) * 1e6), clock())
+    except Exception as exc:  # any model bug: answer with errors, keep serving (reported in answer_items)
+        # returned from here, so this frame keeps no reference to ``exc`` (no cycle through its traceback)
+        return Ran([], f"model error: {type(exc).__name__}: {exc}", int((time.perf_counter() - start) * 1e6),
+                   clock(), exc)
+    return Ran(rows, None, int((time.perf_counter() - start) * 1e6), clock())
 
 
-def finish_batch(p: Prepared, ran: Ran | None, *, worker_id: str,
-                 clock: Callable[[], int] = now_us) -> BatchOutcome:
-    """Shape the outputs into predictions, cache entries and the ``BatchStats`` report."""
+def finish_batch(p: Prepared, ran: Ran | None, *, worker_id: str, clock: Callable[[], int] = now_us,
+                 failures: ModelFailures | None = None) -> BatchOutcome:
+    """Shape the outputs into predictions, cache entries and the ``BatchStats`` report; a
+    failed model call is told to ``failures`` (the worker's log)."""
     if ran is not None:
-        answer_items(p, p.valid, ran)
+        answer_items(p, p.valid, ran, failures=failures)
     return batch_stats(p, ran.service_us if ran is not None else 0, worker_id=worker_id, clock=clock)
 
 
 def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer | None = None,
-                 key: Callable[[BatchItem], str | None] = lambda item: item.cache_key) -> None:
+                 key: Callable[[BatchItem], str | None] = lambda item: item.cache_key,
+                 failures: ModelFailures | None = None) -> None:
     """``ran``'s rows as ``items``' predictions by ``by`` (default: the batch's model), each ok
-    one cached under ``key(item)`` when it has one; a failed run answers every item with it."""
+    one cached under ``key(item)`` when it has one; a failed run answers every item with it,
+    and is told to ``failures``: error predictions alone would leave a broken model silent."""
     if ran.failure is not None:
+        if failures is not None:
+            model, version = by or (p.batch.model, p.version)
+            failures.failed(model, version, ran.failure, ran.error, group=p.batch.model if by else None)
+        ran.error = None  # its traceback holds the batch's arrays
         p.errors += len(items)
         for item in items:
             add_prediction(p, item, "error", None, ran.failure, ran.out_us, by)
@@ -250,10 +261,11 @@ def handle_batch(
     selector_partitions: int | None = None,
     is_reply: Callable[[str], bool] | None = None,
     clock: Callable[[], int] = now_us,
+    failures: ModelFailures | None = None,
 ) -> BatchOutcome:
     """prepare, run and finish one batch in one go (the worker runs the three on different
     threads, so that the device never waits for the CPU work around it)."""
     received_us = clock() if received_us is None else received_us
     p = prepare_batch(model.spec, batch, version=version, received_us=received_us, source=source,
                       selector_partitions=selector_partitions, is_reply=is_reply, clock=clock)
-    return finish_batch(p, run_batch(model, p, clock), worker_id=worker_id, clock=clock)
+    return finish_batch(p, run_batch(model, p, clock), worker_id=worker_id, clock=clock, failures=failures)

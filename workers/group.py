@@ -25,6 +25,7 @@ from schemas import Batch, BatchItem
 from workers.backends import BatchModel, warm_up
 from workers.batch import (Answerer, BatchOutcome, Prepared, Ran, answer_items, batch_stats, finish_batch,
                            predict_rows, prepare_batch, run_batch)
+from workers.failures import ModelFailures
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,16 @@ def _member_key(member: Member) -> Callable[[BatchItem], str | None]:
     return lambda item: key_of(member.name, member.version, item.cache_key) if item.cache_key else None
 
 
-def finish_group(p: Prepared, ran: GroupRan | None, *, worker_id: str,
-                 clock: Callable[[], int] = now_us) -> BatchOutcome:
+def finish_group(p: Prepared, ran: GroupRan | None, *, worker_id: str, clock: Callable[[], int] = now_us,
+                 failures: ModelFailures | None = None) -> BatchOutcome:
     """Every member's predictions for the items that needed it, into each item's one record per
     destination; cache entries under each member's own key; one ``BatchStats`` for the batch
-    (its errors: the predictions that failed, and the items answered nowhere)."""
+    (its errors: the predictions that failed, and the items answered nowhere). A member's failed
+    call is told to ``failures`` under the member's name."""
     for part in ran.parts if ran is not None else []:
         m = part.member
-        answer_items(p, [p.valid[i] for i in part.items], part.ran, by=(m.name, m.version), key=_member_key(m))
+        answer_items(p, [p.valid[i] for i in part.items], part.ran, by=(m.name, m.version), key=_member_key(m),
+                     failures=failures)
     return batch_stats(p, ran.service_us if ran is not None else 0, worker_id=worker_id, clock=clock)
 
 
@@ -144,12 +147,13 @@ def run(model: Served, p: Prepared) -> Ran | GroupRan | None:
     return run_group(model, p) if isinstance(model, GroupModel) else run_batch(model, p)
 
 
-def finish(p: Prepared, ran: Ran | GroupRan | None, *, worker_id: str) -> BatchOutcome:
+def finish(p: Prepared, ran: Ran | GroupRan | None, *, worker_id: str,
+           failures: ModelFailures | None = None) -> BatchOutcome:
     """The records for either: a group's batch that ran member by member, else ``finish_batch``
     (also for a group's batch with nothing to run, which needs only its stats)."""
     if isinstance(ran, GroupRan):
-        return finish_group(p, ran, worker_id=worker_id)
-    return finish_batch(p, ran, worker_id=worker_id)
+        return finish_group(p, ran, worker_id=worker_id, failures=failures)
+    return finish_batch(p, ran, worker_id=worker_id, failures=failures)
 
 
 def warm(model: Served) -> None:

@@ -40,6 +40,7 @@ from topics.stage import IDLE_POLL_S, announce_ready, fail_if_fatal, heartbeat, 
 from workers import group
 from workers.backends import BatchModel
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter
+from workers.failures import ModelFailures
 from workers.leaving import SendersLeft
 from workers.log import log
 from workers.metrics import WorkerMetrics
@@ -86,6 +87,7 @@ class Worker(Outputs):
         self.senders = SendersLeft()  # who must hand over before this worker leaves
         self.redis_guard = RedisGuard(lambda: self.redis.ping(), name=f"worker {name}.{replica}")
         self.metrics = WorkerMetrics(name, replica, version)
+        self.failures = ModelFailures(replica)  # a failing model call's log line, rate limited
 
     # -- life cycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -206,6 +208,7 @@ class Worker(Outputs):
             t.join(timeout=self.ws.flush_timeout_s)
         self.producer.flush(self.ws.flush_timeout_s)
         self.housekeep(asynchronous=False)
+        self.failures.close()  # failures folded since their last line
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every batch read so far has been handed to the producer."""
@@ -335,7 +338,7 @@ class Worker(Outputs):
         try:
             outcome = job.outcome
             if outcome is None and job.prepared is not None:
-                outcome = group.finish(job.prepared, job.ran, worker_id=self.worker_id)
+                outcome = group.finish(job.prepared, job.ran, worker_id=self.worker_id, failures=self.failures)
         except Exception as exc:
             outcome = _crashed(exc, job.source, job.payload)
         self.emit(outcome or BatchOutcome(), job.offset)

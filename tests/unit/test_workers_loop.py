@@ -15,7 +15,7 @@ from registry.spec import load_spec
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Predictions, Tensor, decode_as, encode
 from clipstream.testing.models import make_profile_model
 from topics.markers import RETIRE_PREFIX
-from workers.backends import load_model
+from workers.backends import BatchModel, load_model
 from workers.worker import Worker
 
 
@@ -105,10 +105,14 @@ def batch_bytes(n: int, items: int = 3, version: str | None = "1", created_us: i
 
 
 def make_worker(tmp_path: Path, fail: bool = False, table: dict[int, float] | None = None,
-                own_version_only: bool = False) -> tuple[Worker, FakeProducer, FakeConsumer, FakeCacheWrites]:
-    folder = make_profile_model(tmp_path, "sim", table=table or {1: 0.0}, shape=[4], labels=[0, 1])
-    w = Worker(Settings(topic_prefix="p."), load_model(load_spec(folder)), "sim", version="1",
-               own_version_only=own_version_only)
+                own_version_only: bool = False, model: BatchModel | None = None,
+                ) -> tuple[Worker, FakeProducer, FakeConsumer, FakeCacheWrites]:
+    """A worker of model ``sim`` version 1 (``model``, else a simulated one taking 4 floats)
+    with fake clients; ``fail``: the broker never acknowledges."""
+    if model is None:
+        folder = make_profile_model(tmp_path, "sim", table=table or {1: 0.0}, shape=[4], labels=[0, 1])
+        model = load_model(load_spec(folder))
+    w = Worker(Settings(topic_prefix="p."), model, "sim", version="1", own_version_only=own_version_only)
     w.producer = producer = FakeProducer(fail)  # type: ignore[assignment]
     w.consumer = consumer = FakeConsumer(producer.log)  # type: ignore[assignment]
     w.cache_writes = cache = FakeCacheWrites()  # type: ignore[assignment]

@@ -36,6 +36,16 @@ def ready_line(stage: str, detail: str = "") -> str:
     return f"ready: {stage} {detail}" if detail else f"ready: {stage}"
 
 
+# a stage's line for whoever runs the pipeline, not only for its log: ``clipstream up`` shows it
+ALERT_PREFIX = "alert: "
+
+
+def alert(stage: str, msg: str) -> None:
+    """One line that ``clipstream up`` also prints (a stage serving wrongly, such as a model whose
+    every call fails); the caller keeps it rare, as ``up``'s output is read by a person."""
+    print(f"{ALERT_PREFIX}{stage}: {msg}", file=sys.stderr, flush=True)
+
+
 def announce_ready(stage: str, detail: str = "") -> None:
     """Freeze the start-up heap (``clipstream.heap``), then print the ready line."""
     freeze_startup_heap()

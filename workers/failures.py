@@ -10,13 +10,14 @@ were folded into it, so a model failing on every batch cannot flood the log.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from workers.log import log
+from topics.stage import alert
 
 EVERY_S = 30.0
 MAX_KINDS = 32  # kinds counted apart; beyond them (messages that differ every time) one is shared
@@ -104,15 +105,24 @@ def _clip(text: str, chars: int = MESSAGE_CHARS) -> str:
     return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
+def _say(text: str) -> None:
+    """The failure's line for ``clipstream up`` too (``topics.stage.alert``); its traceback,
+    which follows it, for the worker's log alone."""
+    head, _, rest = text.partition("\n")
+    alert("worker", head)
+    if rest:
+        print(rest, file=sys.stderr, flush=True)
+
+
 class ModelFailures:
-    """The worker's account of failing model calls, written with ``say`` (default: the
-    worker's log, which ``clipstream up`` shows), rate limited by a ``Folding``.
+    """The worker's account of failing model calls, written with ``say`` (default: an alert in
+    the worker's log, which ``clipstream up`` prints too), rate limited by a ``Folding``.
 
     Only a failure calls it, so a successful batch pays nothing for it. Thread-safe: the
     worker finishes batches on its main and its emitter threads.
     """
 
-    def __init__(self, replica: int, *, say: Callable[[str], None] = log, every_s: float = EVERY_S,
+    def __init__(self, replica: int, *, say: Callable[[str], None] = _say, every_s: float = EVERY_S,
                  clock: Callable[[], float] = time.monotonic, max_kinds: int = MAX_KINDS) -> None:
         self.replica, self.say = replica, say
         self.folding = Folding(every_s, clock=clock, max_kinds=max_kinds)

@@ -147,13 +147,15 @@ from topics.stage import announce_ready
 announce_ready("child")
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.01)
+print("alert: child: its model fails on every call", flush=True)
 print("error: the model raised ValueError", flush=True)
 sys.exit(1)
 '''
 
 
 def test_a_restart_line_quotes_the_error_the_stage_exited_on(tmp_path, running) -> None:
-    """An operator reads why a stage died in the restart line itself, not only in its log."""
+    """An operator reads why a stage died in the restart line itself, and a stage's alert in
+    up's output, not only in its log."""
     script = tmp_path / "failing.py"
     script.write_text(FAILING)
     r = Running(tmp_path, heartbeat_timeout_s=0, backoff_first_s=0.05, backoff_max_s=0.2)
@@ -164,6 +166,7 @@ def test_a_restart_line_quotes_the_error_the_stage_exited_on(tmp_path, running) 
                "a restart line")
     line = next(line for line in r.reports if line.startswith("restarting child in "))
     assert "(exit code 1: error: the model raised ValueError); log: " in line, line
+    assert "child: child: its model fails on every call" in r.reports  # an alert is shown, not only logged
 
 
 def test_an_exit_wakes_the_supervisor_at_once_however_seldom_it_looks(tmp_path, child, running) -> None:

@@ -122,7 +122,7 @@ def test_a_model_failing_on_every_batch_is_logged_once_with_the_way_out(
     assert len(stats) == 40 and all(s.errors == 3 for s in stats)  # every batch failed, and was answered
     err = capsys.readouterr().err
     failed = [line for line in err.splitlines() if "predict_batch failed" in line]
-    assert failed == ["worker: model sim version 1 replica 0: predict_batch failed: RuntimeError: weights missing; "
+    assert failed == ["alert: worker: model sim version 1 replica 0: predict_batch failed: RuntimeError: weights missing; "
                       "its items are answered with errors. Roll it back (clipstream rollback sim) or deploy a "
                       "fixed version (clipstream deploy-model sim PATH --version N)"]
     assert err.count("Traceback") == 1 and "in predict_batch" in err

@@ -87,6 +87,7 @@ class Pipeline:
                 back = self.leaving.pop(stage, None)
                 if back is not None and back.stage.proc is not None and back.stage.proc.poll() is None:
                     self.supervisor.adopt(back.stage)  # rolled back before it left: it serves on
+                    say(f"{stage} serves on (registry change)")
                     continue
                 self.supervisor.add(stage, stage_argv(*args),
                                     self.targets.env(stage, self.env) if self.targets else self.env,
@@ -97,7 +98,10 @@ class Pipeline:
                     continue
                 model = _arg(self.supervisor.stages[stage], "--model")
                 served = view.served().get(model or "")
-                if stage.startswith("worker-") and served is not None and served.spec is not None:
+                if stage.startswith("worker-") and not self.supervisor.stages[stage].ready_line:
+                    self.supervisor.remove(stage)  # never ready since it started: it has served nothing
+                    say(f"stopped {stage} (registry change; it was never ready)")
+                elif stage.startswith("worker-") and served is not None and served.spec is not None:
                     if _arg(self.supervisor.stages[stage], "--version") != served.version:
                         self._leave(stage, model or "", f"version {served.version} of {model} is ready")
                     else:  # a replica the registry removed: its batches are served, then it stops

@@ -96,6 +96,7 @@ class Supervisor:
         self._stopping = False
         self._wake = threading.Event()  # a stage's output ended (it exited), or ``interrupt``
         self.hint: Callable[[Stage], str] = lambda stage: ""  # what to do about one that keeps dying
+        self.serving = False  # set by ``up`` once ready: a stage started later says when it is ready
 
     def add(self, name: str, argv: list[str], env: dict[str, str], spare: bool = False) -> Stage:
         """Start a stage; with ``spare``, its restarts are taken over by a spare process
@@ -171,6 +172,8 @@ class Supervisor:
                     if stage.restarts:  # how long a restart took, for whoever watches a failover
                         self.report(f"{stage.name} is ready again, {stage.ready_at - stage.started_at:.1f}s "
                                     f"after its restart")
+                    elif self.serving:  # a stage a registry change started: its traffic may move now
+                        self.report(f"{stage.name} is ready, {stage.ready_at - stage.started_at:.1f}s after its start")
                     stage.ready.set()
         proc.wait()  # its output ends as it exits: ``watch`` restarts it now, not at its next look
         self._wake.set()

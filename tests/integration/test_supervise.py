@@ -169,6 +169,16 @@ def test_a_restart_line_quotes_the_error_the_stage_exited_on(tmp_path, running) 
     assert "child: child: its model fails on every call" in r.reports  # an alert is shown, not only logged
 
 
+def test_a_stage_started_while_serving_says_when_it_is_ready(tmp_path, child, running) -> None:
+    """A worker a registry change starts gets traffic once ready: up says when that is."""
+    r = Running(tmp_path, heartbeat_timeout_s=0)
+    running.append(r)
+    r.sup.serving = True
+    r.start_child(child)
+    wait_until(lambda: any(line.startswith("child is ready, ") for line in r.reports), RESTART_BOUND_S,
+               "the ready report")
+
+
 def test_an_exit_wakes_the_supervisor_at_once_however_seldom_it_looks(tmp_path, child, running) -> None:
     # an hour between looks: only the end of the child's output can bring the restart in time
     r = Running(tmp_path, every_s=3600.0, heartbeat_timeout_s=0, backoff_first_s=0.05)

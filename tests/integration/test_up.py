@@ -211,3 +211,33 @@ def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(sett
     # stopped while starting: `up`'s code for an interrupted start (130), not a crash (1) on the closed pipe
     assert proc.returncode == 130, "\n".join(seen)
     wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")
+
+
+BROKEN = '''
+class Model:
+    """Fails to load, as a model with missing weights would."""
+    def __init__(self, path, config):
+        raise RuntimeError("weights.bin is missing")
+'''
+
+
+def test_a_start_whose_model_does_not_load_names_the_app_file_as_the_way_out(settings, tmp_path):
+    """`up` stops what it started when a stage fails to start, so the registry verbs cannot help
+    then: the file, applied at every start, is where the fix goes, and the error says so."""
+    models = tmp_path / "models"
+    make_python_model(models, "broken", BROKEN, labels=[0, 1], shape=(2,))
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
+        "apps": [{"name": "brokenapp", "policy": "single", "slo_ms": 100, "default_output": -1, "models": ["broken"]}],
+        "models": [{"name": "broken", "version": "1", "path": "models/broken/1", "replicas": 1}],
+    }))
+    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_SPARES": "false"}
+    done = subprocess.run([sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"),
+                           "--gateway-port", str(pick_free_ports(1)[0])],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "stage worker-broken-v1-0 exited with code 1 before it was ready" in done.stderr
+    assert "weights.bin is missing" in done.stderr  # the worker's own reason, quoted
+    assert (f"{tmp_path / 'app.yaml'} is applied at every start: fix the model's `path:` or `version:` there, "
+            "or take the model out of it, then run up again") in done.stderr, done.stderr[-2000:]
+    wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage to exit")

@@ -53,6 +53,7 @@ class FakeStage:
         self.proc = FakeProc()
         self.removed = False
         self.spare = False
+        self.ready_line = f"ready: {name}"  # it has served (a test makes one that never got ready)
 
 
 class FakeSupervisor:
@@ -133,6 +134,24 @@ def test_a_removed_replica_serves_what_was_sent_to_it_and_each_stop_is_said(caps
     assert not pipe.leaving
     # as ``up`` says "started worker-... (registry change)" for a scale-up
     assert capsys.readouterr().err == "worker-b-v3-1 stopped (its partition was handed over, exit code 0)\n"
+
+
+def test_a_replaced_worker_that_never_got_ready_is_stopped_at_once_and_a_kept_one_is_said(capsys: Any) -> None:
+    """A version that crash-looped since its deploy has served nothing: a rollback stops its
+    workers at once rather than waiting for a handover; the old version's worker, rolled back
+    to before it left, is said to serve on."""
+    sup = FakeSupervisor()
+    pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
+    pipe.sync(view(b="3"))
+    pipe.sync(view(b="4"))  # deploy-model b 4, whose model does not load
+    for name in ("worker-b-v4-0", "worker-b-v4-1"):
+        sup.stages[name].ready_line = ""
+    capsys.readouterr()
+    pipe.sync(view(b="3"))  # rollback b
+    assert sorted(sup.removed) == ["worker-b-v4-0", "worker-b-v4-1"] and not pipe.leaving
+    err = capsys.readouterr().err
+    assert "stopped worker-b-v4-0 (registry change; it was never ready)" in err
+    assert "worker-b-v3-0 serves on (registry change)" in err
 
 
 def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: Any) -> None:

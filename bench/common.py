@@ -86,14 +86,22 @@ class Pipeline:
         self.redis = ""
         self.lines: list[str] = []
         self.started_s = 0.0
+        self._infra: Any = None  # the settings of the Kafka and Redis started for this pipeline
 
     def start(self) -> "Pipeline":
         t0 = time.monotonic()
+        # the benchmark's own Kafka and Redis, named to `up`, which then uses them and nothing
+        # another process runs; they go with this process if it dies
+        from clipstream.infra import launcher
+        from clipstream.settings import get_settings
+
+        self._infra = get_settings(state_dir=self.state_dir)
+        status = launcher.up(self._infra, free_ports=True, progress=lambda m: self.log(f"  [infra] {m}"),
+                             die_with_parent=True)
         env = {
             **os.environ,
-            # unused ports: `up` never adopts an infrastructure somebody else runs
-            "CLIPSTREAM_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
-            "CLIPSTREAM_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "CLIPSTREAM_KAFKA_BOOTSTRAP": status.kafka_bootstrap,
+            "CLIPSTREAM_REDIS_URL": status.redis_url,
             "CLIPSTREAM_GATEWAY_INSTANCE": self.GATEWAY_INSTANCE,
             "PYTHONUNBUFFERED": "1",
             **self.extra_env,
@@ -173,6 +181,11 @@ class Pipeline:
                 self.log("  `clipstream up` did not stop in 90 s: killing it")
                 self.proc.kill()
                 self.proc.wait(10)
+        if self._infra is not None:
+            from clipstream.infra import launcher
+
+            launcher.down(self._infra)
+            self._infra = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

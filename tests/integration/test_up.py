@@ -179,16 +179,20 @@ class Model:
 '''
 
 
+def _one_model_app(settings: Any, tmp_path: Path, model: str, code: str) -> dict[str, str]:
+    """``tmp_path/app.yaml``: a `single` app over one python model of ``code``; ``up``'s env."""
+    make_python_model(tmp_path / "models", model, code, labels=[0, 1], shape=(2,))
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
+        "apps": [{"name": f"{model}app", "policy": "single", "slo_ms": 100, "default_output": -1, "models": [model]}],
+        "models": [{"name": model, "version": "1", "path": f"models/{model}/1", "replicas": 1}],
+    }))
+    return {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
+            "PYTHONUNBUFFERED": "1"}
+
+
 def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(settings, tmp_path):
     """The reader of `up`'s output (a terminal, a benchmark) may be gone when it is stopped."""
-    models = tmp_path / "models"
-    make_python_model(models, "slow", SLOW_TO_LOAD, labels=[0, 1], shape=(2,))
-    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
-        "apps": [{"name": "slowapp", "policy": "single", "slo_ms": 100, "default_output": -1, "models": ["slow"]}],
-        "models": [{"name": "slow", "version": "1", "path": "models/slow/1", "replicas": 1}],
-    }))
-    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
-           "PYTHONUNBUFFERED": "1"}
+    env = _one_model_app(settings, tmp_path, "slow", SLOW_TO_LOAD)
     proc = subprocess.Popen(
         [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"),
          "--gateway-port", str(pick_free_ports(1)[0])],
@@ -224,14 +228,7 @@ class Model:
 def test_a_start_whose_model_does_not_load_names_the_app_file_as_the_way_out(settings, tmp_path):
     """`up` stops what it started when a stage fails to start, so the registry verbs cannot help
     then: the file, applied at every start, is where the fix goes, and the error says so."""
-    models = tmp_path / "models"
-    make_python_model(models, "broken", BROKEN, labels=[0, 1], shape=(2,))
-    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
-        "apps": [{"name": "brokenapp", "policy": "single", "slo_ms": 100, "default_output": -1, "models": ["broken"]}],
-        "models": [{"name": "broken", "version": "1", "path": "models/broken/1", "replicas": 1}],
-    }))
-    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
-           "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_SPARES": "false"}
+    env = {**_one_model_app(settings, tmp_path, "broken", BROKEN), "CLIPSTREAM_UP_SPARES": "false"}
     done = subprocess.run([sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"),
                            "--gateway-port", str(pick_free_ports(1)[0])],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)

@@ -68,6 +68,7 @@ class Pipeline:
         # until the batcher hands their partitions over to the new version's workers
         self.leaving: dict[str, Leaving] = {}
         self.view: RegistryView | None = None  # the last one synced to
+        self.app_file: str | None = None  # while ``up`` starts from it: where a failed worker is fixed
 
     def sync(self, view: RegistryView) -> list[str]:
         """Start what the registry asks for and is not running; stop what it no longer asks for.
@@ -122,6 +123,9 @@ class Pipeline:
         model = _arg(stage, "--model")
         if not stage.name.startswith("worker-") or model is None:
             return ""
+        if self.app_file is not None:  # starting: the file is applied again at the next start
+            return (f"; {self.app_file} is applied at every start: fix the model's `path:` or `version:` "
+                    f"there, or take the model out of it, then run up again")
         group = self.view.groups.get(model) if self.view is not None else None
         if group is not None:  # a group's worker loads every member: the member is what gets fixed
             members = ", ".join(m.name for m in group.members)

@@ -129,11 +129,9 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         _add_front_stages(supervisor, env, targets, up_settings, port)
         pipeline.sync(view)
         click.echo(f"starting {len(supervisor.stages)} stages (logs in {log_dir})")
-        try:
-            _start_and_warm_up(supervisor, targets, follower, env, url, up_settings.warm_up_s)
-        except ClipstreamError as exc:  # the registry's versions came from the file: fixed there
-            raise ClipstreamError(f"{exc}\n{path} is applied at every start: fix the model's `path:` or "
-                                  f"`version:` there, or take the model out of it, then run up again") from None
+        pipeline.app_file = path
+        _start_and_warm_up(supervisor, targets, follower, env, url, up_settings.warm_up_s)
+        pipeline.app_file = None  # serving: the registry verbs are the way out from now on
         run.serving.set()
         supervisor.serving = True
         click.echo(f"ready: {url}", nl=True)

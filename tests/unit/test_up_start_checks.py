@@ -147,6 +147,10 @@ def test_a_worker_whose_model_does_not_load_says_to_deploy_a_fix_roll_back_or_re
     assert "NoSuchModel" in str(failed.value)  # the worker's own reason, quoted from its log
     gateway = Stage("gateway", stage_argv("gateway"), {}, tmp_path / "gateway.log")
     assert pipeline.hint(gateway) == ""  # only a worker's model is fixed that way
+    pipeline.app_file = "app.yaml"  # while up starts from a file, the file is where the fix goes
+    worker = sup.stages["worker-sumnet-v1-0"]
+    assert pipeline.hint(worker).startswith("; app.yaml is applied at every start: fix the model's `path:`")
+    assert pipeline.hint(gateway) == ""  # a gateway's port, say, is not fixed in the app file
 
 
 @pytest.mark.parametrize(("named", "kafka_ok", "redis_ok", "reason"), [

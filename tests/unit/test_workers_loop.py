@@ -230,6 +230,14 @@ def test_offset_commits_are_spaced_but_the_last_one_is_made_when_stopping(tmp_pa
     assert consumer.commits == [11, 12]
 
 
+def _reported(w: Worker, producer: FakeProducer) -> list[BatchStats]:
+    """Drain the worker, acknowledge what it produced, commit: the batches it reported."""
+    assert w.drain(5.0)
+    producer.flush(0)
+    w.housekeep()
+    return [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+
+
 def test_a_deployed_worker_serves_only_its_version_and_stops_at_the_handover(tmp_path: Path) -> None:
     """Beside version 2's worker, version 1's skips version 2's batches; the batcher's empty
     batch stamped 2, made after it was ready, means none of version 1's follow: it stops, and
@@ -242,10 +250,7 @@ def test_a_deployed_worker_serves_only_its_version_and_stops_at_the_handover(tmp
     w.feed(Msg(batch_bytes(2, created_us=1100), 2))  # its own version: served
     w.feed(Msg(batch_bytes(3, items=0, created_us=1200, version="2"), 3))  # the handover
     assert not w.running
-    assert w.drain(5.0)
-    producer.flush(0)
-    w.housekeep()
-    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    stats = _reported(w, producer)
     assert [s.batch_id for s in stats] == ["b2"] and consumer.commits == [4]
 
 
@@ -265,10 +270,7 @@ def test_a_retired_replica_serves_the_batches_before_its_retirement_then_stops(
     w.feed(Msg(encode(Batch(batch_id=f"{RETIRE_PREFIX}2", model="sim", version="1", replica=0,
                             created_us=1200, items=[])), 2))
     assert not w.running
-    assert w.drain(5.0)
-    producer.flush(0)
-    w.housekeep()
-    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    stats = _reported(w, producer)
     assert [s.batch_id for s in stats] == ["b1"] and consumer.commits == [3]
 
 
@@ -294,10 +296,7 @@ def test_a_retired_replica_waits_for_every_batcher_that_sent_to_it(tmp_path: Pat
     assert w.running
     w.feed(_sent("m2", 5, items=0))
     assert not w.running
-    assert w.drain(5.0)
-    producer.flush(0)
-    w.housekeep()
-    stats = [decode_as(BatchStats, v) for t, _, v in producer.sent if t == "p.batch-stats.sim"]
+    stats = _reported(w, producer)
     assert [s.batch_id for s in stats] == ["m1-1", "m2-2", "m2-4"] and consumer.commits == [6]
 
 

@@ -88,8 +88,8 @@ class UpSettings(BaseSettings):
 @click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--gateway-port", type=click.IntRange(0, 65535), default=None,
               help="default: CLIPSTREAM_GATEWAY_PORT or 8080")
-@click.option("--free-ports", is_flag=True, help="start Kafka and Redis on free ports if they are not running, "
-              "and the gateway on a free port if its default one is taken")
+@click.option("--free-ports", is_flag=True, help="start Kafka and Redis on free ports if they are not running (those of their last "
+              "start in the state dir while free), and the gateway on a free port if its default one is taken")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | None) -> None:
     """Run the whole pipeline for an app file until Ctrl-C."""

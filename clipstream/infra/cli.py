@@ -60,7 +60,7 @@ def infra() -> None:
 @infra.command()
 @click.option("--kafka-port", type=int, default=None, help="Broker port (controller: port+1).")
 @click.option("--redis-port", type=int, default=None, help="Redis port.")
-@click.option("--free-ports", is_flag=True, help="Pick unused ports instead of fixed ones.")
+@click.option("--free-ports", is_flag=True, help="Pick unused ports instead of fixed ones (those of the last such start in the state dir while free).")
 @click.option(
     "--brokers",
     type=click.IntRange(min=1),

@@ -6,7 +6,9 @@ A Kafka of n nodes takes a (client, controller) pair per node: "kafka"/"controll
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Mapping, Sequence
 
 from clipstream.errors import InfraError
 from clipstream.infra import cluster
@@ -24,16 +26,33 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def pick_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports the kernel says are free (all bound at once, so distinct)."""
+def pick_free_ports(count: int, host: str = "127.0.0.1", keep: Sequence[int] = ()) -> list[int]:
+    """``count`` distinct ports the kernel says are free (all bound at once, so distinct),
+    none of them in ``keep``: ports already chosen, held bound meanwhile (one that cannot be
+    bound is in use, so the kernel does not give it out either)."""
+    held = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in keep]
     socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
+        for sock, port in zip(held, keep, strict=True):
+            with contextlib.suppress(OSError):
+                sock.bind((host, port))
         for sock in socks:
             sock.bind((host, 0))
         return [sock.getsockname()[1] for sock in socks]
     finally:
-        for sock in socks:
+        for sock in held + socks:
             sock.close()
+
+
+def free_ports_like(names: Sequence[str], last: Mapping[str, int], host: str = "127.0.0.1") -> dict[str, int]:
+    """Free ports for ``names``, taking again each port ``last`` gave the same name while it is
+    still free: a Kafka and Redis started again with ``--free-ports`` keep their addresses, so
+    the settings a user exported after the first start stay right."""
+    kept = {name: last[name] for name in names if isinstance(last.get(name), int) and port_is_free(last[name], host)}
+    if len(set(kept.values())) < len(kept):  # a hand-edited file naming one port twice
+        kept = {}
+    rest = [name for name in names if name not in kept]
+    return {**kept, **dict(zip(rest, pick_free_ports(len(rest), host, keep=list(kept.values())), strict=True))}
 
 
 _PORT_OPTION = {
@@ -66,18 +85,19 @@ def plan_ports(
     need_kafka: bool = True,
     need_redis: bool = True,
     brokers: int = 1,
+    last: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Ports for the components about to start: keys "kafka", "controller", "redis", and
     "kafka-<i>", "controller-<i>" for node i > 1 of a cluster.
 
     Fixed ports come from the settings (the controller takes the port after Kafka's, node i the
     pair at ``kafka_port + 2(i-1)``) and must be free; ``free_ports`` asks the kernel for
-    unused ones instead.
+    unused ones instead, preferring those of ``last`` (the ports of the previous free start).
     """
     kafka_names = kafka_port_names(brokers) if need_kafka else []
     names = kafka_names + (["redis"] if need_redis else [])
     if free_ports:
-        return dict(zip(names, pick_free_ports(len(names)), strict=True))
+        return free_ports_like(names, last or {})
     fixed = cluster.fixed_nodes(settings.kafka_port, brokers)
     pairs = [p for node in fixed for p in (node.port, node.controller_port)]
     wanted = dict(zip(kafka_port_names(brokers), pairs, strict=True))

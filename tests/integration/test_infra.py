@@ -53,6 +53,21 @@ def test_up_twice_is_one_broker_and_down_stops_it(tmp_path: Path) -> None:
     assert launcher.down(settings) == []
 
 
+def test_free_ports_are_the_same_after_a_restart(tmp_path: Path) -> None:
+    """A user who exported the printed settings after a ``--free-ports`` start keeps them."""
+    settings = Settings(state_dir=tmp_path / "state")
+    try:
+        first = launcher.up(settings, free_ports=True, progress=lambda _: None)
+        launcher.down(settings)
+        wait_until(lambda: not pid_alive(first.kafka_pid) and not pid_alive(first.redis_pid), 20, "both to exit")
+        second = launcher.up(settings, free_ports=True, progress=lambda _: None)
+        assert second.kafka_pid != first.kafka_pid
+        assert (second.kafka_bootstrap, second.redis_url) == (first.kafka_bootstrap, first.redis_url)
+        assert kafka_answers(second.kafka_bootstrap) and redis_answers(second.redis_url)
+    finally:
+        launcher.down(settings)
+
+
 def test_busy_port_names_the_port_and_starts_nothing(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

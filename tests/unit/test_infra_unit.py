@@ -115,6 +115,27 @@ def test_plan_ports_fixed_and_free(tmp_path: Path) -> None:
     assert set(free) == {"kafka", "controller", "redis"} and len(set(free.values())) == 3
 
 
+def test_free_ports_keep_the_last_ones_while_free(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path)
+    first = launcher.plan_ports(settings, free_ports=True)
+    assert launcher.plan_ports(settings, free_ports=True, last=first) == first
+    with socket.socket() as busy:  # the last Redis port is taken since: only it moves
+        busy.bind(("127.0.0.1", first["redis"]))
+        busy.listen()
+        again = launcher.plan_ports(settings, free_ports=True, last=first)
+    assert again["redis"] != first["redis"]
+    assert {k: again[k] for k in ("kafka", "controller")} == {k: first[k] for k in ("kafka", "controller")}
+    assert len(set(again.values())) == 3
+
+
+def test_free_ports_never_give_a_kept_port_twice(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path)
+    last = {"kafka": launcher.pick_free_ports(1)[0]}  # only one name remembered: the others are new
+    for _ in range(20):
+        ports = launcher.plan_ports(settings, free_ports=True, last=last)
+        assert ports["kafka"] == last["kafka"] and len(set(ports.values())) == 3
+
+
 def test_plan_ports_names_the_busy_port(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 import yaml
+from confluent_kafka import KafkaException
 
 from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
@@ -21,7 +22,10 @@ from registry.appfile import apply_file, check_default_output, check_policy
 from registry.repository import Repository, is_url
 from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, history, next_version, rolled_back
+from schemas import Batch, decode_as
 from topics.admin import ensure_model_topics
+from topics.catalogue import Catalogue
+from topics.tail import last_records
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -268,12 +272,51 @@ def rollback(model: str) -> None:
     click.echo(f"model {model} rolled back to version {m.version}")
 
 
+def _serving(settings: Settings, view: RegistryView) -> dict[str, dict[int, str | None]]:
+    """Model or group name -> replica -> the version its batches carry now (the last record of
+    each partition of its batches topic): the registry's version serves only once its workers
+    are ready (docs/design/0021)."""
+    cat = Catalogue.from_settings(settings)
+    served = {n: m.replicas for n, m in view.models.items() if not m.group}
+    served.update({n: g.replicas for n, g in view.groups.items()})
+    out: dict[str, dict[int, str | None]] = {}
+    for name, replicas in served.items():
+        try:
+            tail = last_records(settings, cat.batches(name).name, replicas)
+        except KafkaException as exc:
+            click.echo(f"warning: the batches of {name} could not be read ({exc.args[0]}): what serves is not shown",
+                       err=True)
+            continue
+        out[name] = {}
+        for part, value in sorted(tail.items()):
+            try:
+                out[name][part] = decode_as(Batch, value).version
+            except ClipstreamError:
+                continue  # not a batch: shown as nothing sent
+    return out
+
+
+def _serving_text(version: str | None, serving: dict[int, str | None] | None) -> str:
+    if serving is None:
+        return ""
+    versions = sorted({v or "-" for v in serving.values()})
+    if not versions:
+        return " serving=none (no batch sent yet)"
+    text = " serving=" + ",".join(versions)
+    if versions != [version or "-"]:
+        text += f" (not yet version {version}: its workers are not ready, see `clipstream up`'s output)"
+    return text
+
+
 @click.command("inspect")
-@click.option("--json", "as_json", is_flag=True, help="the whole registry as one JSON document")
+@click.option("--json", "as_json", is_flag=True, help="the whole registry, and what serves, as one JSON document")
 @_friendly
 def inspect_registry(as_json: bool) -> None:
-    """Show the registry: apps, their linked models, and models."""
-    view = read_view(_settings())
+    """Show the registry (apps, their linked models, and models) and which version each model's
+    batches go to now."""
+    settings = _settings()
+    view = read_view(settings)
+    serving = _serving(settings, view)
     data = {
         "apps": {n: asdict(a) for n, a in view.apps.items()},
         "models": {
@@ -288,10 +331,12 @@ def inspect_registry(as_json: bool) -> None:
                 "input": {"dtype": m.spec.input.dtype, "shape": list(m.spec.input.shape)} if m.spec else None,
                 "error": m.spec_error,
                 "group": m.group,
+                "serving": serving.get(m.group or n),
             }
             for n, m in view.models.items()
         },
-        "groups": {n: {"version": g.version, "replicas": g.replicas, "models": [m.name for m in g.members]}
+        "groups": {n: {"version": g.version, "replicas": g.replicas, "models": [m.name for m in g.members],
+                       "serving": serving.get(n)}
                    for n, g in view.groups.items()},
     }
     if as_json:
@@ -302,6 +347,7 @@ def inspect_registry(as_json: bool) -> None:
     for n, m in data["models"].items():
         shape = f" input={m['input']['dtype']}{m['input']['shape']}" if m["input"] else ""
         click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}"
-                   + (f" group={m['group']}" if m["group"] else ""))
+                   + (f" group={m['group']}" if m["group"] else _serving_text(m["version"], m["serving"])))
     for n, g in data["groups"].items():
-        click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}")
+        click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"
+                   + _serving_text(g["version"], g["serving"]))

@@ -4,6 +4,7 @@ the cutoff because of either change, and the answers move to the new version and
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -82,10 +83,17 @@ class Load:
             return [r["output"] for sent, r in self.answers if sent >= t]
 
 
-def _cli(*args: str, env: dict[str, str]) -> None:
+def _cli(*args: str, env: dict[str, str]) -> str:
     done = subprocess.run([sys.executable, "-m", "clipstream.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _serving(env: dict[str, str]) -> tuple[str, set[str]]:
+    """`inspect`'s registry version of the model, and the versions its batches go to."""
+    flip = json.loads(_cli("inspect", "--json", env=env))["models"]["flip"]
+    return flip["version"], set(flip["serving"].values())
 
 
 def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, tmp_path: Path) -> None:
@@ -116,7 +124,10 @@ def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, 
 
         deployed = time.monotonic()
         _cli("deploy-model", "flip", str(models / "flip" / "2"), "--version", "2", env=env)
+        # version 2 takes seconds to start, load and warm up: until then inspect says 1 serves
+        assert _serving(env) == ("2", {"1"})
         wait_until(lambda: 2 in load.outputs_since(deployed), 90, "answers from version 2")
+        assert _serving(env) == ("2", {"2"})
         wait_until(lambda: any("worker-flip-v1-0 stopped (its partition was handed over" in l for l in lines),
                    30, "version 1's worker to stop at the handover")
 

@@ -78,7 +78,8 @@ def test_a_group_serves_its_members_in_one_worker_and_moves_with_a_members_versi
         assert "worker-a-" not in started and "worker-b-" not in started  # the members run in g's worker
         shown = subprocess.run([sys.executable, "-m", "clipstream.cli", "inspect", "--json"], env=env,
                                capture_output=True, text=True, timeout=120)
-        assert json.loads(shown.stdout)["groups"]["g"] == {"version": v1, "replicas": 1, "models": ["a", "b"]}
+        assert json.loads(shown.stdout)["groups"]["g"] == {"version": v1, "replicas": 1, "models": ["a", "b"],
+                                                       "serving": {"0": v1}}  # the warm-up's batches
         _start(load, ens)
 
         deployed = time.monotonic()

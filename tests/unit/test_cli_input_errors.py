@@ -45,6 +45,7 @@ class NoKafka:
         self.view = view
         self.topics: list[tuple[str, int]] = []
         self.writes: list[tuple[str, tuple[Any, ...]]] = []
+        self.tails: dict[str, dict[int, bytes]] = {}  # topic -> partition -> its last record
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> NoKafka:
         fake = self
@@ -73,6 +74,10 @@ class NoKafka:
                 raise AssertionError("topics were created")
             fake.topics.append((name, replicas))
 
+        def last_records(settings: Settings, topic: str, partitions: int, timeout_s: float = 10.0) -> dict[int, bytes]:
+            return {p: v for p, v in fake.tails.get(topic, {}).items() if p < partitions}
+
+        monkeypatch.setattr(registry_cli, "last_records", last_records)
         monkeypatch.setattr(registry_cli, "RegistryWriter", Writer)
         monkeypatch.setattr(registry_cli, "read_view", read_view)
         monkeypatch.setattr(registry_cli, "ensure_model_topics", ensure_model_topics)

@@ -3,6 +3,7 @@ an update of an app keeps what was not given, and an app file's misspelt key is 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,32 @@ def test_inspect_shows_each_models_input(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert shown.exit_code == 0 and f"input={spec.input.dtype}{list(spec.input.shape)}" in shown.output, shown.output
     as_json = CliRunner().invoke(main, ["inspect", "--json"])
     assert '"dtype": "%s"' % spec.input.dtype in as_json.output
+
+
+def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry names version 2 at once; batches go to it once its workers are ready. Until
+    then the last batch on each partition still carries version 1, and inspect says so."""
+    from schemas import Batch, encode
+    from topics.catalogue import Catalogue
+
+    fake = NoKafka(RegistryView(models={"m": _model(version="2", replicas=2)})).install(monkeypatch)
+    topic = Catalogue.from_settings(Settings()).batches("m").name
+
+    def batch(version: str, replica: int) -> bytes:
+        return encode(Batch(batch_id="b-1", model="m", version=version, replica=replica, created_us=1, items=[]))
+
+    fake.tails[topic] = {0: batch("1", 0), 1: batch("1", 1), 2: batch("3", 2)}  # 2: a removed replica
+    shown = CliRunner().invoke(main, ["inspect"])
+    assert shown.exit_code == 0 and "serving=1 (not yet version 2: its workers are not ready" in shown.output
+    fake.tails[topic] = {0: batch("2", 0), 1: batch("1", 1)}  # moving: one partition handed over
+    assert "serving=1,2 (not yet version 2" in CliRunner().invoke(main, ["inspect"]).output
+    fake.tails[topic] = {0: batch("2", 0), 1: batch("2", 1)}
+    shown = CliRunner().invoke(main, ["inspect"])
+    assert "serving=2" in shown.output and "not yet" not in shown.output
+    as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
+    assert as_json["models"]["m"]["serving"] == {"0": "2", "1": "2"}
+    fake.tails.clear()
+    assert "serving=none (no batch sent yet)" in CliRunner().invoke(main, ["inspect"]).output
 
 
 def test_topics_create_refuses_replicas_without_a_model() -> None:

@@ -3,6 +3,7 @@ wrong in one line, or does what its help says."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -67,8 +68,8 @@ class _Consumer:
 def topic_of(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Make ``latest`` read the given stages' dead letters (oldest first) from a fake consumer."""
 
-    def install(stages: list[str]) -> None:
-        values = [dead_letter_value(stage=s, reason=f"r{i}") for i, s in enumerate(stages)]
+    def install(stages: list[str], values: list[bytes] | None = None) -> None:
+        values = values or [dead_letter_value(stage=s, reason=f"r{i}") for i, s in enumerate(stages)]
         monkeypatch.setattr(confluent_kafka, "Consumer", lambda conf: _Consumer(values))
         monkeypatch.setattr(topics.admin, "watermarks", lambda c, tp, t=0: (0, len(values)))
 
@@ -89,6 +90,20 @@ def test_deadletters_cli_stage_and_count(topic_of: Any) -> None:
     out = CliRunner().invoke(deadletters_cli.deadletters, ["--stage", "worker", "-n", "3"])
     assert out.exit_code == 0, out.output
     assert "worker" in out.output and "r0" in out.output and "no dead letters" not in out.output
+
+
+def test_deadletters_show_a_record_refused_by_every_stage_once(topic_of: Any) -> None:
+    """Each stage following the registry refuses a bad registry record itself: one line, counted."""
+    bad = dict(stage="registry", reason="registry record refused: bad", source=("p.registry", 0, 7))
+    topic_of([], [dead_letter_value(**bad)] * 4 + [dead_letter_value(stage="worker", reason="other")]
+             + [dead_letter_value(**{**bad, "source": ("p.registry", 0, 8)})])
+    out = CliRunner().invoke(deadletters_cli.deadletters, [])
+    lines = out.output.splitlines()
+    assert out.exit_code == 0 and len(lines) == 3, out.output
+    assert "p.registry[0]@7" in lines[0] and re.search(r"  \(4 times, the last at [-0-9]+ [:0-9]+\)$", lines[0])
+    assert "other" in lines[1] and "p.registry[0]@8" in lines[2] and "times" not in lines[2]
+    as_json = CliRunner().invoke(deadletters_cli.deadletters, ["--json"])
+    assert len(as_json.output.splitlines()) == 6  # every record, for scripts
 
 
 def test_deadletters_unknown_stage_lists_the_names() -> None:

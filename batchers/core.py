@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from batchers.cache import Coalescer
 from batchers.dispatch import Dispatcher, InFlight, Replica
+from batchers.latency import LatencyModel
 from batchers.queue import DeadlineQueue
 from schemas import Batch, BatchItem, BatchStats, ModelRequest, Prediction, Predictions, Route, Tensor, route_of
 from topics.markers import HANDOVER_PREFIX, RETIRE_PREFIX, handover
@@ -48,12 +49,21 @@ class SentBatch:
     wheres: list[tuple[str, int, int] | None] = field(default_factory=list)  # its requests' records
 
 
+# a replica that every queued request looks hopeless for, and that was sent nothing for this
+# long, gets one request anyway: its speed is learnt only from the batches it is sent, so an
+# estimate made while it was slow (a slow version rolled back, a busy machine) would otherwise
+# keep every request from it for good. The probe's report replaces the estimate it tested.
+PROBE_AFTER_US = 1_000_000
+
+
 @dataclass
 class Step:
-    """The result of one ``poll``: batches to produce, requests to report expired, next wake."""
+    """The result of one ``poll``: batches to produce, requests to report expired (``hopeless``:
+    dropped before their deadline, which no batch could make), next wake."""
 
     batches: list[SentBatch] = field(default_factory=list)
     expired: list[Pending] = field(default_factory=list)
+    hopeless: list[Pending] = field(default_factory=list)
     wake_us: int | None = None
 
 
@@ -80,6 +90,8 @@ class BatcherCore:
         self.coalescer: Coalescer[Pending] = Coalescer()
         self._prefix = uuid.uuid4().hex[:8]
         self._count = 0
+        self._probes: dict[str, int] = {}  # batch id -> replica, of batches sent to measure it again
+        self._other_version: set[str] = set()  # batches sent before the version served now
 
     # -- input ------------------------------------------------------------------------
     def admit(self, pending: Pending) -> bool:
@@ -120,22 +132,32 @@ class BatcherCore:
             size = decision.size
             replica = self.dispatcher.replicas[decision.replica]  # type: ignore[index]
             if self.drop_hopeless and replica.latency.known:
-                size, cutoff = self._fit_to_deadlines(replica, size, now_us)
-                if self._expire(cutoff, now_us, step):
+                size, cutoff, none_fits = self._fit_to_deadlines(replica, size, now_us)
+                probe = none_fits and self._probe_due(replica, now_us)
+                if probe:
+                    size, cutoff = 1, now_us  # one request, to measure the replica again
+                if self._expire(cutoff, now_us, step, hopeless=True):
                     continue
+            else:
+                probe = False
             items, late = self.queue.take(size, now_us)
             step.expired.extend(late)  # empty: expire() ran above with the same clock
             if not items:
                 break
             step.batches.append(self._batch(decision.replica, items, now_us))  # type: ignore[arg-type]
+            if probe:
+                self._probes[step.batches[-1].record.batch_id] = replica.index
+                while len(self._probes) > 64:  # probes whose report never came
+                    del self._probes[next(iter(self._probes))]
         for t in (self.queue.next_deadline, self.dispatcher.next_reclaim_us()):
             if t is not None and (step.wake_us is None or t < step.wake_us):
                 step.wake_us = t
         return step
 
-    def _fit_to_deadlines(self, replica: Replica, limit: int, now_us: int) -> tuple[int, int]:
+    def _fit_to_deadlines(self, replica: Replica, limit: int, now_us: int) -> tuple[int, int, bool]:
         """The largest batch, up to ``limit``, that as many queued requests can make in time,
-        and its cutoff: requests due by then cannot make it in that batch.
+        its cutoff (requests due by then cannot make it in that batch), and whether none can
+        make it, even alone.
 
         The largest such batch is also the most efficient one (the device's fixed cost per
         batch is shared by more requests), so under overload the oldest requests are given
@@ -147,14 +169,21 @@ class BatcherCore:
         for size in range(len(latest), 0, -1):
             cutoff = start + int(replica.latency.service_us(size))
             if latest[size - 1] > cutoff:
-                return size, cutoff
-        return 1, start + int(replica.latency.service_us(1))  # nothing makes it, even alone
+                return size, cutoff, False
+        return 1, start + int(replica.latency.service_us(1)), True
 
-    def _expire(self, cutoff_us: int, now_us: int, step: Step) -> int:
-        """Drop requests due by ``cutoff_us``; their coalesced twins get their own chance."""
+    @staticmethod
+    def _probe_due(replica: Replica, now_us: int) -> bool:
+        """Nothing in flight, and nothing sent for ``PROBE_AFTER_US``: the estimate that finds
+        every request hopeless is not being corrected by any report."""
+        return not replica.in_flight and now_us - replica.last_sent_us >= PROBE_AFTER_US
+
+    def _expire(self, cutoff_us: int, now_us: int, step: Step, hopeless: bool = False) -> int:
+        """Drop requests due by ``cutoff_us``; their coalesced twins get their own chance.
+        ``hopeless``: the ones not yet due are reported as given up, not as expired."""
         dropped = self.queue.expire(cutoff_us)
         for p in dropped:
-            step.expired.append(p)
+            (step.hopeless if hopeless and p.deadline_us > now_us else step.expired).append(p)
             if self.coalesce and p.key is not None:
                 self._readmit(self.coalescer.abandon(p.key), now_us, step.expired)
         return len(dropped)
@@ -187,6 +216,15 @@ class BatcherCore:
         flight = self.dispatcher.sent(replica, batch_id, len(items), now_us, keys)
         return SentBatch(replica, record, flight, [p.where for p in items])
 
+    def serve_version(self, version: str | None) -> None:
+        """Batches carry ``version`` from now on. Each replica's speed is learnt again, from
+        this version's batches only: another version's code (a slow one rolled back, say) says
+        nothing of this one's."""
+        self.version = version
+        self._other_version = {b for r in self.dispatcher.replicas for b in r.in_flight}
+        for replica in self.dispatcher.replicas:
+            replica.latency = LatencyModel()
+
     def handovers(self, replicas: int, now_us: int) -> list[tuple[int, Batch]]:
         """(replica, empty batch) for each replica, stamped with the version now served: read
         after every batch of the previous version on its partition, it tells that version's
@@ -209,7 +247,12 @@ class BatcherCore:
         Keys nobody waits on are forgotten at once; the others stay pending until
         ``deliver`` so that identical requests arriving meanwhile still coalesce.
         """
-        flight = self.dispatcher.completed(stats.batch_id, stats.batch_size, stats.service_us, now_us)
+        probed = self._probes.pop(stats.batch_id, None)
+        if probed is not None and probed < len(self.dispatcher.replicas):  # the estimate it tested is stale
+            self.dispatcher.replicas[probed].latency = LatencyModel()
+        learn = stats.batch_id not in self._other_version
+        self._other_version.discard(stats.batch_id)
+        flight = self.dispatcher.completed(stats.batch_id, stats.batch_size, stats.service_us, now_us, learn=learn)
         if flight is None:
             return []
         wanted = []

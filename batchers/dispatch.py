@@ -226,12 +226,14 @@ class Dispatcher:
         self._by_batch[batch_id] = flight
         return flight
 
-    def completed(self, batch_id: str, batch_size: int, service_us: int, now_us: int | None = None) -> InFlight | None:
+    def completed(self, batch_id: str, batch_size: int, service_us: int, now_us: int | None = None,
+                  learn: bool = True) -> InFlight | None:
         """A worker reported a batch: return its credit and feed its replica's AIMD.
 
         Stats for a batch reclaimed earlier still feed AIMD (a slow batch is exactly the
         evidence AIMD needs) but return no credit twice. Unknown batches (another batcher
-        instance's, or from before a restart) are ignored.
+        instance's, or from before a restart) are ignored. ``learn`` False: a batch of another
+        version than the one served now, which says nothing of this one's speed.
         """
         flight = self._by_batch.pop(batch_id, None)
         if flight is not None:
@@ -243,10 +245,12 @@ class Dispatcher:
                 return None
             replica = self.replicas[flight.replica]
         replica.suspect = False
-        replica.latency.observe(batch_size, service_us)
+        if learn:
+            replica.latency.observe(batch_size, service_us)
         if now_us is not None:  # the batches still out run one after another from about now
             replica.free_at_us = now_us + sum(replica.batch_us(f.size) for f in replica.in_flight.values())
-        replica.aimd.observe(batch_size, service_us, flight.limit)
+        if learn:
+            replica.aimd.observe(batch_size, service_us, flight.limit)
         return flight
 
     def reclaim(self, now_us: int) -> list[InFlight]:

@@ -45,6 +45,10 @@ from topics.markers import marker_version
 
 log = logging.getLogger("clipstream.batcher")
 
+EXPIRED = "deadline passed while queued in the batcher"
+# dropped before its deadline: the batches its model's replicas took lately would end after it
+HOPELESS = "given up before its deadline: the model's recent batches take longer than the time it had left"
+
 
 @dataclass
 class ModelSetup:
@@ -279,9 +283,9 @@ class BatcherService(Outputs, FanOut):
             self._emit(out)
         self.wake.set()  # requests sent back to the queue
 
-    def _expired(self, pendings: list[Pending], now: int) -> list[tuple[Pending, Prediction]]:
+    def _expired(self, pendings: list[Pending], now: int, why: str = EXPIRED) -> list[tuple[Pending, Prediction]]:
         self.counts["expired"] += len(pendings)
-        return self._answers(pendings, "expired", now, error="deadline passed while queued in the batcher")
+        return self._answers(pendings, "expired", now, error=why)
 
     # -- batching ---------------------------------------------------------------------------
     async def batch_loop(self) -> None:
@@ -296,6 +300,8 @@ class BatcherService(Outputs, FanOut):
                 out.append((self.topic_batches, encode(sent.record), sent.replica, sent.wheres))
             if step.expired:
                 out += self._predictions(self._expired(step.expired, now))
+            if step.hopeless:
+                out += self._predictions(self._expired(step.hopeless, now, HOPELESS))
             if out:
                 self._send_all(out)
             timeout = None if step.wake_us is None else max(0.0, (step.wake_us - now_us()) / 1e6)
@@ -374,7 +380,7 @@ class BatcherService(Outputs, FanOut):
                         self.switch.missing(), self.switch.target, (now - self.switch.since_us) / 1e6)
         before = len(self.core.dispatcher.replicas)
         left = self.switch.switch()
-        self.core.version = self.switch.current
+        self.core.serve_version(self.switch.current)
         self._apply(*self._wanted)
         replicas = max(before, len(self.core.dispatcher.replicas))
         self._send_all([(self.topic_batches, encode(b), r, None) for r, b in self.core.handovers(replicas, now)])

@@ -162,3 +162,63 @@ def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, 
     assert all(out == 1 for sent, out, *_ in ledger if sent < deployed)
     assert all(out == 2 for sent, out, *_ in ledger if to_v2 + 0.1 <= sent < rolled_back)
     assert all(out == 1 for sent, out, *_ in ledger if sent >= to_v1 + 0.1)
+
+
+SLOW = '''
+import time
+import numpy as np
+
+
+class Model:
+    """Takes {sleep_s} s for every batch, then answers class {label}."""
+    def __init__(self, path, config):
+        pass
+    def predict_batch(self, inputs):
+        time.sleep({sleep_s})
+        out = np.zeros((len(inputs), 3), np.float32)
+        out[:, {label}] = 1.0
+        return out
+'''
+
+
+def test_a_rollback_from_a_slow_version_is_answered_by_the_model_again(settings: Any, tmp_path: Path) -> None:
+    """A version slower than the SLO makes the batcher give every request up as hopeless, so
+    it sends none and learns nothing new of the replica's speed. After the rollback the fast
+    version must be sent requests again, not be judged by the slow one's batches."""
+    app = f"slow{uuid.uuid4().hex[:6]}"
+    models = tmp_path / "models"
+    for version, label, sleep_s in (("1", 1, 0), ("2", 2, 0.3)):
+        make_python_model(models, "flip", SLOW.format(label=label, sleep_s=sleep_s), labels=[0, 1, 2], version=version)
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
+        "apps": [{"name": app, "policy": "single", "slo_ms": 100, "default_output": -1, "models": ["flip"]}],
+        "models": [{"name": "flip", "version": "1", "path": "models/flip/1", "replicas": 1}],
+    }))
+    port = pick_free_ports(1)[0]
+    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
+           "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "CLIPSTREAM_UP_SELECTORS": "1",
+           "CLIPSTREAM_UP_WARM_UP_S": "3"}
+    up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
+    load = Load(f"http://127.0.0.1:{port}", app)
+    try:
+        up.wait_ready(240)
+        for t in load.threads:
+            t.start()
+        wait_until(lambda: 1 in load.outputs_since(0), 30, "answers from version 1")
+        deployed = time.monotonic()
+        _cli("deploy-model", "flip", str(models / "flip" / "2"), "--version", "2", env=env)
+        # version 2 takes 300 ms a batch: its requests are given up, and answered by the default
+        wait_until(lambda: load.outputs_since(deployed)[-20:].count(-1) == 20, 90, "defaults from version 2")
+        rolled_back = time.monotonic()
+        _cli("rollback", "flip", env=env)
+        wait_until(lambda: 1 in load.outputs_since(rolled_back), 30, "answers from version 1 after the rollback")
+        settled = time.monotonic()
+        wait_until(lambda: len(load.outputs_since(settled)) >= 20, 30, "answers after the rollback")
+    finally:
+        load.halt()
+        up.proc.send_signal(signal.SIGTERM)
+        try:
+            up.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            up.proc.kill()
+    assert not load.errors, load.errors[:5]
+    assert set(load.outputs_since(settled)) == {1}, load.outputs_since(settled)

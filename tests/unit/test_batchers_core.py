@@ -136,8 +136,68 @@ def test_requests_that_cannot_finish_in_time_are_dropped_before_batching():
     c.admit(req("hopeless", 25_000, x=2))  # due in 5 ms at t=20 ms: cannot finish
     c.admit(req("fine", 60_000, x=3))
     step = c.poll(20_000)
-    assert [p.request.query_id for p in step.expired] == ["hopeless"]
+    assert [p.request.query_id for p in step.hopeless] == ["hopeless"]
     assert [it.query_id for it in step.batches[0].record.items] == ["fine"]
+
+
+def _learnt_slow(c, service_us):
+    """The replica's one report says a batch of 1 takes ``service_us``."""
+    c.admit(req("warm", 10**9, x=-1))
+    c.on_stats(stats(c.poll(0).batches[0].record.batch_id, 1, service_us))
+
+
+def test_a_replica_every_request_looks_hopeless_for_is_measured_again():
+    """A replica learnt to take 300 ms (a slow version, a busy machine), with requests due in
+    100 ms: each is given up, so no batch goes and no report could correct the estimate. Once
+    nothing was sent for a second, one request goes anyway; its report of 1 ms lets the rest
+    through again."""
+    c = core(start=4, delay=0)
+    _learnt_slow(c, 300_000)
+    given_up, sent = [], []
+    for t in range(10_000, 1_000_000, 10_000):  # a request every 10 ms, each due in 100 ms
+        c.admit(req(f"q{t}", t + 100_000, x=t))
+        step = c.poll(t)
+        given_up += [p.request.query_id for p in step.hopeless]
+        sent += [it.query_id for b in step.batches for it in b.record.items]
+        assert step.expired == []
+    assert sent == [] and len(given_up) == 99  # the estimate alone decided: none was sent
+    c.admit(req("probe", 1_100_000, x=0.5))
+    step = c.poll(1_000_000)
+    assert [it.query_id for b in step.batches for it in b.record.items] == ["probe"]
+    c.on_stats(stats(step.batches[0].record.batch_id, 1, 1_000))
+    for t in range(1_010_000, 1_200_000, 10_000):  # fast again: batches go, none is given up
+        c.admit(req(f"q{t}", t + 100_000, x=t))
+        step = c.poll(t)
+        assert step.hopeless == [] and len(step.batches) == 1, t
+        c.on_stats(stats(step.batches[0].record.batch_id, 1, 1_000))
+
+
+def test_a_probe_that_finds_the_replica_still_slow_gives_its_requests_up_again():
+    c = core(start=4, delay=0)
+    _learnt_slow(c, 300_000)
+    c.admit(req("probe", 1_100_000, x=0.5))
+    (probe,) = c.poll(1_000_000).batches
+    c.on_stats(stats(probe.record.batch_id, 1, 300_000), now_us=1_300_000)
+    c.admit(req("after", 1_400_000, x=2))
+    step = c.poll(1_310_000)
+    assert [p.request.query_id for p in step.hopeless] == ["after"] and step.batches == []
+
+
+def test_a_new_version_learns_its_speed_again():
+    """A rollback from a slow version: the version served now has its own speed, so the slow
+    one's reports no longer give its requests up."""
+    c = core(start=4, delay=0)
+    _learnt_slow(c, 300_000)
+    c.admit(req("due-in-100ms", 110_000, x=1))
+    assert [p.request.query_id for p in c.poll(10_000).hopeless] == ["due-in-100ms"]
+    c.admit(req("slow-in-flight", 10**9, x=3))
+    old = c.poll(10_000).batches[0].record.batch_id  # sent to the slow version just before the change
+    c.serve_version("2")
+    c.on_stats(stats(old, 1, 300_000), now_us=15_000)  # its report says nothing of version 2
+    c.admit(req("after", 120_000, x=2))
+    step = c.poll(20_000)
+    assert step.hopeless == [] and [it.query_id for it in step.batches[0].record.items] == ["after"]
+    assert step.batches[0].record.version == "2"
 
 
 def test_the_return_trip_counts_toward_a_requests_deadline():
@@ -151,7 +211,7 @@ def test_the_return_trip_counts_toward_a_requests_deadline():
         c.on_stats(stats(bid, 1, 10_000))
         c.admit(req("tight", 32_000, x=2))  # at t=20 ms the device is done at 30 ms
         step = c.poll(20_000)
-        assert [p.request.query_id for p in step.expired] == dropped
+        assert [p.request.query_id for p in step.hopeless] == dropped
         assert len(step.batches) == (0 if dropped else 1)
 
 
@@ -159,7 +219,7 @@ def test_under_overload_the_oldest_is_given_up_for_a_batch_that_keeps_the_device
     """The replica takes 2 ms + 1 ms per item. At t=12 ms one request is due at 20.1 ms and
     eight at 31 ms: with the old one, a batch must end by 20.1 ms (at most 6 items, and the
     other three follow in a second batch); without it, all eight go in one batch that ends at
-    22 ms. The larger batch shares the fixed cost: the old one is reported expired."""
+    22 ms. The larger batch shares the fixed cost: the old one is given up (``hopeless``)."""
     c = core(start=10, delay=0)
     for size in (2, 6):  # teach the replica its curve
         for i in range(size):
@@ -170,7 +230,7 @@ def test_under_overload_the_oldest_is_given_up_for_a_batch_that_keeps_the_device
     for i in range(8):
         c.admit(req(f"fresh{i}", 31_000, x=10 + i))
     step = c.poll(12_000)
-    assert [p.request.query_id for p in step.expired] == ["old"]
+    assert [p.request.query_id for p in step.hopeless] == ["old"]
     assert [it.query_id for it in step.batches[0].record.items] == [f"fresh{i}" for i in range(8)]
 
 
@@ -193,5 +253,5 @@ def test_the_wait_behind_a_batch_in_flight_is_its_own_size_s_service_time():
     c.admit(req("behind-ok", 30_000, x=2))
     assert c.poll(0).batches == []  # not yet due: requests may still join
     step = c.poll(9_000)
-    assert [p.request.query_id for p in step.expired] == ["behind-late"]
+    assert [p.request.query_id for p in step.hopeless] == ["behind-late"]
     assert [it.query_id for it in step.batches[0].record.items] == ["behind-ok"]

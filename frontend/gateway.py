@@ -259,7 +259,7 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     latency_ms = (time.perf_counter() - t0) * 1000.0 + (arrived - created) / 1000.0
     answer = _answer_body(query_id, cfg, record, latency_ms)
     state.observe(cfg.name, answer, record is None, created + int(waited_ms * 1000), inflight, slo_ms, waited_ms)
-    _count_answer(state, answer, record, reply, latency_ms, counts)
+    _count_answer(state, cfg.name, answer, record, reply, latency_ms, counts)
     return answer
 
 
@@ -290,8 +290,8 @@ def _answer_body(query_id: str, cfg: AppConfig, record: Response | None, latency
     return response_json(record, latency_ms, cfg.default_output)
 
 
-def _count_answer(state: GatewayState, answer: dict[str, Any], record: Response | None, reply: Reply | None,
-                  latency_ms: float, counts: tuple[Any, ...]) -> None:
+def _count_answer(state: GatewayState, app: str, answer: dict[str, Any], record: Response | None,
+                  reply: Reply | None, latency_ms: float, counts: tuple[Any, ...]) -> None:
     """Count one answered query in the gateway's and the app's metrics, defaults by who
     decided on them."""
     if answer["default"]:
@@ -299,7 +299,7 @@ def _count_answer(state: GatewayState, answer: dict[str, Any], record: Response 
         state.metrics.defaults.inc("gateway_timeout" if record is None
                                    else "model" if isinstance(reply, Prediction) else "selector")
     if not answer["default"]:
-        state.remember_answer(answer["query_id"])
+        state.remember_answer(answer["query_id"], app)
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
     counts[2 if answer["default"] else 1].inc()
     counts[4].observe(latency_ms / 1000.0)

@@ -68,7 +68,7 @@ class GatewayState:
         self.saver: PredictionSaver | None = None
         # queries this gateway answered with predictions lately: theirs are being stored, so
         # feedback right after the answer is not told they are missing
-        self.answered: OrderedDict[str, None] = OrderedDict()
+        self.answered: OrderedDict[str, str] = OrderedDict()  # query id -> its app
         self.inflight = 0
         # callers waiting for a slot, first come first served; each future gets how many were in
         # flight when its slot was taken on its behalf (None: the wait ran out)
@@ -85,9 +85,9 @@ class GatewayState:
         self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit, lambda: self.waiting,
                                       lambda: self.reading)
 
-    def remember_answer(self, query_id: str) -> None:
-        """Note a query answered with predictions; the oldest are forgotten past the bound."""
-        self.answered[query_id] = None
+    def remember_answer(self, query_id: str, app: str) -> None:
+        """Note a query answered with predictions for ``app``; the oldest are forgotten past the bound."""
+        self.answered[query_id] = app
         if len(self.answered) > self.gw.answered_memory:
             self.answered.popitem(last=False)
 

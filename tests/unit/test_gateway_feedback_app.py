@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from clipstream.redisclient import stored_predictions_key
 from frontend.feedback import STORED_HEAD_BYTES, stored_app
 from registry.outputs import stored_answer
-from tests.unit.test_gateway_http import FakeBus, answer, make_app
+from tests.unit.test_gateway_http import GOOD, FakeBus, answer, make_app
 
 
 class FakeRedis:
@@ -48,6 +48,21 @@ def test_feedback_for_another_apps_query_is_409_without_naming_that_app_and_not_
         assert r.status_code == 202 and r.json()["applied"] is False
     assert [rec.query_id for rec, _ in bus.feedback] == ["q-pets", "q-gone"]
     assert all(end - start + 1 == STORED_HEAD_BYTES for _, start, end in redis.reads)  # never the whole record
+
+
+def test_feedback_for_a_query_this_gateway_just_answered_for_another_app_is_409() -> None:
+    """Its predictions may not be stored yet: the gateway's own memory of the answer says whose
+    query it was, with Redis unable to say."""
+    bus = FakeBus(answer)
+    app = make_app(bus)
+    app.state.gateway.stored = None
+    with TestClient(app) as c:
+        qid = c.post("/v1/apps/pets/predict", json={"input": GOOD}).json()["query_id"]
+        r = c.post("/v1/apps/big/feedback", json={"query_id": qid, "label": 1})
+        assert r.status_code == 409 and "another app, not 'big'" in r.json()["detail"], r.text
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": qid, "label": "dog"})
+        assert r.status_code == 202 and r.json() == {"accepted": True, "query_id": qid}
+    assert [rec.app for rec, _ in bus.feedback] == ["pets"]
 
 
 def test_a_stored_record_that_does_not_say_its_app_first_counts_as_stored() -> None:

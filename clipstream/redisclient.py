@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -107,18 +108,27 @@ class UnansweredWrites:
         self._conn.disconnect()
 
 
+# every guard of this process, for the metrics that say whether Redis is away (``topics.metrics``)
+GUARDS: weakref.WeakSet[RedisGuard] = weakref.WeakSet()
+
+
 class RedisGuard:
     """Whether Redis answered lately: ``available()`` is False from a failure until a probe
     thread's PING gets an answer again, so callers skip Redis rather than wait on it."""
 
     def __init__(self, ping: Callable[[], object], probe_every_s: float = 0.25, name: str = "redis") -> None:
         self._ping, self._every, self._name = ping, probe_every_s, name
+        GUARDS.add(self)
         self._away = threading.Event()
         self._lock = threading.Lock()
         self._prober: threading.Thread | None = None
         self._closed = threading.Event()
         self.outages = 0  # times Redis went away
         self.since: float | None = None  # monotonic time it went away, while it is away
+
+    @property
+    def name(self) -> str:
+        return self._name
 
     def available(self) -> bool:
         return not self._away.is_set()

@@ -295,3 +295,25 @@ REGISTRY.register(GaugesAtScrape(
     {"clipstream_dead_letters": ("Dead letters this process wrote, by stage and reason (the reason's words "
                                  "before its first colon).", ("stage", "reason"))},
     _dead_letters, kind=CounterMetricFamily))
+
+
+def _redis() -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    from clipstream.redisclient import GUARDS
+
+    available: dict[str, float] = {}
+    outages: dict[str, float] = {}
+    for g in list(GUARDS):  # guards of one name (two stages built in one test process) add up
+        available[g.name] = min(available.get(g.name, 1.0), float(g.available()))
+        outages[g.name] = outages.get(g.name, 0.0) + g.outages
+    return {"clipstream_redis_available": [((n,), v) for n, v in sorted(available.items())],
+            "clipstream_redis_outages": [((n,), v) for n, v in sorted(outages.items())]}
+
+
+# Redis is a cache (docs/design/0016): a stage serves on without it, so only these say it is away
+REGISTRY.register(GaugesAtScrape(
+    {"clipstream_redis_available": ("1 while this process's users of Redis find it answering; 0 from a failed "
+                                    "command until a probe answers again.", ("user",))},
+    lambda: {k: v for k, v in _redis().items() if k == "clipstream_redis_available"}))
+REGISTRY.register(GaugesAtScrape(
+    {"clipstream_redis_outages": ("Times Redis went away for this process's users of it.", ("user",))},
+    lambda: {k: v for k, v in _redis().items() if k == "clipstream_redis_outages"}, kind=CounterMetricFamily))

@@ -356,6 +356,19 @@ def test_readyz_metrics_and_openapi(client):
         assert r.status_code == 503 and r.json()["checks"]["registry"] is False
 
 
+def test_readyz_stays_ready_while_redis_is_away_and_says_so() -> None:
+    """Queries are answered without Redis (a cache): a load balancer must keep this gateway."""
+    async def away() -> bool:
+        raise ConnectionError("Redis is frozen")
+
+    app = make_app()
+    with TestClient(app) as c:
+        app.state.gateway.redis_ping = away
+        r = c.get("/readyz")
+        assert r.status_code == 200 and r.json() == {
+            "ready": True, "checks": {"registry": True, "kafka": True, "redis": False}}
+
+
 def test_large_inputs_are_parsed_off_the_loop_with_the_same_rules(client, bus):
     rows = [[0.5] * 100 for _ in range(200)]  # ~100 KB of JSON: parsed in a worker thread
     r = client.post("/v1/apps/big/predict", json={"input": rows})

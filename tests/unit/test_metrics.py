@@ -216,6 +216,21 @@ def test_dead_letters_are_counted_by_stage_and_reason_prefix():
     assert after[("clipstream_dead_letters_total", (("reason", "undecodable query"), ("stage", "unit")))] == before + 1
 
 
+def test_every_stage_says_whether_redis_answers_it():
+    from clipstream.redisclient import RedisGuard
+
+    def frozen() -> None:
+        raise ConnectionError("frozen")
+
+    guard = RedisGuard(frozen, name="unit-redis", probe_every_s=60)
+    key = ("clipstream_redis_available", (("user", "unit-redis"),))
+    assert samples(render().decode())[key] == 1.0
+    guard.failed(ConnectionError("frozen"))
+    now = samples(render().decode())
+    assert now[key] == 0.0 and now[("clipstream_redis_outages_total", (("user", "unit-redis"),))] == 1.0
+    guard.close()
+
+
 @pytest.mark.parametrize(("reason", "label"), [
     ("unknown app 'rand65b1eec3'", "unknown app"),
     ("unknown tensor dtype 'complex256x'", "unknown tensor dtype"),

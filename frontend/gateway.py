@@ -102,7 +102,7 @@ def create_app(
     _add_guards(app, state)
     _add_api_routes(app, state)
     _add_ops_routes(app, state)
-    mount_dashboard(app, state.metrics, lambda: _slos(state))
+    mount_dashboard(app, state.metrics, lambda: _slos(state), lambda: _direct_apps(state))
     return app
 
 
@@ -194,6 +194,12 @@ def _add_ops_routes(app: GatewayAPI, state: GatewayState) -> None:
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _direct_apps(state: GatewayState) -> list[str]:
+    """The apps whose queries go to their one model straight (docs/design/0083)."""
+    apps = state.registry.view().apps.values() if state.registry else ()
+    return [cfg.name for cfg in apps if direct_model(cfg, state.gw.direct) is not None]
 
 
 def _slos(state: GatewayState) -> dict[str, float]:

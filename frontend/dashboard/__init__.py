@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -125,12 +125,18 @@ def asset(name: str) -> bytes:
 
 
 def mount_dashboard(app: FastAPI, metrics: GatewayMetrics,
-                    slos: Callable[[], Mapping[str, float]] = dict) -> Scraper:
-    """Add ``/dashboard``, its assets and ``/dashboard/data`` to the gateway's app."""
+                    slos: Callable[[], Mapping[str, float]] = dict,
+                    direct: Callable[[], Iterable[str]] = tuple) -> Scraper:
+    """Add ``/dashboard``, its assets and ``/dashboard/data`` to the gateway's app. ``direct``:
+    the apps whose queries this gateway sends to their model straight, which the selector
+    does not count."""
     scraper = Scraper(metrics.render, slos, MetricsSettings().targets)
     metrics.registry.register(GaugesAtScrape(
-        {"clipstream_app_slo_seconds": ("Each app's latency objective, from the registry.", ("app",))},
-        lambda: {"clipstream_app_slo_seconds": [((app, ), ms / 1000.0) for app, ms in slos().items()]}))
+        {"clipstream_app_slo_seconds": ("Each app's latency objective, from the registry.", ("app",)),
+         "clipstream_gateway_direct_app": ("1 for each app whose queries this gateway sends to its model "
+                                           "straight, without the selector.", ("app",))},
+        lambda: {"clipstream_app_slo_seconds": [((app, ), ms / 1000.0) for app, ms in slos().items()],
+                 "clipstream_gateway_direct_app": [((app,), 1.0) for app in sorted(direct())]}))
 
     @app.get("/dashboard", include_in_schema=False)
     async def page() -> Response:

@@ -151,19 +151,22 @@ class _Window:
 
 
 def _answers(w: _Window, row: Row, slos: Mapping[str, float]) -> None:
-    """Throughput, latency and outcomes: the selector's counts, plus the gateway's for apps no
-    selector answered (no selector scraped, or a one-model app whose queries go to its model
-    straight, docs/design/0083)."""
+    """Throughput, latency and outcomes: the selector's counts, plus the gateway's for the apps
+    whose queries it sends to their model straight (a one-model app, docs/design/0083; the
+    selector then answers only those sent to Kafka by other clients), and for apps no selector
+    answered (none scraped)."""
     answers = w.rate("clipstream_selector_answers_total", "app")
     gateway_answers = w.rate("clipstream_gateway_answers_total", "app", "outcome")
-    straight = {app for (app, _) in gateway_answers} - {app for (app,) in answers}
+    straight = {app for (app,) in w.gauge("clipstream_gateway_direct_app", "app")}
+    straight |= {app for (app, _) in gateway_answers} - {app for (app,) in answers}
     for (app, outcome), v in gateway_answers.items():
         if app in straight:
             answers[(app,)] = answers.get((app,), 0.0) + v
     row["throughput"] = {app: v for (app,), v in answers.items()}
     buckets = w.delta("clipstream_selector_answer_seconds_bucket", "app", "le")
-    buckets.update({k: v for k, v in w.delta("clipstream_gateway_query_seconds_bucket", "app", "le").items()
-                    if k[0] in straight})
+    for k, v in w.delta("clipstream_gateway_query_seconds_bucket", "app", "le").items():
+        if k[0] in straight:  # answers of their own: the buckets add up
+            buckets[k] = buckets.get(k, 0.0) + v
     per_app: dict[str, dict[float, float]] = {}
     for (app, le), v in buckets.items():
         per_app.setdefault(app, {})[float(le)] = v

@@ -347,6 +347,7 @@ def test_readyz_metrics_and_openapi(client):
     text = client.get("/metrics").text
     assert 'clipstream_gateway_requests_total{route="predict",status="200"} 1' in text
     assert "clipstream_gateway_request_seconds_count" in text and "clipstream_gateway_inflight 0" in text
+    assert 'clipstream_gateway_direct_app{app="big"} 1.0' in text and 'direct_app{app="pets"}' not in text
     doc = client.get("/openapi.json").json()
     predict = doc["paths"]["/v1/apps/{app}/predict"]["post"]
     assert "input" in predict["requestBody"]["content"]["application/json"]["schema"]["properties"]

@@ -107,6 +107,30 @@ def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
     assert 0 < row["latency"]["one p50"] <= 5.0 and row["latency"]["d p50"] <= 10.0
 
 
+def test_a_direct_app_the_selector_also_answered_once_is_still_counted_from_the_gateway():
+    """A one-model app: the gateway sends its callers' queries to the model straight, and a
+    Kafka client's query of the same app went through the selector once. The gateway's answers
+    still count, with the selector's added (they are other queries)."""
+    def at(n: float, kafka: float) -> dict:
+        return merge([parse("\n".join([
+            'clipstream_gateway_direct_app{app="one"} 1',
+            f'clipstream_selector_answers_total{{app="one",outcome="prediction"}} {kafka}',
+            f'clipstream_selector_answer_seconds_bucket{{app="one",le="0.01"}} {kafka}',
+            f'clipstream_selector_answer_seconds_bucket{{app="one",le="+Inf"}} {kafka}',
+            f'clipstream_gateway_answers_total{{app="one",outcome="prediction"}} {n}',
+            f'clipstream_gateway_query_seconds_bucket{{app="one",le="0.005"}} {n}',
+            f'clipstream_gateway_query_seconds_bucket{{app="one",le="0.01"}} {n}',
+            f'clipstream_gateway_query_seconds_bucket{{app="one",le="+Inf"}} {n}',
+        ]) + "\n")])
+
+    series = Series(keep=10, window=2)
+    series.add(100.0, at(0, 1), {"one": 50.0})
+    row = series.add(102.0, at(20, 3), {"one": 50.0})
+    assert row["throughput"] == {"one": pytest.approx(10.0 + 1.0)}
+    assert row["outcomes"]["prediction"] == pytest.approx(1.0 + 10.0)
+    assert row["latency"]["one p50"] <= 5.0  # 20 of the 22 answers within 5 ms
+
+
 def test_the_admission_panel_shows_the_gateways_limit_in_flight_waiting_and_cuts_a_second_by_cause():
     from frontend.metrics import GatewayMetrics
 

@@ -39,6 +39,7 @@ CHECK_S = 0.5
 # is still starting, where its imports would compete with the stages' own
 SPARE_AFTER_S = 5.0
 ALERT = ALERT_PREFIX.encode()
+HINT_EVERY_S = 60.0  # what to do about a stage that keeps dying: said at most this often
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Stage:
     log_from: int = 0  # the log's size as this process started: its output is what follows
     hung: str = ""  # why it is being killed, while it is
     hung_for_s: float = 0.0
+    hinted_at: float = float("-inf")  # when a restart line last said what to do
     kill_at: float = 0.0  # SIGKILL then, if SIGTERM has not ended it
     removed: bool = False
     spare: bool = False  # keep a spare process ready to take its place
@@ -243,7 +245,11 @@ class Supervisor:
                 served = max(0.0, now - stage.hung_for_s - stage.ready_at) if stage.ready_at else 0.0
                 delay = stage.backoff.next_delay(served)
                 stage.next_start = now + delay
-                again = self.hint(stage) if stage.backoff.streak >= 2 else ""
+                # what to do, from the second death in a row, then once a minute: a stage
+                # that keeps dying must not print the same advice every few seconds
+                again = ""
+                if stage.backoff.streak >= 2 and now - stage.hinted_at >= HINT_EVERY_S:
+                    again, stage.hinted_at = self.hint(stage), now
                 self.report(f"restarting {stage.name} in {delay:g}s ({why}); log: {stage.log_path}{again}")
             if now >= stage.next_start and not self._stopping:
                 stage.restarts += 1

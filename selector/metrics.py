@@ -69,6 +69,9 @@ class SelectorMetrics:
         self._stragglers = Family("clipstream_selector_stragglers",
                                   "Predictions cut off by the deadline (the model was asked, did not answer in "
                                   "time), by app and model.", ("app", "model"), registry=r)
+        self._failed = Family("clipstream_selector_failed",
+                              "Predictions that came back without an answer (the model raised, or its batcher "
+                              "gave the request up), by app and model.", ("app", "model"), registry=r)
         self._not_asked = Family("clipstream_selector_not_asked",
                                  "Models not asked for a query: their recent trips (a quantile) were longer than the "
                                  "time it had left, by app and model.", ("app", "model"), registry=r)
@@ -85,6 +88,7 @@ class SelectorMetrics:
         self._defaults_by: dict[tuple[str, str], Any] = {}
         self._stragglers_by: dict[tuple[str, str], Any] = {}
         self._not_asked_by: dict[tuple[str, str], Any] = {}
+        self._failed_by: dict[tuple[str, str], Any] = {}
 
     def reply_budget(self, budget_us: Callable[[], int]) -> None:
         """Expose the reply budget as learnt now. Read beside the gateway's late replies, it
@@ -131,6 +135,9 @@ class SelectorMetrics:
 
     def stragglers(self, app: str, models: Iterable[str]) -> None:
         _count(self._stragglers, self._stragglers_by, app, models)
+
+    def failed(self, app: str, models: Iterable[str]) -> None:
+        _count(self._failed, self._failed_by, app, models)
 
     def not_asked(self, app: str, models: Iterable[str]) -> None:
         _count(self._not_asked, self._not_asked_by, app, models)

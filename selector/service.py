@@ -235,6 +235,9 @@ class Selector(PolicyStates, Replies):
         self.stats["stragglers"] += len(stragglers)
         if stragglers:
             self.metrics.stragglers(asked.app, stragglers)
+        failed = [m for m, why in pending.failed.items() if why != NOT_ASKED]  # those are counted when skipped
+        if failed:
+            self.metrics.failed(asked.app, failed)
         try:
             app, policy, outputs = self.apps.get(asked.app)
             default = app.default_output

@@ -32,7 +32,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("cache", "Cache hit rate per model", "share"),
     ("weights", "Policy weights per app (Exp3/Exp4)", "share"),
     ("breakdown", "Latency by stage (mean of recent queries)", "ms"),
-    ("stragglers", "Stragglers cut off and defaults", "per s"),
+    ("stragglers", "Stragglers cut off, failed models and defaults", "per s"),
     ("admission", "Gateway admission: limit, in flight, cuts/s by cause", "requests"),
 )
 
@@ -216,6 +216,8 @@ def _cutoffs(w: _Window, row: Row) -> None:
     admission (its gauges summed over the gateway members)."""
     for (app, model), v in sorted(w.rate("clipstream_selector_stragglers_total", "app", "model").items()):
         row["stragglers"][f"stragglers {app}: {model}"] = v
+    for (app, model), v in sorted(w.rate("clipstream_selector_failed_total", "app", "model").items()):
+        row["stragglers"][f"failed {app}: {model}"] = v
     for (app,), v in sorted(w.rate("clipstream_selector_defaults_total", "app").items()):
         row["stragglers"][f"defaults {app}"] = v
     for name, family in (("limit", "clipstream_gateway_admission_limit"),

@@ -168,12 +168,14 @@ def test_selector_counts_answers_defaults_stragglers_stage_times_and_weights():
     m.answered(_response("d", True, {}))
     m.answered(_response("nope", True, {}))  # an app the selector never dispatched: one bounded label
     m.stragglers("d", ["b"])
+    m.failed("d", ["a"])
     s = samples(render(m.registry).decode())
     assert s[("clipstream_selector_answer_seconds_count", (("app", "d"),))] == 1  # timed from `produced`
     assert s[("clipstream_selector_answers_total", (("app", "d"), ("outcome", "prediction")))] == 1
     assert s[("clipstream_selector_defaults_total", (("app", "d"), ("reason", "nothing_arrived")))] == 1
     assert s[("clipstream_selector_answers_total", (("app", "_unknown"), ("outcome", "default")))] == 1
     assert s[("clipstream_selector_stragglers_total", (("app", "d"), ("model", "b")))] == 1
+    assert s[("clipstream_selector_failed_total", (("app", "d"), ("model", "a")))] == 1
     assert s[("clipstream_policy_weight", (("app", "d"), ("model", "a")))] == 0.5
     for segment, _, _ in SEGMENTS:
         assert s[("clipstream_stage_latency_seconds_count", (("segment", segment),))] == 1, segment

@@ -18,6 +18,7 @@ from selector.service import Selector
 from tests.fakes import FakeMsg as Msg
 from tests.unit.test_selector_hopeless import _selector
 from topics.catalogue import Catalogue
+from topics.metrics import render
 
 
 def _recording() -> tuple[Selector, Any, Any, Catalogue, list[dict[str, Any]]]:
@@ -121,3 +122,7 @@ def test_an_empty_output_fails_its_model_and_the_rest_of_the_record_is_joined() 
     assert set(answers) == {"q1", "q2"}  # one bad tensor lost neither query
     assert answers["q2"].answered == ["m1", "m2"] and not answers["q2"].is_default
     assert answers["q1"].answered == ["m2"] and answers["q1"].missing == ["m1"]
+    # a model missing from an answer that no default shows: counted as failed, not as a straggler
+    shown = render(sel.metrics.registry).decode()
+    assert 'clipstream_selector_failed_total{app="app",model="m1"} 1.0' in shown, shown
+    assert "clipstream_selector_stragglers_total{" not in shown

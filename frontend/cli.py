@@ -114,7 +114,8 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
     current = read_view(settings).model(name)
     version = version if version is not None else next_version(current)
     check_version(current, version, location, "--version N")
-    kept: dict[str, Any] = history(current, version)
+    instead = _served_instead(settings, current)
+    kept: dict[str, Any] = history(current, version, never_served=instead is not None)
     if current is not None:  # the model's group and batching knobs stay
         kept.update(group=current.group, latency_objective_ms=current.latency_objective_ms,
                     max_batch_size=current.max_batch_size, batch_delay_ms=current.batch_delay_ms)
@@ -123,6 +124,21 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
     with RegistryWriter(settings) as w:
         w.model(name, version, location, count, **kept)
     click.echo(f"model {name} version {version} deployed")
+    if instead is not None and current is not None and current.version != version:
+        click.echo(f"version {current.version} never served (its batches still went to version {instead}): "
+                   f"retired, so `clipstream rollback {name}` skips it")
+
+
+def _served_instead(settings: Settings, current: ModelConfig | None) -> str | None:
+    """The version(s) a model's batches go to when its registry version never took over (its
+    workers never got ready), else None; None too when nothing was sent yet or Kafka cannot
+    say, and for a group's member (its batches carry the group's version)."""
+    if current is None or current.group:
+        return None
+    serving = _served(settings, current.name, current.replicas)
+    if not serving or current.version in serving.values():
+        return None
+    return ", ".join(sorted({v or "-" for v in serving.values()}))
 
 
 def deployed_replicas(asked: int | None, current: ModelConfig | None) -> int:
@@ -273,26 +289,29 @@ def rollback(model: str) -> None:
 
 
 def _serving(settings: Settings, view: RegistryView) -> dict[str, dict[int, str | None]]:
-    """Model or group name -> replica -> the version its batches carry now (the last record of
-    each partition of its batches topic): the registry's version serves only once its workers
-    are ready (docs/design/0021)."""
-    cat = Catalogue.from_settings(settings)
+    """Model or group name -> replica -> the version its batches carry now (``_served``)."""
     served = {n: m.replicas for n, m in view.models.items() if not m.group}
     served.update({n: g.replicas for n, g in view.groups.items()})
-    out: dict[str, dict[int, str | None]] = {}
-    for name, replicas in served.items():
+    out = {name: _served(settings, name, replicas) for name, replicas in served.items()}
+    return {name: versions for name, versions in out.items() if versions is not None}
+
+
+def _served(settings: Settings, name: str, replicas: int) -> dict[int, str | None] | None:
+    """Replica -> the version the batches of model (or group) ``name`` carry now: the last record
+    of each partition of its batches topic, a batch or a handover. The registry's version serves
+    only once its workers are ready (docs/design/0021). None: Kafka could not say."""
+    try:
+        tail = last_records(settings, Catalogue.from_settings(settings).batches(name).name, replicas)
+    except KafkaException as exc:
+        click.echo(f"warning: the batches of {name} could not be read ({exc.args[0]}): what serves is not known",
+                   err=True)
+        return None
+    out: dict[int, str | None] = {}
+    for part, value in sorted(tail.items()):
         try:
-            tail = last_records(settings, cat.batches(name).name, replicas)
-        except KafkaException as exc:
-            click.echo(f"warning: the batches of {name} could not be read ({exc.args[0]}): what serves is not shown",
-                       err=True)
-            continue
-        out[name] = {}
-        for part, value in sorted(tail.items()):
-            try:
-                out[name][part] = decode_as(Batch, value).version
-            except ClipstreamError:
-                continue  # not a batch: shown as nothing sent
+            out[part] = decode_as(Batch, value).version
+        except ClipstreamError:
+            continue  # not a batch: as if nothing was sent there
     return out
 
 

@@ -36,17 +36,20 @@ def next_version(current: ModelConfig | None) -> str:
     return str(max(int(v) for v in known) + 1)
 
 
-def history(current: ModelConfig | None, version: str) -> dict[str, list[str]]:
+def history(current: ModelConfig | None, version: str, never_served: bool = False) -> dict[str, list[str]]:
     """The history a deployment of ``version`` records: the model's rollback history plus its
     current version when that is another one, and its retired versions; ``version`` itself,
-    now current, is in neither (so rollback does not return to the version it leaves)."""
+    now current, is in neither (so rollback does not return to the version it leaves).
+    ``never_served``: the current version's workers never got ready (batches still go to an
+    earlier one), so it is retired rather than made a version to roll back to."""
     if current is None:
         return {"previous_versions": [], "previous_paths": [], "retired_versions": [], "retired_paths": []}
     earlier = list(zip(current.previous_versions, current.previous_paths))
+    retired = list(zip(current.retired_versions, current.retired_paths))
     if current.version != version:
-        earlier.append((current.version, current.location or str(current.path)))
+        (retired if never_served else earlier).append((current.version, current.location or str(current.path)))
     earlier = [(v, p) for v, p in earlier if v != version]
-    retired = [(v, p) for v, p in zip(current.retired_versions, current.retired_paths) if v != version]
+    retired = [(v, p) for v, p in retired if v != version]
     return {"previous_versions": [v for v, _ in earlier], "previous_paths": [p for _, p in earlier],
             "retired_versions": [v for v, _ in retired], "retired_paths": [p for _, p in retired]}
 

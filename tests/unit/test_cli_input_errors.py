@@ -46,6 +46,7 @@ class NoKafka:
         self.topics: list[tuple[str, int]] = []
         self.writes: list[tuple[str, tuple[Any, ...]]] = []
         self.tails: dict[str, dict[int, bytes]] = {}  # topic -> partition -> its last record
+        self.knobs: list[dict[str, Any]] = []  # the keyword arguments of each write
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> NoKafka:
         fake = self
@@ -62,7 +63,7 @@ class NoKafka:
                 pass
 
             def __getattr__(self, verb: str) -> Any:
-                return lambda *args, **kwargs: fake.writes.append((verb, args))
+                return lambda *args, **kwargs: (fake.writes.append((verb, args)), fake.knobs.append(kwargs))
 
         def read_view(settings: Settings, timeout_s: float = 30.0) -> RegistryView:
             if fake.view is None:

@@ -89,6 +89,33 @@ def test_deploy_model_refuses_another_folder_for_the_deployed_version(
     assert fake.writes == [] and fake.topics == []
 
 
+def test_a_version_that_never_served_is_retired_when_another_is_deployed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Version 3 crash-looped: its batches still go to version 1. Deploying 4 retires 3, so a
+    rollback from 4 goes to 1, not to a version that never loaded."""
+    from schemas import Batch, encode
+    from topics.catalogue import Catalogue
+
+    folder = str(_model_dir(tmp_path))
+    current = _model("3", "/models/m/3", previous_versions=("1",), previous_paths=("/models/m/1",))
+    fake = NoKafka(RegistryView(models={"m": current})).install(monkeypatch)
+    topic = Catalogue.from_settings(Settings()).batches("m").name
+    fake.tails[topic] = {0: encode(Batch(batch_id="handover-b-1", model="m", version="1", replica=0,
+                                         created_us=1, items=[]))}
+    result = CliRunner().invoke(main, ["deploy-model", "m", folder, "--version", "4"])
+    assert result.exit_code == 0, result.output
+    assert "version 3 never served (its batches still went to version 1): retired" in result.output
+    ((knobs),) = fake.knobs
+    assert (knobs["previous_versions"], knobs["retired_versions"]) == (["1"], ["3"])
+    fake.tails[topic] = {0: encode(Batch(batch_id="b-2", model="m", version="3", replica=0, created_us=1,
+                                         items=[]))}  # had 3 served, it would stay a version to roll back to
+    fake.knobs.clear()
+    result = CliRunner().invoke(main, ["deploy-model", "m", folder, "--version", "4"])
+    assert result.exit_code == 0 and "never served" not in result.output, result.output
+    assert (fake.knobs[0]["previous_versions"], fake.knobs[0]["retired_versions"]) == (["1", "3"], [])
+
+
 def test_register_app_keeps_what_was_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
     app = AppConfig(name="ens", policy="exp3", slo_ms=80.0, default_output=-1, policy_config={"eta": 0.2})
     fake = NoKafka(RegistryView(apps={"ens": app})).install(monkeypatch)

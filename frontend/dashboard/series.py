@@ -33,6 +33,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("weights", "Policy weights per app (Exp3/Exp4)", "share"),
     ("breakdown", "Latency by stage (mean of recent queries)", "ms"),
     ("stragglers", "Stragglers cut off, failed models and defaults", "per s"),
+    ("feedback", "Feedback per app, by what the learner did with it", "per s"),
     ("admission", "Gateway admission: limit, in flight, cuts/s by cause", "requests"),
 )
 
@@ -220,6 +221,8 @@ def _cutoffs(w: _Window, row: Row) -> None:
         row["stragglers"][f"failed {app}: {model}"] = v
     for (app,), v in sorted(w.rate("clipstream_selector_defaults_total", "app").items()):
         row["stragglers"][f"defaults {app}"] = v
+    for (app, outcome), v in sorted(w.rate("clipstream_selector_feedback_total", "app", "outcome").items()):
+        row["feedback"][f"{app} {outcome}"] = v
     for name, family in (("limit", "clipstream_gateway_admission_limit"),
                          ("in flight", "clipstream_gateway_inflight"),
                          ("waiting", "clipstream_gateway_admission_waiting")):

@@ -131,6 +131,17 @@ def test_a_direct_app_the_selector_also_answered_once_is_still_counted_from_the_
     assert row["latency"]["one p50"] <= 5.0  # 20 of the 22 answers within 5 ms
 
 
+def test_the_feedback_panel_shows_what_the_learner_did_with_each_apps_feedback():
+    def at(n: float) -> dict:
+        return merge([parse(f'clipstream_selector_feedback_total{{app="d",outcome="applied"}} {n}\n'
+                            f'clipstream_selector_feedback_total{{app="d",outcome="unknown_query"}} {n / 4}\n')])
+
+    series = Series(keep=10, window=2)
+    series.add(100.0, at(0))
+    row = series.add(102.0, at(8))
+    assert row["feedback"] == {"d applied": pytest.approx(4.0), "d unknown_query": pytest.approx(1.0)}
+
+
 def test_the_admission_panel_shows_the_gateways_limit_in_flight_waiting_and_cuts_a_second_by_cause():
     from frontend.metrics import GatewayMetrics
 

@@ -158,7 +158,9 @@ class BatcherService(Outputs, FanOut):
         except (ClipstreamError, ValueError, TypeError) as exc:  # numpy's own errors on a hostile tensor too
             self.counts["errors"] += 1
             reason = f"bad input for model {self.model.name}: {exc}"  # an ensemble's models each say so
-            self.outbox.append(self._deadletter_record(reason, value, where, request.query_id))
+            # the record is on a model's topic: the app names whose caller sent it
+            self.outbox.append(self._deadletter_record(f"{reason} (a query of app {request.app!r})", value,
+                                                       where, request.query_id))
             self.failed += self._answers([Pending(request, None, arrival, where, self._asked(request))],
                                          "error", arrival, error=reason)
             return

@@ -142,5 +142,6 @@ def test_an_ensembles_bad_input_is_a_dead_letter_per_model_naming_it(tmp_path: P
             t.cancel()
         assert sorted(reason.split(":")[0] for reason in dead) == ["bad input for model m", "bad input for model n"]
         assert all("(3,)" in reason or "[3]" in reason for reason in dead), dead
+        assert all(reason.endswith("(a query of app 'a')") for reason in dead), dead  # the topic names a model only
 
     asyncio.run(run())

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,10 @@ class Load:
             if t.is_alive():
                 t.join(60)
 
+    def answers_since(self, t: float) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for sent, r in self.answers if sent >= t]
+
     def outputs_since(self, t: float) -> list[int]:
         with self.lock:
             return [r["output"] for sent, r in self.answers if sent >= t]
@@ -96,6 +101,56 @@ def _serving(env: dict[str, str]) -> tuple[str, set[str]]:
     return flip["version"], set(flip["serving"].values())
 
 
+def _given_up(answer: dict[str, Any]) -> bool:
+    """A default the batcher decided on before the deadline (the code before its probe said
+    "deadline passed while queued" for these too)."""
+    reason = answer.get("default_reason") or ""
+    return answer["default"] and ("given up before its deadline" in reason or "while queued" in reason)
+
+
+class _Stalled:
+    """True once the batcher sent fewer than 3 batches of flip over 2 s, while it gave up the
+    requests that came meanwhile: the state the rollback must get the model out of."""
+
+    def __init__(self, lines: list[str], load: Load, since: float) -> None:
+        self.lines, self.load, self.since = lines, load, since
+        self.samples: list[tuple[float, float]] = []
+
+    def __call__(self) -> bool:
+        url = next((line.split()[2] for line in self.lines if line.startswith("metrics: batchers-flip ")), None)
+        if url is None:
+            return False
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        sent = sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith('clipstream_batcher_batches_total{model="flip"'))
+        now = time.monotonic()
+        self.samples.append((now, sent))
+        before = [n for t, n in self.samples if t <= now - 2.0]
+        given_up = [r for r in self.load.answers_since(max(self.since, now - 2.0)) if _given_up(r)]
+        return bool(before) and sent - before[-1] < 3 and len(given_up) >= 5
+
+
+def _up_one_model_app(settings: Any, tmp_path: Path, app: str, slo_ms: float) -> tuple[UpProcess, dict[str, str], int]:
+    """`clipstream up` of one `single` app over model flip, version 1 (in tmp_path/models)."""
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
+        "apps": [{"name": app, "policy": "single", "slo_ms": slo_ms, "default_output": -1, "models": ["flip"]}],
+        "models": [{"name": "flip", "version": "1", "path": "models/flip/1", "replicas": 1}],
+    }))
+    port = pick_free_ports(1)[0]
+    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
+           "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "CLIPSTREAM_UP_SELECTORS": "1",
+           "CLIPSTREAM_UP_WARM_UP_S": "3"}
+    return UpProcess(tmp_path / "app.yaml", port, env, ROOT), env, port
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, tmp_path: Path) -> None:
     app = f"flip{uuid.uuid4().hex[:6]}"
     models = tmp_path / "models"
@@ -105,15 +160,7 @@ def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, 
     # a generous objective, so only a query stuck behind a loading model can miss it on a busy
     # machine: the old code made them wait for the whole load (seconds)
     slo_ms = 1000
-    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
-        "apps": [{"name": app, "policy": "single", "slo_ms": slo_ms, "default_output": -1, "models": ["flip"]}],
-        "models": [{"name": "flip", "version": "1", "path": "models/flip/1", "replicas": 1}],
-    }))
-    port = pick_free_ports(1)[0]
-    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
-           "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "CLIPSTREAM_UP_SELECTORS": "1",
-           "CLIPSTREAM_UP_WARM_UP_S": "3"}
-    up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
+    up, env, port = _up_one_model_app(settings, tmp_path, app, slo_ms)
     proc, lines = up.proc, up.lines
     load = Load(f"http://127.0.0.1:{port}", app)
     try:
@@ -140,11 +187,7 @@ def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, 
         wait_until(lambda: len(load.outputs_since(settled)) >= 10, 30, "answers after the rollback")
     finally:
         load.halt()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
 
     # the ledger: every query answered by a model, none by the default at the cutoff
     ledger = [(sent, r["output"], r["default"], r["latency_ms"]) for sent, r in load.answers]
@@ -189,15 +232,7 @@ def test_a_rollback_from_a_slow_version_is_answered_by_the_model_again(settings:
     models = tmp_path / "models"
     for version, label, sleep_s in (("1", 1, 0), ("2", 2, 0.3)):
         make_python_model(models, "flip", SLOW.format(label=label, sleep_s=sleep_s), labels=[0, 1, 2], version=version)
-    (tmp_path / "app.yaml").write_text(yaml.safe_dump({
-        "apps": [{"name": app, "policy": "single", "slo_ms": 100, "default_output": -1, "models": ["flip"]}],
-        "models": [{"name": "flip", "version": "1", "path": "models/flip/1", "replicas": 1}],
-    }))
-    port = pick_free_ports(1)[0]
-    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
-           "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "CLIPSTREAM_UP_SELECTORS": "1",
-           "CLIPSTREAM_UP_WARM_UP_S": "3"}
-    up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
+    up, env, port = _up_one_model_app(settings, tmp_path, app, 100)
     load = Load(f"http://127.0.0.1:{port}", app)
     try:
         up.wait_ready(240)
@@ -206,8 +241,10 @@ def test_a_rollback_from_a_slow_version_is_answered_by_the_model_again(settings:
         wait_until(lambda: 1 in load.outputs_since(0), 30, "answers from version 1")
         deployed = time.monotonic()
         _cli("deploy-model", "flip", str(models / "flip" / "2"), "--version", "2", env=env)
-        # version 2 takes 300 ms a batch: its requests are given up, and answered by the default
-        wait_until(lambda: load.outputs_since(deployed)[-20:].count(-1) == 20, 90, "defaults from version 2")
+        # version 2 takes 300 ms a batch: once its reports fill the batcher's window, the batcher
+        # gives every request up before its deadline and stops sending batches
+        stalled = _Stalled(up.lines, load, deployed)
+        wait_until(stalled, 90, "the batcher to give version 2's requests up and stop sending batches")
         rolled_back = time.monotonic()
         _cli("rollback", "flip", env=env)
         wait_until(lambda: 1 in load.outputs_since(rolled_back), 30, "answers from version 1 after the rollback")
@@ -215,10 +252,6 @@ def test_a_rollback_from_a_slow_version_is_answered_by_the_model_again(settings:
         wait_until(lambda: len(load.outputs_since(settled)) >= 20, 30, "answers after the rollback")
     finally:
         load.halt()
-        up.proc.send_signal(signal.SIGTERM)
-        try:
-            up.proc.wait(90)
-        except subprocess.TimeoutExpired:
-            up.proc.kill()
+        _stop(up.proc)
     assert not load.errors, load.errors[:5]
     assert set(load.outputs_since(settled)) == {1}, load.outputs_since(settled)

@@ -30,6 +30,7 @@ from topics.admin import ensure_core_topics, learn_leaders, watermarks
 from topics.catalogue import Catalogue, check_name
 from topics.client import consumer_config, producer_config
 from topics.deadletters import DeadLetters
+from topics.schema_topic import install as install_schemas
 from topics.stage import IDLE_POLL_S
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,9 @@ class RegistryFollower:
 
     def start(self) -> "RegistryFollower":
         ensure_core_topics(self._settings)
+        # every stage and verb follows the registry: each publishes the schemas it writes with,
+        # and reads a newer version's records, before it writes or reads any
+        install_schemas(self._settings)
         self._thread = threading.Thread(target=self._run, name="registry", daemon=True)
         self._thread.start()
         return self

@@ -10,12 +10,12 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from fastavro import schemaless_reader, schemaless_writer
-from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
+from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
 
 from clipstream.errors import DecodeError
 from schemas.records import BY_NAME, RECORD_TYPES, R, Record, from_avro, to_avro
@@ -34,34 +34,59 @@ class RecordSchema:
     parsed: Any  # the schema records are read as (and written with, for the current one)
     fingerprint: int
     header: bytes
-    writer: Any = None  # an earlier version's schema that wrote the record; None: ``parsed``
+    writer: Any = None  # another version's schema that wrote the record; None: ``parsed``
+
+
+def schema_fingerprint(schema: Any) -> bytes:
+    """The 8 bytes a record of ``schema`` (parsed) carries after ``MAGIC``: the CRC-64-AVRO of
+    its parsing canonical form, little-endian (fastavro gives them as hex, in that order)."""
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
 
 
 class Codec:
-    """Encodes and decodes clipstream records by short name (``"QueryEvent"``, ...)."""
+    """Encodes and decodes clipstream records by short name (``"QueryEvent"``, ...).
+
+    ``resolver``, when set, is called with a fingerprint no schema of this codec has; it may
+    ``learn`` the schema that wrote it (a newer clipstream's), and the record is read again."""
 
     def __init__(self, schema_dir: Path = SCHEMA_DIR, names: tuple[str, ...] = RECORD_NAMES) -> None:
         self._by_name: dict[str, RecordSchema] = {}
         self._by_fingerprint: dict[int, RecordSchema] = {}
+        self.resolver: Callable[[int], None] | None = None
         for name in names:
             parsed = load_schema(str(schema_dir / f"clipstream.{name}.avsc"))
-            # fastavro gives the fingerprint as the hex of its 8 bytes in the spec's order, little-endian
-            wire = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+            wire = schema_fingerprint(parsed)
             schema = RecordSchema(name, parsed, int.from_bytes(wire, "little"), MAGIC + wire)
             self._by_name[name] = schema
             self._by_fingerprint[schema.fingerprint] = schema
         for path in sorted((schema_dir / "earlier").glob("clipstream.*.avsc")):
             # a record type's earlier schema: what it wrote is read as the current type, the
             # fields added since taking their defaults (Avro's schema resolution)
-            writer = load_schema(str(path))
-            current = self._by_name[writer["name"].rsplit(".", 1)[-1]]
-            wire = bytes.fromhex(fingerprint(to_parsing_canonical_form(writer), "CRC-64-AVRO"))
-            self._by_fingerprint[int.from_bytes(wire, "little")] = RecordSchema(
-                current.name, current.parsed, int.from_bytes(wire, "little"), MAGIC + wire, writer)
+            self.learn(load_schema(str(path)))
         for schema in list(self._by_fingerprint.values()):
             # records of earlier clipstream versions carry the 8 bytes reversed (a registry topic
             # keeps them for good): still read, never written
             self._by_fingerprint.setdefault(int.from_bytes(schema.header[2:], "big"), schema)
+
+    def learn(self, writer: Any) -> int | None:
+        """Read records written with ``writer`` (a parsed schema of another clipstream version)
+        as the current record type of its name, by Avro's schema resolution: fields added since
+        take their defaults, fields it has and this version lacks are skipped. Returns its
+        fingerprint; None when no record type of this version has its name."""
+        current = self._by_name.get(str(writer.get("name", "")).rsplit(".", 1)[-1]) if isinstance(writer, dict) else None
+        if current is None:
+            return None
+        writer = parse_schema(writer, _write_hint=False)  # parsed once, not at every read
+        wire = schema_fingerprint(writer)
+        fp = int.from_bytes(wire, "little")
+        if fp not in self._by_fingerprint:
+            self._by_fingerprint[fp] = RecordSchema(current.name, current.parsed, fp, MAGIC + wire, writer)
+        return fp
+
+    def written(self) -> dict[str, str]:
+        """Fingerprint (16 hex digits, as the header carries them) -> parsing canonical form, of
+        every schema this version writes with: what ``topics.schema_topic`` publishes."""
+        return {s.header[2:].hex(): to_parsing_canonical_form(s.parsed) for s in self._by_name.values()}
 
     @property
     def names(self) -> list[str]:
@@ -110,6 +135,9 @@ class Codec:
             raise DecodeError("not an Avro single-object record (missing C3 01 marker)")
         fp = struct.unpack_from("<Q", data, 2)[0]
         schema = self._by_fingerprint.get(fp)
+        if schema is None and self.resolver is not None:
+            self.resolver(fp)
+            schema = self._by_fingerprint.get(fp)
         if schema is None:
             raise DecodeError(f"unknown schema fingerprint {fp:016x} (header bytes {bytes(data[:HEADER_LEN]).hex()})")
         return schema

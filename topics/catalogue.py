@@ -122,6 +122,12 @@ class Catalogue:
         )
 
     @property
+    def schemas(self) -> TopicSpec:
+        """Every record schema a clipstream process has written with, keyed by fingerprint:
+        a stage reads a newer version's records through them (``topics.schema_topic``)."""
+        return TopicSpec(self.prefix + "schemas", 1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"})
+
+    @property
     def deadletter(self) -> TopicSpec:
         return self._spec("deadletter", 1, **{"retention.ms": str(7 * DAY_MS)})
 
@@ -153,6 +159,7 @@ class Catalogue:
             self.responses,
             self.feedback,
             self.registry,
+            self.schemas,
             self.deadletter,
         ]
 

@@ -222,3 +222,64 @@ def test_bad_tensor_records(record, reason):
 def test_unsupported_dtype_is_refused_on_encode():
     with pytest.raises(DecodeError):
         to_tensor(np.array(["a"], dtype=object))
+
+
+def _newer(name: str, drop: str, add: dict) -> tuple[object, bytes]:
+    """A record type's schema as a later version might write it (``drop`` left out, ``add``
+    added), and a sample record written with it."""
+    import io
+    import json
+
+    from fastavro import schemaless_writer
+    from fastavro.schema import parse_schema, to_parsing_canonical_form
+
+    from schemas.codec import Codec, schema_fingerprint
+
+    canonical = json.loads(to_parsing_canonical_form(Codec().schema(name).parsed))
+    canonical["fields"] = [f for f in canonical["fields"] if f["name"] != drop] + [add]
+    newer = parse_schema(canonical, _write_hint=False)
+    plain = {k: v for k, v in samples()[name].items() if k != drop}
+    plain[add["name"]] = add["default"]
+    buf = io.BytesIO()
+    buf.write(MAGIC + schema_fingerprint(newer))
+    schemaless_writer(buf, newer, plain)
+    return json.loads(to_parsing_canonical_form(newer)), buf.getvalue()
+
+
+def test_a_newer_versions_record_is_read_once_its_schema_is_learnt() -> None:
+    from schemas.codec import Codec
+
+    schema, data = _newer("QueryEvent", drop="context", add={"name": "priority", "type": "int", "default": 0})
+    codec = Codec()
+    with pytest.raises(DecodeError, match="unknown schema fingerprint"):
+        codec.decode(data)
+    asked: list[int] = []
+    codec.resolver = lambda fp: (asked.append(fp), codec.learn(schema))
+    ev = codec.decode(data)
+    assert type(ev).__name__ == "QueryEvent" and ev.context is None  # left out: its default
+    assert ev.query_id == samples()["QueryEvent"]["query_id"]
+    codec.decode(data)
+    assert len(asked) == 1  # learnt once
+    assert codec.learn({"type": "record", "name": "clipstream.Unheard", "fields": []}) is None
+
+
+def test_a_schema_lookup_reads_the_topic_at_most_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records with made-up fingerprints must not make a stage read the schemas topic for each."""
+    from clipstream.settings import Settings
+    from schemas.codec import Codec
+    from topics import schema_topic
+
+    schema, data = _newer("Feedback", drop="context", add={"name": "weight", "type": "double", "default": 1.0})
+    codec = Codec()
+    lookup = schema_topic.SchemaLookup(Settings(), codec)
+    topic: list[object] = []
+    monkeypatch.setattr(lookup, "_schemas", lambda: list(topic))
+    codec.resolver = lookup
+    with pytest.raises(DecodeError):
+        codec.decode(data)  # not published yet
+    topic.append(schema)
+    with pytest.raises(DecodeError):
+        codec.decode(data)  # read a moment ago: not again yet
+    assert lookup.reads == 1
+    monkeypatch.setattr(schema_topic, "READ_EVERY_S", 0.0)
+    assert type(codec.decode(data)).__name__ == "Feedback" and lookup.reads == 2

@@ -24,10 +24,10 @@ def test_queries_and_predictions_are_co_partitioned():
     assert cat.queries.partitions == cat.predictions.partitions == 6
 
 
-def test_registry_is_compacted_and_others_are_not():
+def test_registry_and_schemas_are_compacted_and_others_are_not():
     cat = Catalogue()
-    assert cat.registry.compacted
-    assert not any(spec.compacted for spec in cat.core() if spec.name != cat.registry.name)
+    assert cat.registry.compacted and cat.schemas.compacted  # one record per key kept for good
+    assert not any(spec.compacted for spec in cat.core() if spec.name not in (cat.registry.name, cat.schemas.name))
     assert cat.deadletter.name.endswith("deadletter")
 
 

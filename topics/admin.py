@@ -46,6 +46,7 @@ def ensure_topics(
         if s.name not in existing
     ]
     if new:
+        _refuse_fewer_copies(settings, metadata, rf, [t.topic for t in new])
         for name, fut in admin.create_topics(new, operation_timeout=timeout_s).items():
             try:
                 fut.result()
@@ -144,6 +145,25 @@ def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, wa
         f"Kafka at {settings.kafka_bootstrap} (CLIPSTREAM_KAFKA_BOOTSTRAP) does not answer within "
         f"{timeout_s:g}s ({watch.last or failure}); {_KAFKA_CHECK}"
     ) from failure
+
+
+def _refuse_fewer_copies(settings: Settings, metadata: ClusterMetadata, rf: int, names: list[str]) -> None:
+    """Refuse to create topics with fewer copies than the registry has, unless asked to by
+    ``CLIPSTREAM_REPLICATION_FACTOR``: with a broker of the cluster down, the default would
+    give them fewer copies for good (Kafka does not add copies when the broker returns), and
+    losing one more broker would lose their records."""
+    if settings.replication_factor:
+        return
+    registry = metadata.topics.get(Catalogue.from_settings(settings).registry.name)
+    if registry is None or registry.error is not None or not registry.partitions:
+        return  # a new cluster: the brokers listed now are the cluster
+    intended = max(len(p.replicas) for p in registry.partitions.values())
+    if rf < intended:
+        raise InfraError(
+            f"cannot create {', '.join(sorted(names))} with {intended} copies, as the registry has: only "
+            f"{len(metadata.brokers)} broker(s) are up. Start the missing ones (`clipstream infra status` names "
+            f"them, `clipstream infra up` restarts them) and run this again; or set "
+            f"CLIPSTREAM_REPLICATION_FACTOR={rf} to create them with {rf}")
 
 
 def replication_factor(settings: Settings, brokers: int) -> int:

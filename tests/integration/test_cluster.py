@@ -21,13 +21,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from clipstream.cli import main
+from clipstream.errors import InfraError
 from clipstream.infra import launcher, pid_alive
 from clipstream.infra.kafka import fetch_jars
 from clipstream.infra.readiness import listed_brokers
 from clipstream.settings import Settings
 from clipstream.testing.leaders import coordinator_of, move_coordinator
 from clipstream.testing.procs import wait_until
-from topics.admin import ensure_core_topics, watermarks
+from topics.admin import ensure_core_topics, ensure_model_topics, watermarks
 from topics.catalogue import Catalogue
 from topics.client import admin_config, consumer_config, producer_config
 
@@ -190,6 +191,15 @@ def test_topics_are_replicated_and_survive_a_broker_kill(cluster, tmp_path: Path
     assert len(read) == len(acked), "a record was written twice (idempotence is off?)"
     print(f"all {len(after)} records after the kill acknowledged {recovered_s:.1f} s after it")
 
+    # a model's topics made while a broker is down would keep fewer copies for good: refused,
+    # with the way out, until the broker is back
+    wait_until(lambda: len(admin.list_topics(timeout=10).brokers) == 2, RECOVERY_TIMEOUT_S,
+               "the cluster to list two live brokers")
+    with pytest.raises(InfraError, match=r"with 3 copies, as the registry has: only 2 broker\(s\) are up.*"
+                                         r"clipstream infra up.*CLIPSTREAM_REPLICATION_FACTOR=2"):
+        ensure_model_topics(settings, "late")
+    assert not any(t.startswith(cat.prefix + "requests.late") for t in admin.list_topics(timeout=10).topics)
+
     del producer, admin  # librdkafka handles left to the GC would keep calling stopped nodes
 
     # the CLI names the dead node; `up` restarts it in place; `down` stops all three
@@ -200,6 +210,10 @@ def test_topics_are_replicated_and_survive_a_broker_kill(cluster, tmp_path: Path
     assert healed.running and healed.kafka_bootstrap == status.kafka_bootstrap
     for old, new in zip(status.kafka_nodes, healed.kafka_nodes, strict=True):
         assert (new.pid == old.pid) == (old.node_id != leader), "only the dead node restarts"
+    made = ensure_model_topics(settings, "late")  # all three up again: made, with 3 copies
+    late = wait_until(lambda: (md := AdminClient(admin_config(settings)).list_topics(timeout=10)).topics.get(made[0])
+                      and md, 30, "the new topic in the metadata")
+    assert {len(part.replicas) for part in late.topics[made[0]].partitions.values()} == {3}
     pids = [n.pid for n in healed.kafka_nodes]
     stopped = launcher.down(infra_settings)
     assert stopped[:3] == [f"kafka node {i} (pid {pid})" for i, pid in zip((1, 2, 3), pids, strict=True)]

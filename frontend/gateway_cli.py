@@ -116,7 +116,7 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         lifespan="on",
         backlog=BACKLOG,
         timeout_keep_alive=30,
-        http=stamped_protocol() or "auto",
+        http=stamped_protocol(gw.max_head_bytes, gw.head_timeout_s) or "auto",
         # HTTPS when CLIPSTREAM_GATEWAY_TLS_CERT/_KEY name a certificate and its key
         ssl_certfile=str(gw.tls_cert) if gw.tls_cert else None,
         ssl_keyfile=str(gw.tls_key) if gw.tls_key else None,

@@ -34,6 +34,10 @@ class GatewaySettings(BaseSettings):
     # a request body must arrive within this many seconds of its headers, else 408: a caller
     # trickling its body holds no admission slot, and not a connection for long either
     body_timeout_s: float = Field(10.0, gt=0)
+    # a request's line and headers: at most this many bytes (else 431), arriving within this many
+    # seconds of their first byte (else 408). nginx allows 32 KiB; an API key takes well under 1
+    max_head_bytes: int = Field(32 * 1024, gt=0)
+    head_timeout_s: float = Field(10.0, gt=0)
     # serve HTTPS with this certificate chain and key (PEM files); both or neither
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -24,7 +24,16 @@ from tests.unit.test_gateway_http import GOOD, make_app
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
     """The gateway app (fake registry and bus) under uvicorn with the gateway's own protocol."""
-    protocol = stamped_protocol()
+    yield from _serve(stamped_protocol())
+
+
+@pytest.fixture(scope="module")
+def strict_port() -> Iterator[int]:
+    """The same with a head of at most 4 KiB, to arrive within half a second."""
+    yield from _serve(stamped_protocol(max_head_bytes=4096, head_timeout_s=0.5))
+
+
+def _serve(protocol: type | None) -> Iterator[int]:
     assert protocol is not None  # uvicorn[standard] brings httptools
     server = uvicorn.Server(uvicorn.Config(make_app(), host="127.0.0.1", port=0, http=protocol,
                                            lifespan="on", log_level="error"))
@@ -52,6 +61,60 @@ def _raw(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
     status_line, *lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
     return int(status_line.split()[1]), headers, body
+
+
+def test_headers_over_the_limit_are_a_json_431_before_any_key_is_checked(strict_port: int) -> None:
+    status, headers, body = _raw(strict_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                                              + b"X-Pad: " + b"a" * 8000 + b"\r\n\r\n")
+    assert status == 431 and headers["connection"] == "close"
+    assert json.loads(body) == {"detail": "the request line and headers are over 4096 bytes"}
+    # one header value that never ends, sent in pieces: refused once the pieces pass the limit
+    data = b""
+    with socket.create_connection(("127.0.0.1", strict_port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+        for _ in range(10):
+            try:
+                s.sendall(b"a" * 1000)
+            except OSError:  # closed once the server answered
+                break
+            time.sleep(0.01)  # separate reads at the server
+        while chunk := s.recv(4096):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 431 "), data
+
+
+def test_headers_that_never_end_are_a_json_408_and_the_connection_is_freed(strict_port: int) -> None:
+    """A client dripping header lines: refused once the head has taken longer than allowed,
+    though bytes keep coming (each would have reset an idle timer)."""
+    started = time.monotonic()
+    data = b""
+    with socket.create_connection(("127.0.0.1", strict_port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        s.settimeout(0.1)
+        while time.monotonic() - started < 5:
+            try:
+                s.sendall(b"X-Drip: 1\r\n")
+                chunk = s.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:  # closed by the server after its answer
+                break
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 408 "), data
+    assert b"did not arrive within 0.5 s" in data and time.monotonic() - started < 3
+
+
+def test_a_request_within_the_limits_is_served_and_the_next_on_the_connection_too(strict_port: int) -> None:
+    """Keep-alive: the head timer runs only while a head is arriving, not while a response is
+    made or the connection waits."""
+    with socket.create_connection(("127.0.0.1", strict_port), timeout=10) as s:
+        for _ in range(2):
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            time.sleep(0.8)  # idle past the head timeout: still open
 
 
 @pytest.mark.parametrize("length", [b"abc", b"-5", b"1e3"])

@@ -300,14 +300,24 @@ def format_storage(
     """
     if (files.data_dir / "meta.properties").exists():
         return False
-    argv = [
-        java, *TOOL_JVM_OPTS, f"-Dlog4j.configuration=file:{files.log4j}",
-        "-cp", _classpath(libs), "kafka.tools.StorageTool", "format",
-        "-t", cluster_id or random_cluster_id(), "-c", str(files.config), "--ignore-formatted",
-    ]  # fmt: skip
-    for user in scram:
-        argv += ["--add-scram", user]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    tool = ["kafka.tools.StorageTool", "format", "-t", cluster_id or random_cluster_id(), "-c", str(files.config),
+            "--ignore-formatted", *(arg for user in scram for arg in ("--add-scram", user))]
+    argv = [java, *TOOL_JVM_OPTS, f"-Dlog4j.configuration=file:{files.log4j}", "-cp", _classpath(libs)]
+    # SCRAM passwords go in a Java argument file only the owner reads, not on the command line,
+    # where any local user's `ps` would see them
+    argfile = files.config.parent / "format.args"
+    try:
+        if scram:
+            argfile.unlink(missing_ok=True)  # made anew, so with the mode below
+            fd = os.open(argfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write("\n".join('"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"' for a in tool) + "\n")
+            argv.append(f"@{argfile}")
+        else:
+            argv += tool
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    finally:
+        argfile.unlink(missing_ok=True)
     if result.returncode != 0:
         raise InfraError(f"formatting Kafka storage in {files.data_dir} failed: {last_line(result)}; remove "
                          f"{files.data_dir} (or run `clipstream infra down`) and retry")

@@ -75,6 +75,8 @@ def make_certificates(folder: Path) -> tuple[Path, Path]:
     pkcs8 = _openssl([openssl, "pkcs8", "-topk8", "-nocrypt", "-in", str(key)], folder)
     keystore = folder / "server.pem"
     keystore.write_text(pkcs8 + cert.read_text())
+    for private in (ca_key, key, keystore):  # the keys: for the owner only, like the password file
+        private.chmod(0o600)
     return ca, keystore
 
 
@@ -119,6 +121,7 @@ def start_secure_broker(settings: Settings, state_dir: Path, port: int, controll
     ca, keystore = make_certificates(state_dir / "tls")
     files = kafka_mod.write_broker_files(state_dir, port, controller_port,
                                          extra=secure_properties(port, controller_port, keystore, ca, username, password))
+    files.config.chmod(0o600)  # its JAAS line holds the password
     kafka_mod.format_storage(java, libs, files, scram=[f"{MECHANISM}=[name={username},password={password}]"])
     proc = kafka_mod.start_broker(java, libs, files, die_with_parent=True)
     broker = SecureBroker(f"127.0.0.1:{port}", ca, username, proc, files)

@@ -83,6 +83,16 @@ def test_a_client_without_the_credentials_is_refused(broker: SecureBroker) -> No
     assert _refused(untrusted)  # the broker's certificate is not trusted without its CA
 
 
+def test_the_files_holding_its_password_and_keys_are_the_owners_alone(
+    broker: SecureBroker, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    state = next(tmp_path_factory.getbasetemp().glob("secure*"))
+    secret = [*state.rglob("server.properties"), *state.rglob("*.key"), *state.rglob("server.pem")]
+    assert len(secret) >= 4, secret
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in secret} == {f.name: "0o600" for f in secret}
+    assert any(PASSWORD in f.read_text() for f in secret)  # the JAAS line: why it is the owner's alone
+
+
 def test_the_pipeline_answers_through_the_secured_broker(broker: SecureBroker, infra: Any, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     settings = secured_settings(Settings(redis_url=infra.redis_url, topic_prefix=f"s{uuid.uuid4().hex[:10]}."),

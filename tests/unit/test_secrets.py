@@ -49,3 +49,30 @@ def test_gateway_keys_are_not_in_its_repr_and_tls_comes_in_pairs(tmp_path: Path)
         GatewaySettings(tls_cert=cert)
     with pytest.raises(ValueError, match="no such file"):
         GatewaySettings(tls_cert=cert, tls_key=tmp_path / "missing.pem")
+
+
+def test_a_scram_password_is_given_to_the_storage_tool_in_a_file_only_the_owner_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Not on its command line, which any local user's `ps` shows while it runs."""
+    import os
+    import stat
+    import subprocess
+
+    from clipstream.infra import kafka
+
+    files = kafka.BrokerFiles.under(tmp_path)
+    files.config.parent.mkdir(parents=True, exist_ok=True)
+    calls: list[tuple[list[str], int, str]] = []  # argv, the argument file's mode and text
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        argfile = Path(argv[-1].removeprefix("@"))
+        calls.append((argv, stat.S_IMODE(os.stat(argfile).st_mode), argfile.read_text()))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(kafka.subprocess, "run", run)
+    assert kafka.format_storage("java", tmp_path, files, scram=["SCRAM-SHA-512=[name=u,password=Pw-9_x]"])
+    ((argv, mode, text),) = calls
+    assert not any("Pw-9_x" in a for a in argv) and argv[-1].startswith("@") and mode == 0o600
+    assert '"kafka.tools.StorageTool"' in text and '"--add-scram"\n"SCRAM-SHA-512=[name=u,password=Pw-9_x]"' in text
+    assert not Path(argv[-1].removeprefix("@")).exists()  # removed once the tool is done

@@ -108,7 +108,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         settings = run.settings
         env = _stage_env(settings, gateway_port)
         port = env.get("CLIPSTREAM_GATEWAY_PORT", "8080")
-        url = f"http://{env.get('CLIPSTREAM_GATEWAY_HOST', '127.0.0.1')}:{port}"
+        url = gateway_url(env, port)
         click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={redacted_url(settings.redis_url, settings.redis_password)}")
         exports = cli_exports(settings, get_settings())
         if exports:
@@ -202,6 +202,13 @@ def _stage_env(settings: Settings, gateway_port: int | None) -> dict[str, str]:
 
 class GatewayPortTaken(ClipstreamError):
     """The gateway's port cannot be bound: found before ``up`` applies or starts anything."""
+
+
+def gateway_url(env: dict[str, str], port: int) -> str:
+    """Where the gateway serves: HTTPS when its stage gets a certificate
+    (``CLIPSTREAM_GATEWAY_TLS_CERT`` and ``_TLS_KEY``)."""
+    scheme = "https" if env.get("CLIPSTREAM_GATEWAY_TLS_CERT") else "http"
+    return f"{scheme}://{env.get('CLIPSTREAM_GATEWAY_HOST', '127.0.0.1')}:{port}"
 
 
 def _gateway_port(asked: int | None, free_ports: bool) -> int | None:

@@ -203,3 +203,11 @@ def test_up_says_how_other_commands_reach_the_infra_it_moved() -> None:
     assert cli_exports(moved, own) == ("export CLIPSTREAM_KAFKA_BOOTSTRAP=127.0.0.1:53911 "
                                        "CLIPSTREAM_REDIS_URL='redis://:***@127.0.0.1:41231/0' "
                                        "CLIPSTREAM_STATE_DIR='/tmp/my state'")
+
+
+def test_up_names_the_gateway_https_when_it_has_a_certificate() -> None:
+    from clipstream.up import gateway_url
+
+    assert gateway_url({}, 8080) == "http://127.0.0.1:8080"
+    tls = {"CLIPSTREAM_GATEWAY_TLS_CERT": "/c.pem", "CLIPSTREAM_GATEWAY_TLS_KEY": "/k.pem", "CLIPSTREAM_GATEWAY_HOST": "0.0.0.0"}
+    assert gateway_url(tls, 8443) == "https://0.0.0.0:8443"

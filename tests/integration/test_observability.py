@@ -221,6 +221,7 @@ def test_dashboard_draws_every_panel_in_headless_chromium(pipeline):
             series = browser.evaluate("document.getElementById('panel-weights').dataset.series")
             assert int(series) == len(p.models)
             assert "API key" not in browser.evaluate("document.getElementById('status').textContent")
+            assert KEY not in browser.evaluate("location.href")  # taken out of the address once read
             shot = browser.screenshot(ROOT / "out" / "test-artifacts" / "dashboard.png")
     finally:
         stop.set()

@@ -34,7 +34,11 @@
 
   function apiKey() {
     const m = location.hash.match(/key=([^&]+)/);
-    if (m) { sessionStorage.setItem("clipstream-key", decodeURIComponent(m[1])); }
+    if (m) {
+      sessionStorage.setItem("clipstream-key", decodeURIComponent(m[1]));
+      // kept for this tab only: out of the address, so not in history or bookmarks
+      history.replaceState(null, "", location.pathname + location.search);
+    }
     return sessionStorage.getItem("clipstream-key");
   }
 

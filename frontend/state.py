@@ -22,6 +22,7 @@ from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryView
+from topics.catalogue import valid_name
 from schemas import Feedback, ModelRequest, Prediction, QueryEvent, Response
 
 LAG_CUT_EVERY_US = 50_000  # the gateway's late loop cuts its admission limit at most this often
@@ -235,6 +236,9 @@ class GatewayState:
         view = self.registry.view() if self.registry is not None else RegistryView()
         cfg = view.apps.get(name)
         if cfg is None:
+            if not valid_name(name):  # no app could have it: said so, without echoing all of it
+                raise HTTPProblem(404, f"unknown app {name[:64]!r}{'...' if len(name) > 64 else ''}: an app's name "
+                                       "is 1-128 letters, digits, '_' or '-', the first a letter or digit")
             raise HTTPProblem(404, f"unknown app {name!r}")
         return cfg
 

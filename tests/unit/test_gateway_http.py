@@ -223,6 +223,8 @@ def test_the_fast_path_answers_as_fastapi_did(client):
     r = client.post("/v1/apps/nope/predict", json={"input": GOOD})
     assert (r.status_code, r.headers["content-type"]) == (404, "application/json")
     assert r.json() == {"detail": "unknown app 'nope'"}
+    r = client.post("/v1/apps/" + "x" * 10_000 + "/predict", json={"input": GOOD})
+    assert r.status_code == 404 and len(r.text) < 300 and "1-128 letters" in r.json()["detail"]  # not echoed whole
     assert client.get("/v1/apps/pets/predict").status_code == 405
 
 

@@ -136,6 +136,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         supervisor.serving = True
         click.echo(f"ready: {url}", nl=True)
         sys.stdout.flush()
+        _watch_infra(settings, run.stop)
         _serve(run.stop, supervisor, pipeline, follower, targets)
     except ClipstreamError as exc:
         say(f"error: {exc}")
@@ -291,6 +292,25 @@ def _serve(stop: threading.Event, supervisor: Supervisor, pipeline: Pipeline, fo
 
     # a dead stage is restarted as soon as it exits (a failover waits for that)
     supervisor.watch(stop, upkeep)
+
+
+def _watch_infra(settings: Settings, stop: threading.Event) -> None:
+    """Say when a Kafka broker leaves or comes back, and when Kafka or Redis stop or start
+    answering (``clipstream.infra.watch``)."""
+    from confluent_kafka.admin import AdminClient
+
+    from clipstream.infra.watch import InfraWatch, kafka_brokers
+    from clipstream.redisclient import sync_client
+    from topics.catalogue import Catalogue
+    from topics.client import admin_config
+
+    admin = AdminClient(admin_config(settings))
+    redis = sync_client(settings)
+    local = launcher.status(settings).kafka_pid is not None
+    hint = (f"`clipstream infra up --state-dir {settings.state_dir}` restarts a node it started"
+            if local else "Restart it where it runs")
+    registry = Catalogue.from_settings(settings).registry.name
+    InfraWatch(lambda: kafka_brokers(admin, registry), lambda: bool(redis.ping()), say, hint).run(stop)
 
 
 def _report_started(stages: list[str], targets: MetricTargets | None = None) -> None:

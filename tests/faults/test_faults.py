@@ -281,6 +281,14 @@ def test_redis_frozen(pipeline: Pipeline) -> None:
     # the run goes on past the thaw, which must not cost a gap either
     report = run_fault(pipeline, "redis", inject, bound_s=REDIS_FREEZE_S, hold_s=REDIS_FREEZE_S, restore=restore)
     check(report, 0.0)
+    _said(pipeline, "alert: redis: does not answer")
+    _said(pipeline, "redis: answers again")
+
+
+def _said(pipe: Pipeline, start: str, end: str = "", timeout_s: float = 30.0) -> None:
+    """Wait for a line of `up`'s output that starts with ``start`` and ends with ``end``."""
+    wait_until(lambda: any(line.startswith(start) and line.endswith(end) for line in pipe.lines), timeout_s,
+               f"`up` to say {start!r}...{end!r}; it said:\n{pipe.tail()}")
 
 
 def _kill_broker(pipe: Pipeline, name: str, victim: int) -> dict[str, Any]:
@@ -355,6 +363,9 @@ def test_broker_killed(pipeline: Pipeline) -> None:
     report = _kill_broker(pipeline, "broker", victim)
     print(f"  the killed node led the quorum at the kill: {report['controller_killed']}")
     check(report, BROKER_BOUND_S)
+    _said(pipeline, f"alert: kafka: broker {victim} (")  # `up` tells its operator, with what to do
+    _heal(pipeline)
+    _said(pipeline, f"kafka: broker {victim} (", " is back")
 
 
 def test_broker_killed_with_the_quorums_controller(pipeline: Pipeline) -> None:

@@ -154,7 +154,7 @@ def stamped_protocol(max_head_bytes: int = 32 * 1024, head_timeout_s: float = 10
     return StampedHttpToolsProtocol
 
 
-class _HeadTooLarge(Exception):
+class _HeadTooLarge(ClipstreamError):
     """Raised in a parser callback to stop reading a request whose head is over the limit."""
 
 

@@ -19,15 +19,18 @@ SETTINGS = Settings(topic_prefix="t.")
 class FakeAdmin:
     """A broker that holds ``topics`` (name -> partitions) and counts metadata requests."""
 
-    def __init__(self, topics: dict[str, int]) -> None:
+    def __init__(self, topics: dict[str, int], brokers: int = 1, copies: int = 1) -> None:
         self.topics = dict(topics)
+        self.brokers, self.copies = brokers, copies  # live brokers; copies of each existing partition
         self.metadata_requests = 0
         self.created: list[str] = []
 
     def list_topics(self, timeout: float = 0.0) -> Any:
         self.metadata_requests += 1
-        return SimpleNamespace(brokers={1: object()}, topics={
-            name: SimpleNamespace(partitions=dict.fromkeys(range(n)), error=None) for name, n in self.topics.items()})
+        replicas = list(range(1, self.copies + 1))
+        return SimpleNamespace(brokers=dict.fromkeys(range(1, self.brokers + 1)), topics={
+            name: SimpleNamespace(partitions={p: SimpleNamespace(replicas=replicas) for p in range(n)}, error=None)
+            for name, n in self.topics.items()})
 
     def create_topics(self, new: list[Any], operation_timeout: float = 0.0) -> dict[str, Future[None]]:
         done: dict[str, Future[None]] = {}
@@ -61,6 +64,20 @@ def test_a_missing_topic_is_created_and_waited_for(monkeypatch: pytest.MonkeyPat
     assert ensure_stage_topics(SETTINGS, models) == [missing]
     assert fake.created == [missing]
     assert fake.metadata_requests == 2  # the second shows it, so a producer started next finds it
+
+
+def test_a_models_topics_are_not_made_with_fewer_copies_than_the_registry_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker of three is down: the default would give the new topics two copies for good."""
+    from clipstream.errors import InfraError
+
+    present = _stage_specs({})  # the core topics, the registry among them, made with 3 copies
+    fake = FakeAdmin(present, brokers=2, copies=3)
+    monkeypatch.setattr(admin_mod, "AdminClient", lambda conf: fake)
+    with pytest.raises(InfraError, match=r"with 3 copies, as the registry has: only 2 broker\(s\) are up"):
+        ensure_stage_topics(SETTINGS, {"new": 1})
+    assert fake.created == []
+    pinned = Settings(topic_prefix="t.", replication_factor=2)  # fewer, asked for on purpose
+    assert len(ensure_stage_topics(pinned, {"new": 1})) == 3 and len(fake.created) == 3
 
 
 class AwayAdmin:

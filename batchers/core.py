@@ -131,6 +131,7 @@ class BatcherCore:
             # deadline, and drop those that could only make it in a smaller batch
             size = decision.size
             replica = self.dispatcher.replicas[decision.replica]  # type: ignore[index]
+            probe = False
             if self.drop_hopeless and replica.latency.known:
                 size, cutoff, none_fits = self._fit_to_deadlines(replica, size, now_us)
                 probe = none_fits and self._probe_due(replica, now_us)
@@ -138,8 +139,6 @@ class BatcherCore:
                     size, cutoff = 1, now_us  # one request, to measure the replica again
                 if self._expire(cutoff, now_us, step, hopeless=True):
                     continue
-            else:
-                probe = False
             items, late = self.queue.take(size, now_us)
             step.expired.extend(late)  # empty: expire() ran above with the same clock
             if not items:

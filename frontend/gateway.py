@@ -37,7 +37,6 @@ from frontend.dashboard import mount_dashboard
 from frontend.feedback import feedback as feedback_route
 from frontend.feedback import stored_app
 from frontend.gateway_http import (
-    RECEIVED_US,
     GatewayAPI,
     GuardMiddleware,
     HTTPProblem,
@@ -45,6 +44,7 @@ from frontend.gateway_http import (
     parse_json,
     read_body,
 )
+from frontend.http_protocol import RECEIVED_US
 from frontend.direct import answer_of, direct_model, request_for
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (

@@ -20,7 +20,7 @@ import click
 from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
 from frontend.gateway import create_app
-from frontend.gateway_http import stamped_protocol
+from frontend.http_protocol import stamped_protocol
 from frontend.settings import get_gateway_settings
 from topics.catalogue import Catalogue
 from topics.metrics import serve_metrics

@@ -17,7 +17,8 @@ import uvicorn
 
 from starlette.requests import Request
 
-from frontend.gateway_http import HTTPProblem, read_body, stamped_protocol
+from frontend.gateway_http import HTTPProblem, read_body
+from frontend.http_protocol import stamped_protocol
 from tests.unit.test_gateway_http import GOOD, make_app
 
 

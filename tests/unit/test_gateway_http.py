@@ -20,7 +20,8 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings
 from frontend.gateway import create_app
-from frontend.gateway_http import RECEIVED_US, predict_app, stamped_protocol
+from frontend.gateway_http import predict_app
+from frontend.http_protocol import RECEIVED_US, stamped_protocol
 from frontend.gateway_kafka import KafkaBus
 from frontend.settings import GatewaySettings
 from registry.spec import ModelSpec, OutputSpec, TensorSpec

@@ -74,11 +74,19 @@ class SchemaLookup:
             self._read_at = time.monotonic()
             self.reads += 1
             try:
-                learnt = sum(self.codec.learn(schema) is not None for schema in self._schemas())
+                schemas = self._schemas()
             except Exception as exc:  # Kafka away: the record is refused as unknown, the stage goes on
                 log.warning("could not read %s for schema %016x: %s", self.topic, fp, exc)
                 return
-            log.info("read %s for schema %016x: %d schema(s) of other versions known", self.topic, fp, learnt)
+            learnt = sum(self._learn(schema) for schema in schemas)
+            log.info("read %s for schema %016x: %d schema(s) known from it", self.topic, fp, learnt)
+
+    def _learn(self, schema: object) -> bool:
+        try:
+            return self.codec.learn(schema) is not None
+        except Exception as exc:  # a record there that is no Avro schema: skipped, the others still count
+            log.warning("skipping a record of %s that is not a usable schema: %s", self.topic, exc)
+            return False
 
     def _schemas(self) -> list[dict[str, object]]:
         consumer = Consumer(consumer_config(self.settings, f"schemas-{uuid.uuid4().hex[:8]}",

@@ -282,4 +282,5 @@ def test_a_schema_lookup_reads_the_topic_at_most_once_in_a_while(monkeypatch: py
         codec.decode(data)  # read a moment ago: not again yet
     assert lookup.reads == 1
     monkeypatch.setattr(schema_topic, "READ_EVERY_S", 0.0)
-    assert type(codec.decode(data)).__name__ == "Feedback" and lookup.reads == 2
+    topic.insert(0, {"type": "record", "name": "clipstream.Feedback", "fields": [{"name": "x", "type": "nope"}]})
+    assert type(codec.decode(data)).__name__ == "Feedback" and lookup.reads == 2  # a bad record there is skipped

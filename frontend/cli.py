@@ -19,6 +19,7 @@ from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.redisclient import REDIS_AWAY, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.appfile import apply_file, check_default_output, check_policy
+from registry.labels import labels_problem
 from registry.repository import Repository, is_url
 from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, history, next_version, rolled_back
@@ -195,6 +196,9 @@ def check_link(view: RegistryView, app: str, model: str, unlink: bool = False) -
         return
     if view.model(model) is None:
         raise ClipstreamError(f"no model {model!r} in the registry: deploy it first with `clipstream deploy-model`")
+    problem = labels_problem(view, current.models, model)
+    if problem is not None:
+        raise ClipstreamError(f"cannot link {model!r} to {app!r}: {problem}")
 
 
 @click.command("remove-model")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 from clipstream.yamlfile import read_mapping
 from registry.repository import Repository, is_url
-from registry.spec import TensorSpec, load_spec
+from registry.labels import labels_problem
+from registry.spec import ModelSpec, TensorSpec, load_spec
 from registry.topic import RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, history
 from topics.admin import ensure_model_topics
@@ -92,16 +94,23 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     raw = read_mapping(path, "app file ", top="`apps:` and `models:`")
     _known_keys(raw, _FILE_KEYS, str(path))
     inputs: dict[str, list[tuple[str, TensorSpec]]] = {}  # group -> (member, its input spec)
-    models = [_model_entry(path, i, m, repository, inputs)
+    specs: dict[str, ModelSpec] = {}
+    models = [_model_entry(path, i, m, repository, inputs, specs)
               for i, m in enumerate(_list(raw.get("models"), f"{path}: models"))]
     names = {m["name"] for m in models}
     _check_groups(path, inputs, names)
     apps = [_app_entry(path, i, a, names) for i, a in enumerate(_list(raw.get("apps"), f"{path}: apps"))]
+    view = SimpleNamespace(models={n: SimpleNamespace(spec=spec) for n, spec in specs.items()})
+    for app in apps:
+        for k, model in enumerate(app["models"]):
+            problem = labels_problem(view, app["models"][:k], model)
+            if problem is not None:
+                raise ConfigError(f"{path}: app {app['name']} links model {model}, but {problem}")
     return AppFile(apps=apps, models=models)
 
 
 def _model_entry(path: Path, i: int, m: Any, repository: Repository,
-                 inputs: dict[str, list[tuple[str, TensorSpec]]]) -> dict[str, Any]:
+                 inputs: dict[str, list[tuple[str, TensorSpec]]], specs: dict[str, ModelSpec]) -> dict[str, Any]:
     """``models[i]`` as the registry records it. Its ``model.yaml`` is read here, so a wrong
     spec fails the command, not a worker; a group member's input spec goes into ``inputs``."""
     if not isinstance(m, dict) or "name" not in m or "path" not in m:
@@ -119,6 +128,7 @@ def _model_entry(path: Path, i: int, m: Any, repository: Repository,
                               "(a model's `path` is relative to the app file, or a URL)")
         spec = load_spec(folder)
         location = repository.location_of(folder)
+    specs[m["name"]] = spec
     if m.get("group") is not None:
         inputs.setdefault(check_name("group", str(m["group"])), []).append((m["name"], spec.input))
     return {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from typing import Any
 
 # the Feedback record holds an integer label as an Avro long: a larger one would be silently
@@ -52,4 +53,24 @@ def reward_problem(reward: float | None) -> str | None:
     # a NaN compares false, so the range refuses it along with the infinities
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not 0.0 <= reward <= 1.0:
         return f"feedback reward refused: {reward!r} is not a number in [0, 1]"
+    return None
+
+
+def labels_problem(view: Any, linked: Iterable[str], model: str) -> str | None:
+    """Why ``model`` cannot join an app whose models are ``linked``, or None: both answer class
+    scores over different sets of labels, which an ensemble cannot combine (the same labels in
+    another order are put in the app's order by the selector)."""
+    def labels(name: str) -> tuple[str, ...] | None:
+        m = view.models.get(name)
+        spec = m.spec if m is not None else None
+        if spec is None or spec.output.kind != "class_scores" or not spec.output.labels:
+            return None
+        return tuple(str(label) for label in spec.output.labels)
+
+    theirs = labels(model)
+    for other in linked:
+        mine = labels(other)
+        if theirs is not None and mine is not None and other != model and sorted(mine) != sorted(theirs):
+            return (f"its labels {list(theirs)} are not those of {other!r}, {list(mine)}: an ensemble's models "
+                    "must answer the same classes")
     return None

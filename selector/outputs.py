@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.outputs import answer_record, read_row, wire_value
+from clipstream.errors import DecodeError
 from schemas import OutputKind, Response, Tensor
 from selector.join import Asked
 from selector.types import Output
@@ -35,9 +36,25 @@ def app_outputs(view: Any, models: tuple[str, ...]) -> AppOutputs:
     return AppOutputs(kinds[0] if kinds else "label", None)
 
 
-def to_output(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None) -> Output:
-    """A model's row as an Output: class scores -> (argmax label, scores); a 0-d tensor -> its value."""
-    return Output(*read_row(tensor, kind, labels))
+def to_output(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None,
+              own: tuple[Any, ...] | None = None) -> Output:
+    """A model's row as an Output: class scores -> (argmax label, scores); a 0-d tensor -> its value.
+
+    ``own``: the model's own labels, when the app's (``labels``, which the policies combine
+    scores by) list them in another order: its scores are put in the app's order, so that an
+    ensemble adds up each class's scores, not whatever sits in the same column. Labels that
+    are not the app's are a DecodeError: that model's prediction cannot be combined."""
+    if own is None or labels is None or kind != "class_scores" or tuple(map(str, own)) == tuple(map(str, labels)):
+        return Output(*read_row(tensor, kind, labels))
+    names = [str(label) for label in own]
+    if sorted(names) != sorted(map(str, labels)):
+        raise DecodeError(f"its labels {list(own)} are not the app's {list(labels)}: an ensemble's models must "
+                          "answer the same classes")
+    value, scores = read_row(tensor, kind, own)
+    if scores is None or len(scores) != len(names):
+        return Output(value, scores)
+    at = {name: i for i, name in enumerate(names)}
+    return Output(value, tuple(scores[at[str(label)]] for label in labels))
 
 
 def response_record(

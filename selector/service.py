@@ -218,10 +218,11 @@ class Selector(PolicyStates, Replies):
                 try:
                     _, _, outs = self.apps.get(pending.asked.app)
                     spec = self.apps.view().models.get(item.model)
-                    kind = spec.spec.output.kind if spec and spec.spec else outs.kind
-                    output = to_output(item.output, kind, outs.labels)
+                    own = spec.spec.output if spec and spec.spec else None
+                    output = to_output(item.output, own.kind if own else outs.kind, outs.labels,
+                                       tuple(own.labels) if own and own.labels else None)
                 except ClipstreamError as exc:
-                    status, error = "error", f"undecodable output: {exc}"
+                    status, error = "error", f"output not used: {exc}"
             done = self.join.add(item.query_id, item.model, status, output, error)
             if done is not None:
                 self._answer_safely(done)

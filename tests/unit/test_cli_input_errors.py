@@ -208,6 +208,25 @@ def test_check_link_refuses_an_unknown_app_or_model() -> None:
         registry_cli.check_link(_view(linked=("gone",)), "digits", "typo", unlink=True)
 
 
+def test_check_link_refuses_a_model_whose_classes_are_not_the_apps() -> None:
+    """The same labels in another order are fine (the selector reorders scores); others are not."""
+    from registry.spec import ModelSpec, OutputSpec, TensorSpec
+
+    def model(name: str, labels: tuple[object, ...]) -> ModelConfig:
+        spec = ModelSpec(Path("/m"), "python", TensorSpec("float32", (4,)), OutputSpec("class_scores", labels))
+        return ModelConfig(name=name, version="1", path=Path("/m"), spec=spec)
+
+    view = RegistryView(
+        apps={"iris": AppConfig(name="iris", policy="exp4", slo_ms=50.0, default_output=None, models=("lr",))},
+        models={"lr": model("lr", ("setosa", "versicolor", "virginica")),
+                "shuffled": model("shuffled", ("virginica", "setosa", "versicolor")),
+                "ints": model("ints", (0, 1, 2))})
+    registry_cli.check_link(view, "iris", "shuffled")
+    with pytest.raises(registry_cli.ClipstreamError, match=r"cannot link 'ints' to 'iris': its labels \['0', '1', "
+                                                         r"'2'\] are not those of 'lr'"):
+        registry_cli.check_link(view, "iris", "ints")
+
+
 def test_link_to_a_model_that_does_not_exist_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = NoKafka(_view("logreg")).install(monkeypatch)
     _one_line_error(CliRunner().invoke(main, ["link", "digits", "typo"]), 1, "no model 'typo' in the registry")

@@ -209,3 +209,17 @@ def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) 
 def test_topics_create_refuses_replicas_without_a_model() -> None:
     result = CliRunner().invoke(main, ["topics", "create", "--replicas", "3"])
     assert result.exit_code == 2 and "name the model with --model" in result.output
+
+
+def test_an_app_file_linking_models_of_other_classes_is_refused(tmp_path: Path) -> None:
+    from clipstream.testing.models import make_python_model
+
+    code = "class Model:\n    def __init__(self, path, config): pass\n    def predict_batch(self, x): return x\n"
+    for name, labels in (("a", ["cat", "dog"]), ("b", ["dog", "cat"]), ("c", ["cat", "cow"])):
+        make_python_model(tmp_path / "models", name, code, labels=labels, shape=(2,))
+    models = "".join(f"  - {{name: {n}, path: models/{n}/1}}\n" for n in "abc")
+    (tmp_path / "ok.yaml").write_text(f"apps:\n  - {{name: pets, models: [a, b]}}\nmodels:\n{models}")
+    assert load_app_file(tmp_path / "ok.yaml").apps[0]["models"] == ["a", "b"]  # the same classes, reordered
+    (tmp_path / "bad.yaml").write_text(f"apps:\n  - {{name: pets, models: [a, c]}}\nmodels:\n{models}")
+    with pytest.raises(ConfigError, match=r"app pets links model c, but its labels \['cat', 'cow'\] are not those of 'a'"):
+        load_app_file(tmp_path / "bad.yaml")

@@ -42,3 +42,26 @@ def test_response_record_encodes_answers_and_defaults() -> None:
     dflt = response_record("q", asked, None, 0.5, [], ["m1"], None, 9, default="none", default_reason="late")
     assert dflt.is_default and dflt.output == "none" and dflt.confidence == 0.0
     assert decode_as(Response, encode(dflt)) == dflt
+
+
+def test_a_model_listing_the_apps_labels_in_another_order_has_its_scores_put_in_the_apps_order() -> None:
+    """Both say virginica; the second lists it first. Read by column, the ensemble would add the
+    second model's virginica score to setosa's column and answer another class."""
+    app = ("setosa", "versicolor", "virginica")
+    first = to_output(Tensor.of(np.array([0.1, 0.2, 0.7], np.float32)), "class_scores", app, app)
+    second = to_output(Tensor.of(np.array([0.8, 0.15, 0.05], np.float32)), "class_scores", app,
+                       ("virginica", "setosa", "versicolor"))
+    assert first.value == second.value == "virginica"
+    assert second.scores == pytest.approx((0.15, 0.05, 0.8))  # setosa, versicolor, virginica
+    combined = np.add(first.scores, second.scores)
+    assert app[int(combined.argmax())] == "virginica"
+    ints = to_output(Tensor.of(np.array([0.1, 0.9], np.float32)), "class_scores", ("0", "1"), (1, 0))
+    assert ints.value == 0 and ints.scores == pytest.approx((0.9, 0.1))  # labels compared as text
+
+
+def test_a_model_with_other_labels_than_the_apps_cannot_be_combined() -> None:
+    from clipstream.errors import DecodeError
+
+    with pytest.raises(DecodeError, match=r"its labels \[0, 1, 2\] are not the app's \['setosa'"):
+        to_output(Tensor.of(np.array([0.1, 0.2, 0.7], np.float32)), "class_scores",
+                  ("setosa", "versicolor", "virginica"), (0, 1, 2))

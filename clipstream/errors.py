@@ -29,3 +29,10 @@ class InfraError(ClipstreamError):
 
 class ModelError(ClipstreamError):
     """A model failed to load or to predict."""
+
+
+def one_line(text: object, limit: int = 500) -> str:
+    """An error's text on one line: a runtime's multi-line message (ONNX Runtime's, a traceback's
+    tail) would otherwise show only its last line where one line is read (`up`'s restart line)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

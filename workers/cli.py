@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from clipstream.errors import ClipstreamError, ConfigError
+from clipstream.errors import ClipstreamError, ConfigError, one_line
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.groups import GroupConfig
 from registry.repository import Repository, sibling
@@ -122,6 +122,7 @@ def worker(
 
     try:
         model: BatchModel | GroupModel
+        single = False  # a model whose batches hold one request at most is not tried on a batch of two
         if folder is not None:
             version = version or folder.resolve().name
             model = load(folder)
@@ -133,10 +134,11 @@ def worker(
             folder, version, registered_replicas = model_folder(settings, name, cfg, version)
             replicas = replicas or registered_replicas
             model = load(folder)
+            single = cfg.max_batch_size == 1
         replicas = max(replicas or 1, replica + 1)
         Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws,
-               own_version_only=own_version_only).run()
+               own_version_only=own_version_only, batches=not single).run()
     except ClipstreamError as exc:
-        click.echo(f"error: worker {name} replica {replica}: {exc}", err=True)
+        click.echo(f"error: worker {name} replica {replica}: {one_line(exc)}", err=True)
         sys.exit(1)
     sys.exit(exit_code())

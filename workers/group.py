@@ -17,9 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from clipstream.cachekey import key_of
 from clipstream.clock import now_us
-from clipstream.errors import ConfigError
+from clipstream.errors import ConfigError, ModelError, one_line
 from registry.spec import ModelSpec
 from schemas import Batch, BatchItem
 from workers.backends import BatchModel, warm_up
@@ -156,7 +158,20 @@ def finish(p: Prepared, ran: Ran | GroupRan | None, *, worker_id: str,
     return finish_batch(p, ran, worker_id=worker_id, failures=failures)
 
 
-def warm(model: Served) -> None:
-    """Warm every model served: a group's first batch must not pay for any member's start."""
+def warm(model: Served, batches: bool = True) -> None:
+    """Warm every model served: a group's first batch must not pay for any member's start.
+
+    Then each model answers a batch of two, checked as a real batch is (``batches``; off where
+    the model's batches hold one request at most): a model exported for batches of one, or one
+    that answers too few rows, fails here, when the worker starts and its version never takes
+    the traffic, rather than on the first batch of two a busy moment makes."""
     for each in [m.model for m in model.members] if isinstance(model, GroupModel) else [model]:
         warm_up(each)
+        if not batches:
+            continue
+        inputs = np.zeros((2, *each.spec.input.shape), dtype=each.spec.input.dtype)
+        ran = predict_rows(each, inputs)
+        if ran.failure is not None:
+            raise ModelError(f"it answers a batch of one request but not a batch of two ({one_line(ran.failure)}): "
+                             "the batcher sends several at once. Export it with a dynamic batch axis (ONNX: a "
+                             "symbolic first dimension), or set `max_batch_size: 1` for it in the app file")

@@ -64,11 +64,13 @@ class Worker(Outputs):
         replicas: int = 1,
         worker_settings: WorkerSettings | None = None,
         own_version_only: bool = False,
+        batches: bool = True,
     ) -> None:
         """``own_version_only``: serve only batches stamped with ``version`` (or with none), and
         stop once the batcher hands this replica's partition over to another version (a
         deployment, where ``version`` is known); off, a worker serves whatever it is sent."""
         self.settings, self.model, self.name, self.version = settings, model, name, version
+        self.batches = batches  # its batches may hold several requests: tried on two at its start
         self.own_version_only = own_version_only and version is not None
         self.ready_us = 0  # when it could serve: a handover made before then is an old one
         self._skipping: set[str] = set()  # versions whose batches it has said it skips
@@ -95,7 +97,7 @@ class Worker(Outputs):
         ensure_model_topics(self.settings, self.name, self.replicas)
         ensure_topics(self.settings, [self.cat.predictions, self.cat.deadletter])
         self.selector_partitions = self._partitions(self.predictions_topic)
-        group.warm(self.model)
+        group.warm(self.model, batches=self.batches)
         self.producer = Emitter(self.settings, name=f"worker {self.name}.{self.replica}")
         self.consumer = Consumer(
             consumer_config(

@@ -217,6 +217,9 @@ def test_the_group_checks_its_members_and_warms_each(tmp_path: Path, logreg: Bat
     group = group_of(("logreg", logreg), ("gmean", mean))
     assert group.spec == logreg.spec and group.device == "cpu"
     warm(group)
+    assert [c.shape for c in mean.impl.calls] == [(1, 64), (2, 64)]  # type: ignore[attr-defined]  # then a batch of two
+    mean.impl.calls.clear()  # type: ignore[attr-defined]
+    warm(group, batches=False)  # batches of one request at most
     assert [c.shape for c in mean.impl.calls] == [(1, 64)]  # type: ignore[attr-defined]
     narrow = python_model(tmp_path, "narrow", Mean, shape=[4])
     with pytest.raises(ConfigError, match="members share one input"):
@@ -327,3 +330,24 @@ def test_cli_refuses_a_group_version_that_is_not_current(tmp_path: Path, monkeyp
     assert same.exit_code == 0 and isinstance(made[0]["model"], GroupModel)
     unknown = CliRunner().invoke(cli.worker, ["--model", "nope", "--registry-timeout", "0.2"])
     assert unknown.exit_code == 1 and "model or group 'nope' is not in the registry" in unknown.output
+
+
+def test_a_model_that_fails_on_a_batch_of_two_fails_its_workers_start_saying_what_to_do(tmp_path: Path) -> None:
+    """An ONNX export with a fixed batch of one answers the warm-up's one row, then fails on the
+    first busy moment's batch of two: found at the start instead, with the way out."""
+    from clipstream.errors import ModelError
+
+    class OneAtATime:  # its source is written to the model's folder: no annotations it cannot import
+        def __init__(self, path, config):  # noqa: ANN001
+            pass
+
+        def predict_batch(self, x):  # noqa: ANN001
+            if len(x) != 1:
+                raise ValueError("Got invalid dimensions for input\nindex: 0 Got: 2 Expected: 1")
+            return np.zeros((1, 3), np.float32)
+
+    model = python_model(tmp_path, "fixed", OneAtATime, shape=[4])
+    with pytest.raises(ModelError, match=r"not a batch of two \(model error: ValueError: Got invalid dimensions "
+                                         r"for input index: 0 Got: 2 Expected: 1\).*`max_batch_size: 1`"):
+        warm(model)
+    warm(model, batches=False)  # its batches hold one request: it serves

@@ -146,6 +146,26 @@ def _untyped_items(value: Any, where: str, types: set[type]) -> str | None:
     return None
 
 
+def array_for(arr: np.ndarray, spec: TensorSpec | None) -> np.ndarray:
+    """A numpy input as the model takes it: of its shape, and cast to its dtype when no value
+    changes kind (scikit-learn's float64 rows for a float32 model); InputError says why not. A
+    list goes through ``input_for`` instead, which checks each value."""
+    if spec is None:
+        return arr
+    expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
+    if tuple(arr.shape) != tuple(spec.shape):
+        raise InputError(f"input has shape {list(arr.shape)} ({expect}); send one example per query")
+    if arr.dtype == np.dtype(spec.dtype):
+        return arr
+    if not np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
+        raise InputError(f"input dtype {arr.dtype} cannot be cast to {spec.dtype} ({expect})")
+    with np.errstate(over="ignore"):
+        out = arr.astype(spec.dtype)
+    if out.dtype.kind == "f" and out.size and not np.isfinite(out).all() and np.isfinite(arr).all():
+        raise InputError(f"input has values out of range for {spec.dtype} ({expect})")
+    return out
+
+
 def input_for(value: Any, spec: TensorSpec | None) -> np.ndarray:
     """``parse_input`` when the app's model declares an input, else ``parse_untyped``."""
     return parse_input(value, spec) if spec is not None else parse_untyped(value)

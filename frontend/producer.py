@@ -19,7 +19,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputError
 from clipstream.settings import Settings, get_settings
 from frontend.gateway_models import MAX_SLO_MS
-from frontend.inputs import input_for, to_json
+from frontend.inputs import array_for, input_for, to_json
 from registry.labels import label_problem, reward_problem
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
@@ -167,14 +167,13 @@ class Producer:
         return cfg
 
     def _array(self, app: str, input: Any) -> np.ndarray:
-        if isinstance(input, np.ndarray):
-            return input
-
         cfg = self._app_config(app)
         spec = None
         if cfg.models:
             model = self._registry.view().models.get(cfg.models[0])
             spec = model.spec.input if model is not None and model.spec is not None else None
+        if isinstance(input, np.ndarray):
+            return array_for(input, spec)
         return input_for(input, spec)
 
 

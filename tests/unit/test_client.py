@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import numpy as np
 import pytest
@@ -165,7 +167,36 @@ def producer(monkeypatch: pytest.MonkeyPatch):
     from frontend.producer import Producer
 
     monkeypatch.setattr(confluent_kafka, "Producer", _KafkaProducer)
-    return Producer(settings=Settings(topic_prefix="t."))
+    made = Producer(settings=Settings(topic_prefix="t."))
+    made._registry = _Registry()  # type: ignore[assignment]
+    return made
+
+
+class _Registry:
+    """App ``pets`` over one model taking float32[3]."""
+
+    def view(self) -> Any:
+        from pathlib import Path
+
+        from registry.spec import ModelSpec, OutputSpec, TensorSpec
+        from registry.topic import AppConfig, ModelConfig, RegistryView
+
+        spec = ModelSpec(Path("/m"), "python", TensorSpec("float32", (3,)), OutputSpec("class_scores", ("a", "b")))
+        return RegistryView(apps={"pets": AppConfig("pets", "exp4", 50.0, None, {}, ("m",))},
+                            models={"m": ModelConfig("m", "1", Path("/m"), spec=spec)})
+
+
+def test_producer_casts_a_numpy_input_to_the_models_dtype_and_checks_its_shape(producer) -> None:
+    from schemas import QueryEvent, decode_as
+
+    producer.send_query("pets", np.array([0.1, 0.2, 0.3]))  # float64, as scikit-learn gives rows
+    [(_, value)] = producer._producer.produced
+    assert decode_as(QueryEvent, value).input.dtype == "float32"
+    with pytest.raises(InputError, match=r"input has shape \[2, 3\] \(the model takes shape \[3\], dtype float32\); "
+                                         "send one example per query"):
+        producer.send_query("pets", np.zeros((2, 3)))
+    with pytest.raises(InputError, match="input dtype complex128 cannot be cast to float32"):
+        producer.send_query("pets", np.zeros(3, complex))
 
 
 @pytest.mark.parametrize("slo_ms", [float("nan"), float("inf"), float("-inf"), 0, -5.0, 60_000.001, 10**9])

@@ -82,7 +82,9 @@ def _walk(
     if not isinstance(value, list):
         raise InputError(f"{where} is {_describe(value)}, expected a list of {n} ({expect})")
     if len(value) != n:
-        raise InputError(f"{where} has {len(value)} items, expected {n} ({expect})")
+        batch = depth == 0 and bool(value) and all(isinstance(v, list) and len(v) == n for v in value)
+        raise InputError(f"{where} has {len(value)} items, expected {n} ({expect})"
+                         + ("; it looks like several examples: send one per call" if batch else ""))
     if depth == len(shape) - 1:
         types = set(map(type, value))
         if types <= allowed:

@@ -103,3 +103,16 @@ def test_untyped_booleans_inside_lists_are_refused_as_a_bare_one_is(value, where
         parse_untyped(value)
     with pytest.raises(InputError, match="a boolean, expected numbers"):
         parse_untyped(True)
+
+
+def test_several_examples_in_one_call_are_told_to_go_one_per_call() -> None:
+    from clipstream.errors import InputError
+    from frontend.inputs import parse_input
+    from registry.spec import TensorSpec
+
+    with pytest.raises(InputError, match=r"input has 2 items, expected 4 .*; it looks like several examples: "
+                                         "send one per call"):
+        parse_input([[1, 2, 3, 4], [5, 6, 7, 8]], TensorSpec("float32", (4,)))
+    with pytest.raises(InputError) as short:
+        parse_input([1, 2, 3], TensorSpec("float32", (4,)))
+    assert "several examples" not in str(short.value)

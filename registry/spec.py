@@ -6,6 +6,7 @@ against ``input``, the selector reads ``output`` to combine answers.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,12 +58,33 @@ def load_spec(folder: str | Path) -> ModelSpec:
     folder = Path(folder).resolve()
     path = folder / "model.yaml"
     raw = read_mapping(path, missing_hint=": a model folder needs a model.yaml")
-    return parse_spec(raw, folder, path)
+    spec = parse_spec(raw, folder, path)
+    if spec.file and not (folder / spec.file).is_file():
+        raise ConfigError(f"{path}: file {spec.file!r} is not in {folder}")
+    return spec
+
+
+# the keys clipstream itself reads; a python model's class may read any others (``config``)
+KNOWN_KEYS = ("backend", "input", "output", "file", "class", "output_name", "threads", "allow_spinning")
+
+
+def _misspelt(keys: Any, known: tuple[str, ...], where: str) -> None:
+    """Refuse a key that is a near miss of a known one the mapping lacks (``ouptut``,
+    ``allow_spinnig``): read as given, the known one would silently take its default."""
+    for key in keys:
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.8)
+        if key not in known and close and close[0] not in keys:
+            raise ConfigError(f"{where}: unknown key `{key}`: did you mean `{close[0]}`?")
 
 
 def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec:
     """Validate a ``model.yaml`` mapping read from ``path`` (a file, or a URL in a model
     repository); ``folder`` is where the model's files are, or will be, on this host."""
+    _misspelt(raw, KNOWN_KEYS, str(path))
+    for part, keys in (("input", ("dtype", "shape")), ("output", ("kind", "labels"))):
+        extra = [k for k in (raw.get(part) or {}) if k not in keys] if isinstance(raw.get(part), dict) else []
+        if extra:
+            raise ConfigError(f"{path}: {part} has the unknown key `{extra[0]}`; its keys are {', '.join(keys)}")
     backend = raw.get("backend")
     if backend not in BACKENDS:
         raise ConfigError(f"{path}: backend must be one of {BACKENDS}, got {backend!r}")
@@ -72,7 +94,8 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
         raise ConfigError(f"{path}: input.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     shape = inp.get("shape", [])
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ConfigError(f"{path}: input.shape must be a list of non-negative integers")
+        raise ConfigError(f"{path}: input.shape must be a list of non-negative integers, the shape of one "
+                          "example (leave the batch axis out)")
     out = raw.get("output") or {}
     kind = out.get("kind")
     if kind not in ("class_scores", "label", "regression"):

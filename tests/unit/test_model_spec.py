@@ -1,0 +1,47 @@
+"""model.yaml as an ML engineer writes it, mistakes included: each refused with what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clipstream.errors import ConfigError
+from registry.spec import load_spec
+
+
+def _folder(tmp_path: Path, text: str, files: tuple[str, ...] = ("model.onnx",)) -> Path:
+    folder = tmp_path / "m" / "1"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.yaml").write_text(text)
+    for name in files:
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+GOOD = "backend: onnx\nfile: model.onnx\ninput: {dtype: float32, shape: [4]}\noutput: {kind: class_scores, labels: [a, b]}\n"
+
+
+def test_a_good_spec_loads(tmp_path: Path) -> None:
+    spec = load_spec(_folder(tmp_path, GOOD))
+    assert spec.file == "model.onnx" and spec.input.shape == (4,)
+
+
+@pytest.mark.parametrize(("text", "files", "reason"), [
+    (GOOD, (), r"file 'model.onnx' is not in .*m/1"),
+    (GOOD.replace("output:", "ouptut:"), ("model.onnx",), r"unknown key `ouptut`: did you mean `output`\?"),
+    (GOOD + "allow_spinnig: true\n", ("model.onnx",), r"unknown key `allow_spinnig`: did you mean `allow_spinning`\?"),
+    (GOOD + "outputname: probs\n", ("model.onnx",), r"unknown key `outputname`: did you mean `output_name`\?"),
+    (GOOD.replace("labels:", "lables:"), ("model.onnx",), r"output has the unknown key `lables`; its keys are kind, labels"),
+    (GOOD.replace("[4]", "[null, 4]"), ("model.onnx",), r"input.shape must be .*leave the batch axis out"),
+])
+def test_a_mistake_in_model_yaml_is_refused_saying_what_to_fix(tmp_path: Path, text: str, files: tuple[str, ...],
+                                                                reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        load_spec(_folder(tmp_path, text, files))
+
+
+def test_a_python_models_own_keys_are_left_to_it(tmp_path: Path) -> None:
+    text = "backend: python\nclass: m:Model\ninput: {dtype: float32, shape: [4]}\noutput: {kind: regression}\n" \
+           "config: {depth: 3}\nthreshold: 0.5\n"
+    assert load_spec(_folder(tmp_path, text, ())).config["threshold"] == 0.5

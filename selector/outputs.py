@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from registry.outputs import answer_record, read_row, wire_value
 from clipstream.errors import DecodeError
+from registry.outputs import answer_record, read_row, wire_value
 from schemas import OutputKind, Response, Tensor
 from selector.join import Asked
 from selector.types import Output

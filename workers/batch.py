@@ -219,12 +219,18 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
         for item in items:
             add_prediction(p, item, "error", None, ran.failure, ran.out_us, by)
         return
+    told = False
     for item, row in zip(items, ran.rows):
         try:
             tensor = Tensor.of(row)
         except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it
             p.errors += 1
-            add_prediction(p, item, "error", None, f"model error: output cannot travel: {exc}", ran.out_us, by)
+            failure = f"model error: output cannot travel: {exc}"
+            add_prediction(p, item, "error", None, failure, ran.out_us, by)
+            if failures is not None and not told:  # as loud as a model that raises: once a batch
+                model, version = by or (p.batch.model, p.version)
+                failures.failed(model, version, failure, None, group=p.batch.model if by else None)
+                told = True
             continue
         add_prediction(p, item, "ok", tensor, None, ran.out_us, by)
         cache_key = key(item)

@@ -21,12 +21,12 @@ import numpy as np
 
 from clipstream.cachekey import key_of
 from clipstream.clock import now_us
-from clipstream.errors import ConfigError, ModelError, one_line
+from clipstream.errors import ClipstreamError, ConfigError, ModelError, one_line
 from registry.spec import ModelSpec
-from schemas import Batch, BatchItem
+from schemas import Batch, BatchItem, Tensor
 from workers.backends import BatchModel, warm_up
 from workers.batch import (Answerer, BatchOutcome, Prepared, Ran, answer_items, batch_stats, finish_batch,
-                           predict_rows, prepare_batch, run_batch)
+                           output_rows, predict_rows, prepare_batch, run_batch)
 from workers.failures import ModelFailures
 
 
@@ -161,17 +161,26 @@ def finish(p: Prepared, ran: Ran | GroupRan | None, *, worker_id: str,
 def warm(model: Served, batches: bool = True) -> None:
     """Warm every model served: a group's first batch must not pay for any member's start.
 
-    Then each model answers a batch of two, checked as a real batch is (``batches``; off where
-    the model's batches hold one request at most): a model exported for batches of one, or one
-    that answers too few rows, fails here, when the worker starts and its version never takes
-    the traffic, rather than on the first batch of two a busy moment makes."""
+    Then each model answers a batch of two (``batches``; one where the model's batches hold one
+    request at most), checked as a real batch is: a model exported for batches of one, one that
+    answers too few rows, or one whose answers cannot travel fails here, when the worker starts
+    and its version never takes the traffic, rather than on the first real batch."""
     for each in [m.model for m in model.members] if isinstance(model, GroupModel) else [model]:
-        warm_up(each)
-        if not batches:
-            continue
-        inputs = np.zeros((2, *each.spec.input.shape), dtype=each.spec.input.dtype)
-        ran = predict_rows(each, inputs)
-        if ran.failure is not None:
-            raise ModelError(f"it answers a batch of one request but not a batch of two ({one_line(ran.failure)}): "
-                             "the batcher sends several at once. Export it with a dynamic batch axis (ONNX: a "
-                             "symbolic first dimension), or set `max_batch_size: 1` for it in the app file")
+        first = warm_up(each)
+        if batches:
+            ran = predict_rows(each, np.zeros((2, *each.spec.input.shape), dtype=each.spec.input.dtype))
+            if ran.failure is not None:
+                raise ModelError(f"it answers a batch of one request but not a batch of two ({one_line(ran.failure)}): "
+                                 "the batcher sends several at once. Export it with a dynamic batch axis (ONNX: a "
+                                 "symbolic first dimension), or set `max_batch_size: 1` for it in the app file")
+            rows = ran.rows
+        else:
+            try:
+                rows = output_rows(each.spec.output, first, 1)
+            except ClipstreamError as exc:
+                raise ModelError(f"its answer does not fit its model.yaml ({one_line(exc)})") from None
+        try:
+            Tensor.of(rows[0])
+        except ClipstreamError as exc:
+            raise ModelError(f"its answers cannot travel as tensors ({exc}): a `{each.spec.output.kind}` model "
+                             "answers numbers; for named classes use `kind: class_scores` with `labels`") from None

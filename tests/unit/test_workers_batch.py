@@ -170,3 +170,12 @@ def test_string_labels_cannot_travel_and_become_errors(tmp_path: Path) -> None:
     out = handle_batch(model, batch([item(0, np.zeros(1, dtype=np.float32), 0)]), worker_id="w")
     pred = out.predictions[(None, 0)][0]
     assert pred.status == "error" and "cannot travel" in (pred.error or "")
+    told: list[tuple[str, str]] = []  # as loud as a model that raises: the worker's alert hears of it
+
+    class Failures:
+        def failed(self, model: str, version: str | None, failure: str, exc: object = None, *, group: object = None) -> None:
+            told.append((model, failure))
+
+    two = batch([item(0, np.zeros(1, dtype=np.float32), 0), item(1, np.ones(1, dtype=np.float32), 0)])
+    handle_batch(model, two, worker_id="w", failures=Failures())  # type: ignore[arg-type]
+    assert len(told) == 1 and "output cannot travel" in told[0][1]  # once a batch

@@ -344,10 +344,25 @@ def test_a_model_that_fails_on_a_batch_of_two_fails_its_workers_start_saying_wha
         def predict_batch(self, x):  # noqa: ANN001
             if len(x) != 1:
                 raise ValueError("Got invalid dimensions for input\nindex: 0 Got: 2 Expected: 1")
-            return np.zeros((1, 3), np.float32)
+            return np.zeros(1, np.float32)  # one regression value
 
     model = python_model(tmp_path, "fixed", OneAtATime, shape=[4])
     with pytest.raises(ModelError, match=r"not a batch of two \(model error: ValueError: Got invalid dimensions "
                                          r"for input index: 0 Got: 2 Expected: 1\).*`max_batch_size: 1`"):
         warm(model)
     warm(model, batches=False)  # its batches hold one request: it serves
+
+
+def test_a_label_model_answering_strings_fails_its_workers_start_saying_what_to_do(tmp_path: Path) -> None:
+    from clipstream.errors import ModelError
+
+    class Names:  # its source is written to the model's folder: no annotations it cannot import
+        def __init__(self, path, config):  # noqa: ANN001
+            pass
+
+        def predict_batch(self, x):  # noqa: ANN001
+            return np.array(["setosa"] * len(x))
+
+    model = python_model(tmp_path, "names", Names, shape=[4], kind="label")
+    with pytest.raises(ModelError, match=r"cannot travel as tensors .*use `kind: class_scores` with `labels`"):
+        warm(model, batches=False)

@@ -52,15 +52,16 @@ def stamped_protocol(max_head_bytes: int = 32 * 1024, head_timeout_s: float = 10
 
         def data_received(self, data: bytes) -> None:
             if self.head_bytes >= 0:
-                if self.head_bytes == 0:
-                    self._time_head()
                 self.head_bytes += len(data)
             super().data_received(data)
             # judged once the parser has read the chunk: a head it completed is within bounds
-            # whatever body bytes came with it (-1 then)
+            # whatever body bytes came with it (-1 then). Only a head left incomplete is timed,
+            # so a request whose head comes in one read, the usual case, arms no timer
             if self.head_bytes > max_head_bytes and not self.transport.is_closing():
                 self._refuse(431, "Request Header Fields Too Large",
                              f"the request line and headers are over {max_head_bytes} bytes")
+            elif self.head_bytes > 0 and self.head_timer is None and not self.transport.is_closing():
+                self._time_head()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()

@@ -3,6 +3,7 @@ kind and labels from its models' specs, and the Response record."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,17 +45,27 @@ def to_output(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None,
     scores by) list them in another order: its scores are put in the app's order, so that an
     ensemble adds up each class's scores, not whatever sits in the same column. Labels that
     are not the app's are a DecodeError: that model's prediction cannot be combined."""
-    if own is None or labels is None or kind != "class_scores" or tuple(map(str, own)) == tuple(map(str, labels)):
+    order = _order(own, labels) if own is not None and labels is not None and kind == "class_scores" else None
+    if order is None:
         return Output(*read_row(tensor, kind, labels))
+    value, scores = read_row(tensor, kind, own)
+    if scores is None or len(scores) != len(order):
+        return Output(value, scores)
+    return Output(value, tuple(scores[i] for i in order))
+
+
+@functools.lru_cache(maxsize=1024)
+def _order(own: tuple[Any, ...], labels: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """Where each of the app's labels sits in a model's own list (None: the same order), worked
+    out once per pair of lists, not per prediction; a DecodeError for other labels."""
     names = [str(label) for label in own]
+    if names == [str(label) for label in labels]:
+        return None
     if sorted(names) != sorted(map(str, labels)):
         raise DecodeError(f"its labels {list(own)} are not the app's {list(labels)}: an ensemble's models must "
                           "answer the same classes")
-    value, scores = read_row(tensor, kind, own)
-    if scores is None or len(scores) != len(names):
-        return Output(value, scores)
     at = {name: i for i, name in enumerate(names)}
-    return Output(value, tuple(scores[at[str(label)]] for label in labels))
+    return tuple(at[str(label)] for label in labels)
 
 
 def response_record(

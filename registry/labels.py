@@ -39,7 +39,9 @@ def label_problem(label: Any, kind: str, labels: tuple[Any, ...] | None) -> str 
             return f"the app answers a regression value: the label must be a finite number, not {label!r}"
         return None
     if kind == "class_scores" and labels:
-        if not any(label == known or str(label) == str(known) for known in labels):
+        # True == 1 in Python: a boolean matches only a boolean label (or its own text)
+        if not any((label == known and isinstance(label, bool) == isinstance(known, bool))
+                   or str(label) == str(known) for known in labels):
             shown = ", ".join(repr(k) for k in labels[:20]) + (", ..." if len(labels) > 20 else "")
             return f"label {label!r} is not one of the app's labels [{shown}]"
     return None

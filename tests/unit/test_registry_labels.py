@@ -35,3 +35,15 @@ def test_non_finite_float_labels_are_refused_for_every_kind(label):
 def test_regression_still_refuses_booleans_and_text():
     for bad in (True, "seven"):
         assert "regression value" in (label_problem(bad, "regression", None) or "")
+
+
+def test_a_boolean_is_not_the_class_one_nor_zero():
+    """``True == 1`` in Python: a ``true`` sent for digits' class 1 would teach the policy with it
+    (and, applied once per query, shut out the right label sent after)."""
+    for labels in ((0, 1, 2), ("0", "1", "2")):
+        for bad in (True, False):
+            problem = label_problem(bad, "class_scores", labels)
+            assert problem is not None and "not one of the app's labels" in problem
+    assert label_problem(1, "class_scores", (0, 1, 2)) is None
+    assert label_problem(True, "class_scores", (False, True)) is None
+    assert label_problem(True, "class_scores", ("True", "False")) is None

@@ -52,7 +52,7 @@ async def feedback(state: GatewayState, app_name: str, request: Request) -> dict
         created_us=now_us(),
     )
     # a query this gateway just answered has its predictions on their way to the store
-    known = state.answered.get(req.query_id) or await stored(state, req.query_id)
+    known = state.answered_app(req.query_id) or await stored(state, req.query_id)
     if isinstance(known, str) and known != cfg.name:  # the learner would refuse it too
         # the other app is not named: a key limited to this app must learn nothing of the others
         raise HTTPProblem(409, f"query {req.query_id!r} was answered for another app, not {cfg.name!r}: "

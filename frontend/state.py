@@ -9,6 +9,7 @@ tested, without an HTTP server.
 from __future__ import annotations
 
 import asyncio
+from time import monotonic
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, Union
@@ -26,6 +27,9 @@ from topics.catalogue import valid_name
 from schemas import Feedback, ModelRequest, Prediction, QueryEvent, Response
 
 LAG_CUT_EVERY_US = 50_000  # the gateway's late loop cuts its admission limit at most this often
+# a query answered this long ago has its predictions stored (the selector and the saver store
+# within a second); past it, feedback asks the store, whose entries expire
+ANSWERED_FRESH_S = 10.0
 
 
 class Registry(Protocol):
@@ -69,7 +73,7 @@ class GatewayState:
         self.saver: PredictionSaver | None = None
         # queries this gateway answered with predictions lately: theirs are being stored, so
         # feedback right after the answer is not told they are missing
-        self.answered: OrderedDict[str, str] = OrderedDict()  # query id -> its app
+        self.answered: OrderedDict[str, tuple[str, float]] = OrderedDict()  # query id -> its app, when
         self.inflight = 0
         # callers waiting for a slot, first come first served; each future gets how many were in
         # flight when its slot was taken on its behalf (None: the wait ran out)
@@ -88,9 +92,17 @@ class GatewayState:
 
     def remember_answer(self, query_id: str, app: str) -> None:
         """Note a query answered with predictions for ``app``; the oldest are forgotten past the bound."""
-        self.answered[query_id] = app
+        self.answered[query_id] = (app, monotonic())
         if len(self.answered) > self.gw.answered_memory:
             self.answered.popitem(last=False)
+
+    def answered_app(self, query_id: str) -> str | None:
+        """The app of a query this gateway answered within ``ANSWERED_FRESH_S``: its predictions
+        are stored, or on their way. Past that the store says, as their time to live may be over."""
+        known = self.answered.get(query_id)
+        if known is None or monotonic() - known[1] > ANSWERED_FRESH_S:
+            return None
+        return known[0]
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:
         """How late the event loop wakes up: a late loop means callers already wait in line.

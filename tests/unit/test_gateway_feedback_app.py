@@ -71,3 +71,26 @@ def test_a_stored_record_that_does_not_say_its_app_first_counts_as_stored() -> N
     assert asyncio.run(stored_app(redis, "q-old")) is True
     assert asyncio.run(stored_app(redis, "q-cut")) is True
     assert asyncio.run(stored_app(redis, "q-none")) is False
+
+
+def test_feedback_long_after_this_gateway_answered_asks_the_store_whose_entry_may_have_expired(
+        monkeypatch) -> None:
+    """The gateway's memory of its answers covers the moment their predictions are being stored,
+    not their time to live: later, an expired entry is told (applied: false), not a bare 202."""
+    import frontend.state as gateway_state
+
+    bus = FakeBus(answer)
+    app = make_app(bus)
+    redis = FakeRedis({})  # what the store holds once the entry has expired
+    app.state.gateway.stored = lambda qid: stored_app(redis, qid)
+    clock = [1000.0]
+    monkeypatch.setattr(gateway_state, "monotonic", lambda: clock[0])
+    with TestClient(app) as c:
+        qid = c.post("/v1/apps/pets/predict", json={"input": GOOD}).json()["query_id"]
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": qid, "label": "dog"})
+        assert r.status_code == 202 and "applied" not in r.json()  # just answered: on its way to the store
+        assert redis.reads == []
+        clock[0] += gateway_state.ANSWERED_FRESH_S + 1
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": qid, "label": "dog"})
+        assert r.status_code == 202 and r.json()["applied"] is False and "expired" in r.json()["reason"]
+        assert [key for key, _, _ in redis.reads] == [stored_predictions_key(qid)]

@@ -3,8 +3,8 @@
 One Redis holds both the prediction cache and durable state (policy weights). Eviction must
 only ever hit the cache, so the server runs with ``maxmemory-policy volatile-lru`` (only keys
 with a TTL are evicted; every cache entry has one, policy state has none) and a memory cap so
-that the policy actually applies. It keeps nothing on disk: a dev Redis that reloads old state
-after a restart hides bugs rather than finding them.
+that the policy actually applies. It snapshots to its state dir a minute after a change and
+when it stops, so the weights a policy learnt survive a restart (docs/design/0104).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from clipstream.infra import require_binary, spawn_detached
 REDIS_HINT = "apt-get install -y redis-server (macOS: brew install redis)"
 MAXMEMORY = "256mb"
 MAXMEMORY_POLICY = "volatile-lru"
+# a snapshot 60 s after any change (and one at shutdown): a crash loses at most a minute of
+# learning, and the cache's churn costs one fork a minute rather than a write per command
+SNAPSHOT_EVERY = "60 1"
 
 
 def redis_url(port: int, db: int = 0) -> str:
@@ -26,12 +29,12 @@ def redis_url(port: int, db: int = 0) -> str:
 def redis_command(
     redis_server: str, port: int, state_dir: Path, maxmemory: str = MAXMEMORY
 ) -> list[str]:
-    """The redis-server command line: loopback only, no persistence, evict only TTL keys."""
+    """The redis-server command line: loopback only, snapshots in the state dir, evict only TTL keys."""
     return [
         redis_server,
         "--bind", "127.0.0.1",
         "--port", str(port),
-        "--save", "",
+        "--save", SNAPSHOT_EVERY,
         "--appendonly", "no",
         "--maxmemory", maxmemory,
         "--maxmemory-policy", MAXMEMORY_POLICY,

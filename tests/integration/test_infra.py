@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from clipstream.testing.procs import wait_until
 
@@ -53,17 +54,27 @@ def test_up_twice_is_one_broker_and_down_stops_it(tmp_path: Path) -> None:
     assert launcher.down(settings) == []
 
 
-def test_free_ports_are_the_same_after_a_restart(tmp_path: Path) -> None:
-    """A user who exported the printed settings after a ``--free-ports`` start keeps them."""
+def test_a_restart_keeps_the_free_ports_and_the_learnt_weights(tmp_path: Path) -> None:
+    """A user who exported the printed settings after a ``--free-ports`` start keeps them, and
+    the policy weights learnt before ``down`` are there after the next ``up``."""
     settings = Settings(state_dir=tmp_path / "state")
+    weights = b'{"policy": "exp4", "models": ["a", "b"], "log_w": [0.0, -3.5], "n_observed": 40}'
     try:
         first = launcher.up(settings, free_ports=True, progress=lambda _: None)
+        before = redis.Redis.from_url(first.redis_url)
+        before.set("cs:state:digits:__global__", weights)
+        before.set("cs:cache:gone", b"x", px=200)  # a cache entry whose time runs out meanwhile
+        before.close()
         launcher.down(settings)
         wait_until(lambda: not pid_alive(first.kafka_pid) and not pid_alive(first.redis_pid), 20, "both to exit")
         second = launcher.up(settings, free_ports=True, progress=lambda _: None)
         assert second.kafka_pid != first.kafka_pid
         assert (second.kafka_bootstrap, second.redis_url) == (first.kafka_bootstrap, first.redis_url)
         assert kafka_answers(second.kafka_bootstrap) and redis_answers(second.redis_url)
+        after = redis.Redis.from_url(second.redis_url)
+        assert after.get("cs:state:digits:__global__") == weights
+        wait_until(lambda: after.get("cs:cache:gone") is None, 5, "the expired cache entry to be gone")
+        after.close()
     finally:
         launcher.down(settings)
 

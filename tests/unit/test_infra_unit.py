@@ -91,11 +91,11 @@ def test_cluster_id_is_a_kafka_uuid() -> None:
         assert len(base64.urlsafe_b64decode(cid + "==")) == 16
 
 
-def test_redis_command_never_evicts_state_and_keeps_nothing_on_disk(tmp_path: Path) -> None:
+def test_redis_command_never_evicts_state_and_snapshots_in_the_state_dir(tmp_path: Path) -> None:
     argv = infra_redis.redis_command("/usr/bin/redis-server", 16379, tmp_path)
     pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert pairs["--maxmemory-policy"] == "volatile-lru"
-    assert pairs["--save"] == "" and pairs["--appendonly"] == "no"
+    assert pairs["--save"] == "60 1" and pairs["--dir"] == str(tmp_path / "redis")
     assert pairs["--bind"] == "127.0.0.1" and pairs["--port"] == "16379"
     assert pairs["--logfile"] == str(tmp_path / "redis.log")
 

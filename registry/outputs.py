@@ -54,11 +54,16 @@ def output_json(value: Any, scores: tuple[float, ...] | None) -> dict[str, Any]:
     return {"value": plain(value), "scores": list(scores) if scores is not None else None}
 
 
-def stored_answer(app: str, context: str | None, answer: dict[str, Any],
-                  predictions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def stored_answer(app: str, context: str | None, answer: dict[str, Any] | None,
+                  predictions: dict[str, dict[str, Any]], confidence: float | None = None,
+                  missing: list[str] | None = None) -> dict[str, Any]:
     """What is stored under ``cs:pred:<query_id>`` for ``selector.learn``: the answer and each
-    model's prediction (``output_json``), with the query's app and context."""
-    return {"app": app, "context": context, "answer": answer, "predictions": predictions}
+    model's prediction (``output_json``), with the query's app and context; the confidence the
+    answer went out with (Exp3 learns with the probability its model was chosen with, not the one
+    the weights give when the feedback comes); and the models asked that gave no answer in time,
+    which learn as a wrong answer."""
+    return {"app": app, "context": context, "answer": answer, "predictions": predictions, "confidence": confidence,
+            "missing": list(missing or [])}
 
 
 def answer_record(query_id: str, app: str, value: Any, scores: tuple[float, ...] | None,

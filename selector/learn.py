@@ -35,6 +35,11 @@ from topics.deadletters import DeadLetters
 from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
 
+# what ``observe`` is given for a model that was asked and gave no answer by the deadline (a
+# straggler, a failure, or one not asked for lack of time): a label or value no feedback matches
+NO_ANSWER = Output(None)
+
+
 class Learner:
     # feedback can overtake its own answer (a caller may send it as soon as the gateway gave up
     # at the deadline, before the join stored the predictions): wait this long before giving up
@@ -97,8 +102,10 @@ class Learner:
         # cannot aim a query's feedback at another context's weights, nor make new ones
         context = stored.get("context") or None
         preds = {m: Output.from_json(o) for m, o in stored["predictions"].items()}
+        # a model asked that gave no answer in time had nothing in the answer: it learns as wrong
+        preds.update((m, NO_ANSWER) for m in stored.get("missing") or () if m not in preds)
         answer = Output.from_json(stored["answer"]) if stored.get("answer") else None
-        feedback = Feedback(qid, label=fb.label, reward=fb.reward, answer=answer)
+        feedback = Feedback(qid, label=fb.label, reward=fb.reward, answer=answer, confidence=stored.get("confidence"))
         query = Query(qid, app_name, context)
 
         def observe(state: dict | None, models: list[str]) -> dict:

@@ -55,6 +55,8 @@ def model_loss(
             return regression_loss(feedback.label, output, scale)
         return label_loss(feedback.label, output)
     if feedback.reward is not None:
+        if output.value is None:  # no answer by the deadline: a reward is about what was answered
+            return None
         if feedback.answer is None or agrees(output, feedback.answer, kind, tolerance):
             return reward_loss(feedback.reward)
         return None

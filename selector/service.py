@@ -249,13 +249,16 @@ class Selector(PolicyStates, Replies):
             reason = why_default(pending)
             record = response_record(pending.query_id, asked, None, 0.0, [], missing, None, now, default, reason)
             self._reply(asked, record, late_us)
+            if policy is not None and missing and not is_stateless(policy):  # feedback teaches who gave nothing
+                self.save(pending.query_id, stored_answer(asked.app, asked.context, None, {}, None, missing))
             return
         answer, confidence = policy.combine(asked.state, asked.query, dict(pending.arrived))
         record = response_record(pending.query_id, asked, answer, confidence, list(pending.arrived), missing,
                                  outputs.labels, now)
         self._reply(asked, record, late_us)  # the caller first; learn waits for the stored predictions if need be
         self.save(pending.query_id, stored_answer(asked.app, asked.context, answer.to_json(),
-                                                  {m: o.to_json() for m, o in pending.arrived.items()}))
+                                                  {m: o.to_json() for m, o in pending.arrived.items()},
+                                                  confidence, missing))
 
     def _answer_safely(self, pending: Pending, late_us: int | None = None) -> None:
         """``answer``, and if it fails before a Response went out, a default naming why: the

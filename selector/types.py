@@ -58,9 +58,11 @@ class Output:
 class Feedback:
     """The truth about an earlier query: the true ``label`` (or value), or a ``reward`` in [0, 1]
     for the answer that was given. ``answer`` is the combined answer the caller received, which a
-    reward is about (filled in by the learner from the stored predictions)."""
+    reward is about, and ``confidence`` the one it went out with (both filled in by the learner
+    from the stored predictions)."""
 
     query_id: str
     label: Any = None
     reward: float | None = None
     answer: Output | None = None
+    confidence: float | None = None

@@ -3,6 +3,9 @@
 p_i = (1 - gamma) * s_i / sum_j s_j + gamma / k, and after feedback the chosen model's weight
 s_i <- s_i * exp(-eta * L / p_i). Dividing by p_i makes the loss estimate unbiased for models
 that are rarely tried; gamma keeps every model tried now and then. Weights live in log space.
+p_i is the probability the model was chosen with (the answer's confidence), not the one the
+weights give when the feedback comes: when the lead changes while feedback is on its way, the
+old leader's losses would otherwise be divided by its new, small probability and sink it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Exp3:
     def observe(self, state: State, query: Query, feedback: Feedback, predictions: dict[str, Output]) -> State:
         models = state["models"]
         probs = self.probabilities(state)
+        chosen = self._chosen_p(feedback, len(models))
         log_w = list(state["log_w"])
         for model, output in predictions.items():
             if model not in models:
@@ -71,8 +75,17 @@ class Exp3:
             if loss is None:
                 continue
             i = models.index(model)
-            log_w[i] -= self.eta * loss / probs[i]
+            p = chosen if chosen is not None and len(predictions) == 1 else probs[i]
+            log_w[i] -= self.eta * loss / p
         out = dict(state)
         out["log_w"] = normalise(log_w, self.max_log_ratio)
         out["n_observed"] = int(state.get("n_observed", 0)) + 1
         return out
+
+    def _chosen_p(self, feedback: Feedback, k: int) -> float | None:
+        """The probability the answering model was chosen with, when the feedback carries one
+        Exp3 could have given (at least gamma / k); None to use today's weights."""
+        p = feedback.confidence
+        if p is None or k == 0 or not self.gamma / k - 1e-12 <= p <= 1.0:
+            return None
+        return float(p)

@@ -57,9 +57,10 @@ def test_pipeline_answers_by_the_deadline_without_the_straggler(settings: Settin
             for stage in ("produced", "dispatched", "joined"):
                 assert stage in resp.trace
 
-            client.feedback(slow.query_id, 0, app)  # m1 and m2 were wrong; m3 said nothing
+            # m1 and m2 were right; m3 gave nothing by the deadline, which learns as a wrong answer
+            client.feedback(slow.query_id, 1, app)
             key = f"cs:state:{app}:__global__"
             s = wait_until(lambda: (s := state(redis_client, key)) and s["n_observed"] >= 1 and s, 10, "feedback")
-            assert s["models"] == names and s["log_w"] == pytest.approx([-0.5, -0.5, 0.0])
+            assert s["models"] == names and s["log_w"] == pytest.approx([0.0, 0.0, -0.5])
     finally:
         client.close()

@@ -81,9 +81,11 @@ class SelectorMetrics:
                                registry=r, buckets=LATENCY_BUCKETS)
         self.stages = StageLatency(r)
         self.latest_state: dict[str, Mapping[str, Any] | None] = {}
+        self._global_seen: set[str] = set()  # apps with a query in no context lately dispatched
         r.register(GaugesAtScrape(
-            {WEIGHT: ("Each model's share of the app's policy weight (Exp3/Exp4), from the last dispatched "
-                      "state.", ("app", "model"))}, self._weights))
+            {WEIGHT: ("Each model's share of the app's policy weight (Exp3/Exp4): its global weights, those "
+                      "of queries with no context, from the last such query dispatched (the last query's "
+                      "context until one comes).", ("app", "model"))}, self._weights))
         self._app: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._defaults_by: dict[tuple[str, str], Any] = {}
         self._stragglers_by: dict[tuple[str, str], Any] = {}
@@ -106,9 +108,14 @@ class SelectorMetrics:
                                   self._answers.labels(app, "default"), self._latency.labels(app))
         return c
 
-    def dispatched(self, app: str, state: Mapping[str, Any] | None) -> None:
-        """A query of a known ``app``, selected with policy ``state``."""
+    def dispatched(self, app: str, state: Mapping[str, Any] | None, context: str | None = None) -> None:
+        """A query of a known ``app``, selected with policy ``state`` (that of ``context``). The
+        gauge shows the app's global weights, not whichever context came last."""
         self._children(app)[0].inc()
+        if context is None:
+            self._global_seen.add(app)
+        elif app in self._global_seen:
+            return
         self.latest_state[app] = state
 
     def arrived_expired(self, app: str) -> None:

@@ -134,7 +134,7 @@ class Selector(PolicyStates, Replies):
             stored = None if is_stateless(policy) else self._stored_state(app.name, query.context, states)
             state = align_state(policy, stored, app.models)
             chosen = [m for m in policy.select(state, query) if m in app.models]
-            self.metrics.dispatched(app.name, state)
+            self.metrics.dispatched(app.name, state, query.context or None)
         except ClipstreamError as exc:
             self._refuse(msg, ev, str(exc))
             return

@@ -345,3 +345,14 @@ def test_the_gateway_counts_the_bodies_it_is_still_reading() -> None:
     assert "clipstream_gateway_reading_bodies 0.0" in gateway.render()
     reading[0] = 7
     assert "clipstream_gateway_reading_bodies 7.0" in gateway.render()
+
+
+def test_the_weight_gauge_shows_the_apps_global_weights_not_the_last_context():
+    m = SelectorMetrics()
+    alice = {"models": ["a", "b"], "log_w": [0.0, -10.0]}
+    m.dispatched("d", alice, "alice")  # no query without a context yet: the context's weights
+    weight = lambda: samples(render(m.registry).decode())[("clipstream_policy_weight", (("app", "d"), ("model", "a")))]  # noqa: E731
+    assert weight() > 0.99
+    m.dispatched("d", {"models": ["a", "b"], "log_w": [0.0, 0.0]}, None)
+    m.dispatched("d", alice, "alice")
+    assert weight() == 0.5

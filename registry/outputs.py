@@ -56,14 +56,14 @@ def output_json(value: Any, scores: tuple[float, ...] | None) -> dict[str, Any]:
 
 def stored_answer(app: str, context: str | None, answer: dict[str, Any] | None,
                   predictions: dict[str, dict[str, Any]], confidence: float | None = None,
-                  missing: list[str] | None = None) -> dict[str, Any]:
+                  missing: list[str] | None = None, versions: dict[str, str | None] | None = None) -> dict[str, Any]:
     """What is stored under ``cs:pred:<query_id>`` for ``selector.learn``: the answer and each
     model's prediction (``output_json``), with the query's app and context; the confidence the
     answer went out with (Exp3 learns with the probability its model was chosen with, not the one
-    the weights give when the feedback comes); and the models asked that gave no answer in time,
-    which learn as a wrong answer."""
+    the weights give when the feedback comes); the models asked that gave no answer in time,
+    which learn as a wrong answer; and the version each prediction came from, which learns."""
     return {"app": app, "context": context, "answer": answer, "predictions": predictions, "confidence": confidence,
-            "missing": list(missing or [])}
+            "missing": list(missing or []), "versions": dict(versions or {})}
 
 
 def answer_record(query_id: str, app: str, value: Any, scores: tuple[float, ...] | None,

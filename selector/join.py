@@ -47,6 +47,7 @@ class Pending:
     asked: Asked = field(default_factory=Asked)
     arrived: dict[str, Output] = field(default_factory=dict)  # model -> the prediction's output
     failed: dict[str, str] = field(default_factory=dict)  # model -> why (expired, error text)
+    versions: dict[str, str | None] = field(default_factory=dict)  # model -> the version that answered
     completed_us: int | None = None
     last_resort_us: int | None = None  # with nothing arrived by ``deadline_us``, wait to here
 
@@ -97,7 +98,8 @@ class JoinState:
         heapq.heappush(self._heap, (pending.deadline_us, query_id))
         return pending
 
-    def add(self, query_id: str, model: str, status: str, output: Output | None = None, error: str | None = None) -> Pending | None:
+    def add(self, query_id: str, model: str, status: str, output: Output | None = None, error: str | None = None,
+            version: str | None = None) -> Pending | None:
         """Record one model's report; the pending query (now removed) if that completes it."""
         pending = self._pending.get(query_id)
         if pending is None:
@@ -111,6 +113,7 @@ class JoinState:
             return None
         if status in OK_STATUSES and output is not None:
             pending.arrived[model] = output
+            pending.versions[model] = version
         else:
             pending.failed[model] = error or status
         if pending.complete:

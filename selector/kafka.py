@@ -27,7 +27,19 @@ class Apps:
         self.allowed = tuple(allowed)  # policy import paths the operator allows besides the built-ins
         self._cache: dict[str, tuple[Any, SelectionPolicy, AppOutputs]] = {}
         self._seen: dict[str, tuple[Any, tuple[Any, SelectionPolicy, AppOutputs]]] = {}  # name -> (view, answer)
+        self._versions: dict[str, tuple[Any, dict[str, str | None]]] = {}  # name -> (view, its models' versions)
         self._lock = threading.Lock()
+
+    def versions(self, name: str) -> dict[str, str | None]:
+        """The version the registry serves of each of the app's models (worked out once per view)."""
+        view = self.view()
+        hit = self._versions.get(name)
+        if hit is not None and hit[0] is view:
+            return hit[1]
+        app = view.apps.get(name)
+        found = {m: getattr(view.models.get(m), "version", None) for m in (app.models if app else ())}
+        self._versions[name] = (view, found)
+        return found
 
     def get(self, name: str) -> tuple[Any, SelectionPolicy, AppOutputs]:
         """(AppConfig, policy, outputs); ConfigError when the app is unknown or misconfigured."""

@@ -104,12 +104,13 @@ class Learner:
         preds = {m: Output.from_json(o) for m, o in stored["predictions"].items()}
         # a model asked that gave no answer in time had nothing in the answer: it learns as wrong
         preds.update((m, NO_ANSWER) for m in stored.get("missing") or () if m not in preds)
+        versions = stored.get("versions") or None  # each answer teaches the version that gave it
         answer = Output.from_json(stored["answer"]) if stored.get("answer") else None
         feedback = Feedback(qid, label=fb.label, reward=fb.reward, answer=answer, confidence=stored.get("confidence"))
         query = Query(qid, app_name, context)
 
         def observe(state: dict | None, models: list[str]) -> dict:
-            return policy.observe(align_state(policy, state, app.models), query, feedback,
+            return policy.observe(align_state(policy, state, app.models, versions), query, feedback,
                                   {m: preds[m] for m in models})
 
         # once per (query, model) and state: the same feedback sent again changes nothing

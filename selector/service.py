@@ -32,7 +32,7 @@ from selector.join import NOT_ASKED, Asked, JoinState, Pending, why_default
 from selector.kafka import Apps, log
 from selector.metrics import SelectorMetrics
 from selector.outputs import response_record, to_output
-from selector.policies import align_state, is_stateless
+from selector.policies import align_state, as_versions, is_stateless
 from selector.policy_states import STATE_WAIT_S, PolicyStates
 from selector.replies import Replies
 from selector.reply_budget import ReplyBudget
@@ -132,7 +132,7 @@ class Selector(PolicyStates, Replies):
         try:
             query = Query(qid, app.name, ev.context, ev.input.array(), ev.deadline_us)
             stored = None if is_stateless(policy) else self._stored_state(app.name, query.context, states)
-            state = align_state(policy, stored, app.models)
+            state = align_state(policy, stored, app.models, self.apps.versions(app.name))
             chosen = [m for m in policy.select(state, query) if m in app.models]
             self.metrics.dispatched(app.name, state, query.context or None)
         except ClipstreamError as exc:
@@ -223,7 +223,7 @@ class Selector(PolicyStates, Replies):
                                        tuple(own.labels) if own and own.labels else None)
                 except ClipstreamError as exc:
                     status, error = "error", f"output not used: {exc}"
-            done = self.join.add(item.query_id, item.model, status, output, error)
+            done = self.join.add(item.query_id, item.model, status, output, error, item.version)
             if done is not None:
                 self._answer_safely(done)
 
@@ -252,13 +252,15 @@ class Selector(PolicyStates, Replies):
             if policy is not None and missing and not is_stateless(policy):  # feedback teaches who gave nothing
                 self.save(pending.query_id, stored_answer(asked.app, asked.context, None, {}, None, missing))
             return
-        answer, confidence = policy.combine(asked.state, asked.query, dict(pending.arrived))
+        # each model weighed as the version that answered (a version change may be under way)
+        answer, confidence = policy.combine(as_versions(asked.state, pending.versions), asked.query,
+                                            dict(pending.arrived))
         record = response_record(pending.query_id, asked, answer, confidence, list(pending.arrived), missing,
                                  outputs.labels, now)
         self._reply(asked, record, late_us)  # the caller first; learn waits for the stored predictions if need be
         self.save(pending.query_id, stored_answer(asked.app, asked.context, answer.to_json(),
                                                   {m: o.to_json() for m, o in pending.arrived.items()},
-                                                  confidence, missing))
+                                                  confidence, missing, pending.versions))
 
     def _answer_safely(self, pending: Pending, late_us: int | None = None) -> None:
         """``answer``, and if it fails before a Response went out, a default naming why: the

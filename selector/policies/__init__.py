@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from clipstream.errors import ConfigError
-from selector.policies.base import SelectionPolicy, align_state
+from selector.policies.base import SelectionPolicy, align_state, as_versions
 from selector.policies.exp3 import Exp3
 from selector.policies.exp4 import Exp4
 from selector.policies.single import Single
@@ -76,5 +76,5 @@ def is_stateless(policy: Any) -> bool:
     return type(policy) in STATELESS_POLICIES
 
 
-__all__ = ["BUILTIN", "STATELESS_POLICIES", "Exp3", "Exp4", "SelectionPolicy", "Single", "align_state", "get_policy",
+__all__ = ["BUILTIN", "STATELESS_POLICIES", "Exp3", "Exp4", "SelectionPolicy", "Single", "align_state", "as_versions", "get_policy",
            "is_stateless", "policy_class"]

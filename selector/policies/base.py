@@ -76,17 +76,54 @@ def softmax(log_w: Sequence[float]) -> list[float]:
     return [e / total for e in ex]
 
 
-def align_state(policy: SelectionPolicy, state: State | None, models: Sequence[str]) -> State:
+# the weights of this many versions left behind are kept per state, for a rollback to them
+KEEP_LEFT_VERSIONS = 16
+
+
+def align_state(policy: SelectionPolicy, state: State | None, models: Sequence[str],
+                versions: Mapping[str, str | None] | None = None) -> State:
     """The state for the app's current models: a model linked since starts at the best weight
-    (so it is tried), an unlinked one is dropped; a user policy's own state is left alone."""
+    (so it is tried), an unlinked one is dropped; a user policy's own state is left alone.
+
+    ``versions``: the version of each model the weights are wanted for (those serving, or
+    those that answered). Each version of a model has weights of its own: a version left keeps
+    its weight in the state, and a version seen before takes its own back, so a rollback does
+    not have to learn the old version again, nor does a broken version's answers teach it. A
+    version not seen before starts where its model was."""
     models = list(models)
     if state is None:
-        return policy.init(models)
-    if "models" not in state or "log_w" not in state or state["models"] == models:
+        state = policy.init(models)
+    if "models" not in state or "log_w" not in state:
         return state
-    old = dict(zip(state["models"], state["log_w"]))
-    top = max(old.values(), default=0.0)
+    if state["models"] != models:
+        old = dict(zip(state["models"], state["log_w"]))
+        top = max(old.values(), default=0.0)
+        state = dict(state)
+        state["models"] = models
+        state["log_w"] = [float(old.get(m, top)) for m in models]
+    return as_versions(state, versions)
+
+
+def as_versions(state: State | None, versions: Mapping[str, str | None] | None) -> State | None:
+    """``state`` with each model's weight that of its version in ``versions`` (a version of
+    None: as it is); a state without weights (a user policy's own) as it is."""
+    if not versions or not state or "models" not in state or "log_w" not in state:
+        return state
+    held = state.get("versions") or {}
+    moves = [(m, v) for m, v in versions.items() if v is not None and held.get(m) != v and m in state["models"]]
+    if not moves:
+        return state
     out = dict(state)
-    out["models"] = models
-    out["log_w"] = [float(old.get(m, top)) for m in models]
+    held, left, log_w = dict(held), dict(state.get("left") or {}), list(state["log_w"])
+    for model, version in moves:
+        i = state["models"].index(model)
+        was = held.get(model)
+        if was is not None:
+            left.pop(f"{model}@{was}", None)  # re-inserted last: the oldest left go first
+            left[f"{model}@{was}"] = log_w[i]
+        log_w[i] = float(left.pop(f"{model}@{version}", log_w[i]))
+        held[model] = version
+    while len(left) > KEEP_LEFT_VERSIONS:
+        left.pop(next(iter(left)))
+    out["versions"], out["left"], out["log_w"] = held, left, log_w
     return out

@@ -40,7 +40,7 @@ class Store:
 def _learn(policy: Any, stored: dict[str, Any], label: Any = None, reward: float | None = None) -> dict[str, Any]:
     store = Store(stored)
     app = SimpleNamespace(name="app", models=MODELS)
-    apps = SimpleNamespace(get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)),
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)),
                            view=lambda: SimpleNamespace(apps={"app": app}))
     learner = Learner(None, store, apps, SimpleNamespace(send=lambda **kw: None),  # type: ignore[arg-type]
                       guard=SimpleNamespace())  # type: ignore[arg-type]
@@ -82,7 +82,7 @@ def _selector(policy: Any, saved: list[tuple[str, dict[str, Any]]]) -> Any:
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1", "m2"), default_output=-1)
-    apps = SimpleNamespace(get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)))
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)))
     store = StateStore(None)  # type: ignore[arg-type]
     store.fresh = lambda pairs, fresh_s: {pair: None for pair in pairs}  # type: ignore[method-assign]
     sel = Selector(None, FakeProducer(), store, apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]

@@ -97,7 +97,7 @@ def test_the_learner_gives_observe_the_confidence_stored_with_the_answer() -> No
             return list(models)
 
     app = SimpleNamespace(name="one", models=("m1",))
-    apps = SimpleNamespace(get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)),
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)),
                            view=lambda: SimpleNamespace(apps={"one": app}))
     learner = Learner(None, Store(), apps, SimpleNamespace(send=lambda **kw: None),  # type: ignore[arg-type]
                       guard=SimpleNamespace())  # type: ignore[arg-type]

@@ -61,3 +61,14 @@ def test_an_app_that_goes_away_is_unknown_in_the_next_view(tmp_path: Path) -> No
     views.append(RegistryView(apps={}, models=dict(views[0].models)))
     with pytest.raises(ConfigError, match="unknown app"):
         apps.get("digits")
+
+
+def test_versions_follow_the_registry_view(tmp_path: Path) -> None:
+    views = [view_with(tmp_path)]
+    apps = Apps(lambda: views[-1])
+    assert apps.versions("digits") == {"logreg": "1"}
+    assert apps.versions("digits") is apps.versions("digits")  # worked out once per view
+    model = replace(views[0].models["logreg"], version="2")
+    views.append(replace(views[0], models={"logreg": model}))
+    assert apps.versions("digits") == {"logreg": "2"}
+    assert apps.versions("nope") == {}

@@ -128,7 +128,7 @@ def test_the_selector_commits_a_query_once_its_response_is_acknowledged() -> Non
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
-    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     replies = FakeProducer()
     sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_producer=replies)  # type: ignore[arg-type]

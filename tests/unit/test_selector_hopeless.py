@@ -94,7 +94,7 @@ def _selector() -> tuple[Selector, FakeProducer, FakeProducer, Catalogue]:
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1", "m2"), default_output=-1)
-    apps = SimpleNamespace(get=lambda name: (app, BothModels(), SimpleNamespace(kind="label", labels=None)),
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, BothModels(), SimpleNamespace(kind="label", labels=None)),
                            view=lambda: SimpleNamespace(models={}, apps={"app": app}))
     requests, replies = FakeProducer(), FakeProducer()
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]

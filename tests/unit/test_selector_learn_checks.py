@@ -48,7 +48,7 @@ def _learner(store: FakeStore) -> tuple[Learner, list[dict[str, Any]]]:
             raise AssertionError(f"the learner asked for app {name!r}")
         return apps_[name], policy, outputs
 
-    apps = SimpleNamespace(get=get, view=lambda: SimpleNamespace(apps=apps_))
+    apps = SimpleNamespace(versions=lambda name: {}, get=get, view=lambda: SimpleNamespace(apps=apps_))
     dead: list[dict[str, Any]] = []
     learner = Learner(None, store, apps, SimpleNamespace(send=lambda **kw: dead.append(kw)),  # type: ignore[arg-type]
                       guard=SimpleNamespace())  # type: ignore[arg-type]

@@ -64,7 +64,7 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
-    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     requests, replies = FakeProducer(), FakeProducer()
     budget = ReplyBudget(3_000, 10_000, quantile=0.5, window=16, every=1)
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
@@ -104,7 +104,7 @@ def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too(monkeypatch:
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
-    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     replies = FakeProducer()
     budget = ReplyBudget(3_000, 50_000, quantile=0.5, window=16, every=1)
     sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
@@ -172,7 +172,7 @@ def test_the_selector_learns_the_crossing_from_each_query_it_reads() -> None:
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
-    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     budget = ReplyBudget(3_000, 40_000, quantile=1.0, window=16, every=1, max_share=0.2)
     sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_budget=budget, reply_producer=FakeProducer())  # type: ignore[arg-type]

@@ -73,7 +73,7 @@ class FakeProducer:
 
 def _selector(policy: Any, redis: FakeRedis, settings: Any) -> tuple[Selector, FakeProducer]:
     app = SimpleNamespace(name="app", models=("m1", "m2"), default_output=None)
-    apps = SimpleNamespace(get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)))
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, policy, SimpleNamespace(kind="label", labels=None)))
     producer = FakeProducer()
     dead = SimpleNamespace(send=lambda *a, **k: None)
     sel = Selector(None, producer, StateStore(redis), apps, dead, Catalogue.from_settings(settings), settings)  # type: ignore[arg-type]
@@ -120,7 +120,7 @@ def test_answers_leave_on_their_own_producer() -> None:
     settings = get_settings()
     cat = Catalogue.from_settings(settings)
     app = SimpleNamespace(name="app", models=("m1", "m2"), default_output=-1)
-    apps = SimpleNamespace(get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     requests, replies = FakeProducer(), FakeProducer()
     sel = Selector(None, requests, StateStore(FakeRedis()), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_producer=replies)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from clipstream.redisclient import REDIS_AWAY, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.labels import labels_problem
+from registry.limits import MAX_APP_SLO_MS, MAX_REPLICAS
 from registry.repository import Repository, is_url
 from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, history, next_version, rolled_back
@@ -77,7 +78,8 @@ def apply(path: str) -> None:
 @click.command("register-app")
 @click.argument("name")
 @click.option("--policy", default=None, help="exp3, exp4, single or pkg.module:Class (a new app: exp4)")
-@click.option("--slo-ms", default=None, type=click.FloatRange(min=0, min_open=True), help="(a new app: 50)")
+@click.option("--slo-ms", default=None, type=click.FloatRange(min=0, min_open=True, max=MAX_APP_SLO_MS),
+              help="(a new app: 50)")
 @click.option("--default-output", default=None, help="answer when nothing arrives in time (YAML)")
 @_friendly
 def register_app(name: str, policy: str | None, slo_ms: float | None, default_output: str | None) -> None:
@@ -99,7 +101,7 @@ def register_app(name: str, policy: str | None, slo_ms: float | None, default_ou
 @click.argument("path")
 @click.option("--version", "version", default=None,
               help="the version's name (default: one more than the model's highest; 1 for a new model)")
-@click.option("--replicas", type=click.IntRange(min=1), default=None,
+@click.option("--replicas", type=click.IntRange(min=1, max=MAX_REPLICAS), default=None,
               help="replicas to run (default: the model's current number; 1 for a new model)")
 @_friendly
 def deploy_model(name: str, path: str, version: str | None, replicas: int | None) -> None:
@@ -274,7 +276,7 @@ def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> M
 
 @click.command("set-replicas")
 @click.argument("model")
-@click.argument("replicas", type=click.IntRange(min=1))
+@click.argument("replicas", type=click.IntRange(min=1, max=MAX_REPLICAS))
 @_friendly
 def set_replicas(model: str, replicas: int) -> None:
     """Change a model's number of replicas (the batcher spreads batches over them)."""

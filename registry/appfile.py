@@ -19,6 +19,7 @@ from clipstream.settings import Settings
 from clipstream.yamlfile import read_mapping
 from registry.repository import Repository, is_url
 from registry.labels import labels_problem
+from registry.limits import check_knob, check_replicas, check_slo
 from registry.spec import ModelSpec, TensorSpec, load_spec
 from registry.topic import RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, history
@@ -54,15 +55,13 @@ def check_default_output(value: object, what: str = "default_output") -> Any:
     raise ConfigError(f"{what} must be null, a boolean, a number or a string, not {value!r}")
 
 
-def _number(value: object, what: str, integer: bool = False, positive: bool = False) -> int | float:
+def _number(value: object, what: str, integer: bool = False) -> int | float:
     """``value`` when it is a finite number (an int when ``integer``): YAML's ``fast`` or
     ``true`` would otherwise pass to ``float()`` or the Avro encode and end in a traceback."""
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or (
         isinstance(value, float) and not math.isfinite(value)
     ):
         raise ConfigError(f"{what} must be {'an integer' if integer else 'a number'}, not {value!r}")
-    if positive and value <= 0:
-        raise ConfigError(f"{what} must be {'at least 1' if integer else 'more than 0'}, not {value!r}")
     return value
 
 
@@ -135,8 +134,10 @@ def _model_entry(path: Path, i: int, m: Any, repository: Repository,
         "name": m["name"],
         "version": str(m.get("version", "1")),
         "path": location,
-        "replicas": _number(m.get("replicas", 1), f"{path}: models[{i}].replicas", integer=True, positive=True),
-        **{k: _number(m[k], f"{path}: models[{i}].{k}", integer=k == "max_batch_size")
+        "replicas": check_replicas(int(_number(m.get("replicas", 1), f"{path}: models[{i}].replicas", integer=True)),
+                                   f"{path}: models[{i}].replicas"),
+        **{k: check_knob(k, _number(m[k], f"{path}: models[{i}].{k}", integer=k == "max_batch_size"),
+                         f"{path}: models[{i}].{k}")
            for k in _MODEL_KNOBS if m.get(k) is not None},
         **({"group": str(m["group"])} if m.get("group") is not None else {}),
     }
@@ -159,7 +160,7 @@ def _app_entry(path: Path, i: int, a: Any, names: set[str]) -> dict[str, Any]:
     return {
         "name": a["name"],
         "policy": check_policy(a.get("policy", "exp4"), f"{path}: apps[{i}].policy"),
-        "slo_ms": float(_number(a.get("slo_ms", 50), f"{path}: apps[{i}].slo_ms", positive=True)),
+        "slo_ms": check_slo(float(_number(a.get("slo_ms", 50), f"{path}: apps[{i}].slo_ms")), f"{path}: apps[{i}].slo_ms"),
         "default_output": check_default_output(a.get("default_output"), f"{path}: apps[{i}].default_output"),
         "policy_config": {k: _number(v, f"{path}: apps[{i}].policy_config.{k}") for k, v in policy_config.items()},
         "models": linked,

@@ -23,6 +23,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ConfigError, DecodeError, InfraError
 from clipstream.settings import Settings
 from registry.groups import GroupConfig, groups_of
+from registry.limits import KNOBS, check_knob, check_replicas, check_slo
 from registry.repository import Repository
 from registry.spec import ModelSpec
 from schemas import App, Link, Model, Record, decode_as, encode
@@ -319,8 +320,7 @@ class RegistryWriter:
         policy_config: dict[str, float] | None = None,
     ) -> None:
         check_name("app", name)
-        if not 0 < slo_ms < float("inf"):  # a NaN compares false too
-            raise ConfigError(f"app {name}: slo_ms must be a positive finite number, not {slo_ms!r}")
+        check_slo(slo_ms, f"app {name}: slo_ms")
         self._put(f"app:{name}", App(
             name=name,
             policy=policy,
@@ -334,8 +334,10 @@ class RegistryWriter:
         """``path``: a local folder (a ``Path``: recorded relative to the model repository when
         it lies inside it) or a location as the registry records it (a ``str``)."""
         check_name("model", name)
-        if replicas < 1:
-            raise ConfigError(f"model {name}: replicas must be at least 1")
+        check_replicas(replicas, f"model {name}: replicas")
+        for key, value in knobs.items():
+            if key in KNOBS and value is not None:
+                check_knob(key, value, f"model {name}: {key}")
         record = Model(
             name=name,
             version=str(version),

@@ -135,9 +135,23 @@ def test_an_app_file_groups_models_that_take_the_same_input(tmp_path):
         load_app_file(f)
 
 
-@pytest.mark.parametrize("slo_ms", [0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("slo_ms", [0.0, -1.0, float("nan"), float("inf"), 1e12])
 def test_the_writer_refuses_an_slo_no_query_could_keep(slo_ms: float) -> None:
     writer = object.__new__(RegistryWriter)  # the check comes before any Kafka work
     writer._put = lambda *a: pytest.fail("written")  # type: ignore[method-assign]
-    with pytest.raises(ConfigError, match="slo_ms must be a positive finite number"):
+    with pytest.raises(ConfigError, match="slo_ms must be more than 0 and at most 3,600,000 ms"):
         writer.app("a", "exp4", slo_ms)
+
+
+@pytest.mark.parametrize(("replicas", "knobs", "says"), [
+    (100_000, {}, "replicas must be from 1 to 256"),
+    (0, {}, "replicas must be from 1 to 256"),
+    (1, {"max_batch_size": 0}, "max_batch_size must be at least 1"),
+    (1, {"batch_delay_ms": -1.0}, "batch_delay_ms must be at least 0"),
+    (1, {"latency_objective_ms": -5.0}, "latency_objective_ms must be more than 0"),
+])
+def test_the_writer_refuses_counts_and_times_past_their_bounds(replicas: int, knobs: dict, says: str) -> None:
+    writer = object.__new__(RegistryWriter)
+    writer._put = lambda *a: pytest.fail("written")  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match=says):
+        writer.model("m", "1", "/models/m/1", replicas, **knobs)

@@ -86,5 +86,13 @@ class AIMD:
             self._max = new
         return self._max
 
+    def retune(self, objective_us: int, cap: int) -> None:
+        """A new latency objective and cap (the registry's, changed while serving): the batch
+        size learnt so far stays, within the new cap."""
+        if objective_us <= 0 or cap < 1:
+            raise ValueError(f"need a positive objective and a cap >= 1, got {objective_us} us and {cap}")
+        self.objective_us, self.cap = int(objective_us), int(cap)
+        self._max = min(self._max, self.cap)
+
     def __repr__(self) -> str:
         return f"AIMD(max={self._max}, objective_us={self.objective_us}, step={self.step}, cap={self.cap})"

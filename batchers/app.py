@@ -225,6 +225,15 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
         return
     if isinstance(svc, GroupService) and isinstance(cfg, GroupConfig):
         svc.follow(cfg.version, cfg.member_versions)
+    if cfg is not None:
+        bs = svc.bs
+        knobs = (_or(cfg.latency_objective_ms, bs.latency_objective_ms), _or(cfg.max_batch_size, bs.max_batch_size),
+                 _or(cfg.batch_delay_ms, bs.batch_delay_ms))
+        if svc.retune(*knobs):
+            m = svc.model
+            print(f"batcher {m.name}: batching now latency_objective_ms={m.latency_objective_ms:g} "
+                  f"max_batch_size={m.max_batch_size} batch_delay_ms={m.batch_delay_ms:g} (from the registry)",
+                  flush=True)
     if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
         replicas = max(1, int(cfg.replicas))
         if replicas > len(svc.core.dispatcher.replicas):
@@ -238,6 +247,11 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
                             "trying again", svc.model.name, replicas, svc.topic_batches)
                 return
         svc.resize(replicas, cfg.version, cfg.spec)
+
+
+def _or(value: Any, default: Any) -> Any:
+    """The registry's value, or the batcher's default where the registry has none."""
+    return default if value is None else value
 
 
 def _use_uvloop() -> None:

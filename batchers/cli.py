@@ -102,6 +102,9 @@ def batcher(
                 cache=bs.cache and not no_cache,
                 spec=cfg.spec if cfg is not None else None,
                 members=dict(cfg.member_versions) if isinstance(cfg, GroupConfig) else {},
+                pinned=tuple(k for k, v in (("latency_objective_ms", latency_objective_ms),
+                                            ("max_batch_size", max_batch_size), ("batch_delay_ms", batch_delay_ms))
+                             if v is not None),
             ))
         # follow the registry live only where it, not the command line, set the replicas
         run(settings, bs, setups, follower if replicas is None else None, member)

@@ -154,6 +154,13 @@ class Dispatcher:
                 self._by_batch.pop(batch_id, None)
         del self.replicas[replicas:]
 
+    def retune(self, aimd_factory: Callable[[], AIMD], objective_us: int, cap: int, batch_delay_us: int) -> None:
+        """New batching knobs for every replica, those to come (``aimd_factory``) included."""
+        self._factory = aimd_factory
+        self.batch_delay_us = max(0, int(batch_delay_us))
+        for r in self.replicas:
+            r.aimd.retune(objective_us, cap)
+
     def set_credit(self, max_in_flight: int) -> None:
         """Batches this batcher may have outstanding at each replica (a member's share of a
         replica's credit when several batcher members feed it; docs/design/0024)."""

@@ -18,7 +18,8 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import redis.asyncio as aioredis
 from confluent_kafka import Producer
@@ -63,6 +64,7 @@ class ModelSetup:
     cache: bool = True
     spec: ModelSpec | None = None  # when the registry knows it
     members: dict[str, str | None] = field(default_factory=dict)  # a group's: name -> version
+    pinned: tuple[str, ...] = ()  # knobs the command line set: the registry's do not replace them
 
 
 class BatcherService(Outputs, FanOut):
@@ -81,10 +83,10 @@ class BatcherService(Outputs, FanOut):
         self.topic_predictions = self.cat.predictions.name
         self.topic_batches = self.cat.batches(model.name, model.replicas).name
         self.topic_deadletter = self.cat.deadletter.name
-        objective_us = int(model.latency_objective_ms * 1000)
+        self.bs = bs
         dispatcher = Dispatcher(
             model.replicas,
-            lambda: AIMD(objective_us, bs.aimd_step, model.max_batch_size, bs.aimd_start, fill=bs.aimd_fill),
+            self._aimd_factory(model),
             max_in_flight=bs.max_in_flight,
             batch_delay_us=int(model.batch_delay_ms * 1000),
             credit_timeout_us=int(bs.credit_timeout_ms * 1000),
@@ -113,6 +115,24 @@ class BatcherService(Outputs, FanOut):
         # names them all (``_fan_out``); ``app.py`` fills it
         self.siblings: dict[str, BatcherService] = {}
         self.producer = producer or Emitter(settings, name=f"batcher {model.name}").producer
+
+    def _aimd_factory(self, model: ModelSetup) -> Callable[[], AIMD]:
+        objective_us, bs = int(model.latency_objective_ms * 1000), self.bs
+        return lambda: AIMD(objective_us, bs.aimd_step, model.max_batch_size, bs.aimd_start, fill=bs.aimd_fill)
+
+    def retune(self, latency_objective_ms: float, max_batch_size: int, batch_delay_ms: float) -> bool:
+        """Take the registry's batching knobs, changed by ``apply`` while serving (those the
+        command line pinned stay); True when any changed."""
+        m = self.model
+        wanted = {"latency_objective_ms": float(latency_objective_ms), "max_batch_size": max(1, int(max_batch_size)),
+                  "batch_delay_ms": max(0.0, float(batch_delay_ms))}
+        changes = {k: v for k, v in wanted.items() if k not in m.pinned and getattr(m, k) != v}
+        if not changes:
+            return False
+        self.model = m = replace(m, **changes)
+        self.core.dispatcher.retune(self._aimd_factory(m), int(m.latency_objective_ms * 1000), m.max_batch_size,
+                                    int(m.batch_delay_ms * 1000))
+        return True
 
     # -- requests -----------------------------------------------------------------------
     def accept_group(self, records: list[Record]) -> None:

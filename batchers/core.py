@@ -137,13 +137,15 @@ class BatcherCore:
                 probe = none_fits and self._probe_due(replica, now_us)
                 if probe:
                     size, cutoff = 1, now_us  # one request, to measure the replica again
+                elif (due := self.queue.next_deadline) is not None and due <= cutoff:
+                    replica, size, cutoff = self._faster(replica, size, cutoff, none_fits, now_us)
                 if self._expire(cutoff, now_us, step, hopeless=True):
                     continue
             items, late = self.queue.take(size, now_us)
             step.expired.extend(late)  # empty: expire() ran above with the same clock
             if not items:
                 break
-            step.batches.append(self._batch(decision.replica, items, now_us))  # type: ignore[arg-type]
+            step.batches.append(self._batch(replica.index, items, now_us))
             if probe:
                 self._probes[step.batches[-1].record.batch_id] = replica.index
                 while len(self._probes) > 64:  # probes whose report never came
@@ -170,6 +172,22 @@ class BatcherCore:
             if latest[size - 1] > cutoff:
                 return size, cutoff, False
         return 1, start + int(replica.latency.service_us(1)), True
+
+    def _faster(self, replica: Replica, size: int, cutoff: int, none_fits: bool,
+                now_us: int) -> tuple[Replica, int, int]:
+        """Another ready replica that would give up fewer requests than ``replica`` (whose batch
+        would leave some behind as hopeless): the one whose batch finishes first. Replicas are
+        picked by load, not speed, so a slow replica with credit to spare would otherwise give
+        up requests a fast one could serve in time."""
+        best = (none_fits, cutoff, replica, size)
+        queued = len(self.queue)
+        for other in self.dispatcher.ready(now_us, queued):
+            if other is replica:
+                continue
+            s, c, nf = self._fit_to_deadlines(other, min(queued, other.aimd.max_batch_size), now_us)
+            if (nf, c) < best[:2]:
+                best = (nf, c, other, s)
+        return best[2], best[3], best[1]
 
     @staticmethod
     def _probe_due(replica: Replica, now_us: int) -> bool:

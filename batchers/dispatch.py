@@ -177,12 +177,16 @@ class Dispatcher:
         """The replica to receive the next batch: ready (credit, and due when busy, or ``queued``
         fills its batch: nothing more could join it), not suspect, least loaded. Without
         ``now_us`` any replica with credit counts as ready."""
-        ready = [r for r in self.replicas
-                 if (t := self.ready_at_us(r)) is not None
-                 and (now_us is None or t <= now_us or queued >= r.aimd.max_batch_size)]
+        ready = self.ready(now_us, queued)
         if not ready:
             return None
         return min(ready, key=lambda r: (r.suspect, r.items_in_flight, r.last_sent_us, r.index))
+
+    def ready(self, now_us: int | None = None, queued: int = 0) -> list[Replica]:
+        """The replicas that may take a batch now (as ``pick`` judges them)."""
+        return [r for r in self.replicas
+                if (t := self.ready_at_us(r)) is not None
+                and (now_us is None or t <= now_us or queued >= r.aimd.max_batch_size)]
 
     def next_ready_us(self) -> int | None:
         """When the earliest replica with credit becomes due (None: no credit anywhere)."""

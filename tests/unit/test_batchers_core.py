@@ -255,3 +255,25 @@ def test_the_wait_behind_a_batch_in_flight_is_its_own_size_s_service_time():
     step = c.poll(9_000)
     assert [p.request.query_id for p in step.hopeless] == ["behind-late"]
     assert [it.query_id for it in step.batches[0].record.items] == ["behind-ok"]
+
+
+def test_a_slow_replica_does_not_give_up_what_a_fast_one_can_serve_in_time():
+    """Replicas are picked by load: an idle slow replica (400 ms a batch) came first, and every
+    request, due in 100 ms, was given up as hopeless while a 3 ms replica sat idle beside it."""
+    c = core(replicas=2, start=4, delay=0, in_flight=2)
+    c.admit(req("warm0", 10**9, x=-1))
+    (b0,) = c.poll(0).batches
+    c.on_stats(stats(b0.record.batch_id, 1, 3_000))
+    c.admit(req("warm1", 10**9, x=-2))
+    (b1,) = c.poll(1).batches
+    c.on_stats(stats(b1.record.batch_id, 1, 400_000))
+    assert (b0.record.replica, b1.record.replica) == (0, 1)
+    given_up, replicas = [], []
+    for t in range(20_000, 900_000, 20_000):  # 50 q/s, each due in 100 ms; no probe due yet
+        c.admit(req(f"q{t}", t + 100_000, x=t))
+        step = c.poll(t)
+        given_up += [p.request.query_id for p in step.hopeless]
+        for b in step.batches:
+            replicas.append(b.record.replica)
+            c.on_stats(stats(b.record.batch_id, len(b.record.items), 3_000), now_us=t + 3_000)
+    assert given_up == [] and replicas == [0] * 44

@@ -161,7 +161,7 @@ def _answers(w: _Window, row: Row, slos: Mapping[str, float]) -> None:
     straight = {app for (app,) in w.gauge("clipstream_gateway_direct_app", "app")}
     straight |= {app for (app, _) in gateway_answers} - {app for (app,) in answers}
     for (app, outcome), v in gateway_answers.items():
-        if app in straight:
+        if app in straight and outcome != "refused":  # a 503 is no answer: it has its own line below
             answers[(app,)] = answers.get((app,), 0.0) + v
     row["throughput"] = {app: v for (app,), v in answers.items()}
     buckets = w.delta("clipstream_selector_answer_seconds_bucket", "app", "le")

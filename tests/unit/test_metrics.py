@@ -94,6 +94,7 @@ def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
             f'clipstream_gateway_answers_total{{app="d",outcome="prediction"}} {n}',
             f'clipstream_gateway_answers_total{{app="one",outcome="prediction"}} {2 * n}',
             f'clipstream_gateway_answers_total{{app="one",outcome="default"}} {n / 10}',
+            f'clipstream_gateway_answers_total{{app="one",outcome="refused"}} {3 * n}',
             f'clipstream_gateway_query_seconds_bucket{{app="one",le="0.005"}} {2 * n}',
             f'clipstream_gateway_query_seconds_bucket{{app="one",le="+Inf"}} {2.1 * n}',
         ]) + "\n")])
@@ -101,7 +102,9 @@ def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
     series = Series(keep=10, window=2)
     series.add(100.0, at(0), {"d": 50.0, "one": 50.0})
     row = series.add(102.0, at(20), {"d": 50.0, "one": 50.0})
+    # the 30 refusals a second are no answers: the throughput is what was answered
     assert row["throughput"] == {"d": pytest.approx(10.0), "one": pytest.approx(21.0)}
+    assert row["outcomes"]["refused (503)"] == pytest.approx(30.0)
     assert row["outcomes"]["prediction"] == pytest.approx(10.0 + 20.0)
     assert row["outcomes"]["default: answered by the gateway"] == pytest.approx(1.0)
     assert 0 < row["latency"]["one p50"] <= 5.0 and row["latency"]["d p50"] <= 10.0

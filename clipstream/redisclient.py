@@ -30,6 +30,16 @@ log = logging.getLogger("clipstream.redis")
 REDIS_AWAY: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+# the context of an app's global policy state, learnt from every query's feedback
+GLOBAL_CONTEXT = "__global__"
+
+
+def policy_state_key(app: str, context: str | None) -> str:
+    """Where an app's policy state for ``context`` lives (its global state for None); ``inspect``
+    reads the global one to show the weights."""
+    return f"cs:state:{app}:{context or GLOBAL_CONTEXT}"
+
+
 def stored_predictions_key(query_id: str) -> str:
     """Where the selector keeps a query's predictions for the feedback join (the gateway asks
     whether they are there before it takes feedback for the query)."""

@@ -12,22 +12,19 @@ from typing import Any
 
 import click
 import yaml
-from confluent_kafka import KafkaException
 
 from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.redisclient import REDIS_AWAY, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
+from frontend.serving import served, serving, serving_text, weights
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.labels import labels_problem
 from registry.limits import MAX_APP_SLO_MS, MAX_REPLICAS
 from registry.repository import Repository, is_url
 from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, history, next_version, rolled_back
-from schemas import Batch, decode_as
 from topics.admin import ensure_model_topics
-from topics.catalogue import Catalogue
-from topics.tail import last_records
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,10 +135,10 @@ def _served_instead(settings: Settings, current: ModelConfig | None) -> str | No
     say, and for a group's member (its batches carry the group's version)."""
     if current is None or current.group:
         return None
-    serving = _served(settings, current.name, current.replicas)
-    if not serving or current.version in serving.values():
+    now = served(settings, current.name, current.replicas)
+    if not now or current.version in now.values():
         return None
-    return ", ".join(sorted({v or "-" for v in serving.values()}))
+    return ", ".join(sorted({v or "-" for v in now.values()}))
 
 
 def deployed_replicas(asked: int | None, current: ModelConfig | None) -> int:
@@ -294,56 +291,19 @@ def rollback(model: str) -> None:
     click.echo(f"model {model} rolled back to version {m.version}")
 
 
-def _serving(settings: Settings, view: RegistryView) -> dict[str, dict[int, str | None]]:
-    """Model or group name -> replica -> the version its batches carry now (``_served``)."""
-    served = {n: m.replicas for n, m in view.models.items() if not m.group}
-    served.update({n: g.replicas for n, g in view.groups.items()})
-    out = {name: _served(settings, name, replicas) for name, replicas in served.items()}
-    return {name: versions for name, versions in out.items() if versions is not None}
-
-
-def _served(settings: Settings, name: str, replicas: int) -> dict[int, str | None] | None:
-    """Replica -> the version the batches of model (or group) ``name`` carry now: the last record
-    of each partition of its batches topic, a batch or a handover. The registry's version serves
-    only once its workers are ready (docs/design/0021). None: Kafka could not say."""
-    try:
-        tail = last_records(settings, Catalogue.from_settings(settings).batches(name).name, replicas)
-    except KafkaException as exc:
-        click.echo(f"warning: the batches of {name} could not be read ({exc.args[0]}): what serves is not known",
-                   err=True)
-        return None
-    out: dict[int, str | None] = {}
-    for part, value in sorted(tail.items()):
-        try:
-            out[part] = decode_as(Batch, value).version
-        except ClipstreamError:
-            continue  # not a batch: as if nothing was sent there
-    return out
-
-
-def _serving_text(version: str | None, serving: dict[int, str | None] | None) -> str:
-    if serving is None:
-        return ""
-    versions = sorted({v or "-" for v in serving.values()})
-    if not versions:
-        return " serving=none (no batch sent yet)"
-    text = " serving=" + ",".join(versions)
-    if versions != [version or "-"]:
-        text += f" (not yet version {version}: its workers are not ready, see `clipstream up`'s output)"
-    return text
-
-
 @click.command("inspect")
-@click.option("--json", "as_json", is_flag=True, help="the whole registry, and what serves, as one JSON document")
+@click.option("--json", "as_json", is_flag=True,
+              help="the whole registry, what serves and the learnt weights, as one JSON document")
 @_friendly
 def inspect_registry(as_json: bool) -> None:
-    """Show the registry (apps, their linked models, and models) and which version each model's
-    batches go to now."""
+    """Show the registry (apps, their linked models, and models), which version each model's
+    batches go to now, and each app's learnt weights."""
     settings = _settings()
     view = read_view(settings)
-    serving = _serving(settings, view)
+    now = serving(settings, view)
+    learnt = weights(settings, view)
     data = {
-        "apps": {n: asdict(a) for n, a in view.apps.items()},
+        "apps": {n: {**asdict(a), "weights": learnt.get(n)} for n, a in view.apps.items()},
         "models": {
             n: {
                 "version": m.version,
@@ -356,23 +316,29 @@ def inspect_registry(as_json: bool) -> None:
                 "input": {"dtype": m.spec.input.dtype, "shape": list(m.spec.input.shape)} if m.spec else None,
                 "error": m.spec_error,
                 "group": m.group,
-                "serving": serving.get(m.group or n),
+                "latency_objective_ms": m.latency_objective_ms,
+                "max_batch_size": m.max_batch_size,
+                "batch_delay_ms": m.batch_delay_ms,
+                "serving": now.get(m.group or n),
             }
             for n, m in view.models.items()
         },
         "groups": {n: {"version": g.version, "replicas": g.replicas, "models": [m.name for m in g.members],
-                       "serving": serving.get(n)}
+                       "serving": now.get(n)}
                    for n, g in view.groups.items()},
     }
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
     for n, a in data["apps"].items():
-        click.echo(f"app {n}: policy={a['policy']} slo_ms={a['slo_ms']:g} models={list(a['models'])}")
+        shares = " weights: " + " ".join(f"{m}={w:.2f}" for m, w in a["weights"].items()) if a["weights"] else ""
+        click.echo(f"app {n}: policy={a['policy']} slo_ms={a['slo_ms']:g} models={list(a['models'])}{shares}")
     for n, m in data["models"].items():
         shape = f" input={m['input']['dtype']}{m['input']['shape']}" if m["input"] else ""
-        click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}"
-                   + (f" group={m['group']}" if m["group"] else _serving_text(m["version"], m["serving"])))
+        knobs = "".join(f" {k}={m[k]:g}" for k in ("latency_objective_ms", "max_batch_size", "batch_delay_ms")
+                        if m[k] is not None)
+        click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}{knobs}"
+                   + (f" group={m['group']}" if m["group"] else serving_text(m["version"], m["replicas"], m["serving"])))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"
-                   + _serving_text(g["version"], g["serving"]))
+                   + serving_text(g["version"], g["replicas"], g["serving"]))

@@ -32,14 +32,12 @@ from typing import Any
 
 import redis
 
-from clipstream.redisclient import stored_predictions_key
+from clipstream.redisclient import policy_state_key, stored_predictions_key
 from selector.types import State
-
-GLOBAL = "__global__"
 
 
 def state_key(app: str, context: str | None) -> str:
-    return f"cs:state:{app}:{context or GLOBAL}"
+    return policy_state_key(app, context)
 
 
 def pred_key(query_id: str) -> str:

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import frontend.cli as registry_cli
+import frontend.serving as serving
 from clipstream.cli import main
 from clipstream.errors import ConfigError, InfraError
 from clipstream.infra import kafka as kafka_mod
@@ -47,6 +48,7 @@ class NoKafka:
         self.writes: list[tuple[str, tuple[Any, ...]]] = []
         self.tails: dict[str, dict[int, bytes]] = {}  # topic -> partition -> its last record
         self.knobs: list[dict[str, Any]] = []  # the keyword arguments of each write
+        self.redis: dict[str, bytes] = {}  # what Redis holds (policy states), for inspect
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> NoKafka:
         fake = self
@@ -78,7 +80,15 @@ class NoKafka:
         def last_records(settings: Settings, topic: str, partitions: int, timeout_s: float = 10.0) -> dict[int, bytes]:
             return {p: v for p, v in fake.tails.get(topic, {}).items() if p < partitions}
 
-        monkeypatch.setattr(registry_cli, "last_records", last_records)
+        class Redis:
+            def mget(self, keys: list[str]) -> list[bytes | None]:
+                return [fake.redis.get(k) for k in keys]
+
+            def close(self) -> None:
+                pass
+
+        monkeypatch.setattr(serving, "last_records", last_records)
+        monkeypatch.setattr(serving, "sync_client", lambda settings: Redis())
         monkeypatch.setattr(registry_cli, "RegistryWriter", Writer)
         monkeypatch.setattr(registry_cli, "read_view", read_view)
         monkeypatch.setattr(registry_cli, "ensure_model_topics", ensure_model_topics)

@@ -4,6 +4,8 @@ an update of an app keeps what was not given, and an app file's misspelt key is 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -204,6 +206,37 @@ def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) 
     assert as_json["models"]["m"]["serving"] == {"0": "2", "1": "2"}
     fake.tails.clear()
     assert "serving=none (no batch sent yet)" in CliRunner().invoke(main, ["inspect"]).output
+
+
+def test_inspect_does_not_take_a_retired_replica_for_one_that_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scaled back up to two replicas: partition 1's last record is the retirement of the
+    replica an earlier scale-down removed, so the new replica has served nothing yet."""
+    from schemas import Batch, encode
+    from topics.catalogue import Catalogue
+    from topics.markers import RETIRE_PREFIX, handover
+
+    fake = NoKafka(RegistryView(models={"m": _model(version="2", replicas=2)})).install(monkeypatch)
+    topic = Catalogue.from_settings(Settings()).batches("m").name
+    live = encode(Batch(batch_id="b-1", model="m", version="2", replica=0, created_us=1, items=[]))
+    fake.tails[topic] = {0: live, 1: encode(handover("m", "2", 1, f"{RETIRE_PREFIX}b-1", 1))}
+    shown = CliRunner().invoke(main, ["inspect"]).output
+    assert "serving=2 (replica 1: no batch yet, its worker may still be starting)" in shown, shown
+    assert json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)["models"]["m"]["serving"] == {"0": "2"}
+
+
+def test_inspect_shows_each_apps_learnt_weights_and_each_models_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.topic import AppConfig
+
+    app = AppConfig(name="digits", policy="exp4", slo_ms=50, default_output=None, models=("m", "n"))
+    model = replace(_model(), max_batch_size=8, batch_delay_ms=20.0)
+    fake = NoKafka(RegistryView(apps={"digits": app}, models={"m": model})).install(monkeypatch)
+    fake.redis["cs:state:digits:__global__"] = json.dumps(
+        {"policy": "exp4", "models": ["m", "n"], "log_w": [0.0, -math.log(3)], "n_observed": 9}).encode()
+    shown = CliRunner().invoke(main, ["inspect"]).output
+    assert "weights: m=0.75 n=0.25" in shown and "max_batch_size=8 batch_delay_ms=20" in shown, shown
+    as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
+    assert as_json["apps"]["digits"]["weights"] == {"m": 0.75, "n": 0.25}
+    assert as_json["models"]["m"]["max_batch_size"] == 8 and as_json["models"]["m"]["latency_objective_ms"] is None
 
 
 def test_topics_create_refuses_replicas_without_a_model() -> None:

@@ -1,0 +1,98 @@
+"""What ``inspect`` shows beside the registry: the version each replica's batches carry now,
+and each app's learnt weights. Both are read from where the pipeline keeps them (the last
+record of each batches partition, the policy state in Redis), not from the registry, which
+says only what is wanted."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import click
+from confluent_kafka import KafkaException
+
+from clipstream.errors import ClipstreamError
+from clipstream.redisclient import REDIS_AWAY, policy_state_key, sync_client
+from clipstream.settings import Settings
+from registry.topic import RegistryView
+from schemas import Batch, decode_as
+from topics.catalogue import Catalogue
+from topics.markers import is_retirement
+from topics.tail import last_records
+
+
+def serving(settings: Settings, view: RegistryView) -> dict[str, dict[int, str | None]]:
+    """Model or group name -> replica -> the version its batches carry now (``served``)."""
+    wanted = {n: m.replicas for n, m in view.models.items() if not m.group}
+    wanted.update({n: g.replicas for n, g in view.groups.items()})
+    out = {name: served(settings, name, replicas) for name, replicas in wanted.items()}
+    return {name: versions for name, versions in out.items() if versions is not None}
+
+
+def served(settings: Settings, name: str, replicas: int) -> dict[int, str | None] | None:
+    """Replica -> the version the batches of model (or group) ``name`` carry now: the last record
+    of each partition of its batches topic, a batch or a handover. The registry's version serves
+    only once its workers are ready (docs/design/0021). A replica whose last record retired it
+    (an earlier scale-down) has served nothing since. None: Kafka could not say."""
+    try:
+        tail = last_records(settings, Catalogue.from_settings(settings).batches(name).name, replicas)
+    except KafkaException as exc:
+        click.echo(f"warning: the batches of {name} could not be read ({exc.args[0]}): what serves is not known",
+                   err=True)
+        return None
+    out: dict[int, str | None] = {}
+    for part, value in sorted(tail.items()):
+        try:
+            batch = decode_as(Batch, value)
+        except ClipstreamError:
+            continue  # not a batch: as if nothing was sent there
+        if not is_retirement(batch):
+            out[part] = batch.version
+    return out
+
+
+def serving_text(version: str | None, replicas: int, serving: dict[int, str | None] | None) -> str:
+    """`` serving=...`` for ``inspect``'s line, saying which replicas wait for a first batch."""
+    if serving is None:
+        return ""
+    versions = sorted({v or "-" for v in serving.values()})
+    if not versions:
+        return " serving=none (no batch sent yet)"
+    text = " serving=" + ",".join(versions)
+    if versions != [version or "-"]:
+        text += f" (not yet version {version}: its workers are not ready, see `clipstream up`'s output)"
+    idle = [str(r) for r in range(replicas) if r not in serving]
+    if idle:
+        text += f" (replica {', '.join(idle)}: no batch yet, its worker may still be starting)"
+    return text
+
+
+def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float]]:
+    """App -> model -> its share of the app's global policy weight, for the apps that have
+    learnt any (Exp3, Exp4); {} with a warning when Redis does not answer."""
+    apps = [name for name, app in view.apps.items() if app.policy != "single" and app.models]
+    if not apps:
+        return {}
+    client = sync_client(settings)
+    try:
+        raw = client.mget([policy_state_key(app, None) for app in apps])
+    except REDIS_AWAY as exc:
+        click.echo(f"warning: Redis did not answer ({exc}): the learnt weights are not shown", err=True)
+        return {}
+    finally:
+        client.close()
+    return {app: shares for app, value in zip(apps, raw) if value and (shares := _shares(value))}
+
+
+def _shares(value: bytes | str) -> dict[str, float]:
+    """Each model's softmax share of a stored Exp3/Exp4 state; {} for another policy's state."""
+    try:
+        state: Any = json.loads(value)
+        models, log_w = state["models"], state["log_w"]
+        top = max(log_w)
+        exp = [math.exp(w - top) for w in log_w]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    total = sum(exp)
+    return {str(m): round(e / total, 4) for m, e in zip(models, exp)}

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -41,7 +42,8 @@ from topics.emitter import Emitter
 from topics.intake import Intake, Record
 from topics.membership import member_name, membership_config
 from topics.metrics import LAG, expose, serve_metrics
-from topics.stage import Task, announce_ready, beat_on_loop, run_tasks
+from topics.saturation import Saturation
+from topics.stage import Task, alert, announce_ready, beat_on_loop, run_tasks
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -201,11 +203,13 @@ class BatcherProcess:
         beat_on_loop("batcher")  # the event loop's proof of life for `up`
         last: dict[str, str] = {}
         interval = self.bs.stats_log_interval_s
+        saturation = Saturation()
         while True:
             await asyncio.sleep(max(0.2, min(1.0, interval or 1.0)))
             for name, svc in self.services().items():
                 if self.follower is not None:
                     await _follow(svc, self.follower)
+                _say_if_saturated(saturation, name, svc)
                 if interval:
                     line = svc.stats_line()
                     if line != last.get(name):
@@ -247,6 +251,16 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
                             "trying again", svc.model.name, replicas, svc.topic_batches)
                 return
         svc.resize(replicas, cfg.version, cfg.spec)
+
+
+def _say_if_saturated(saturation: Saturation, name: str, svc: BatcherService) -> None:
+    """An alert (``up`` prints it) when many of a model's requests are given up or expire."""
+    share = saturation.check(name, time.monotonic(), svc.counts["requests"], svc.counts["expired"])
+    if share is not None:
+        alert(f"batcher {name}", f"{share:.0%} of its requests were given up or expired before their deadline over "
+                                 f"the last {saturation.window_s:g} s: its replicas cannot serve them in time; add "
+                                 f"replicas (clipstream set-replicas {name} N), or let its batches grow "
+                                 "(latency_objective_ms, max_batch_size)")
 
 
 def _or(value: Any, default: Any) -> Any:

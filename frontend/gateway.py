@@ -118,8 +118,8 @@ def _lifespan(state: GatewayState) -> Callable[[FastAPI], contextlib.AbstractAsy
             except Exception as exc:  # kept for ``clipstream gateway``, which prints it as one line
                 app.state.startup_error = startup_failure(exc)
                 raise
-            watcher = asyncio.create_task(state.watch_loop_lag())
-            stack.callback(watcher.cancel)
+            for watch in (state.watch_loop_lag(), state.watch_saturation()):
+                stack.callback(asyncio.create_task(watch).cancel)
             yield
 
     return lifespan

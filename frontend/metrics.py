@@ -116,6 +116,13 @@ class GatewayMetrics:
                 self.app_latency.child(name))
         return c
 
+    def refusals(self) -> dict[str, tuple[float, float]]:
+        """Per app seen: (queries, refused with 503) so far."""
+        sample = self.registry.get_sample_value
+        return {app: (sample("clipstream_gateway_queries_total", {"app": app}) or 0.0,
+                      sample("clipstream_gateway_answers_total", {"app": app, "outcome": "refused"}) or 0.0)
+                for app in list(self._per_app)}
+
     def expose(self) -> None:
         """Serve these on the process's metrics port too (``topics.metrics``)."""
         expose(self.registry)

@@ -23,6 +23,8 @@ from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryView
+from topics.saturation import Saturation
+from topics.stage import alert
 from topics.catalogue import valid_name
 from schemas import Feedback, ModelRequest, Prediction, QueryEvent, Response
 
@@ -103,6 +105,23 @@ class GatewayState:
         if known is None or monotonic() - known[1] > ANSWERED_FRESH_S:
             return None
         return known[0]
+
+    async def watch_saturation(self, every_s: float = 2.0) -> None:
+        """Say (``up`` prints it) when an app's queries are refused in numbers: the pipeline is
+        at its capacity for them, and the fix is more replicas or larger batches."""
+        saturation = Saturation()
+        while True:
+            await asyncio.sleep(every_s)
+            for app, (total, refused) in self.metrics.refusals().items():
+                share = saturation.check(app, monotonic(), total, refused)
+                if share is None:
+                    continue
+                view = self.registry.view() if self.registry is not None else None
+                models = ", ".join(view.apps[app].models) if view is not None and app in view.apps else "its models"
+                alert("gateway", f"app {app}: {share:.0%} of its queries were refused (503) over the last "
+                                 f"{saturation.window_s:g} s: the pipeline is at its capacity for them; add replicas "
+                                 f"of {models} (clipstream set-replicas MODEL N), or let their batches grow "
+                                 "(latency_objective_ms, max_batch_size)")
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:
         """How late the event loop wakes up: a late loop means callers already wait in line.

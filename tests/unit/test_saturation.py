@@ -1,0 +1,68 @@
+"""A stage that turns away much of its work says so, over a window, at most once a minute."""
+
+from __future__ import annotations
+
+from topics.saturation import Saturation
+
+
+def test_a_high_share_turned_away_over_a_window_alerts_once_a_minute() -> None:
+    s = Saturation(window_s=10, share=0.1, least=20, every_s=60)
+    assert s.check("a", 0, 0, 0) is None  # the window starts
+    assert s.check("a", 5, 500, 200) is None  # not a whole window yet
+    assert s.check("a", 10, 1000, 350) == 0.35
+    assert s.check("a", 20, 2000, 700) is None  # as bad, but alerted 10 s ago
+    assert s.check("a", 70, 3000, 1050) == 0.35  # a minute on, still at it
+    assert s.check("b", 70, 0, 0) is None  # each key on its own
+
+
+def test_a_low_share_or_a_handful_says_nothing() -> None:
+    s = Saturation(window_s=10, share=0.1, least=20, every_s=60)
+    s.check("a", 0, 0, 0)
+    assert s.check("a", 10, 1000, 50) is None  # 5%
+    assert s.check("a", 20, 1010, 60) is None  # 10 of 10 refused: too few to say
+    assert s.check("a", 30, 1010, 60) is None  # nothing at all
+
+
+def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatch, capsys) -> None:
+    import asyncio
+
+    import frontend.state as gateway_state
+    from tests.unit.test_gateway_http import FakeBus, answer, make_app
+
+    state = make_app(FakeBus(answer)).state.gateway
+    monkeypatch.setattr(gateway_state, "Saturation", lambda: Saturation(window_s=0.05, share=0.1, least=20))
+    queries, _, _, refused, _ = state.metrics.app("pets")
+
+    async def run() -> str:
+        watch = asyncio.create_task(state.watch_saturation(every_s=0.01))
+        try:
+            await asyncio.sleep(0.03)  # the first window starts at nothing
+            queries.inc(100)
+            refused.inc(40)
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                err = capsys.readouterr().err
+                if err:
+                    return err
+            return ""
+        finally:
+            watch.cancel()
+
+    said = asyncio.run(run())
+    assert said.startswith("alert: gateway: app pets: 40% of its queries were refused (503)"), said
+    assert "clipstream set-replicas MODEL N" in said
+
+
+def test_a_batcher_says_when_it_gives_up_many_requests(capsys) -> None:
+    from types import SimpleNamespace
+
+    from batchers.app import _say_if_saturated
+
+    s = Saturation(window_s=0.0, share=0.1, least=20)
+    svc = SimpleNamespace(counts={"requests": 0, "expired": 0})
+    _say_if_saturated(s, "strag", svc)  # type: ignore[arg-type]
+    svc.counts.update(requests=1000, expired=581)
+    _say_if_saturated(s, "strag", svc)  # type: ignore[arg-type]
+    said = capsys.readouterr().err
+    assert said.startswith("alert: batcher strag: 58% of its requests were given up or expired"), said
+    assert "clipstream set-replicas strag N" in said

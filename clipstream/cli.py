@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "set-replicas": "frontend.cli:set_replicas",
     "rollback": "frontend.cli:rollback",
     "remove-model": "frontend.cli:remove_model",
+    "remove-app": "frontend.cli:remove_app",
     "inspect": "frontend.cli:inspect_registry",
     "up": "clipstream.up:up",
 }

@@ -40,6 +40,23 @@ def policy_state_key(app: str, context: str | None) -> str:
     return f"cs:state:{app}:{context or GLOBAL_CONTEXT}"
 
 
+def contexts_key(app: str) -> str:
+    """The contexts an app has policy states for (the selector caps their number)."""
+    return f"cs:contexts:{app}"
+
+
+def forget_app(client: redis.Redis, app: str, chunk: int = 500) -> int:
+    """Delete every policy state of ``app`` (its global one and each context's) and its list of
+    contexts; the number of keys deleted. A removed app registered again learns afresh."""
+    deleted, keys = 0, [contexts_key(app)]
+    for key in client.scan_iter(match=policy_state_key(app, "*"), count=chunk):
+        keys.append(key)
+        if len(keys) >= chunk:
+            deleted += client.unlink(*keys)
+            keys = []
+    return deleted + client.unlink(*keys)
+
+
 def stored_predictions_key(query_id: str) -> str:
     """Where the selector keeps a query's predictions for the feedback join (the gateway asks
     whether they are there before it takes feedback for the query)."""

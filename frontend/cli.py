@@ -15,7 +15,7 @@ import yaml
 
 from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
-from clipstream.redisclient import REDIS_AWAY, sync_client
+from clipstream.redisclient import REDIS_AWAY, forget_app, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from frontend.serving import served, serving, serving_text, weights
 from registry.appfile import apply_file, check_default_output, check_policy
@@ -223,6 +223,29 @@ def remove_model(name: str, unlink: bool) -> None:
                    f" (no model left: {app}'s queries are refused until one is linked)"))
     click.echo(f"model {name} removed")
     click.echo(_forget_cached(settings, name))
+
+
+@click.command("remove-app")
+@click.argument("name")
+@_friendly
+def remove_app(name: str) -> None:
+    """Remove an app: its links go with it, its queries get 404, and its learnt weights are
+    deleted. Its models stay (`remove-model` removes one)."""
+    settings = _settings()
+    view = read_view(settings)
+    app = view.apps.get(name)
+    if app is None:
+        raise ClipstreamError(f"no app {name!r} in the registry (`clipstream inspect` lists the apps)")
+    with RegistryWriter(settings) as w:
+        for model in sorted(set(app.models) | set(view.models)):  # unlinked ones leave a record too
+            w.delete(f"link:{name}:{model}")
+        w.delete(f"app:{name}")
+    click.echo(f"app {name} removed; its models stay: {', '.join(app.models) or 'none'}")
+    try:
+        click.echo(f"{forget_app(sync_client(settings), name)} keys of {name}'s learnt weights deleted")
+    except REDIS_AWAY as exc:
+        click.echo(f"warning: Redis at CLIPSTREAM_REDIS_URL did not answer ({exc}), so {name}'s learnt weights "
+                   f"stay: delete the keys cs:state:{name}:* before registering {name} again")
 
 
 def linked_apps(view: RegistryView, name: str, unlink: bool) -> list[str]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import redis
 
-from clipstream.redisclient import policy_state_key, stored_predictions_key
+from clipstream.redisclient import contexts_key, policy_state_key, stored_predictions_key
 from selector.types import State
 
 
@@ -46,10 +46,6 @@ def pred_key(query_id: str) -> str:
 
 def seen_key(query_id: str) -> str:
     return f"cs:seen:{query_id}"
-
-
-def contexts_key(app: str) -> str:
-    return f"cs:contexts:{app}"
 
 
 class StateStore:

@@ -157,6 +157,20 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         wait_until(answered_by_logreg_alone, 60, "the app to be answered by logreg alone")
         if batchers == "per-model":
             assert "stopped batcher-sevens (registry change)" in lines
+
+        # the app removed: its queries get 404 and its learnt weights go; its model stays
+        cache.set(f"cs:state:{app}:__global__", b'{"policy": "exp4", "models": ["logreg"], "log_w": [0.0]}')
+        _cli("remove-app", app, env=env)
+        assert cache.get(f"cs:state:{app}:__global__") is None
+
+        def refused_as_unknown() -> bool:
+            try:
+                client.predict(input=x[1604].tolist())
+            except NotFound:
+                return True
+            return False
+
+        wait_until(refused_as_unknown, 30, "the removed app's queries to get 404")
     finally:
         client.close() if hasattr(client, "close") else None
         code = up.stop(90)

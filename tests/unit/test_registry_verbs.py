@@ -256,3 +256,32 @@ def test_an_app_file_linking_models_of_other_classes_is_refused(tmp_path: Path) 
     (tmp_path / "bad.yaml").write_text(f"apps:\n  - {{name: pets, models: [a, c]}}\nmodels:\n{models}")
     with pytest.raises(ConfigError, match=r"app pets links model c, but its labels \['cat', 'cow'\] are not those of 'a'"):
         load_app_file(tmp_path / "bad.yaml")
+
+
+def test_remove_app_deletes_its_links_and_record_and_its_learnt_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fnmatch
+
+    import frontend.cli as registry_cli
+    from registry.topic import AppConfig
+
+    app = AppConfig(name="digits", policy="exp4", slo_ms=50, default_output=None, models=("m",))
+    fake = NoKafka(RegistryView(apps={"digits": app}, models={"m": _model()})).install(monkeypatch)
+    held = {"cs:state:digits:__global__", "cs:state:digits:user-1", "cs:contexts:digits", "cs:state:digits-2:__global__"}
+
+    class Redis:
+        def scan_iter(self, match: str, count: int) -> list[str]:
+            return [k for k in sorted(held) if fnmatch.fnmatchcase(k, match)]
+
+        def unlink(self, *keys: str) -> int:
+            gone = held & set(keys)
+            held.difference_update(gone)
+            return len(gone)
+
+    monkeypatch.setattr(registry_cli, "sync_client", lambda settings: Redis())
+    shown = CliRunner().invoke(main, ["remove-app", "digits"])
+    assert shown.exit_code == 0, shown.output
+    assert fake.writes == [("delete", ("link:digits:m",)), ("delete", ("app:digits",))]
+    assert "app digits removed; its models stay: m" in shown.output and "3 keys of digits's learnt weights deleted" in shown.output
+    assert held == {"cs:state:digits-2:__global__"}  # another app's, though its name begins the same
+    missing = CliRunner().invoke(main, ["remove-app", "nope"])
+    assert missing.exit_code == 1 and "no app 'nope' in the registry" in missing.output

@@ -35,6 +35,11 @@ from topics.deadletters import DeadLetters
 from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
 
+# feedback whose query has no stored predictions, after the wait for them
+UNKNOWN_QUERY = ("feedback for a query id with no stored predictions: unknown, older than their time to live "
+                 "(CLIPSTREAM_STORED_PREDICTIONS_TTL_S), answered before any model was asked, or answered by a "
+                 "selector that stopped before storing them")
+
 # what ``observe`` is given for a model that was asked and gave no answer by the deadline (a
 # straggler, a failure, or one not asked for lack of time): a label or value no feedback matches
 NO_ANSWER = Output(None)
@@ -69,6 +74,8 @@ class Learner:
         except ClipstreamError as exc:
             return self._refuse(msg, f"undecodable feedback: {exc}")
         qid = fb.query_id
+        if not qid:
+            return self._refuse(msg, "feedback with an empty query_id: it names no query", None, fb.app)
         if fb.label is None and fb.reward is None:
             return self._refuse(msg, "feedback has neither a label nor a reward", qid, fb.app)
         problem = reward_problem(fb.reward)  # checked before Redis is asked anything
@@ -83,7 +90,7 @@ class Learner:
                 return False
             self.stats["unknown_query"] += 1
             self.metrics.count(self._known(fb.app), "unknown_query")
-            self.dead.send(reason="feedback for an unknown or expired query id", msg=msg, query_id=qid)
+            self.dead.send(reason=UNKNOWN_QUERY, msg=msg, query_id=qid)
             return True
         # the app the query was answered for, never the one the feedback claims: a key allowed
         # one app must not teach another through a query id of that app's

@@ -119,3 +119,13 @@ def test_every_outcome_is_counted_with_a_bounded_app_label() -> None:
 def _series(learner: Learner) -> list[tuple[tuple[str, str], ...]]:
     return [tuple(sorted(s.labels.items())) for metric in learner.metrics.registry.collect()
             if metric.name == "clipstream_selector_feedback" for s in metric.samples if s.name.endswith("_total")]
+
+
+def test_feedback_with_an_empty_query_id_is_refused_as_such_at_once() -> None:
+    store = FakeStore({})
+    learner, dead = _learner(store)
+    assert learner.handle(_fb("", "one", label=7)) is True  # not parked to wait for predictions
+    (letter,) = dead
+    assert "empty query_id" in letter["reason"] and store.loads == []
+    assert learner.handle(_fb("q-gone", "one", label=7), give_up_at=0.0) is True
+    assert "CLIPSTREAM_STORED_PREDICTIONS_TTL_S" in dead[-1]["reason"]

@@ -43,7 +43,7 @@ from topics.intake import Intake, Record
 from topics.membership import member_name, membership_config
 from topics.metrics import LAG, expose, serve_metrics
 from topics.saturation import Saturation
-from topics.stage import Task, alert, announce_ready, beat_on_loop, run_tasks
+from topics.stage import Task, alert, announce_ready, beat_on_loop, note, run_tasks
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -235,9 +235,8 @@ async def _follow(svc: BatcherService, follower: Any) -> None:
                  _or(cfg.batch_delay_ms, bs.batch_delay_ms))
         if svc.retune(*knobs):
             m = svc.model
-            print(f"batcher {m.name}: batching now latency_objective_ms={m.latency_objective_ms:g} "
-                  f"max_batch_size={m.max_batch_size} batch_delay_ms={m.batch_delay_ms:g} (from the registry)",
-                  flush=True)
+            note("batcher", f"model {m.name}: batching now latency_objective_ms={m.latency_objective_ms:g} "
+                            f"max_batch_size={m.max_batch_size} batch_delay_ms={m.batch_delay_ms:g} (from the registry)")
     if cfg is not None and (cfg.replicas != len(svc.core.dispatcher.replicas) or cfg.version != svc.core.version):
         replicas = max(1, int(cfg.replicas))
         if replicas > len(svc.core.dispatcher.replicas):
@@ -257,10 +256,10 @@ def _say_if_saturated(saturation: Saturation, name: str, svc: BatcherService) ->
     """An alert (``up`` prints it) when many of a model's requests are given up or expire."""
     share = saturation.check(name, time.monotonic(), svc.counts["requests"], svc.counts["expired"])
     if share is not None:
-        alert(f"batcher {name}", f"{share:.0%} of its requests were given up or expired before their deadline over "
-                                 f"the last {saturation.window_s:g} s: its replicas cannot serve them in time; add "
-                                 f"replicas (clipstream set-replicas {name} N), or let its batches grow "
-                                 "(latency_objective_ms, max_batch_size)")
+        alert("batcher", f"model {name}: {share:.0%} of its requests were given up or expired before their deadline "
+                         f"over the last {saturation.window_s:g} s: its replicas cannot serve them in time; add "
+                         f"replicas (clipstream set-replicas {name} N), or let its batches grow "
+                         "(latency_objective_ms, max_batch_size)")
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -29,7 +29,7 @@ from pathlib import Path
 from clipstream.backoff import Backoff
 from clipstream.errors import ClipstreamError
 from clipstream.spare import SPARE_ENV, WAITING_LINE, end_spare
-from topics.stage import ALERT_PREFIX, HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, read_heartbeat
+from topics.stage import ALERT_PREFIX, HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, NOTE_PREFIX, read_heartbeat, relayed
 
 Report = Callable[[str], None]
 MIN_HEARTBEAT_TIMEOUT_S = 2 * HEARTBEAT_EVERY_S  # a beat on time is up to one interval old
@@ -39,6 +39,7 @@ CHECK_S = 0.5
 # is still starting, where its imports would compete with the stages' own
 SPARE_AFTER_S = 5.0
 ALERT = ALERT_PREFIX.encode()
+NOTE = NOTE_PREFIX.encode()
 HINT_EVERY_S = 60.0  # what to do about a stage that keeps dying: said at most this often
 
 
@@ -167,7 +168,9 @@ class Supervisor:
                 if raw.startswith(WAITING_LINE) and proc is stage.spare_proc:
                     stage.spare_waiting.set()
                 if raw.startswith(ALERT):  # meant for whoever runs up, not only for the log
-                    self.report(f"{stage.name}: {raw[len(ALERT):].decode(errors='replace').strip()}")
+                    self.report(relayed(stage.name, raw[len(ALERT):].decode(errors="replace"), ALERT_PREFIX))
+                elif raw.startswith(NOTE):
+                    self.report(relayed(stage.name, raw[len(NOTE):].decode(errors="replace")))
                 if raw.startswith(b"ready:") and proc is stage.proc and not stage.ready.is_set():
                     stage.ready_line = raw.decode(errors="replace").strip()
                     stage.ready_at = time.monotonic()

@@ -82,17 +82,26 @@ def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float
         return {}
     finally:
         client.close()
-    return {app: shares for app, value in zip(apps, raw) if value and (shares := _shares(value))}
+    serving = {name: m.version for name, m in view.models.items()}
+    return {app: shares for app, value in zip(apps, raw) if value and (shares := _shares(value, serving))}
 
 
-def _shares(value: bytes | str) -> dict[str, float]:
-    """Each model's softmax share of a stored Exp3/Exp4 state; {} for another policy's state."""
+def _shares(value: bytes | str, serving: dict[str, str]) -> dict[str, float]:
+    """Each model's softmax share of a stored Exp3/Exp4 state, each model weighed as the
+    version ``serving`` names (the state may hold another's, the last that learnt: as
+    ``selector.policies.align_state`` does, a version left keeps its weight under ``left``);
+    {} for another policy's state."""
     try:
         state: Any = json.loads(value)
-        models, log_w = state["models"], state["log_w"]
+        models, log_w = state["models"], list(state["log_w"])
+        held, left = state.get("versions") or {}, state.get("left") or {}
+        for i, model in enumerate(models):
+            wanted = serving.get(model)
+            if wanted is not None and held.get(model) not in (None, wanted):
+                log_w[i] = float(left.get(f"{model}@{wanted}", log_w[i]))
         top = max(log_w)
         exp = [math.exp(w - top) for w in log_w]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return {}
     total = sum(exp)
     return {str(m): round(e / total, 4) for m, e in zip(models, exp)}

@@ -117,10 +117,11 @@ class GatewayState:
                 if share is None:
                     continue
                 view = self.registry.view() if self.registry is not None else None
-                models = ", ".join(view.apps[app].models) if view is not None and app in view.apps else "its models"
+                models = list(view.apps[app].models) if view is not None and app in view.apps else []
                 alert("gateway", f"app {app}: {share:.0%} of its queries were refused (503) over the last "
                                  f"{saturation.window_s:g} s: the pipeline is at its capacity for them; add replicas "
-                                 f"of {models} (clipstream set-replicas MODEL N), or let their batches grow "
+                                 f"of {', '.join(models) or 'its models'} (clipstream set-replicas "
+                                 f"{models[0] if models else 'MODEL'} N), or let their batches grow "
                                  "(latency_objective_ms, max_batch_size)")
 
     async def watch_loop_lag(self, every_s: float = 0.005) -> None:

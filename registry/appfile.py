@@ -61,7 +61,14 @@ def _number(value: object, what: str, integer: bool = False) -> int | float:
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or (
         isinstance(value, float) and not math.isfinite(value)
     ):
-        raise ConfigError(f"{what} must be {'an integer' if integer else 'a number'}, not {value!r}")
+        hint = ""
+        if isinstance(value, str):
+            try:
+                float(value)
+                hint = " (YAML reads an exponent without a dot and a sign as text: write 1.0e+12, or the digits)"
+            except ValueError:
+                pass
+        raise ConfigError(f"{what} must be {'an integer' if integer else 'a number'}, not {value!r}{hint}")
     return value
 
 

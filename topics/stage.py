@@ -46,6 +46,24 @@ def alert(stage: str, msg: str) -> None:
     print(f"{ALERT_PREFIX}{stage}: {msg}", file=sys.stderr, flush=True)
 
 
+# a stage's line that ``clipstream up`` shows as it is, as news rather than as an alert
+NOTE_PREFIX = "note: "
+
+
+def note(stage: str, msg: str) -> None:
+    """One line ``clipstream up`` also prints (a change the stage made on its own, such as the
+    batching knobs a batcher took from the registry); rare, as an alert."""
+    print(f"{NOTE_PREFIX}{stage}: {msg}", flush=True)
+
+
+def relayed(stage: str, said: str, prefix: str = "") -> str:
+    """``<prefix><stage>: <what it said>``, as ``up`` prints a stage's alert (prefix ``alert: ``)
+    or note: the stage's process name replaces the label the stage gave itself
+    (``topics.stage.alert``, ``.note``)."""
+    _label, sep, message = said.strip().partition(": ")
+    return f"{prefix}{stage}: {message if sep else said.strip()}"
+
+
 def announce_ready(stage: str, detail: str = "") -> None:
     """Freeze the start-up heap (``clipstream.heap``), then print the ready line."""
     freeze_startup_heap()

@@ -67,6 +67,20 @@ def normalise(log_w: list[float], max_log_ratio: float) -> list[float]:
     return [max(w - top, -max_log_ratio) for w in log_w]
 
 
+def with_weights(state: State, log_w: list[float], max_log_ratio: float) -> State:
+    """A copy of ``state`` with ``log_w`` normalised, and the weights of the versions left
+    (``align_state``) shifted by as much: all stay in one frame, so a version rolled back to
+    comes back as far ahead of (or behind) the others as its own answers put it, within
+    ``max_log_ratio`` either way."""
+    out = dict(state)
+    out["log_w"] = normalise(log_w, max_log_ratio)
+    left = state.get("left")
+    if left and log_w:
+        top = max(log_w)
+        out["left"] = {k: min(max(w - top, -max_log_ratio), max_log_ratio) for k, w in left.items()}
+    return out
+
+
 def softmax(log_w: Sequence[float]) -> list[float]:
     if not log_w:
         return []

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from selector.losses import model_loss
-from selector.policies.base import cfg_float, normalise, softmax, uniform_draw, weights_state
+from selector.policies.base import cfg_float, softmax, uniform_draw, weights_state, with_weights
 from selector.types import Feedback, Output, Query, State
 
 
@@ -77,8 +77,7 @@ class Exp3:
             i = models.index(model)
             p = chosen if chosen is not None and len(predictions) == 1 else probs[i]
             log_w[i] -= self.eta * loss / p
-        out = dict(state)
-        out["log_w"] = normalise(log_w, self.max_log_ratio)
+        out = with_weights(state, log_w, self.max_log_ratio)
         out["n_observed"] = int(state.get("n_observed", 0)) + 1
         return out
 

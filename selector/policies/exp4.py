@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from selector.losses import agrees, model_loss
-from selector.policies.base import cfg_float, normalise, softmax, weights_state
+from selector.policies.base import cfg_float, softmax, weights_state, with_weights
 from selector.types import Feedback, Output, Query, State, plain, same_label
 
 
@@ -102,7 +102,6 @@ class Exp4:
             loss = model_loss(output, feedback, self.kind, self.loss_scale, self.agree_tolerance)
             if loss is not None:
                 log_w[models.index(model)] -= self.eta * loss
-        out = dict(state)
-        out["log_w"] = normalise(log_w, self.max_log_ratio)
+        out = with_weights(state, log_w, self.max_log_ratio)
         out["n_observed"] = int(state.get("n_observed", 0)) + 1
         return out

@@ -149,6 +149,7 @@ from topics.stage import announce_ready
 announce_ready("child")
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.01)
+print("note: child: took its new batching knobs", flush=True)
 print("alert: child: its model fails on every call", flush=True)
 print("error: the model raised ValueError", flush=True)
 sys.exit(1)
@@ -168,7 +169,8 @@ def test_a_restart_line_quotes_the_error_the_stage_exited_on(tmp_path, running) 
                "a restart line")
     line = next(line for line in r.reports if line.startswith("restarting child in "))
     assert "(exit code 1: error: the model raised ValueError); log: " in line, line
-    assert "child: child: its model fails on every call" in r.reports  # an alert is shown, not only logged
+    assert "alert: child: its model fails on every call" in r.reports  # an alert is shown, not only logged
+    assert "child: took its new batching knobs" in r.reports  # and so is a note
 
 
 def test_a_stage_started_while_serving_says_when_it_is_ready(tmp_path, child, running) -> None:

@@ -37,7 +37,9 @@ def test_the_batcher_takes_the_registrys_knobs_while_it_serves(capsys: pytest.Ca
     d = svc.core.dispatcher
     assert d.batch_delay_us == 30_000
     assert all((r.aimd.objective_us, r.aimd.cap) == (80_000, 4) for r in d.replicas)
-    assert "batching now latency_objective_ms=80 max_batch_size=4 batch_delay_ms=30" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert said.startswith("note: batcher: model m: batching now latency_objective_ms=80 max_batch_size=4 "
+                           "batch_delay_ms=30"), said
     d.resize(3)  # a replica added later is made with the new knobs
     assert (d.replicas[2].aimd.objective_us, d.replicas[2].aimd.cap) == (80_000, 4)
     asyncio.run(_follow(svc, _follower(cfg)))  # read again: nothing changes, nothing is said

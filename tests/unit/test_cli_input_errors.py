@@ -125,6 +125,7 @@ def _one_line_error(result: Result, code: int, *fragments: str) -> None:
         ("", "policy: exp5", "apps[0].policy must be exp3, exp4, single or pkg.module:Class, not 'exp5'"),
         ("", "slo_ms: fast", "apps[0].slo_ms must be a number, not 'fast'"),
         ("", "slo_ms: 0", "apps[0].slo_ms must be more than 0 and at most 3,600,000 ms (an hour), not 0"),
+        ("", "slo_ms: 1e12", "apps[0].slo_ms must be a number, not '1e12' (YAML reads an exponent without a dot"),
         ("", "slo_ms: 1000000000000", "apps[0].slo_ms must be more than 0 and at most 3,600,000 ms (an hour), not 1e+12"),
         ("", "slo_ms: .nan", "apps[0].slo_ms must be a number"),
         ("", "default_output: [1, 2]", "apps[0].default_output must be null, a boolean, a number or a string"),

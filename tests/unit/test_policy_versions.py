@@ -118,3 +118,18 @@ def test_feedback_teaches_the_version_that_answered_not_the_one_serving_now() ->
     learnt = align_state(p, states[-1], ["good", "medium"], {"good": "1"})  # as the selector serves it
     assert learnt["log_w"][0] == 0.0  # version 1 untouched by version 2's wrong answer
     assert learnt["left"]["good@2"] == pytest.approx(-4.5)
+
+
+def test_a_version_left_stays_in_the_frame_of_the_weights_that_go_on_learning() -> None:
+    """The weights are shifted so the best is 0 after each update: a version left must shift
+    with them, or it comes back level with a model it was far ahead of."""
+    p = Exp4({"eta": 0.5, "kind": "label"})
+    s = align_state(p, None, ["good", "tree"], {"good": "1", "tree": "1"})
+    s["log_w"] = [0.0, -10.0]  # version 1 of good, far ahead of the tree
+    s = align_state(p, s, ["good", "tree"], {"good": "2"})  # a broken version 2
+    for i in range(60):  # version 2 wrong, the tree right: the tree leads, and the frame moves
+        q = Query(f"q{i}", "a")
+        s = p.observe(s, q, Feedback(q.query_id, label="y"), {"good": Output("n"), "tree": Output("y")})
+    assert s["log_w"][1] == 0.0
+    back = align_state(p, s, ["good", "tree"], {"good": "1"})
+    assert back["log_w"][0] - back["log_w"][1] == pytest.approx(10.0)  # as far ahead as when it was left

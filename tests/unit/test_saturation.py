@@ -50,7 +50,7 @@ def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatc
 
     said = asyncio.run(run())
     assert said.startswith("alert: gateway: app pets: 40% of its queries were refused (503)"), said
-    assert "clipstream set-replicas MODEL N" in said
+    assert "add replicas of m1 (clipstream set-replicas m1 N)" in said, said
 
 
 def test_a_batcher_says_when_it_gives_up_many_requests(capsys) -> None:
@@ -64,5 +64,5 @@ def test_a_batcher_says_when_it_gives_up_many_requests(capsys) -> None:
     svc.counts.update(requests=1000, expired=581)
     _say_if_saturated(s, "strag", svc)  # type: ignore[arg-type]
     said = capsys.readouterr().err
-    assert said.startswith("alert: batcher strag: 58% of its requests were given up or expired"), said
+    assert said.startswith("alert: batcher: model strag: 58% of its requests were given up or expired"), said
     assert "clipstream set-replicas strag N" in said

@@ -54,7 +54,7 @@ def forget_app(client: redis.Redis, app: str, chunk: int = 500) -> int:
         if len(keys) >= chunk:
             deleted += client.unlink(*keys)
             keys = []
-    return deleted + client.unlink(*keys)
+    return deleted + (client.unlink(*keys) if keys else 0)
 
 
 def stored_predictions_key(query_id: str) -> str:

@@ -52,17 +52,17 @@ def served(settings: Settings, name: str, replicas: int) -> dict[int, str | None
     return out
 
 
-def serving_text(version: str | None, replicas: int, serving: dict[int, str | None] | None) -> str:
+def serving_text(version: str | None, replicas: int, now: dict[int, str | None] | None) -> str:
     """`` serving=...`` for ``inspect``'s line, saying which replicas wait for a first batch."""
-    if serving is None:
+    if now is None:
         return ""
-    versions = sorted({v or "-" for v in serving.values()})
+    versions = sorted({v or "-" for v in now.values()})
     if not versions:
         return " serving=none (no batch sent yet)"
     text = " serving=" + ",".join(versions)
     if versions != [version or "-"]:
         text += f" (not yet version {version}: its workers are not ready, see `clipstream up`'s output)"
-    idle = [str(r) for r in range(replicas) if r not in serving]
+    idle = [str(r) for r in range(replicas) if r not in now]
     if idle:
         text += f" (replica {', '.join(idle)}: no batch yet, its worker may still be starting)"
     return text
@@ -82,13 +82,13 @@ def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float
         return {}
     finally:
         client.close()
-    serving = {name: m.version for name, m in view.models.items()}
-    return {app: shares for app, value in zip(apps, raw) if value and (shares := _shares(value, serving))}
+    versions = {name: m.version for name, m in view.models.items()}
+    return {app: shares for app, value in zip(apps, raw) if value and (shares := _shares(value, versions))}
 
 
-def _shares(value: bytes | str, serving: dict[str, str]) -> dict[str, float]:
+def _shares(value: bytes | str, versions: dict[str, str]) -> dict[str, float]:
     """Each model's softmax share of a stored Exp3/Exp4 state, each model weighed as the
-    version ``serving`` names (the state may hold another's, the last that learnt: as
+    version ``versions`` names (the state may hold another's, the last that learnt: as
     ``selector.policies.align_state`` does, a version left keeps its weight under ``left``);
     {} for another policy's state."""
     try:
@@ -96,7 +96,7 @@ def _shares(value: bytes | str, serving: dict[str, str]) -> dict[str, float]:
         models, log_w = state["models"], list(state["log_w"])
         held, left = state.get("versions") or {}, state.get("left") or {}
         for i, model in enumerate(models):
-            wanted = serving.get(model)
+            wanted = versions.get(model)
             if wanted is not None and held.get(model) not in (None, wanted):
                 log_w[i] = float(left.get(f"{model}@{wanted}", log_w[i]))
         top = max(log_w)

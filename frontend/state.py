@@ -9,9 +9,9 @@ tested, without an HTTP server.
 from __future__ import annotations
 
 import asyncio
-from time import monotonic
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
+from time import monotonic
 from typing import Any, Protocol, Union
 
 from clipstream.clock import now_us
@@ -23,9 +23,9 @@ from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryView
+from topics.catalogue import valid_name
 from topics.saturation import Saturation
 from topics.stage import alert
-from topics.catalogue import valid_name
 from schemas import Feedback, ModelRequest, Prediction, QueryEvent, Response
 
 LAG_CUT_EVERY_US = 50_000  # the gateway's late loop cuts its admission limit at most this often

@@ -6,8 +6,6 @@ says only what is wanted."""
 from __future__ import annotations
 
 import json
-import math
-from typing import Any
 
 import click
 from confluent_kafka import KafkaException
@@ -15,6 +13,7 @@ from confluent_kafka import KafkaException
 from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, policy_state_key, sync_client
 from clipstream.settings import Settings
+from clipstream.weights import policy_weights
 from registry.topic import RegistryView
 from schemas import Batch, decode_as
 from topics.catalogue import Catalogue
@@ -87,21 +86,10 @@ def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float
 
 
 def _shares(value: bytes | str, versions: dict[str, str]) -> dict[str, float]:
-    """Each model's softmax share of a stored Exp3/Exp4 state, each model weighed as the
-    version ``versions`` names (the state may hold another's, the last that learnt: as
-    ``selector.policies.align_state`` does, a version left keeps its weight under ``left``);
-    {} for another policy's state."""
+    """Each model's share of a stored Exp3/Exp4 state, weighed as the version ``versions``
+    names (the state may hold another's, the last that learnt); {} for another policy's."""
     try:
-        state: Any = json.loads(value)
-        models, log_w = state["models"], list(state["log_w"])
-        held, left = state.get("versions") or {}, state.get("left") or {}
-        for i, model in enumerate(models):
-            wanted = versions.get(model)
-            if wanted is not None and held.get(model) not in (None, wanted):
-                log_w[i] = float(left.get(f"{model}@{wanted}", log_w[i]))
-        top = max(log_w)
-        exp = [math.exp(w - top) for w in log_w]
+        shares = policy_weights(json.loads(value), versions)
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
-    total = sum(exp)
-    return {str(m): round(e / total, 4) for m, e in zip(models, exp)}
+    return {m: round(w, 4) for m, w in shares.items()}

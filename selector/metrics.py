@@ -9,13 +9,13 @@ last state each app's queries were dispatched with.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from clipstream.clock import now_us
+from clipstream.weights import policy_weights
 from schemas import Response
 from schemas.reasons import EXPIRED_ON_ARRIVAL, NO_TIME_TO_ASK, NOTHING_ARRIVED
 from topics.metrics import LATENCY_BUCKETS, Family, GaugesAtScrape, StageLatency
@@ -41,19 +41,6 @@ def default_reason(reason: str | None) -> str:
     if reason.startswith("the selector could not"):
         return "selector_error"
     return "rejected"  # unknown app, bad input: the dispatch refused the query
-
-
-def policy_weights(state: Mapping[str, Any] | None) -> dict[str, float]:
-    """Each model's share of the weight in an Exp3/Exp4 state (``models`` + ``log_w``); {} else."""
-    if not state:
-        return {}
-    models, log_w = state.get("models"), state.get("log_w")
-    if not isinstance(models, list) or not isinstance(log_w, list) or len(models) != len(log_w) or not models:
-        return {}
-    top = max(log_w)
-    exp = [math.exp(w - top) for w in log_w]
-    total = sum(exp)
-    return {str(m): e / total for m, e in zip(models, exp)}
 
 
 class SelectorMetrics:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from clipstream.errors import ConfigError
+from clipstream.weights import left_key
 from selector.types import Feedback, Output, Query, State
 
 
@@ -133,9 +134,9 @@ def as_versions(state: State | None, versions: Mapping[str, str | None] | None) 
         i = state["models"].index(model)
         was = held.get(model)
         if was is not None:
-            left.pop(f"{model}@{was}", None)  # re-inserted last: the oldest left go first
-            left[f"{model}@{was}"] = log_w[i]
-        log_w[i] = float(left.pop(f"{model}@{version}", log_w[i]))
+            left.pop(left_key(model, was), None)  # re-inserted last: the oldest left go first
+            left[left_key(model, was)] = log_w[i]
+        log_w[i] = float(left.pop(left_key(model, version), log_w[i]))
         held[model] = version
     while len(left) > KEEP_LEFT_VERSIONS:
         left.pop(next(iter(left)))

@@ -133,3 +133,20 @@ def test_a_version_left_stays_in_the_frame_of_the_weights_that_go_on_learning() 
     assert s["log_w"][1] == 0.0
     back = align_state(p, s, ["good", "tree"], {"good": "1"})
     assert back["log_w"][0] - back["log_w"][1] == pytest.approx(10.0)  # as far ahead as when it was left
+
+
+def test_the_shares_shown_are_those_the_selector_weighs_with() -> None:
+    """``inspect`` and the gauge read a stored state without aligning it: they weigh each model
+    as its serving version, as ``align_state`` would."""
+    from clipstream.weights import policy_weights
+    from selector.policies.base import softmax
+
+    p = Exp4()
+    s = align_state(p, None, MODELS, {m: "1" for m in MODELS})
+    s["log_w"] = [0.0, -2.0, -6.0]
+    s = align_state(p, s, MODELS, {"good": "2"})
+    s["log_w"] = [-9.0, 0.0, -6.0]  # version 2 taught
+    serving = {"good": "1", "medium": "1", "bad": "1"}
+    aligned = align_state(p, s, MODELS, serving)
+    assert list(policy_weights(s, serving).values()) == pytest.approx(softmax(aligned["log_w"]))
+    assert list(policy_weights(s).values()) == pytest.approx(softmax(s["log_w"]))

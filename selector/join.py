@@ -47,6 +47,7 @@ class Pending:
     asked: Asked = field(default_factory=Asked)
     arrived: dict[str, Output] = field(default_factory=dict)  # model -> the prediction's output
     failed: dict[str, str] = field(default_factory=dict)  # model -> why (expired, error text)
+    expired: set[str] = field(default_factory=set)  # of ``failed``: given up or expired, late rather than broken
     versions: dict[str, str | None] = field(default_factory=dict)  # model -> the version that answered
     completed_us: int | None = None
     last_resort_us: int | None = None  # with nothing arrived by ``deadline_us``, wait to here
@@ -116,6 +117,8 @@ class JoinState:
             pending.versions[model] = version
         else:
             pending.failed[model] = error or status
+            if status == "expired":
+                pending.expired.add(model)
         if pending.complete:
             return self.finish(query_id)
         return None

@@ -54,11 +54,13 @@ class SelectorMetrics:
                                 "Default answers by app and reason (nothing arrived, every model failed, ...).",
                                 ("app", "reason"), registry=r)
         self._stragglers = Family("clipstream_selector_stragglers",
-                                  "Predictions cut off by the deadline (the model was asked, did not answer in "
-                                  "time), by app and model.", ("app", "model"), registry=r)
+                                  "Predictions missing from an answer because they were late: cut off by the "
+                                  "deadline, or given up by the model's batcher as unable to make it, by app and "
+                                  "model.", ("app", "model"), registry=r)
         self._failed = Family("clipstream_selector_failed",
-                              "Predictions that came back without an answer (the model raised, or its batcher "
-                              "gave the request up), by app and model.", ("app", "model"), registry=r)
+                              "Predictions that came back without an answer because the model failed (it "
+                              "raised, or its output could not be used), by app and model.", ("app", "model"),
+                              registry=r)
         self._not_asked = Family("clipstream_selector_not_asked",
                                  "Models not asked for a query: their recent trips (a quantile) were longer than the "
                                  "time it had left, by app and model.", ("app", "model"), registry=r)

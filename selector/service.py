@@ -232,11 +232,13 @@ class Selector(PolicyStates, Replies):
         ``late_us``: for a query answered by the cutoff timer, how long after it was due."""
         asked, now = pending.asked, now_us()
         missing = pending.missing
-        stragglers = [m for m in missing if m not in pending.failed]
+        # a straggler did not answer in time: cut off here, or given up by its batcher as late
+        stragglers = [m for m in missing if (m not in pending.failed or m in pending.expired)
+                      and pending.failed.get(m) != NOT_ASKED]  # those are counted when skipped
         self.stats["stragglers"] += len(stragglers)
         if stragglers:
             self.metrics.stragglers(asked.app, stragglers)
-        failed = [m for m, why in pending.failed.items() if why != NOT_ASKED]  # those are counted when skipped
+        failed = [m for m in pending.failed if m not in pending.expired]
         if failed:
             self.metrics.failed(asked.app, failed)
         try:

@@ -126,3 +126,16 @@ def test_an_empty_output_fails_its_model_and_the_rest_of_the_record_is_joined() 
     shown = render(sel.metrics.registry).decode()
     assert 'clipstream_selector_failed_total{app="app",model="m1"} 1.0' in shown, shown
     assert "clipstream_selector_stragglers_total{" not in shown
+
+
+def test_a_request_its_batcher_gave_up_counts_as_a_straggler_not_a_failure() -> None:
+    sel, _, replies, cat, _ = _recording()
+    sel.dispatch(_query(cat, "q", None))
+    items = [Prediction("q", "m1", None, "expired", None, "given up before its deadline", {}),
+             Prediction("q", "m2", None, "ok", Tensor.of(np.array(2, np.int64)), None, {})]
+    sel.collect(Msg(encode(Predictions(0, items)), cat.predictions.name))
+    answer = decode_as(Response, replies.sent[0][1])
+    assert answer.answered == ["m2"] and answer.missing == ["m1"]
+    shown = render(sel.metrics.registry).decode()
+    assert 'clipstream_selector_stragglers_total{app="app",model="m1"} 1.0' in shown, shown
+    assert "clipstream_selector_failed_total{" not in shown

@@ -21,6 +21,7 @@ from clipstream.settings import Settings, get_settings
 from frontend.gateway_models import MAX_SLO_MS
 from frontend.inputs import array_for, input_for, to_json
 from registry.labels import label_problem, reward_problem
+from registry.outputs import app_outputs
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from topics.admin import watermarks
@@ -39,8 +40,9 @@ class Producer:
     optional ``on_delivery(query_id, error_or_None)`` callback from within ``send_*``/``poll``/
     ``flush``, and failures are kept in ``failed``. Answers to queries sent without a reply topic
     go to the ``responses`` topic: read them with ``ResponseReader``. The registry is read
-    (once, lazily) only when needed: for an app's SLO when ``slo_ms`` is not given, and to turn
-    a nested list into the dtype and shape the app's model takes. A numpy array is sent as it
+    (once, lazily, at the first send): for an app's SLO when ``slo_ms`` is not given, to turn a
+    nested list into the dtype and shape the app's model takes, and for the labels feedback may
+    give. A numpy array is sent as it
     is: give it the model's dtype and shape (the worker refuses anything else).
     """
 
@@ -104,7 +106,11 @@ class Producer:
         problem = reward_problem(reward)  # the learner's own check: a bool or a NaN too
         if problem is not None:
             raise InputError(problem)
-        problem = label_problem(label, "label", None)  # what no app's outputs could take
+        # the app and its labels, checked as the gateway checks them: the learner would only
+        # dead-letter the record, where its sender does not look
+        models = self._app_config(app).models
+        outputs = app_outputs(self._registry.view(), models)
+        problem = label_problem(label, outputs.kind, outputs.labels)
         if problem is not None:
             raise InputError(f"feedback label: {problem}")
         record = Feedback(

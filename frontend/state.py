@@ -21,6 +21,7 @@ from frontend.admission import AdmissionLimit, RecentTimes, verdict
 from frontend.gateway_http import HTTPProblem
 from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings
+from registry.outputs import app_outputs
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryView
 from topics.catalogue import valid_name
@@ -275,16 +276,9 @@ class GatewayState:
         return cfg
 
     def outputs(self, cfg: AppConfig) -> tuple[str, tuple[Any, ...] | None]:
-        """What the app's models answer, as the selector reads it: regression if any model is,
-        else the first class-scores model's labels, else plain labels."""
-        view = self.registry.view() if self.registry is not None else RegistryView()
-        specs = [view.models[m].spec for m in cfg.models if m in view.models and view.models[m].spec is not None]
-        if any(s.output.kind == "regression" for s in specs):
-            return "regression", None
-        for s in specs:
-            if s.output.kind == "class_scores":
-                return "class_scores", s.output.labels
-        return "label", None
+        """What the app's models answer, and their labels, read as the selector reads them."""
+        out = app_outputs(self.registry.view() if self.registry is not None else RegistryView(), cfg.models)
+        return out.kind, out.labels
 
     def input_spec(self, cfg: AppConfig) -> TensorSpec | None:
         """The app's first linked model's declared input (None: nothing to check against)."""

@@ -7,14 +7,38 @@ store what they answered for the feedback join the same way, so the rules live b
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from clipstream.errors import DecodeError
-from schemas import Response, Tensor
+from schemas import OutputKind, Response, Tensor
 
 WIRE_SCALARS = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class AppOutputs:
+    """What the app's linked models answer: their kind, and the label list scores align with."""
+
+    kind: OutputKind = "label"
+    labels: tuple[Any, ...] | None = None
+
+
+def app_outputs(view: Any, models: Iterable[str]) -> AppOutputs:
+    """Regression if any model is; else class scores (labels of the first such model); else labels.
+    The selector, the gateway and the Kafka producer read an app's answers and labels by it."""
+    specs = [view.models[m].spec for m in models if m in view.models and view.models[m].spec is not None]
+    kinds = [s.output.kind for s in specs]
+    if "regression" in kinds:
+        return AppOutputs("regression", None)
+    for wanted in ("class_scores", "label"):
+        for spec in specs:
+            if spec.output.kind == wanted and spec.output.labels:
+                return AppOutputs(wanted, tuple(spec.output.labels))
+    return AppOutputs(kinds[0] if kinds else "label", None)
 
 
 def plain(value: Any) -> Any:

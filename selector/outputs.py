@@ -4,37 +4,15 @@ kind and labels from its models' specs, and the Response record."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 from clipstream.errors import DecodeError
-from registry.outputs import answer_record, read_row, wire_value
-from schemas import OutputKind, Response, Tensor
+from registry.outputs import AppOutputs, answer_record, app_outputs, read_row, wire_value
+from schemas import Response, Tensor
 from selector.join import Asked
 from selector.types import Output
 
 __all__ = ["AppOutputs", "app_outputs", "response_record", "to_output", "wire_value"]
-
-
-@dataclass(frozen=True)
-class AppOutputs:
-    """What the app's linked models answer: their kind, and the label list scores align with."""
-
-    kind: OutputKind = "label"
-    labels: tuple[Any, ...] | None = None
-
-
-def app_outputs(view: Any, models: tuple[str, ...]) -> AppOutputs:
-    """Regression if any model is; else class scores (labels of the first such model); else labels."""
-    specs = [view.models[m].spec for m in models if m in view.models and view.models[m].spec is not None]
-    kinds = [s.output.kind for s in specs]
-    if "regression" in kinds:
-        return AppOutputs("regression", None)
-    for wanted in ("class_scores", "label"):
-        for spec in specs:
-            if spec.output.kind == wanted and spec.output.labels:
-                return AppOutputs(wanted, tuple(spec.output.labels))
-    return AppOutputs(kinds[0] if kinds else "label", None)
 
 
 def to_output(tensor: Tensor, kind: str | None, labels: tuple[Any, ...] | None,

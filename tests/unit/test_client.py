@@ -173,7 +173,8 @@ def producer(monkeypatch: pytest.MonkeyPatch):
 
 
 class _Registry:
-    """App ``pets`` over one model taking float32[3]."""
+    """App ``pets`` over one model taking float32[3] that scores labels a and b; app ``plain``
+    over one answering a label of its own."""
 
     def view(self) -> Any:
         from pathlib import Path
@@ -182,8 +183,11 @@ class _Registry:
         from registry.topic import AppConfig, ModelConfig, RegistryView
 
         spec = ModelSpec(Path("/m"), "python", TensorSpec("float32", (3,)), OutputSpec("class_scores", ("a", "b")))
-        return RegistryView(apps={"pets": AppConfig("pets", "exp4", 50.0, None, {}, ("m",))},
-                            models={"m": ModelConfig("m", "1", Path("/m"), spec=spec)})
+        plain = ModelSpec(Path("/n"), "python", TensorSpec("float32", (3,)), OutputSpec("label"))
+        return RegistryView(apps={"pets": AppConfig("pets", "exp4", 50.0, None, {}, ("m",)),
+                                  "plain": AppConfig("plain", "single", 50.0, None, {}, ("n",))},
+                            models={"m": ModelConfig("m", "1", Path("/m"), spec=spec),
+                                    "n": ModelConfig("n", "1", Path("/n"), spec=plain)})
 
 
 def test_producer_casts_a_numpy_input_to_the_models_dtype_and_checks_its_shape(producer) -> None:
@@ -224,6 +228,24 @@ def test_producer_refuses_feedback_no_app_could_take(producer, label):
     assert producer._producer.produced == []
 
 
+def test_producer_checks_a_label_against_the_apps_labels(producer):
+    from schemas import Feedback, decode_as
+
+    for label in ("c", 3, True):
+        with pytest.raises(InputError, match=r"feedback label: label .* is not one of the app's labels \['a', 'b'\]"):
+            producer.send_feedback("pets", "q1", label=label)
+    assert producer._producer.produced == []
+    producer.send_feedback("pets", "q1", label="b")
+    [(_, value)] = producer._producer.produced
+    assert decode_as(Feedback, value).label == "b"
+
+
+def test_producer_refuses_feedback_for_an_app_not_in_the_registry(producer):
+    with pytest.raises(ConfigError, match="unknown app 'cats'"):
+        producer.send_feedback("cats", "q1", reward=1.0)
+    assert producer._producer.produced == []
+
+
 @pytest.mark.parametrize("reward", [True, float("nan"), float("inf"), 1.5, -0.1])
 def test_producer_refuses_a_reward_the_learner_would_refuse(producer, reward):
     with pytest.raises(InputError, match=r"feedback reward refused: .* is not a number in \[0, 1\]"):
@@ -242,6 +264,6 @@ def test_producer_sends_a_numpy_reward(producer):
 def test_producer_sends_feedback_with_an_int64_label(producer):
     from schemas import Feedback, decode_as
 
-    producer.send_feedback("pets", "q1", label=2**63 - 1)
+    producer.send_feedback("plain", "q1", label=2**63 - 1)
     [(_, value)] = producer._producer.produced
     assert decode_as(Feedback, value).label == 2**63 - 1

@@ -36,7 +36,7 @@ from clipstream.errors import ConfigError
 from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.settings import Settings
 from registry.groups import GroupConfig
-from topics.admin import ensure_model_topics, ensure_stage_topics
+from topics.admin import ensure_model_topics, ensure_stage_topics, partition_count
 from topics.catalogue import Catalogue
 from topics.emitter import Emitter
 from topics.intake import Intake, Record
@@ -123,8 +123,11 @@ class BatcherProcess:
                 for m in self.models}
             # an ensemble's request record names them all; a group takes its members' requests
             siblings = {**{member: services[m.name] for m in self.models for member in m.members}, **services}
+            # a request asking for a partition ``predictions`` lacks is refused, not held for good
+            partitions = partition_count(self.settings, self.cat.predictions.name)
             for service in services.values():
                 service.siblings = siblings
+                service.predictions_partitions = partitions
             self._services = services
         return self._services
 

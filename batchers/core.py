@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from batchers.cache import Coalescer
@@ -59,11 +59,12 @@ PROBE_AFTER_US = 1_000_000
 @dataclass
 class Step:
     """The result of one ``poll``: batches to produce, requests to report expired (``hopeless``:
-    dropped before their deadline, which no batch could make), next wake."""
+    dropped before their deadline, which no batch could make) or too large, next wake."""
 
     batches: list[SentBatch] = field(default_factory=list)
     expired: list[Pending] = field(default_factory=list)
     hopeless: list[Pending] = field(default_factory=list)
+    too_large: list[Pending] = field(default_factory=list)  # no batch record could carry them
     wake_us: int | None = None
 
 
@@ -78,7 +79,12 @@ class BatcherCore:
         coalesce: bool = True,
         drop_hopeless: bool = True,
         hopeless_margin_us: int = 0,
+        weigh: Callable[[Pending], int] | None = None,
+        batch_bytes: int | None = None,
     ) -> None:
+        # a batch's items ``weigh`` at most ``batch_bytes`` together, so its record fits the
+        # topic's limit; one over it alone goes in ``Step.too_large``
+        self.weigh, self.batch_bytes = weigh, batch_bytes
         self.drop_hopeless = drop_hopeless
         # the prediction's trip from the worker to the selector, which must also end by the deadline
         self.hopeless_margin_us = hopeless_margin_us
@@ -141,10 +147,15 @@ class BatcherCore:
                     replica, size, cutoff = self._faster(replica, size, cutoff, none_fits, now_us)
                 if self._expire(cutoff, now_us, step, hopeless=True):
                     continue
-            items, late = self.queue.take(size, now_us)
+            items, late = self.queue.take(size, now_us, self.weigh, self.batch_bytes)
             step.expired.extend(late)  # empty: expire() ran above with the same clock
             if not items:
                 break
+            if self.weigh is not None and self.batch_bytes is not None and self.weigh(items[0]) > self.batch_bytes:
+                step.too_large.extend(items)  # alone, as ``take`` takes no more after it
+                if self.coalesce and items[0].key is not None:  # the same input waits on it
+                    step.too_large.extend(self.coalescer.resolve(items[0].key))
+                continue
             step.batches.append(self._batch(replica.index, items, now_us))
             if probe:
                 self._probes[step.batches[-1].record.batch_id] = replica.index

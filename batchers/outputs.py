@@ -17,8 +17,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from batchers.core import Pending, by_route
 from batchers.offsets import RequestOffsets, Where
-from schemas import Prediction, Route, encode
+from schemas import Prediction, Route
 from topics.deadletters import dead_letter_value
+from topics.sizes import fitted, too_large
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -28,10 +29,21 @@ METADATA_TIMEOUT_S = 5.0  # one metadata round trip for a topic's partitions
 HELD_RETRY_S = 0.5  # between metadata refreshes while a held record's partition is still unknown
 
 
+class _Refused:
+    """The message a delivery report names, for a record librdkafka refused to take at all."""
+
+    def __init__(self, topic: str) -> None:
+        self._topic = topic
+
+    def topic(self) -> str:
+        return self._topic
+
+
 class Outputs:
     """The producing half of ``BatcherService``, which sets these attributes."""
 
     producer: Producer
+    record_bytes: int  # CLIPSTREAM_MAX_RECORD_BYTES
     offsets: RequestOffsets | None
     counts: dict[str, int]
     topic_predictions: str
@@ -49,17 +61,21 @@ class Outputs:
         for record in records:
             topic, value, partition, wheres = record
             report = self._delivered if not wheres or self.offsets is None else partial(self._done, wheres)
-            if partition is None:
-                produce(topic, value, on_delivery=report)
-            elif self.held and self._held_back(record):
+            if partition is not None and self.held and self._held_back(record):
                 continue
-            else:
-                try:
+            try:
+                if partition is None:
+                    produce(topic, value, on_delivery=report)
+                else:
                     produce(topic, value, partition=partition, on_delivery=report)
-                except KafkaException as exc:
-                    if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
-                        raise
+            except KafkaException as exc:
+                if too_large(exc):  # as if the broker had refused it: its requests are let go
+                    log.error("a record of %d bytes for %s is over the producer's limit: %s", len(value), topic, exc)
+                    report(exc.args[0], _Refused(topic))
+                elif partition is not None and exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
                     self._hold(record)
+                else:
+                    raise
         self.producer.poll(0)
 
     # -- a partition the producer does not know yet ------------------------------------------
@@ -128,8 +144,12 @@ class Outputs:
             if id(p) not in seen:
                 seen.add(id(p))
                 wheres.setdefault(p.route, []).append(p.where)
-        return [(route[0] or self.topic_predictions, encode(record), route[1], wheres[route])
-                for route, record in by_route((p.route, pred) for p, pred in preds).items()]
+        out: list[Out] = []
+        for route, record in by_route((p.route, pred) for p, pred in preds).items():
+            *parts, last = fitted(record, self.record_bytes)  # in order: the last one's report serves them all
+            out += [(route[0] or self.topic_predictions, value, route[1], None) for value in parts]
+            out.append((route[0] or self.topic_predictions, last, route[1], wheres[route]))
+        return out
 
     def _emit(self, preds: list[tuple[Pending, Prediction]]) -> None:
         self._send_all(self._predictions(preds))

@@ -84,15 +84,23 @@ class DeadlineQueue(Generic[T]):
             out.append(self._pop().item)
         return out
 
-    def take(self, n: int, now_us: int) -> tuple[list[T], list[T]]:
+    def take(self, n: int, now_us: int, weight: Callable[[T], int] | None = None,
+             budget: int | None = None) -> tuple[list[T], list[T]]:
         """Up to ``n`` live requests, earliest deadline first, and the expired ones dropped.
 
         A request counts as expired when ``deadline_us <= now_us``: it cannot be answered
         in time, so evaluating it would only steal batch space from requests that can.
+        With a ``budget``, the requests' ``weight`` adds up to at most that, though the first
+        is taken whatever its weight; the rest wait for the next batch.
         """
         expired = self.expire(now_us)
         batch: list[T] = []
+        used = 0
         while self._heap and len(batch) < n:
+            if budget is not None and weight is not None:
+                used += weight(self._heap[0].item)
+                if batch and used > budget:
+                    break
             batch.append(self._pop().item)
         return batch, expired
 

@@ -43,10 +43,16 @@ from topics.catalogue import Catalogue
 from topics.emitter import Emitter
 from topics.intake import Record
 from topics.markers import marker_version
+from topics.sizes import RECORD_ALLOWANCE, item_bytes, too_large_input
 
 log = logging.getLogger("clipstream.batcher")
 
 EXPIRED = "deadline passed while queued in the batcher"
+
+
+def _weigh(pending: Pending) -> int:
+    """What a request adds to its batch's record (``topics.sizes``)."""
+    return item_bytes(len(pending.request.input.data))
 # dropped before its deadline: the batches its model's replicas took lately would end after it
 HOPELESS = "given up before its deadline: the model's recent batches take longer than the time it had left"
 
@@ -93,7 +99,10 @@ class BatcherService(Outputs, FanOut):
             credit_lead_us=int(bs.credit_lead_ms * 1000) if bs.just_in_time else None,
         )
         self.core = BatcherCore(model.name, model.version, dispatcher, coalesce=model.cache,
-                                drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000))
+                                drop_hopeless=bs.drop_hopeless, hopeless_margin_us=int(bs.hopeless_margin_ms * 1000),
+                                weigh=_weigh, batch_bytes=settings.max_record_bytes - RECORD_ALLOWANCE)
+        self.record_bytes = settings.max_record_bytes
+        self.predictions_partitions: int | None = None  # the topic's, once the app has read them
         # the version batches carry moves to the registry's once its workers are ready
         self.switch = VersionSwitch(model.version, int(bs.version_switch_timeout_s * 1e6))
         self._wanted: tuple[int, ModelSpec | None] = (model.replicas, model.spec)
@@ -159,10 +168,10 @@ class BatcherService(Outputs, FanOut):
             self.outbox.append(self._deadletter_record(str(exc), value, where, serves=True))
             return
         request.trace["batcher_in"] = arrival
-        if request.reply_topic is not None and not self.cat.is_reply(request.reply_topic):
-            self.outbox.append(self._deadletter_record(
-                f"bad request: reply_topic {request.reply_topic!r} is no gateway's reply topic "
-                f"({self.cat.prefix}replies.<instance>)", value, where, request.query_id, serves=True))
+        nowhere = self.cat.route_problem(request.reply_topic, request.selector_partition, self.predictions_partitions)
+        if nowhere is not None:
+            self.outbox.append(self._deadletter_record(f"bad request: {nowhere}", value, where, request.query_id,
+                                                       serves=True))
             return
         others = self._others(request)
         if others:
@@ -324,6 +333,10 @@ class BatcherService(Outputs, FanOut):
                 out += self._predictions(self._expired(step.expired, now))
             if step.hopeless:
                 out += self._predictions(self._expired(step.hopeless, now, HOPELESS))
+            if step.too_large:
+                self.counts["errors"] += len(step.too_large)
+                out += self._predictions(self._answers(step.too_large, "error", now, error=too_large_input(
+                    len(step.too_large[0].request.input.data), self.record_bytes)))
             if out:
                 self._send_all(out)
             timeout = None if step.wake_us is None else max(0.0, (step.wake_us - now_us()) / 1e6)

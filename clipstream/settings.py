@@ -27,6 +27,9 @@ def _default_state_dir() -> Path:
     return Path(base) / "clipstream"
 
 
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # the highest CLIPSTREAM_MAX_RECORD_BYTES
+
+
 class Settings(BaseSettings):
     """Where Kafka and Redis are, and how to talk to them."""
 
@@ -67,6 +70,11 @@ class Settings(BaseSettings):
     kafka_version: str = "3.9.1"
     kafka_port: int = 9092
     redis_port: int = 6379
+
+    # the largest record a stage writes, a batch of inputs or of predictions: the topics
+    # clipstream makes take it, a batch is cut to fit it, and an input that cannot fit even
+    # alone is refused where it enters (topics.sizes, docs/design/0106)
+    max_record_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=MAX_RECORD_BYTES)
 
     # prediction cache and stored predictions (Redis TTLs, seconds)
     cache_ttl_s: int = 3600

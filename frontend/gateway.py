@@ -63,6 +63,7 @@ from frontend.state import Bus, GatewayState, Registry, Reply
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryFollower
 from schemas import Prediction, QueryEvent, Response, Tensor
+from topics.sizes import input_limit, too_large_input
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +243,9 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
         if len(raw) > OFFLOAD_BYTES:
             # an image-sized input costs milliseconds of parsing: keep the loop answering others
             req, array = await asyncio.get_running_loop().run_in_executor(
-                None, _parse_predict, raw, state.input_spec(cfg))
+                None, _parse_predict, raw, state.input_spec(cfg), state.settings.max_record_bytes)
         else:
-            req, array = _parse_predict(raw, state.input_spec(cfg))
+            req, array = _parse_predict(raw, state.input_spec(cfg), state.settings.max_record_bytes)
         slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
         deadline = created + int(slo_ms * 1000)
         model = direct_model(cfg, state.gw.direct)
@@ -324,17 +325,21 @@ def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, cont
     return record
 
 
-def _parse_predict(raw: bytes, spec: TensorSpec | None) -> tuple[PredictRequest, Any]:
-    """Body bytes -> validated request and input array; HTTPProblem(422) with the reason."""
+def _parse_predict(raw: bytes, spec: TensorSpec | None, max_record_bytes: int) -> tuple[PredictRequest, Any]:
+    """Body bytes -> validated request and input array; HTTPProblem(422) with the reason, or
+    413 for an input no record could carry (its binary form, which JSON numbers may outgrow)."""
     body = parse_json(raw)
     try:
         req = PredictRequest.model_validate(body)
     except ValidationError as exc:
         raise HTTPProblem(422, validation_reason(exc)) from None
     try:
-        return req, input_for(req.input, spec)
+        array = input_for(req.input, spec)
     except InputError as exc:
         raise HTTPProblem(422, str(exc)) from None
+    if array.nbytes > input_limit(max_record_bytes):
+        raise HTTPProblem(413, too_large_input(array.nbytes, max_record_bytes))
+    return req, array
 
 
 async def _readiness(state: GatewayState) -> dict[str, bool]:

@@ -27,6 +27,7 @@ from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from topics.admin import watermarks
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
+from topics.sizes import input_limit, too_large_input
 
 __all__ = ["DeliveryCallback", "Producer", "ResponseReader"]
 
@@ -73,6 +74,8 @@ class Producer:
         """Publish one query; returns its query id (yours, or a fresh uuid4 hex)."""
         query_id = query_id or uuid.uuid4().hex
         array = self._array(app, input)
+        if array.nbytes > input_limit(self.settings.max_record_bytes):
+            raise InputError(too_large_input(array.nbytes, self.settings.max_record_bytes))
         if slo_ms is None:
             # the app's own, as the gateway takes it: the registry checked it, no caller's bound applies
             slo_ms = self._app_config(app).slo_ms

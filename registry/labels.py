@@ -12,9 +12,20 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
+from registry.outputs import plain
+
 # the Feedback record holds an integer label as an Avro long: a larger one would be silently
 # written as a double, or not at all (OverflowError) past the double range
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def same_label(a: Any, b: Any) -> bool:
+    """Labels agree if equal as values or as text (feedback may say "3" for the label 3). A
+    boolean equals only a boolean: ``True == 1`` in Python, but an answer of 1 is not ``true``."""
+    a, b = plain(a), plain(b)
+    if a is None or b is None:
+        return False
+    return (a == b and isinstance(a, bool) == isinstance(b, bool)) or str(a) == str(b)
 
 
 def label_problem(label: Any, kind: str, labels: tuple[Any, ...] | None) -> str | None:
@@ -39,9 +50,7 @@ def label_problem(label: Any, kind: str, labels: tuple[Any, ...] | None) -> str 
             return f"the app answers a regression value: the label must be a finite number, not {label!r}"
         return None
     if kind == "class_scores" and labels:
-        # True == 1 in Python: a boolean matches only a boolean label (or its own text)
-        if not any((label == known and isinstance(label, bool) == isinstance(known, bool))
-                   or str(label) == str(known) for known in labels):
+        if not any(same_label(label, known) for known in labels):
             shown = ", ".join(repr(k) for k in labels[:20]) + (", ..." if len(labels) > 20 else "")
             return f"label {label!r} is not one of the app's labels [{shown}]"
     return None

@@ -45,7 +45,7 @@ def join_consumer_config(settings: Settings, ss: SelectorSettings) -> dict[str, 
     """The join group's consumer: offsets stored once answered, a short session, static
     membership when ``up`` named the member (a restart gets its partitions back without a
     rebalance), and a client id naming the process (``kafka-consumer-groups --describe``)."""
-    return consumer_config(settings, ss.group, **{
+    return consumer_config(settings, ss.join_group(settings), **{
         "enable.auto.offset.store": False,
         "auto.commit.interval.ms": ss.commit_interval_ms,
         **membership_config(settings, member_name(), session_timeout_ms=ss.session_timeout_ms,
@@ -120,9 +120,10 @@ def _start_learner(settings: Settings, ss: SelectorSettings, clients: _Clients, 
     main thread."""
     # offsets are stored by the learner as feedback is done with: never past one that
     # waits for Redis (``selector.learn``)
-    lc = Consumer(consumer_config(settings, f"{ss.group}.learn", **{"enable.auto.offset.store": False},
-                                 **LAG.config(f"{ss.group}.learn"),
-                                 **membership_config(settings, member_name())))  # a restart: no rebalance
+    group = f"{ss.join_group(settings)}.learn"
+    lc = Consumer(consumer_config(settings, group, **{"enable.auto.offset.store": False}, **LAG.config(group),
+                                 **membership_config(settings, member_name(), session_timeout_ms=ss.session_timeout_ms,
+                                                     heartbeat_interval_ms=ss.heartbeat_interval_ms)))  # a restart: no rebalance
     clients.consumers.append(lc)
     lc.subscribe([clients.catalogue.feedback.name], on_assign=ready.on_assign("learn"))
     learner = Learner(lc, clients.store, clients.apps, clients.dead, ss.learn_global, guard=clients.guard)
@@ -136,7 +137,7 @@ def _run_join(settings: Settings, ss: SelectorSettings, clients: _Clients, ready
               stop: threading.Event) -> None:
     """Build the dispatch+join selector and run it on this thread until ``stop``; its
     partitions move through the handover, which stores offsets only once answered."""
-    jc = Consumer({**join_consumer_config(settings, ss), **LAG.config(ss.group)})
+    jc = Consumer({**join_consumer_config(settings, ss), **LAG.config(ss.join_group(settings))})
     clients.consumers.append(jc)
     budget = ReplyBudget(int(ss.reply_budget_ms * 1000), int(ss.reply_budget_max_ms * 1000),
                          ss.reply_budget_quantile, max_share=ss.reply_budget_max_share)

@@ -44,6 +44,7 @@ from topics.catalogue import Catalogue
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
 from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
+from topics.sizes import input_limit, too_large_input
 
 
 class Selector(PolicyStates, Replies):
@@ -122,6 +123,8 @@ class Selector(PolicyStates, Replies):
             too_long = deadline_problem(ev, app)
             if too_long is not None:
                 raise InputError(too_long)
+            if len(ev.input.data) > input_limit(self.settings.max_record_bytes):  # no request could carry it
+                raise InputError(too_large_input(len(ev.input.data), self.settings.max_record_bytes))
         except ClipstreamError as exc:
             self._refuse(msg, ev, str(exc))
             return

@@ -8,13 +8,16 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from clipstream.saver import GATHER_S
+from clipstream.settings import Settings
 from topics.stage import IDLE_POLL_S
 
 
 class SelectorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLIPSTREAM_SELECTOR_", extra="ignore")
 
-    group: str = "clipstream-selector"  # dispatch+join group; learners use <group>.learn
+    # dispatch+join group, learners use <group>.learn; unset: named after the topic prefix
+    # (``join_group``), so pipelines under other prefixes on one cluster never share it
+    group: str | None = None
     answered_capacity: int = 100_000  # answered ids remembered to count late predictions ...
     answered_window_s: float = Field(60.0, gt=0)  # ... for at most this long after their deadline
     max_poll_s: float = IDLE_POLL_S  # longest poll when nothing is due: how soon a stop is noticed
@@ -70,6 +73,12 @@ class SelectorSettings(BaseSettings):
     # does not serve), or one record per model for batchers that run a process per model
     # (``up`` sets it from CLIPSTREAM_UP_BATCHERS; docs/design/0082)
     fan_out: Literal["grouped", "per-model"] = "grouped"
+
+
+    def join_group(self, settings: Settings) -> str:
+        """The join group: ``group``, else ``<prefix>-selector`` (``clipstream-selector`` under
+        the default prefix, as before the name followed it)."""
+        return self.group or (settings.topic_prefix.rstrip(".") or "clipstream") + "-selector"
 
     @field_validator("policy_imports", mode="before")
     @classmethod

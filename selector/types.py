@@ -10,20 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from registry.labels import same_label
 from registry.outputs import output_json, plain
 
 __all__ = ["Feedback", "Output", "Query", "State", "plain", "same_label"]
 
 # A policy's learned state: JSON-able (lists, floats, str), stored in Redis per (app, context).
 State = dict[str, Any]
-
-
-def same_label(a: Any, b: Any) -> bool:
-    """Labels agree if equal as values or as text (feedback may say "3" for the label 3)."""
-    a, b = plain(a), plain(b)
-    if a is None or b is None:
-        return False
-    return a == b or str(a) == str(b)
 
 
 @dataclass(frozen=True)

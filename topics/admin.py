@@ -218,6 +218,15 @@ def learn_leaders(consumer: Consumer, topics: Iterable[str], timeout_s: float = 
         consumer.list_topics(topic, timeout=timeout_s)
 
 
+def partition_count(settings: Settings, topic: str, timeout_s: float = 10.0) -> int | None:
+    """Partitions the brokers have for ``topic`` now, None if it is unknown: a stage that
+    answers into a topic checks a partition against it, not against its own settings, which
+    may be lower than what another process created."""
+    meta = AdminClient(admin_config(settings)).list_topics(topic, timeout=timeout_s)
+    found = meta.topics.get(topic)
+    return len(found.partitions) if found is not None and found.error is None else None
+
+
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> tuple[int, int]:
     """Low and high offsets of a partition, retried while a fresh topic has no leader yet.
 

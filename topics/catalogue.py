@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from clipstream.errors import ConfigError
 from clipstream.settings import Settings
+from topics.sizes import topic_limit
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 
@@ -81,17 +82,21 @@ class Catalogue:
         prefix: str = "clipstream.",
         selector_partitions: int = 4,
         retention_ms: int = DAY_MS,
+        max_record_bytes: int | None = None,
     ) -> None:
         self.prefix = prefix
         self.selector_partitions = selector_partitions
         self.retention_ms = retention_ms
+        self.max_record_bytes = max_record_bytes  # None: the broker's own limit
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Catalogue":
-        return cls(settings.topic_prefix, settings.selector_partitions)
+        return cls(settings.topic_prefix, settings.selector_partitions, max_record_bytes=settings.max_record_bytes)
 
     def _spec(self, name: str, partitions: int, **config: str) -> TopicSpec:
         base = {"retention.ms": str(self.retention_ms)}
+        if self.max_record_bytes is not None:
+            base["max.message.bytes"] = str(topic_limit(self.max_record_bytes))
         base.update(config)
         return TopicSpec(self.prefix + name, partitions, base)
 
@@ -141,6 +146,19 @@ class Catalogue:
         its prediction to be sent instead of ``predictions`` (docs/design/0083)."""
         head = self.prefix + "replies."
         return topic.startswith(head) and valid_name(topic[len(head):])
+
+    def route_problem(self, reply_topic: str | None, selector_partition: int, partitions: int | None) -> str | None:
+        """Why a request's prediction could not go where it asks, or None: to a gateway's reply
+        topic, or else to its partition of ``predictions``, which has ``partitions`` (None:
+        unknown, not checked). A batcher and a worker both check it, as either may answer a
+        request; a partition the topic lacks would hold the answer, and the request's commit."""
+        if reply_topic is not None:
+            if not self.is_reply(reply_topic):
+                return f"reply_topic {reply_topic!r} is no gateway's reply topic ({self.prefix}replies.<instance>)"
+            return None
+        if selector_partition < 0 or (partitions is not None and selector_partition >= partitions):
+            return f"selector_partition {selector_partition} is outside [0, {partitions})"
+        return None
 
     # -- per-model topics ----------------------------------------------------------
     def requests(self, model: str, partitions: int = REQUEST_PARTITIONS) -> TopicSpec:

@@ -12,6 +12,7 @@ from pydantic import SecretStr
 
 from clipstream.settings import Settings
 from topics.kafkalog import KAFKA_LOG
+from topics.sizes import producer_limit
 
 _SECURITY = {
     "kafka_security_protocol": "security.protocol",
@@ -77,6 +78,7 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
             "enable.idempotence": True,
             "compression.type": "none",
             "queue.buffering.max.messages": 1_000_000,
+            "message.max.bytes": producer_limit(settings.max_record_bytes),
         }
     )
     conf.update(overrides)

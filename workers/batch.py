@@ -19,6 +19,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ModelError
 from registry.spec import ModelSpec, OutputSpec
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Route, Tensor, encode, route_of
+from topics.catalogue import Catalogue
 from topics.deadletters import dead_letter_record
 from workers.backends import BatchModel
 from workers.failures import ModelFailures
@@ -126,17 +127,16 @@ def prepare_batch(
     received_us: int,
     source: tuple[str, int, int] | None = None,
     selector_partitions: int | None = None,
-    is_reply: Callable[[str], bool] | None = None,
+    catalogue: Catalogue | None = None,
     answerers: Callable[[BatchItem], list[Answerer]] | None = None,
     clock: Callable[[], int] = now_us,
 ) -> Prepared:
     """Check every item against ``model.yaml`` and stack the valid ones (CPU work the worker
     does while the device runs the previous batch).
 
-    An item without a reply target whose ``selector_partition`` is outside
-    ``[0, selector_partitions)``, or one whose reply target ``is_reply`` says is no gateway's
-    reply topic, cannot be answered anywhere: it becomes a dead letter only (producing it would
-    fail forever, or write into a topic that is not for predictions).
+    An item whose prediction could go nowhere (``Catalogue.route_problem``: a partition
+    ``predictions`` lacks, or a reply target that is no gateway's reply topic) becomes a dead
+    letter only (producing it would fail forever, or write into a topic not for predictions).
 
     ``answerers`` names who answers an item that fails its checks, one error prediction each
     (a group's members, whose names the selector knows); by default the batch's model.
@@ -145,12 +145,7 @@ def prepare_batch(
     arrays: list[np.ndarray] = []
     for item in batch.items:
         part, reply = item.selector_partition, item.reply_topic
-        if reply is not None and is_reply is not None and not is_reply(reply):
-            nowhere = f"reply_topic {reply!r} is no gateway's reply topic"
-        elif reply is None and (part < 0 or (selector_partitions is not None and part >= selector_partitions)):
-            nowhere = f"selector_partition {part} is outside [0, {selector_partitions})"
-        else:
-            nowhere = None
+        nowhere = catalogue.route_problem(reply, part, selector_partitions) if catalogue is not None else None
         if nowhere is not None:
             p.errors += 1
             p.outcome.dead_letters.append(dead_letter(nowhere, source=source, query_id=item.query_id,
@@ -265,7 +260,7 @@ def handle_batch(
     received_us: int | None = None,
     source: tuple[str, int, int] | None = None,
     selector_partitions: int | None = None,
-    is_reply: Callable[[str], bool] | None = None,
+    catalogue: Catalogue | None = None,
     clock: Callable[[], int] = now_us,
     failures: ModelFailures | None = None,
 ) -> BatchOutcome:
@@ -273,5 +268,5 @@ def handle_batch(
     threads, so that the device never waits for the CPU work around it)."""
     received_us = clock() if received_us is None else received_us
     p = prepare_batch(model.spec, batch, version=version, received_us=received_us, source=source,
-                      selector_partitions=selector_partitions, is_reply=is_reply, clock=clock)
+                      selector_partitions=selector_partitions, catalogue=catalogue, clock=clock)
     return finish_batch(p, run_batch(model, p, clock), worker_id=worker_id, clock=clock, failures=failures)

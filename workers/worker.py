@@ -29,9 +29,9 @@ from clipstream.errors import ClipstreamError
 from clipstream.redisclient import RedisGuard, UnansweredWrites, sync_client
 from clipstream.settings import Settings
 from schemas import Batch, decode_as, encode
-from topics.admin import ensure_model_topics, ensure_topics, learn_leaders
+from topics.admin import ensure_model_topics, ensure_topics, learn_leaders, partition_count
 from topics.catalogue import Catalogue
-from topics.client import admin_config, consumer_config
+from topics.client import consumer_config
 from topics.emitter import Emitter
 from topics.markers import is_handover, is_retirement, ready_marker, sender_of
 from topics.metrics import LAG, expose, serve_metrics
@@ -96,7 +96,7 @@ class Worker(Outputs):
         """Topics, warm model, assigned partition; then the one ``ready:`` line supervisors wait for."""
         ensure_model_topics(self.settings, self.name, self.replicas)
         ensure_topics(self.settings, [self.cat.predictions, self.cat.deadletter])
-        self.selector_partitions = self._partitions(self.predictions_topic)
+        self.selector_partitions = partition_count(self.settings, self.predictions_topic, self.ws.start_timeout_s)
         group.warm(self.model, batches=self.batches)
         self.producer = Emitter(self.settings, name=f"worker {self.name}.{self.replica}")
         self.consumer = Consumer(
@@ -152,14 +152,6 @@ class Worker(Outputs):
     def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None:  # the batch will be redone after a restart: a duplicate, not a loss
             log(f"offset commit failed: {err}")
-
-    def _partitions(self, topic: str) -> int | None:
-        """Partitions the broker has for ``topic`` (the selector's parallelism), None if unknown."""
-        from confluent_kafka.admin import AdminClient
-
-        meta = AdminClient(admin_config(self.settings)).list_topics(topic, timeout=self.ws.start_timeout_s)
-        found = meta.topics.get(topic)
-        return len(found.partitions) if found is not None and found.error is None else None
 
     def stop(self, *_: Any) -> None:
         self.running = False
@@ -241,7 +233,7 @@ class Worker(Outputs):
             else:
                 job.prepared = group.prepare(self.model, batch, version=self.version, received_us=now_us(),
                                              source=source, selector_partitions=self.selector_partitions,
-                                             is_reply=self.cat.is_reply)
+                                             catalogue=self.cat)
         except ClipstreamError as exc:
             job.outcome = BatchOutcome(dead_letters=[
                 dead_letter(f"undecodable batch: {exc}", source=source, payload=msg.value())])

@@ -25,7 +25,8 @@ from pathlib import Path
 from clipstream.errors import InfraError
 from clipstream.infra import file_lock, last_line, require_binary, spawn_detached
 from clipstream.infra.readiness import MetadataProbe, kafka_answers  # noqa: F401 (re-exported)
-from clipstream.settings import Settings
+from clipstream.settings import MAX_RECORD_BYTES, Settings
+from topics.sizes import topic_limit
 
 SCALA_VERSION = "2.13"
 SLF4J_RELOAD4J_VERSION = "1.7.36"  # the log4j 1 binding the Kafka 3.9 distribution ships
@@ -63,6 +64,9 @@ DEV_BROKER_PROPERTIES: dict[str, str] = {
     # and each runs through the raft log, the controller and the metadata publishers
     # (docs/design/0047)
     "metadata.max.idle.interval.ms": "30000",
+    # the largest record any CLIPSTREAM_MAX_RECORD_BYTES allows, for topics made without a limit
+    # of their own (the topics clipstream makes carry the setting's: topics.sizes)
+    "message.max.bytes": str(topic_limit(MAX_RECORD_BYTES)),
 }
 
 

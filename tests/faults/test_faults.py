@@ -296,7 +296,7 @@ def _kill_broker(pipe: Pipeline, name: str, victim: int) -> dict[str, Any]:
     took its own steps (a new controller, the dead node fenced; docs/design/0070)."""
     settings = pipe.settings
     queries = Catalogue.from_settings(settings).queries.name
-    group = SelectorSettings().group
+    group = SelectorSettings().join_group(settings)
     admin = AdminClient(admin_config(settings))
     leads = sum(p.leader == victim for p in admin.list_topics(queries, timeout=10).topics[queries].partitions.values())
     del admin  # a librdkafka handle left to the GC would keep calling the dead node
@@ -345,7 +345,7 @@ def _quorum_leader(pipe: Pipeline) -> int:
 def _coordinate_from(pipe: Pipeline, node: int) -> None:
     """Move the selectors' coordinator onto ``node`` (``clipstream.testing.leaders``)."""
     libs = fetch_jars(pipe.infra_settings, progress=lambda _: None)
-    move_coordinator(pipe.settings, libs, SelectorSettings().group, node)
+    move_coordinator(pipe.settings, libs, SelectorSettings().join_group(pipe.settings), node)
 
 
 def test_broker_killed(pipeline: Pipeline) -> None:
@@ -354,7 +354,7 @@ def test_broker_killed(pipeline: Pipeline) -> None:
     while the cluster needs no election. Which node leads the quorum is chance; the
     coordinator is moved off it first when they share a node. The next fault kills both."""
     controller = _quorum_leader(pipeline)
-    victim = coordinator_of(pipeline.settings, SelectorSettings().group)
+    victim = coordinator_of(pipeline.settings, SelectorSettings().join_group(pipeline.settings))
     if victim == controller:
         nodes = launcher.status(pipeline.infra_settings).kafka_nodes
         victim = next(n.node_id for n in nodes if n.node_id != controller)

@@ -46,3 +46,23 @@ def test_a_reply_target_rides_with_the_request_and_only_a_reply_topic_is_one() -
             t.cancel()
 
     asyncio.run(run())
+
+
+def test_a_request_for_a_partition_predictions_lacks_is_a_dead_letter_and_is_committed() -> None:
+    async def run() -> None:
+        producer, offsets = DeliveringProducer(), owned(1)
+        svc = service(producer, offsets)
+        svc.predictions_partitions = 4
+        lost = encode(ModelRequest(query_id="far", app="a", model="m", input=Tensor.of(np.zeros(1, np.float32)),
+                                   deadline_us=now_us() + 10**9, selector_partition=7))
+        svc.accept_group([(lost, (T, 1, 20))])
+        svc._send_all(svc.outbox)
+        svc.outbox.clear()
+        ((topic, value, _),) = producer.sent
+        letter = decode_as(DeadLetter, value)
+        assert topic == "p.deadletter" and letter.query_id == "far"
+        assert "selector_partition 7 is outside [0, 4)" in letter.reason
+        producer.deliver()
+        assert [(tp.partition, tp.offset) for tp in offsets.take()] == [(1, 21)]  # not held for good
+
+    asyncio.run(run())

@@ -267,3 +267,13 @@ def test_producer_sends_feedback_with_an_int64_label(producer):
     producer.send_feedback("plain", "q1", label=2**63 - 1)
     [(_, value)] = producer._producer.produced
     assert decode_as(Feedback, value).label == 2**63 - 1
+
+
+def test_the_kafka_producer_refuses_an_input_no_record_could_carry(producer) -> None:
+    from clipstream.settings import Settings
+
+    producer.settings = Settings(topic_prefix="t.", max_record_bytes=64 * 1024)
+    producer._array = lambda app, x: x  # the model's shape is not what is tested here
+    with pytest.raises(InputError, match="over the 60416 bytes a query may carry"):
+        producer.send_query("pets", np.zeros(60417, np.uint8))
+    assert producer._producer.produced == []

@@ -16,6 +16,11 @@ def test_label_loss_is_zero_one_and_tolerates_numpy_and_text() -> None:
     assert label_loss("3", Output(np.array(3))) == 0.0
 
 
+def test_a_boolean_label_agrees_only_with_a_boolean_answer_as_the_gateway_checks_it() -> None:
+    assert label_loss(True, Output(1)) == 1.0 and label_loss(False, Output(np.int64(0))) == 1.0
+    assert label_loss(True, Output(np.bool_(True))) == 0.0 and label_loss("True", Output(True)) == 0.0
+
+
 def test_regression_loss_is_scaled_and_clipped() -> None:
     assert regression_loss(2.0, Output(2.5), scale=2.0) == pytest.approx(0.25)
     assert regression_loss(2.0, Output(100.0), scale=2.0) == 1.0

@@ -129,7 +129,8 @@ def test_model_exception_turns_the_batch_into_errors(tmp_path: Path) -> None:
 
 def test_out_of_range_selector_partition_is_a_dead_letter_only(onnx_model: Any) -> None:
     x, _ = digits()
-    out = handle_batch(onnx_model, batch([item(0, x[0], 9), item(1, x[1], 1)]), worker_id="w", selector_partitions=4)
+    out = handle_batch(onnx_model, batch([item(0, x[0], 9), item(1, x[1], 1)]), worker_id="w", selector_partitions=4,
+                       catalogue=Catalogue("t."))
     assert list(out.predictions) == [(None, 1)]
     assert [d.query_id for d in out.dead_letters] == ["q0"]
 
@@ -140,13 +141,13 @@ def test_an_item_with_a_reply_target_is_answered_there(onnx_model: Any) -> None:
     straight = replace(item(0, x[0], 9), reply_topic="t.replies.gw", reply_partition=0)
     elsewhere = replace(item(2, x[2], 1), reply_topic="t.registry", reply_partition=0)
     out = handle_batch(onnx_model, batch([straight, item(1, x[1], 1), elsewhere]), worker_id="w",
-                       selector_partitions=4, is_reply=Catalogue("t.").is_reply)
+                       selector_partitions=4, catalogue=Catalogue("t."))
     records = {(t, p): rec for t, p, rec in out.predictions_records()}
     assert sorted(records, key=str) == [("t.replies.gw", 0), (None, 1)]
     assert [(it.query_id, it.status) for it in records[("t.replies.gw", 0)].items] == [("q0", "ok")]
     # a reply target that is no gateway's reply topic: answered nowhere, a dead letter says why
     assert [(d.query_id, d.reason) for d in out.dead_letters] == [
-        ("q2", "reply_topic 't.registry' is no gateway's reply topic")]
+        ("q2", "reply_topic 't.registry' is no gateway's reply topic (t.replies.<instance>)")]
 
 
 def test_output_rows_shapes() -> None:

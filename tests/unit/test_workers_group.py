@@ -21,6 +21,7 @@ from registry.topic import ModelConfig, RegistryView
 from schemas import Batch, BatchItem, BatchStats, Predictions, Tensor, decode_as, encode
 from tests.unit.test_workers_batch import Flaky
 from tests.unit.test_workers_loop import FakeCacheWrites, FakeConsumer, FakeProducer, Msg
+from topics.catalogue import Catalogue
 from workers import cli
 from workers.backends import BatchModel, load_model
 from workers.batch import BatchOutcome
@@ -188,7 +189,7 @@ def test_a_bad_input_gets_an_error_from_each_member_it_needs_and_a_dead_letter(
     undecodable = replace(item(3, x[3], models=("logreg", "gmean")), input=Tensor("float32", [64], b"\x00" * 7))
     items = [item(0, x[0]), item(1, x[1][:10]), item(2, x[2].astype(np.float64), models=("gmean",)),
              undecodable, item(4, x[4], part=5)]
-    out = serve(group, batch(items), source=("t", 0, 42), selector_partitions=2)
+    out = serve(group, batch(items), source=("t", 0, 42), selector_partitions=2, catalogue=Catalogue("t."))
     found = answers(out)
     assert sorted((q, m, p.version, p.status) for (q, m), p in found.items()) == [
         ("q0", "gmean", "3", "ok"), ("q0", "logreg", "1", "ok"),

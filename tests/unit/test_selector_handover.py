@@ -160,3 +160,14 @@ def test_heartbeats_must_fit_the_session_three_times() -> None:
     with pytest.raises(ValueError, match="at most a third"):
         SelectorSettings(session_timeout_ms=1_000, heartbeat_interval_ms=500)
     assert SelectorSettings(session_timeout_ms=3_000, heartbeat_interval_ms=1_000).session_timeout_ms == 3_000
+
+
+def test_the_selectors_groups_are_named_after_the_topic_prefix_unless_set() -> None:
+    from clipstream.settings import Settings
+    from selector.process import join_consumer_config
+
+    assert SelectorSettings().join_group(Settings()) == "clipstream-selector"  # the default prefix, as before
+    assert SelectorSettings().join_group(Settings(topic_prefix="staging.")) == "staging-selector"
+    assert SelectorSettings(group="mine").join_group(Settings(topic_prefix="staging.")) == "mine"
+    conf = join_consumer_config(Settings(topic_prefix="t1."), SelectorSettings())
+    assert conf["group.id"] == "t1-selector"

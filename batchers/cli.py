@@ -27,6 +27,7 @@ from batchers.settings import BatcherSettings
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.settings import get_settings, settings_or_exit
 from registry.groups import GroupConfig
+from registry.limits import check_knob, check_replicas
 from registry.topic import ModelConfig, RegistryFollower
 from topics.catalogue import check_name
 
@@ -86,6 +87,14 @@ def batcher(
 
         def pick(cli: Any, reg: Any, default: Any) -> Any:
             return cli if cli is not None else (reg if reg is not None else default)
+
+        # the registry's bounds, for the knobs and replicas given here (the registry checked its own)
+        for key, value in (("latency_objective_ms", latency_objective_ms), ("max_batch_size", max_batch_size),
+                           ("batch_delay_ms", batch_delay_ms)):
+            if value is not None:
+                check_knob(key, value, "--" + key.replace("_", "-"))
+        if replicas is not None:
+            check_replicas(replicas, "--replicas")
 
         setups = []
         for name in model_names:

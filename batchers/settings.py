@@ -6,7 +6,11 @@ for a model that says nothing (Clipper's 20 ms objective, a 2 ms batch delay).
 
 from __future__ import annotations
 
+from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from clipstream.errors import ConfigError
+from registry.limits import KNOBS, check_knob
 
 
 class BatcherSettings(BaseSettings):
@@ -42,3 +46,13 @@ class BatcherSettings(BaseSettings):
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 500
     commit_interval_ms: int = 1_000
+
+    @model_validator(mode="after")
+    def _knobs_within_the_registrys_bounds(self) -> "BatcherSettings":
+        """The defaults a model that says nothing takes are held to the bounds its own would be."""
+        for key in KNOBS:
+            try:
+                check_knob(key, getattr(self, key), f"CLIPSTREAM_BATCHER_{key.upper()}")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return self

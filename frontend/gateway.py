@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, InfraError, InputError
-from clipstream.redisclient import RedisGuard, sync_client
+from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.saver import GATHER_S, PredictionSaver
 from clipstream.settings import Settings, get_settings
 from frontend.dashboard import mount_dashboard
@@ -379,11 +379,7 @@ async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> Non
         stack.callback(bus.close, "instance" not in state.gw.model_fields_set)
         state.bus = bus
     if state.redis_ping is None:
-        import redis.asyncio as aioredis
-
-        password = state.settings.redis_password
-        client = aioredis.from_url(state.settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0,
-                                   password=password.get_secret_value() if password is not None else None)
+        client = async_client(state.settings)  # bounded waits (CLIPSTREAM_REDIS_TIMEOUT_MS), as every stage's
         stack.push_async_callback(client.aclose)
         state.redis_ping = client.ping
         if state.stored is None:

@@ -409,3 +409,28 @@ def test_a_taken_port_with_reuse_port_is_one_line(capsys: pytest.CaptureFixture[
     assert err == (f"error: port {port} on 127.0.0.1 is in use (by something that does not share it with "
                    "--reuse-port): choose another with --port or stop what holds it\n")
     assert "check --host and --port" in bind_failure("10.255.255.1", 80, OSError(99, "Cannot assign"))
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--latency-objective-ms", "0"], "--latency-objective-ms must be more than 0"),
+        (["--max-batch-size", "0"], "--max-batch-size must be at least 1"),
+        (["--batch-delay-ms", "-1"], "--batch-delay-ms must be at least 0"),
+        (["--replicas", "100000"], "--replicas must be from 1 to 256"),
+    ],
+)
+def test_the_batcher_holds_its_options_to_the_registrys_bounds(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], fragment: str
+) -> None:
+    NoKafka().install(monkeypatch)
+    result = CliRunner().invoke(main, ["batcher", "--model", "m", "--version", "1", "--replicas", "1", *args])
+    _one_line_error(result, 1, fragment)
+
+
+def test_the_batchers_defaults_are_held_to_the_same_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchers.settings import BatcherSettings
+
+    monkeypatch.setenv("CLIPSTREAM_BATCHER_MAX_BATCH_SIZE", "0")
+    with pytest.raises(ValueError, match="CLIPSTREAM_BATCHER_MAX_BATCH_SIZE must be at least 1"):
+        BatcherSettings()

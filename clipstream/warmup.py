@@ -94,17 +94,26 @@ def _post(http: Any, target: Target, body: dict[str, Any]) -> tuple[int, dict[st
         r = http.post(f"/v1/apps/{target.app}/predict", json=body)
     except httpx.HTTPError:
         return 0, {}
-    return r.status_code, (r.json() if r.status_code == 200 else {})
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, {}
 
 
-def first_answers(http: Any, target: Target, rounds: int, deadline: float) -> bool:
-    """Single queries with a generous SLO until ``rounds`` in a row are answered by every model."""
+def first_answers(http: Any, target: Target, rounds: int, timeout_s: float) -> str | None:
+    """Single queries with a generous SLO until ``rounds`` in a row are answered by every model;
+    None when they were, else why not. A query the gateway refuses as the caller's fault (a
+    4xx but 429: the app's inputs are over its body limit, say) is not tried again: waiting
+    would not change it, and the model is not to blame."""
     rng = np.random.default_rng()
     good = 0
+    deadline = time.monotonic() + timeout_s
     while good < rounds and time.monotonic() < deadline:
         status, answer = _post(http, target, _body(rng, target, 2000.0))
+        if 400 <= status < 500 and status != 429:
+            return f"the gateway refused its query ({status}: {answer.get('detail', 'no reason given')})"
         good = good + 1 if status == 200 and answer.get("models", {}).get("missing") == [] else 0
-    return good >= rounds
+    return None if good >= rounds else f"it did not answer in {timeout_s:.0f}s"
 
 
 def steady_load(http: Any, targets: list[Target], seconds: float, callers: int = 4,
@@ -159,10 +168,11 @@ def warm_up(url: str, view: RegistryView, env: dict[str, str], report: Report = 
                       verify=not url.startswith("https://")) as http:
         answering = []
         for target in targets:
-            if first_answers(http, target, rounds, time.monotonic() + timeout_s):
+            why = first_answers(http, target, rounds, timeout_s)
+            if why is None:
                 answering.append(target)
             else:
-                report(f"warning: {target.app} did not answer in {timeout_s:.0f}s")
+                report(f"warning: {target.app} is not warmed up: {why}")
         if answering and seconds > 0:
             stats = steady_load(http, answering, seconds, callers, report)
             last = len(stats.latencies_ms) * 3 // 4  # p50 of the last quarter: how warm now

@@ -87,3 +87,21 @@ def test_each_warm_up_sends_inputs_no_other_run_sends() -> None:
     first, second = run(), run()
     assert len(first) > 10 and len(second) > 10
     assert not first & second
+
+
+def test_an_app_whose_query_the_gateway_refuses_as_too_large_is_named_at_once_not_waited_on() -> None:
+    from clipstream.warmup import first_answers
+
+    calls: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if "big" in request.url.path:
+            return httpx.Response(413, json={"detail": "body of 3000000 bytes is over the limit of 1048576 bytes"})
+        return httpx.Response(200, json={"default": False, "latency_ms": 3.0, "models": {"missing": []}})
+
+    with httpx.Client(transport=httpx.MockTransport(handle), base_url="http://gw") as http:
+        why = first_answers(http, Target("big", (3,), "float32", 50.0), rounds=5, timeout_s=60.0)
+        assert why == "the gateway refused its query (413: body of 3000000 bytes is over the limit of 1048576 bytes)"
+        assert len(calls) == 1  # not retried for a minute
+        assert first_answers(http, Target("small", (3,), "float32", 50.0), rounds=2, timeout_s=60.0) is None

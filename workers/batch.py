@@ -2,8 +2,8 @@
 
 ``handle_batch`` turns a decoded ``Batch`` record into everything the worker must emit:
 ``Predictions`` grouped by selector partition, cache entries, dead letters and a
-``BatchStats`` record. A bad item never fails its batch-mates; a model failure turns the
-batch's valid items into ``error`` predictions and the worker goes on.
+``BatchStats`` record. A bad item never fails its batch-mates; a model failure is narrowed
+down to the inputs it fails on, which get ``error`` predictions, and the worker goes on.
 """
 
 from __future__ import annotations
@@ -102,6 +102,9 @@ class Ran:
     service_us: int
     out_us: int
     error: BaseException | None = field(default=None, repr=False, compare=False)
+    # after a failed batch was split to find the inputs it failed on: each row's own failure
+    # (None: that row is good), with ``rows`` holding None for the failed ones
+    row_failures: list[str | None] | None = None
 
 
 # who answers: (model name, version); None is the batch's own model at its version
@@ -177,17 +180,66 @@ def run_batch(model: BatchModel, p: Prepared, clock: Callable[[], int] = now_us)
     return predict_rows(model, p.inputs, clock)
 
 
-def predict_rows(model: BatchModel, inputs: np.ndarray, clock: Callable[[], int] = now_us) -> Ran:
+def predict_rows(model: BatchModel, inputs: np.ndarray, clock: Callable[[], int] = now_us,
+                 isolate: bool = True) -> Ran:
     """One timed ``predict_batch`` over ``inputs``, split into rows; a model's failure is caught
-    and reported, so one broken model never stops the worker."""
+    and reported, so one broken model never stops the worker. A batch that fails is split in
+    halves to find the inputs it fails on (``_isolate``), so one caller's bad input does not
+    fail, or show its data to, the callers batched with it (not with ``isolate`` false: the
+    start's check that a model takes a batch at all)."""
     start = time.perf_counter()
     try:
         rows = output_rows(model.spec.output, model.predict_batch(inputs), len(inputs))
     except Exception as exc:  # any model bug: answer with errors, keep serving (reported in answer_items)
         # returned from here, so this frame keeps no reference to ``exc`` (no cycle through its traceback)
-        return Ran([], f"model error: {type(exc).__name__}: {exc}", int((time.perf_counter() - start) * 1e6),
-                   clock(), exc)
+        failure = f"model error: {type(exc).__name__}: {exc}"
+        if isolate and len(inputs) > 1:
+            found, failures = _isolate(model, inputs, exc)
+            if any(f is None for f in failures):  # some were good: each answered as it alone went
+                return Ran(found, None, int((time.perf_counter() - start) * 1e6), clock(), exc, failures)
+            failure = f"model error: {type(exc).__name__} on every part of a batch of {len(inputs)}"
+        return Ran([], failure, int((time.perf_counter() - start) * 1e6), clock(), exc)
     return Ran(rows, None, int((time.perf_counter() - start) * 1e6), clock())
+
+
+def _isolate(model: BatchModel, inputs: np.ndarray, first: BaseException) -> tuple[list[Any], list[str | None]]:
+    """Rows and per-row failures of a batch that failed as a whole, found by running its halves
+    apart, and a failing half's halves, while the other half of a split answers. When both
+    halves of a split fail, neither is split further: a model that fails on everything costs
+    three calls a batch, not one per input. A row that failed alone is answered with its own
+    error; rows that failed together name only the exception's type, as its text may quote
+    another caller's input."""
+    n = len(inputs)
+    rows: list[Any] = [None] * n
+    failures: list[str | None] = [None] * n
+
+    def run(lo: int, hi: int) -> BaseException | None:
+        try:
+            rows[lo:hi] = output_rows(model.spec.output, model.predict_batch(inputs[lo:hi]), hi - lo)
+            return None
+        except Exception as exc:
+            return exc
+
+    def settle(lo: int, hi: int, exc: BaseException) -> None:
+        text = (f"model error: {type(exc).__name__}: {exc}" if hi - lo == 1
+                else f"model error: {type(exc).__name__} in a batch of {hi - lo} that failed together")
+        failures[lo:hi] = [text] * (hi - lo)
+
+    def split(lo: int, hi: int, exc: BaseException) -> None:
+        mid = (lo + hi) // 2
+        left, right = run(lo, mid), run(mid, hi)
+        if left is not None and right is not None:
+            settle(lo, mid, left)
+            settle(mid, hi, right)
+            return
+        for a, b, failed in ((lo, mid, left), (mid, hi, right)):
+            if failed is not None and b - a > 1:
+                split(a, b, failed)
+            elif failed is not None:
+                settle(a, b, failed)
+
+    split(0, n, first)
+    return rows, failures
 
 
 def finish_batch(p: Prepared, ran: Ran | None, *, worker_id: str, clock: Callable[[], int] = now_us,
@@ -215,7 +267,16 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
             add_prediction(p, item, "error", None, ran.failure, ran.out_us, by)
         return
     told = False
-    for item, row in zip(items, ran.rows):
+    for i, (item, row) in enumerate(zip(items, ran.rows)):
+        if ran.row_failures is not None and ran.row_failures[i] is not None:
+            p.errors += 1
+            add_prediction(p, item, "error", None, ran.row_failures[i], ran.out_us, by)
+            if failures is not None and not told:  # once a batch, with what was raised
+                model, version = by or (p.batch.model, p.version)
+                failures.failed(model, version, ran.row_failures[i], ran.error,
+                                group=p.batch.model if by else None)
+                told = True
+            continue
         try:
             tensor = Tensor.of(row)
         except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it
@@ -231,6 +292,7 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
         cache_key = key(item)
         if cache_key:
             p.outcome.cache.append((cache_key, encode(tensor)))
+    ran.error = None  # its traceback holds the batch's arrays
 
 
 def batch_stats(p: Prepared, service_us: int, *, worker_id: str,

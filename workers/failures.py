@@ -3,7 +3,7 @@
 A failing model call is answered with ``error`` predictions and the worker serves on, so
 without a log line a broken version is silent: callers see the model missing from their
 answers and nothing says why. ``ModelFailures`` writes one line per kind of failure (the
-model, its version and the exception's type and message) at once, with the traceback of its
+model, its version, and the exception's type and the line that raised it) at once, with the traceback of its
 first occurrence, then at most one line per kind every ``every_s`` seconds saying how many
 were folded into it, so a model failing on every batch cannot flood the log.
 """
@@ -90,6 +90,14 @@ class Folding:
             del self._kinds[kind]
 
 
+def kind_of(exc: BaseException) -> Hashable:
+    """A failure's kind: the exception's type and the line that raised it, not its message,
+    which may quote the input (``input too big: 202.0``) and so differ on every batch."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = (frames[-1].filename, frames[-1].lineno) if frames else None
+    return type(exc).__name__, where
+
+
 def short_traceback(exc: BaseException, frames: int = TRACEBACK_FRAMES) -> str:
     """``exc``'s traceback, its last ``frames`` frames only: the model's own code, where the
     fix goes, is at the end, and the worker's frames above it say nothing new."""
@@ -135,7 +143,7 @@ class ModelFailures:
         is written with the first line of its kind)."""
         what = f"{type(exc).__name__}: {exc}" if exc is not None else failure.removeprefix("model error: ")
         with self._lock:
-            say = self.folding.offer((model, version, group, what))
+            say = self.folding.offer((model, version, group, kind_of(exc) if exc is not None else what))
         if say is None:
             return
         other = say.kind == OTHER

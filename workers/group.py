@@ -168,7 +168,7 @@ def warm(model: Served, batches: bool = True) -> None:
     for each in [m.model for m in model.members] if isinstance(model, GroupModel) else [model]:
         first = warm_up(each)
         if batches:
-            ran = predict_rows(each, np.zeros((2, *each.spec.input.shape), dtype=each.spec.input.dtype))
+            ran = predict_rows(each, np.zeros((2, *each.spec.input.shape), dtype=each.spec.input.dtype), isolate=False)
             if ran.failure is not None:
                 raise ModelError(f"it answers a batch of one request but not a batch of two ({one_line(ran.failure)}): "
                                  "the batcher sends several at once. Export it with a dynamic batch axis (ONNX: a "

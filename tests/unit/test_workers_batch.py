@@ -113,14 +113,15 @@ def test_bad_items_become_errors_and_dead_letters_without_failing_the_batch(onnx
     assert [k for k, _ in out.cache] == ["cs:cache:m:1:0", "cs:cache:m:1:4"]
 
 
-def test_model_exception_turns_the_batch_into_errors(tmp_path: Path) -> None:
+def test_a_model_exception_fails_only_the_inputs_it_fails_on(tmp_path: Path) -> None:
     model = load_model(load_spec(make_python_model(tmp_path, "flaky", Flaky, labels=["a", "b"], shape=[2])))
     good = np.ones(2, dtype=np.float32)
     out = handle_batch(model, batch([item(0, good, 0), item(1, -good, 0)]), worker_id="w")
     preds = out.predictions[(None, 0)]
-    assert [p.status for p in preds] == ["error", "error"]
-    assert "RuntimeError: negative input" in (preds[0].error or "")
-    assert out.cache == [] and out.stats is not None and out.stats.errors == 2
+    assert [p.status for p in preds] == ["ok", "error"]  # the batch-mate of a bad input is answered
+    assert preds[1].error == "model error: RuntimeError: negative input" and preds[1].output is None
+    np.testing.assert_allclose(preds[0].output.array(), [0.25, 0.75])  # type: ignore[union-attr]
+    assert [k for k, _ in out.cache] == ["cs:cache:m:1:0"] and out.stats is not None and out.stats.errors == 1
     ok = handle_batch(model, batch([item(0, good, 0)]), worker_id="w")  # the next batch is fine
     output = ok.predictions[(None, 0)][0].output
     assert output is not None
@@ -180,3 +181,25 @@ def test_string_labels_cannot_travel_and_become_errors(tmp_path: Path) -> None:
     two = batch([item(0, np.zeros(1, dtype=np.float32), 0), item(1, np.ones(1, dtype=np.float32), 0)])
     handle_batch(model, two, worker_id="w", failures=Failures())  # type: ignore[arg-type]
     assert len(told) == 1 and "output cannot travel" in told[0][1]  # once a batch
+
+
+def test_a_bad_input_is_found_in_a_few_calls_and_a_model_failing_everything_costs_three(tmp_path: Path) -> None:
+    model = load_model(load_spec(make_python_model(tmp_path, "flaky", Flaky, labels=["a", "b"], shape=[2])))
+    calls: list[int] = []
+    predict = model.predict_batch
+
+    def counted(inputs: np.ndarray) -> Any:
+        calls.append(len(inputs))
+        return predict(inputs)
+
+    model.predict_batch = counted  # type: ignore[method-assign]
+    good = np.ones(2, dtype=np.float32)
+    out = handle_batch(model, batch([item(i, -good if i == 5 else good, 0) for i in range(16)]), worker_id="w")
+    assert [p.query_id for p in out.predictions[(None, 0)] if p.status == "error"] == ["q5"]
+    assert len(calls) <= 1 + 2 * 4  # the batch, then two halves at each of log2(16) levels
+    calls.clear()
+    out = handle_batch(model, batch([item(i, -good, 0) for i in range(16)]), worker_id="w")
+    assert calls == [16, 8, 8]  # both halves fail too: not split further
+    errors = {p.error for p in out.predictions[(None, 0)]}
+    assert errors == {"model error: RuntimeError on every part of a batch of 16"}  # no caller's text
+

@@ -143,3 +143,21 @@ def test_a_failing_group_member_is_named_with_its_group(tmp_path: Path) -> None:
     (line,) = lines
     assert line.startswith("model gflaky version 3 (member of group ens) replica 1: predict_batch failed: "
                            "RuntimeError: negative input;") and "clipstream rollback gflaky" in line
+
+
+def _quoting(value: float) -> BaseException:
+    try:
+        raise ValueError(f"input too big: {value}")  # a message that quotes the input
+    except ValueError as exc:
+        return exc
+
+
+def test_failures_whose_message_quotes_the_input_are_one_kind() -> None:
+    clock, lines = Clock(), []
+    failures = ModelFailures(0, say=lines.append, clock=clock)
+    for value in (202.0, 317.5, 999.0):
+        exc = _quoting(value)
+        failures.failed("m", "1", f"model error: ValueError: {exc}", exc)
+    assert len(lines) == 1 and "input too big: 202.0" in lines[0]  # one line, not one per input
+    failures.failed("m", "1", "model error: ValueError: bad weights", _raised(1))  # raised elsewhere: its own
+    assert len(lines) == 2

@@ -278,6 +278,8 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
                 told = True
             continue
         try:
+            if row.dtype.kind == "f" and not np.isfinite(row).all():  # JSON has no NaN: it would read as null
+                raise ClipstreamError(f"it is not a finite number ({_first_not_finite(row)})")
             tensor = Tensor.of(row)
         except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it
             p.errors += 1
@@ -293,6 +295,11 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
         if cache_key:
             p.outcome.cache.append((cache_key, encode(tensor)))
     ran.error = None  # its traceback holds the batch's arrays
+
+
+def _first_not_finite(row: np.ndarray) -> str:
+    values = np.asarray(row).ravel()
+    return str(values[~np.isfinite(values)][0])
 
 
 def batch_stats(p: Prepared, service_us: int, *, worker_id: str,

@@ -183,6 +183,18 @@ def test_string_labels_cannot_travel_and_become_errors(tmp_path: Path) -> None:
     assert len(told) == 1 and "output cannot travel" in told[0][1]  # once a batch
 
 
+def test_an_output_that_is_not_finite_is_that_inputs_error_not_a_null_answer(tmp_path: Path) -> None:
+    src = "import numpy as np\nclass Model:\n    def __init__(self, p, c): pass\n" \
+          "    def predict_batch(self, x): return np.where(x[:, 0] > 0, np.nan, x[:, 0] * 2.0)\n"
+    model = load_model(load_spec(make_python_model(tmp_path, "nan", src, kind="regression", shape=[1])))
+    out = handle_batch(model, batch([item(0, np.ones(1, np.float32), 0), item(1, -np.ones(1, np.float32), 0)]),
+                       worker_id="w")
+    bad, good = out.predictions[(None, 0)]
+    assert bad.status == "error" and bad.error == "model error: output cannot travel: it is not a finite number (nan)"
+    assert good.status == "ok" and float(good.output.array()) == -2.0  # type: ignore[union-attr]
+    assert [k for k, _ in out.cache] == ["cs:cache:m:1:1"]  # no NaN is cached either
+
+
 def test_a_bad_input_is_found_in_a_few_calls_and_a_model_failing_everything_costs_three(tmp_path: Path) -> None:
     model = load_model(load_spec(make_python_model(tmp_path, "flaky", Flaky, labels=["a", "b"], shape=[2])))
     calls: list[int] = []

@@ -49,6 +49,7 @@ from frontend.direct import answer_of, direct_model, request_for
 from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
 from frontend.gateway_models import (
     Accepted,
+    AppMetadata,
     ErrorBody,
     FeedbackRequest,
     PredictRequest,
@@ -58,6 +59,7 @@ from frontend.gateway_models import (
     validation_reason,
 )
 from frontend.inputs import input_for
+from frontend.metadata import app_metadata
 from frontend.settings import GatewaySettings, get_gateway_settings
 from frontend.state import Bus, GatewayState, Registry, Reply
 from registry.spec import TensorSpec
@@ -162,6 +164,11 @@ def _add_api_routes(app: GatewayAPI, state: GatewayState) -> None:
     async def predict(app: str, request: Request) -> JSONResponse:
         # declared for the OpenAPI schema: GatewayAPI serves these requests before the router
         return JSONResponse(await _predict(state, app, request))
+
+    @app.get("/v1/apps/{app}", response_model=AppMetadata, responses=_errors(401, 403, 404),
+             summary="What the app takes and answers: its input's dtype and shape, its output and models")
+    async def metadata(app: str) -> dict[str, Any]:
+        return app_metadata(state, app)
 
     @app.post(
         "/v1/apps/{app}/feedback",

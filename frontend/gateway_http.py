@@ -68,9 +68,9 @@ def key_allowed(key: str | None, keys: Iterable[str]) -> bool:
 
 
 def app_of_path(path: str) -> str | None:
-    """The app a ``/v1/apps/{app}/...`` path names, else None."""
+    """The app a ``/v1/apps/{app}`` or ``/v1/apps/{app}/...`` path names, else None."""
     parts = path.split("/")
-    if len(parts) >= 5 and parts[:3] == ["", "v1", "apps"] and parts[3]:
+    if len(parts) >= 4 and parts[:3] == ["", "v1", "apps"] and parts[3]:
         return parts[3]
     return None
 
@@ -94,6 +94,8 @@ def route_label(path: str) -> str:
             return "predict"
         if path.endswith("/feedback"):
             return "feedback"
+        if path.count("/") == 3:
+            return "metadata"
     if path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
         return path.lstrip("/")
     return "other"

@@ -73,6 +73,33 @@ class Accepted(BaseModel):
     reason: str | None = None
 
 
+class TensorDoc(BaseModel):
+    dtype: str
+    shape: list[int] = Field(description="One example's shape: a predict's `input` is one example.")
+
+
+class OutputDoc(BaseModel):
+    kind: str = Field(description="class_scores, label or regression")
+    labels: list[str] | None = Field(None, description="The classes `scores` are aligned with, as strings.")
+
+
+class ModelDoc(BaseModel):
+    name: str
+    version: str
+
+
+class AppMetadata(BaseModel):
+    """What ``GET /v1/apps/{app}`` answers: what to send and what comes back."""
+
+    name: str
+    policy: str
+    slo_ms: float = Field(description="The deadline a query without its own `slo_ms` is answered by.")
+    default_output: Label | None = Field(description="The answer when no model answers in time.")
+    input: TensorDoc | None = Field(description="What `input` must be (null: the app has no model yet).")
+    output: OutputDoc
+    models: list[ModelDoc]
+
+
 class ErrorBody(BaseModel):
     detail: str
 

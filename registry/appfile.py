@@ -22,7 +22,7 @@ from registry.labels import labels_problem
 from registry.limits import check_knob, check_replicas, check_slo
 from registry.spec import ModelSpec, TensorSpec, load_spec
 from registry.topic import RegistryView, RegistryWriter, read_view
-from registry.versions import check_version, history
+from registry.versions import check_version, history, unpinned_version
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
 
@@ -139,7 +139,7 @@ def _model_entry(path: Path, i: int, m: Any, repository: Repository,
         inputs.setdefault(check_name("group", str(m["group"])), []).append((m["name"], spec.input))
     return {
         "name": m["name"],
-        "version": str(m.get("version", "1")),
+        "version": str(m["version"]) if m.get("version") is not None else None,  # None: ``unpinned_version``
         "path": location,
         "replicas": check_replicas(int(_number(m.get("replicas", 1), f"{path}: models[{i}].replicas", integer=True)),
                                    f"{path}: models[{i}].replicas"),
@@ -191,6 +191,9 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
     """Publish an app file to the registry and create each model's topics."""
     spec = load_app_file(path, Repository.from_settings(settings))
     view = view if view is not None else read_view(settings)
+    for m in spec.models:
+        if m["version"] is None:
+            m["version"] = unpinned_version(view.model(m["name"]), m["path"])
     for m in spec.models:  # all checked before anything is written
         check_version(view.model(m["name"]), m["version"], m["path"], f"`version:` in {path}")
     with RegistryWriter(settings) as writer:

@@ -16,7 +16,7 @@ from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 from registry.appfile import apply_file, load_app_file
 from registry.topic import AppConfig, ModelConfig, RegistryView
-from registry.versions import check_version, history, next_version, rolled_back
+from registry.versions import check_version, history, next_version, rolled_back, unpinned_version
 from tests.unit.test_cli_input_errors import NoKafka, _model_dir, _one_line_error
 
 
@@ -29,6 +29,14 @@ def test_the_next_version_is_one_more_than_the_highest_the_model_had() -> None:
     assert next_version(_model("3", previous_versions=("1", "7"), previous_paths=("/a", "/b"))) == "8"
     with pytest.raises(ConfigError, match="not numbers .*--version"):
         next_version(_model("blue"))
+
+
+def test_an_app_files_model_without_a_version_keeps_the_one_serving_now() -> None:
+    assert unpinned_version(None, "/models/m/1") == "1"  # a new model
+    current = _model("3", "/models/m/3", previous_versions=("1",), previous_paths=("/models/m/1",))
+    assert unpinned_version(current, "/models/m/1") == "3"  # deploy-model set 3 since: up's start keeps it
+    assert unpinned_version(current, "/models/m/3") == "3"
+    assert unpinned_version(current, "/models/m/new") == "4"  # a folder the model never had: the next
 
 
 def test_an_existing_version_keeps_its_folder() -> None:

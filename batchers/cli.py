@@ -17,19 +17,24 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
 import click
+from confluent_kafka import KafkaException
 
 from batchers.app import run
 from batchers.service import ModelSetup
 from batchers.settings import BatcherSettings
+from batchers.version import start_version
 from clipstream.errors import ClipstreamError, ConfigError
-from clipstream.settings import get_settings, settings_or_exit
+from clipstream.settings import Settings, get_settings, settings_or_exit
 from registry.groups import GroupConfig
 from registry.limits import check_knob, check_replicas
 from registry.topic import ModelConfig, RegistryFollower
-from topics.catalogue import check_name
+from registry.versions import known_versions
+from topics.catalogue import Catalogue, check_name
+from topics.tail import served_versions
 
 
 def _from_registry(settings: Any, models: list[str], timeout_s: float
@@ -115,8 +120,25 @@ def batcher(
                                             ("max_batch_size", max_batch_size), ("batch_delay_ms", batch_delay_ms))
                              if v is not None),
             ))
+        if version is None:  # the registry's: what the batches carry now may be an earlier one
+            setups = [_serving(settings, s, cfgs.get(s.name)) for s in setups]
         # follow the registry live only where it, not the command line, set the replicas
         run(settings, bs, setups, follower if replicas is None else None, member)
     except ClipstreamError as exc:  # one line, as every stage says it
         click.echo(f"error: batcher: {exc}", err=True)
         sys.exit(1)
+
+
+def _serving(settings: Settings, setup: ModelSetup, cfg: ModelConfig | GroupConfig | None) -> ModelSetup:
+    """``setup`` at the version its batches carry now when that is an earlier one of the model's
+    (``batchers.version.start_version``); the registry's version follows once its workers are
+    ready. Groups, whose version is their members', start at the registry's."""
+    if not isinstance(cfg, ModelConfig) or setup.version is None:
+        return setup
+    try:
+        carried = served_versions(settings, Catalogue.from_settings(settings).batches(setup.name).name, setup.replicas)
+    except KafkaException:
+        return setup  # as before: the registry's version
+    start = start_version(setup.version, known_versions(cfg), carried.values())
+    return setup if start == setup.version else replace(setup, version=start)
+

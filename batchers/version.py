@@ -9,11 +9,27 @@ the new one has said it is ready with a readiness marker (``topics.markers``).
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # a marker may be written this long before the batcher itself reads the registry change that
 # asked for it (the worker's registry reader can be ahead of the batcher's)
 MARKER_LEAD_US = 10_000_000
+
+
+def start_version(wanted: str | None, known: Iterable[str], carried: Iterable[str | None]) -> str | None:
+    """The version a batcher starts stamping: the registry's (``wanted``), unless the batches
+    sent before this start (``carried``, one per replica) carry another version the model has
+    had (``known``). A batcher that starts while a new version's workers are still loading
+    (a restart, or the batcher process begun again for a model added beside it) then keeps
+    sending to the workers that serve, and moves once the new ones are ready, as the batcher
+    before it would have."""
+    sent = [v for v in carried if v is not None]
+    if not sent or wanted in sent:
+        return wanted
+    most = Counter(sent).most_common(1)[0][0]
+    return most if most in set(known) else wanted
 
 
 @dataclass

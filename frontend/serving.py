@@ -10,15 +10,12 @@ import json
 import click
 from confluent_kafka import KafkaException
 
-from clipstream.errors import ClipstreamError
 from clipstream.redisclient import REDIS_AWAY, policy_state_key, sync_client
 from clipstream.settings import Settings
 from clipstream.weights import policy_weights
 from registry.topic import RegistryView
-from schemas import Batch, decode_as
 from topics.catalogue import Catalogue
-from topics.markers import is_retirement
-from topics.tail import last_records
+from topics.tail import served_versions
 
 
 def serving(settings: Settings, view: RegistryView) -> dict[str, dict[int, str | None]]:
@@ -35,20 +32,11 @@ def served(settings: Settings, name: str, replicas: int) -> dict[int, str | None
     only once its workers are ready (docs/design/0021). A replica whose last record retired it
     (an earlier scale-down) has served nothing since. None: Kafka could not say."""
     try:
-        tail = last_records(settings, Catalogue.from_settings(settings).batches(name).name, replicas)
+        return served_versions(settings, Catalogue.from_settings(settings).batches(name).name, replicas)
     except KafkaException as exc:
         click.echo(f"warning: the batches of {name} could not be read ({exc.args[0]}): what serves is not known",
                    err=True)
         return None
-    out: dict[int, str | None] = {}
-    for part, value in sorted(tail.items()):
-        try:
-            batch = decode_as(Batch, value)
-        except ClipstreamError:
-            continue  # not a batch: as if nothing was sent there
-        if not is_retirement(batch):
-            out[part] = batch.version
-    return out
 
 
 def serving_text(version: str | None, replicas: int, now: dict[int, str | None] | None) -> str:

@@ -12,9 +12,12 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
+from clipstream.errors import ClipstreamError
 from clipstream.settings import Settings
+from schemas import Batch, decode_as
 from topics.admin import watermarks
 from topics.client import consumer_config
+from topics.markers import is_retirement
 
 
 def last_records(settings: Settings, topic: str, partitions: int, timeout_s: float = 10.0) -> dict[int, bytes]:
@@ -45,3 +48,20 @@ def last_records(settings: Settings, topic: str, partitions: int, timeout_s: flo
         return found
     finally:
         consumer.close()
+
+
+def served_versions(settings: Settings, topic: str, replicas: int, timeout_s: float = 10.0) -> dict[int, str | None]:
+    """Replica -> the version the batches on ``topic`` (a model's or group's ``batches``) carry
+    now: its partition's last record, a batch or a handover. A replica whose last record
+    retired it (an earlier scale-down) has served nothing since, and is left out, as is one
+    with no batch yet."""
+    out: dict[int, str | None] = {}
+    for part, value in sorted(last_records(settings, topic, replicas, timeout_s).items()):
+        try:
+            batch = decode_as(Batch, value)
+        except ClipstreamError:
+            continue  # not a batch: as if nothing was sent there
+        if not is_retirement(batch):
+            out[part] = batch.version
+    return out
+

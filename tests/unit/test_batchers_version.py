@@ -6,7 +6,7 @@ from typing import Any
 
 from batchers.service import BatcherService, ModelSetup
 from batchers.settings import BatcherSettings
-from batchers.version import MARKER_LEAD_US, VersionSwitch
+from batchers.version import MARKER_LEAD_US, VersionSwitch, start_version
 from clipstream.clock import now_us
 from clipstream.settings import Settings
 from schemas import Batch, BatchStats, decode_as, encode
@@ -150,3 +150,13 @@ def test_the_service_sends_a_new_replica_batches_once_its_worker_is_ready() -> N
     assert len(svc.core.dispatcher.replicas) == 2
     svc.resize(1, "1")  # and back: at once, with the retirement
     assert len(svc.core.dispatcher.replicas) == 1
+
+
+def test_a_batcher_starts_at_the_version_its_batches_carry_while_the_new_one_loads() -> None:
+    known = ("1", "3")
+    assert start_version("3", known, ["1", "1"]) == "1"  # version 3's workers not ready before this start
+    assert start_version("3", known, ["3", "1"]) == "3"  # some replica moved already: the registry's
+    assert start_version("3", known, []) == "3"  # nothing sent yet
+    assert start_version("3", known, [None]) == "3"
+    assert start_version("3", known, ["7"]) == "3"  # a version the model never had: not trusted
+

@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 
 import frontend.cli as registry_cli
 import frontend.serving as serving
+import topics.tail as tail
 from clipstream.cli import main
 from clipstream.errors import ConfigError, InfraError
 from clipstream.infra import kafka as kafka_mod
@@ -87,7 +88,7 @@ class NoKafka:
             def close(self) -> None:
                 pass
 
-        monkeypatch.setattr(serving, "last_records", last_records)
+        monkeypatch.setattr(tail, "last_records", last_records)
         monkeypatch.setattr(serving, "sync_client", lambda settings: Redis())
         monkeypatch.setattr(registry_cli, "RegistryWriter", Writer)
         monkeypatch.setattr(registry_cli, "read_view", read_view)

@@ -44,12 +44,13 @@ def answer_of(pred: Prediction, cfg: AppConfig, kind: str, labels: tuple[Any, ..
         try:
             value, scores = read_row(pred.output, kind, labels)
         except ClipstreamError as exc:
-            reason = f"every model failed: {pred.model}: undecodable output: {exc}"
+            reason = f"every model failed: {pred.model}: output not used: {exc}"
         else:
             record = answer_record(pred.query_id, cfg.name, value, scores, labels, 1.0, [pred.model], [],
                                    deadline_us, pred.trace, now)
             output = output_json(value, scores)
-            return record, stored_answer(cfg.name, context, output, {pred.model: output})
+            return record, stored_answer(cfg.name, context, output, {pred.model: output}, confidence=1.0,
+                                         versions={pred.model: pred.version})
     else:
         reason = f"every model failed: {pred.model}: {pred.error or pred.status}"
     return answer_record(pred.query_id, cfg.name, cfg.default_output, None, labels, 0.0, [], [pred.model],

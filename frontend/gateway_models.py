@@ -20,6 +20,7 @@ Label = StrictBool | StrictInt | StrictFloat | StrictStr
 
 # the longest SLO a caller may ask for: a slot in max_inflight is held that long
 MAX_SLO_MS = 60_000.0
+MAX_CONTEXT_CHARS = 256  # a context names a policy state in Redis: a key, not a document
 
 
 class PredictRequest(BaseModel):
@@ -28,7 +29,7 @@ class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     input: Any = Field(description="One example: a number or nested lists matching the model's input shape.")
-    context: StrictStr | None = Field(None, min_length=1, max_length=256,
+    context: StrictStr | None = Field(None, min_length=1, max_length=MAX_CONTEXT_CHARS,
                                       description="User or session key: its own policy state.")
     slo_ms: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_SLO_MS,
                                                    description="Latency objective; the app's when absent.")
@@ -42,7 +43,7 @@ class FeedbackRequest(BaseModel):
     query_id: StrictStr = Field(min_length=1, max_length=256)
     label: Label | None = None
     reward: StrictFloat | StrictInt | None = Field(None, ge=0, le=1)
-    context: StrictStr | None = Field(None, min_length=1, max_length=256,
+    context: StrictStr | None = Field(None, min_length=1, max_length=MAX_CONTEXT_CHARS,
                                       description="Ignored: feedback teaches the context the query was answered in.")
 
 

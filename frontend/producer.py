@@ -18,7 +18,7 @@ import numpy as np
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ConfigError, InfraError, InputError
 from clipstream.settings import Settings, get_settings
-from frontend.gateway_models import MAX_SLO_MS
+from frontend.gateway_models import MAX_CONTEXT_CHARS, MAX_SLO_MS
 from frontend.inputs import array_for, input_for, to_json
 from registry.labels import label_problem, reward_problem
 from registry.outputs import app_outputs
@@ -73,6 +73,8 @@ class Producer:
     ) -> str:
         """Publish one query; returns its query id (yours, or a fresh uuid4 hex)."""
         query_id = query_id or uuid.uuid4().hex
+        if context is not None and not (isinstance(context, str) and 1 <= len(context) <= MAX_CONTEXT_CHARS):
+            raise InputError(f"context must be text of 1 to {MAX_CONTEXT_CHARS} characters, as the gateway takes it")
         array = self._array(app, input)
         if array.nbytes > input_limit(self.settings.max_record_bytes):
             raise InputError(too_large_input(array.nbytes, self.settings.max_record_bytes))
@@ -120,8 +122,7 @@ class Producer:
             query_id=query_id, app=app, context=context, label=to_json(label),
             reward=float(reward) if reward is not None else None, created_us=now_us(),
         )
-        self._send(self.feedback_topic, encode(record), context or query_id,
-                   query_id, on_delivery)
+        self._send(self.feedback_topic, encode(record), query_id, query_id, on_delivery)  # keyed as CONTRACTS says
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve delivery reports; returns how many were served."""

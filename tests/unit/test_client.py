@@ -151,9 +151,11 @@ class _KafkaProducer:
 
     def __init__(self, config: dict) -> None:
         self.produced: list[tuple[str, bytes]] = []
+        self.keys: list[bytes] = []
 
     def produce(self, topic: str, value: bytes, key: bytes, on_delivery: object) -> None:
         self.produced.append((topic, value))
+        self.keys.append(key)
 
     def poll(self, timeout_s: float) -> int:
         return 0
@@ -235,9 +237,10 @@ def test_producer_checks_a_label_against_the_apps_labels(producer):
         with pytest.raises(InputError, match=r"feedback label: label .* is not one of the app's labels \['a', 'b'\]"):
             producer.send_feedback("pets", "q1", label=label)
     assert producer._producer.produced == []
-    producer.send_feedback("pets", "q1", label="b")
+    producer.send_feedback("pets", "q1", label="b", context="user-7")
     [(_, value)] = producer._producer.produced
     assert decode_as(Feedback, value).label == "b"
+    assert producer._producer.keys == [b"q1"]  # keyed by its query, as the gateway keys it
 
 
 def test_producer_refuses_feedback_for_an_app_not_in_the_registry(producer):
@@ -277,3 +280,11 @@ def test_the_kafka_producer_refuses_an_input_no_record_could_carry(producer) -> 
     with pytest.raises(InputError, match="over the 60416 bytes a query may carry"):
         producer.send_query("pets", np.zeros(60417, np.uint8))
     assert producer._producer.produced == []
+
+
+@pytest.mark.parametrize("context", ["", "x" * 257, 42])
+def test_the_kafka_producer_takes_the_contexts_the_gateway_takes(producer, context) -> None:
+    with pytest.raises(InputError, match="context must be text of 1 to 256 characters"):
+        producer.send_query("pets", np.zeros(3, np.float32), context=context)
+    assert producer._producer.produced == []
+    producer.send_query("pets", np.zeros(3, np.float32), context="x" * 256)

@@ -73,6 +73,7 @@ def test_a_single_apps_query_goes_to_its_model_and_the_prediction_is_the_answer(
     assert qid == body["query_id"]
     assert stored["app"] == "pets1" and stored["context"] == "user-7"
     assert stored["answer"]["value"] == "dog" and stored["predictions"]["m1"] == stored["answer"]
+    assert stored["confidence"] == 1.0 and stored["versions"] == {"m1": "1"} and stored["missing"] == []
     # no selector sees this query: the gateway times its stages
     with client:
         text = client.get("/metrics").text
@@ -99,7 +100,7 @@ def test_an_empty_output_is_the_apps_default_that_says_so_not_a_500():
         r = client.post("/v1/apps/pets1/predict", json={"input": GOOD})
     body = r.json()
     assert r.status_code == 200 and body["default"] is True and body["output"] == "unknown"
-    assert body["default_reason"].startswith("every model failed: m1: undecodable output: an empty output tensor")
+    assert body["default_reason"].startswith("every model failed: m1: output not used: an empty output tensor")
     assert saver.saved == []
 
 

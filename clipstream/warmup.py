@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from registry.outputs import app_input
 from registry.topic import RegistryView
 
 Report = Callable[[str], None]
@@ -72,10 +73,9 @@ def targets_of(view: RegistryView) -> list[Target]:
     """The apps that have a model with a declared input (the others cannot be sent a query)."""
     out = []
     for app in view.apps.values():
-        model = view.models.get(app.models[0]) if app.models else None
-        if model is None or model.spec is None:
+        spec = app_input(view, app.models)
+        if spec is None:
             continue
-        spec = model.spec.input
         out.append(Target(app.name, tuple(spec.shape), spec.dtype, float(app.slo_ms or 2000.0)))
     return out
 

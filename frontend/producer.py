@@ -21,7 +21,7 @@ from clipstream.settings import Settings, get_settings
 from frontend.gateway_models import MAX_CONTEXT_CHARS, MAX_SLO_MS
 from frontend.inputs import array_for, input_for, to_json
 from registry.labels import label_problem, reward_problem
-from registry.outputs import app_outputs
+from registry.outputs import app_input, app_outputs
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
 from topics.admin import watermarks
@@ -178,10 +178,7 @@ class Producer:
 
     def _array(self, app: str, input: Any) -> np.ndarray:
         cfg = self._app_config(app)
-        spec = None
-        if cfg.models:
-            model = self._registry.view().models.get(cfg.models[0])
-            spec = model.spec.input if model is not None and model.spec is not None else None
+        spec = app_input(self._registry.view(), cfg.models)
         if isinstance(input, np.ndarray):
             return array_for(input, spec)
         return input_for(input, spec)

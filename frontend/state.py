@@ -21,7 +21,7 @@ from frontend.admission import AdmissionLimit, RecentTimes, verdict
 from frontend.gateway_http import HTTPProblem
 from frontend.metrics import GatewayMetrics
 from frontend.settings import GatewaySettings
-from registry.outputs import app_outputs
+from registry.outputs import app_input, app_outputs
 from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryView
 from topics.catalogue import valid_name
@@ -282,10 +282,7 @@ class GatewayState:
 
     def input_spec(self, cfg: AppConfig) -> TensorSpec | None:
         """The app's first linked model's declared input (None: nothing to check against)."""
-        if not cfg.models or self.registry is None:
-            return None
-        model = self.registry.view().models.get(cfg.models[0])
-        return model.spec.input if model is not None and model.spec is not None else None
+        return app_input(self.registry.view(), cfg.models) if self.registry is not None else None
 
     def overloaded(self, why: str) -> HTTPProblem:
         self.metrics.rejected.inc()

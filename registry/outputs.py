@@ -7,7 +7,7 @@ store what they answered for the feedback join the same way, so the rules live b
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,14 @@ def app_outputs(view: Any, models: Iterable[str]) -> AppOutputs:
             if spec.output.kind == wanted and spec.output.labels:
                 return AppOutputs(wanted, tuple(spec.output.labels))
     return AppOutputs(kinds[0] if kinds else "label", None)
+
+
+def app_input(view: Any, models: Sequence[str]) -> Any:
+    """The input an app's queries must be (a ``TensorSpec``): its first linked model's declared
+    one, which the gateway, the Kafka producer and ``up``'s warm-up all go by. None: the app
+    has no model yet, or its first one declares none."""
+    model = view.models.get(models[0]) if models else None
+    return model.spec.input if model is not None and model.spec is not None else None
 
 
 def plain(value: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 from fastapi import Request
@@ -91,7 +92,7 @@ async def stored(state: GatewayState, query_id: str) -> bool | str | None:
 # the stored record's first bytes: ``registry.outputs.stored_answer`` puts the app first, and
 # an app's name is far shorter, so one short read tells the app whatever the predictions weigh
 STORED_HEAD_BYTES = 512
-_APP_FIRST = b'{"app": '
+_APP_FIRST = re.compile(rb'\{\s*"app"\s*:\s*')  # with any JSON spacing its writers use
 
 
 async def stored_app(client: Any, query_id: str) -> bool | str:
@@ -102,10 +103,11 @@ async def stored_app(client: Any, query_id: str) -> bool | str:
         head = head.encode()
     if not head:
         return False
-    if not head.startswith(_APP_FIRST):
+    first = _APP_FIRST.match(head)
+    if first is None:
         return True
     try:
-        app, _ = json.JSONDecoder().raw_decode(head[len(_APP_FIRST):].decode("utf-8", "replace"))
+        app, _ = json.JSONDecoder().raw_decode(head[first.end():].decode("utf-8", "replace"))
     except ValueError:
         return True
     return app if isinstance(app, str) and app else True

@@ -94,3 +94,11 @@ def test_feedback_long_after_this_gateway_answered_asks_the_store_whose_entry_ma
         r = c.post("/v1/apps/pets/feedback", json={"query_id": qid, "label": "dog"})
         assert r.status_code == 202 and r.json()["applied"] is False and "expired" in r.json()["reason"]
         assert [key for key, _, _ in redis.reads] == [stored_predictions_key(qid)]
+
+
+def test_a_stored_records_app_is_read_whatever_the_json_spacing() -> None:
+    record = stored_answer("pets", None, {"value": "dog"}, {"m": {"value": "dog"}})
+    redis = FakeRedis({stored_predictions_key("q-compact"): json.dumps(record, separators=(",", ":")).encode(),
+                       stored_predictions_key("q-wide"): json.dumps(record, indent=2).encode()})
+    assert asyncio.run(stored_app(redis, "q-compact")) == "pets"
+    assert asyncio.run(stored_app(redis, "q-wide")) == "pets"

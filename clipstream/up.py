@@ -42,11 +42,15 @@ from clipstream.pipeline import Pipeline, gateway_stages, say, stage_argv
 from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
 from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Supervisor
 from clipstream.warmup import warm_up
+from frontend.settings import GatewaySettings
 from registry.appfile import apply_file
 from registry.topic import RegistryFollower
 from topics.catalogue import REQUEST_PARTITIONS
 from topics.client import common_config
 from topics.membership import MEMBER_ENV
+
+# the gateway's own defaults, as a stage started with no setting takes them (not read from the environment)
+GATEWAY_DEFAULTS = GatewaySettings.model_construct()
 
 READY_TIMEOUT_S = 180.0
 SPARES_TIMEOUT_S = 60.0
@@ -107,7 +111,7 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         run.settings, run.started_infra = _ensure_infra(run.settings, free_ports)
         settings = run.settings
         env = _stage_env(settings, gateway_port)
-        port = env.get("CLIPSTREAM_GATEWAY_PORT", "8080")
+        port = env.get("CLIPSTREAM_GATEWAY_PORT", str(GATEWAY_DEFAULTS.port))
         url = gateway_url(env, port)
         click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={redacted_url(settings.redis_url, settings.redis_password)}")
         exports = cli_exports(settings, get_settings())
@@ -217,8 +221,8 @@ def _gateway_port(asked: int | None, free_ports: bool) -> int | None:
     ``--free-ports`` and no ``--gateway-port``, a free one instead of a taken one (else the
     port asked, None for the gateway's own default). Two gateways sharing the port
     (``CLIPSTREAM_UP_GATEWAYS``, SO_REUSEPORT) are not started yet, so a plain bind tells."""
-    host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", "127.0.0.1")
-    raw = os.environ.get("CLIPSTREAM_GATEWAY_PORT", "8080")
+    host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", GATEWAY_DEFAULTS.host)
+    raw = os.environ.get("CLIPSTREAM_GATEWAY_PORT", str(GATEWAY_DEFAULTS.port))
     if asked is None and not (raw.isdigit() and int(raw) <= 65535):
         raise ConfigError(f"CLIPSTREAM_GATEWAY_PORT={raw!r} is not a port: set it to a number from 0 to 65535, "
                           "or pass --gateway-port P")

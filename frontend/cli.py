@@ -22,7 +22,8 @@ from registry.appfile import apply_file, check_default_output, check_policy
 from registry.labels import labels_problem
 from registry.limits import MAX_APP_SLO_MS, MAX_REPLICAS
 from registry.repository import Repository, is_url
-from registry.topic import AppConfig, ModelConfig, RegistryView, RegistryWriter, read_view
+from registry.topic import (NEW_APP_POLICY, NEW_APP_SLO_MS, AppConfig, ModelConfig, RegistryView, RegistryWriter,
+                            read_view)
 from registry.versions import check_version, history, next_version, rolled_back
 from topics.admin import ensure_model_topics
 
@@ -86,7 +87,7 @@ def register_app(name: str, policy: str | None, slo_ms: float | None, default_ou
     value = _parse_value(default_output)
     settings = _settings()
     current = read_view(settings).app(name)
-    keep = current or AppConfig(name=name, policy="exp4", slo_ms=50.0, default_output=None)  # a new app's defaults
+    keep = current or AppConfig(name=name, policy=NEW_APP_POLICY, slo_ms=NEW_APP_SLO_MS, default_output=None)
     with RegistryWriter(settings) as w:
         w.app(name, policy if policy is not None else keep.policy, slo_ms if slo_ms is not None else keep.slo_ms,
               value if default_output is not None else keep.default_output, dict(keep.policy_config) or None)

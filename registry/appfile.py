@@ -21,7 +21,7 @@ from registry.repository import Repository, is_url
 from registry.labels import labels_problem
 from registry.limits import check_knob, check_replicas, check_slo
 from registry.spec import ModelSpec, TensorSpec, load_spec
-from registry.topic import RegistryView, RegistryWriter, read_view
+from registry.topic import NEW_APP_POLICY, NEW_APP_SLO_MS, RegistryView, RegistryWriter, read_view
 from registry.versions import check_version, history, unpinned_version
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
@@ -166,8 +166,8 @@ def _app_entry(path: Path, i: int, a: Any, names: set[str]) -> dict[str, Any]:
                           f"not {policy_config!r}")
     return {
         "name": a["name"],
-        "policy": check_policy(a.get("policy", "exp4"), f"{path}: apps[{i}].policy"),
-        "slo_ms": check_slo(float(_number(a.get("slo_ms", 50), f"{path}: apps[{i}].slo_ms")), f"{path}: apps[{i}].slo_ms"),
+        "policy": check_policy(a.get("policy", NEW_APP_POLICY), f"{path}: apps[{i}].policy"),
+        "slo_ms": check_slo(float(_number(a.get("slo_ms", NEW_APP_SLO_MS), f"{path}: apps[{i}].slo_ms")), f"{path}: apps[{i}].slo_ms"),
         "default_output": check_default_output(a.get("default_output"), f"{path}: apps[{i}].default_output"),
         "policy_config": {k: _number(v, f"{path}: apps[{i}].policy_config.{k}") for k, v in policy_config.items()},
         "models": linked,

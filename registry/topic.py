@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 ONE_OFF_POLL_S = 0.05
 
 
+# what an app is registered with when its file or command names no policy or SLO
+NEW_APP_POLICY = "exp4"
+NEW_APP_SLO_MS = 50.0
+
+
 @dataclass(frozen=True)
 class AppConfig:
     name: str
@@ -314,8 +319,8 @@ class RegistryWriter:
     def app(
         self,
         name: str,
-        policy: str = "exp4",
-        slo_ms: float = 50.0,
+        policy: str = NEW_APP_POLICY,
+        slo_ms: float = NEW_APP_SLO_MS,
         default_output: Any = None,
         policy_config: dict[str, float] | None = None,
     ) -> None:

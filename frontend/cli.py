@@ -19,6 +19,7 @@ from clipstream.redisclient import REDIS_AWAY, forget_app, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from frontend.serving import served, serving, serving_text, weights
 from registry.appfile import apply_file, check_default_output, check_policy
+from registry.groups import name_clash
 from registry.labels import labels_problem
 from registry.limits import MAX_APP_SLO_MS, MAX_REPLICAS
 from registry.repository import Repository, is_url
@@ -112,7 +113,11 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
 
     settings = _settings()
     location = _location(Repository.from_settings(settings), path)
-    current = read_view(settings).model(name)
+    view = read_view(settings)
+    current = view.model(name)
+    clash = name_clash(view, {name: current.group if current is not None else None})
+    if clash is not None:
+        raise ConfigError(clash)
     version = version if version is not None else next_version(current)
     check_version(current, version, location, "--version N")
     instead = _served_instead(settings, current)

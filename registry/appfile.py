@@ -17,6 +17,7 @@ from typing import Any
 from clipstream.errors import ConfigError
 from clipstream.settings import Settings
 from clipstream.yamlfile import read_mapping
+from registry.groups import name_clash
 from registry.repository import Repository, is_url
 from registry.labels import labels_problem
 from registry.limits import check_knob, check_replicas, check_slo
@@ -194,6 +195,9 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
     for m in spec.models:
         if m["version"] is None:
             m["version"] = unpinned_version(view.model(m["name"]), m["path"])
+    clash = name_clash(view, {m["name"]: m.get("group") for m in spec.models})
+    if clash is not None:
+        raise ConfigError(f"{path}: {clash}")
     for m in spec.models:  # all checked before anything is written
         check_version(view.model(m["name"]), m["version"], m["path"], f"`version:` in {path}")
     with RegistryWriter(settings) as writer:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from registry.spec import ModelSpec
 
@@ -76,3 +77,19 @@ def groups_of(models: dict[str, ModelConfig]) -> dict[str, GroupConfig]:
         if model.group:
             members.setdefault(model.group, []).append(model)
     return {name: GroupConfig(name, tuple(sorted(ms, key=lambda m: m.name))) for name, ms in sorted(members.items())}
+
+
+def name_clash(view: Any, models: Mapping[str, str | None]) -> str | None:
+    """Why models (name -> the group each joins, or None) cannot be written beside what
+    ``view`` holds, or None: a group and a model share their topics' name, so a group may not
+    be named like a model outside it, nor a new model like a group it is not in. An app file
+    checks its own models against each other; this checks them against the registry."""
+    joined = {g for g in models.values() if g is not None}
+    for name, group in models.items():
+        if group is not None and group in view.models and group not in models:
+            return (f"group {group!r} (of model {name}) has the name of model {group} in the registry: "
+                    "give the group its own")
+        if group is None and name in view.groups and name not in joined:
+            return f"model {name!r} has the name of a group in the registry: give the model its own"
+    return None
+

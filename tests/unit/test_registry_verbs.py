@@ -298,3 +298,19 @@ def test_remove_app_deletes_its_links_and_record_and_its_learnt_weights(monkeypa
     assert held == {"cs:state:digits-2:__global__"}  # another app's, though its name begins the same
     missing = CliRunner().invoke(main, ["remove-app", "nope"])
     assert missing.exit_code == 1 and "no app 'nope' in the registry" in missing.output
+
+
+def test_a_group_is_not_named_like_a_model_in_the_registry_nor_a_model_like_a_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.groups import groups_of
+
+    _model_dir(tmp_path)
+    (tmp_path / "app.yaml").write_text("models:\n" + MODEL_ENTRY % ", group: g")
+    taken = RegistryView(models={"g": replace(_model("1", "/models/g/1"), name="g")})
+    with pytest.raises(ConfigError, match=r"group 'g' \(of model m\) has the name of model g in the registry"):
+        apply_file(Settings(), tmp_path / "app.yaml", taken)  # refused before a writer is made
+    members = {n: replace(_model("1", f"/models/{n}/1"), name=n, group="m") for n in ("a", "b")}
+    grouped = RegistryView(models=members, groups=groups_of(members))
+    NoKafka(grouped).install(monkeypatch)
+    result = CliRunner().invoke(main, ["deploy-model", "m", str(tmp_path / "models" / "m" / "1")])
+    _one_line_error(result, 1, "model 'm' has the name of a group in the registry")

@@ -132,7 +132,20 @@ def fail(reason: str) -> None:
         return
     _FAILED.append(reason)
     print(f"fatal: {reason}; stopping, to be restarted", file=sys.stderr, flush=True)
+    # no supervisor stops a stage that failed by itself, and one that never beat is not judged
+    # hung: a stop that blocks (a client's close waiting on a broker) must still end the process
+    watchdog = threading.Timer(FAIL_EXIT_AFTER_S, _exit_now, args=(reason,))
+    watchdog.daemon = True
+    watchdog.start()
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+FAIL_EXIT_AFTER_S = 30.0
+
+
+def _exit_now(reason: str) -> None:
+    print(f"fatal: {reason}; still stopping after {FAIL_EXIT_AFTER_S:g} s, exiting now", file=sys.stderr, flush=True)
+    os._exit(FATAL_EXIT)
 
 
 def fail_if_fatal(err: Any, where: str) -> bool:

@@ -180,7 +180,7 @@ def test_answers_and_learning_survive_a_frozen_redis(settings: Settings, tmp_pat
 def _learner_done(settings: Settings) -> bool:
     """The selector's learner has committed offsets at the end of every feedback partition."""
     feedback = Catalogue.from_settings(settings).feedback
-    consumer = Consumer(consumer_config(settings, f"{SelectorSettings().group}.learn"))
+    consumer = Consumer(consumer_config(settings, f"{SelectorSettings().join_group(settings)}.learn"))
     try:
         committed = consumer.committed([TopicPartition(feedback.name, p) for p in range(feedback.partitions)], timeout=5)
         ends = [consumer.get_watermark_offsets(tp, timeout=5)[1] for tp in committed]

@@ -143,6 +143,14 @@ def _up_one_model_app(settings: Any, tmp_path: Path, app: str, slo_ms: float) ->
     return UpProcess(tmp_path / "app.yaml", port, env, ROOT), env, port
 
 
+def _begin(up: UpProcess, load: Load) -> None:
+    """Wait for `up`, then start the load and wait for version 1's first answers."""
+    up.wait_ready(240)
+    for t in load.threads:
+        t.start()
+    wait_until(lambda: len(load.outputs_since(0)) >= 20, 30, "answers from version 1")
+
+
 def _stop(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -164,10 +172,7 @@ def test_deploy_and_rollback_move_traffic_only_to_a_warm_version(settings: Any, 
     proc, lines = up.proc, up.lines
     load = Load(f"http://127.0.0.1:{port}", app)
     try:
-        up.wait_ready(240)
-        for t in load.threads:
-            t.start()
-        wait_until(lambda: len(load.outputs_since(0)) >= 20, 30, "answers from version 1")
+        _begin(up, load)
 
         deployed = time.monotonic()
         _cli("deploy-model", "flip", str(models / "flip" / "2"), "--version", "2", env=env)
@@ -267,28 +272,23 @@ def test_a_batcher_begun_again_during_a_version_change_keeps_sending_to_the_vers
     make_python_model(models, "flip", ANSWERS.format(label=1, load_s=0.5), labels=[0, 1, 2], version="1")
     make_python_model(models, "flip", ANSWERS.format(label=2, load_s=12.0), labels=[0, 1, 2], version="2")
     make_python_model(models, "other", ANSWERS.format(label=0, load_s=0.5), labels=[0, 1, 2], version="1")
-    slo_ms = 1000
-    up, env, port = _up_one_model_app(settings, tmp_path, app, slo_ms)
-    proc, lines = up.proc, up.lines
+    up, env, port = _up_one_model_app(settings, tmp_path, app, 1000)
     load = Load(f"http://127.0.0.1:{port}", app)
     try:
-        up.wait_ready(240)
-        for t in load.threads:
-            t.start()
-        wait_until(lambda: len(load.outputs_since(0)) >= 20, 30, "answers from version 1")
+        _begin(up, load)
         deployed = time.monotonic()
-        _cli("deploy-model", "flip", str(models / "flip" / "2"), "--version", "2", env=env)
-        _cli("deploy-model", "other", str(models / "other" / "1"), env=env)  # the batcher begins again
-        wait_until(lambda: any(line.startswith("batchers-flip+other is ready") for line in lines), 60,
+        for name, version in (("flip", "2"), ("other", "1")):  # the second begins the batcher again
+            _cli("deploy-model", name, str(models / name / version), "--version", version, env=env)
+        wait_until(lambda: any(line.startswith("batchers-flip+other is ready") for line in up.lines), 60,
                    "the batcher process for both models")
         restarted = time.monotonic()
         wait_until(lambda: 2 in load.outputs_since(deployed), 120, "answers from version 2")
         switched = time.monotonic()
     finally:
         load.halt()
-        _stop(proc)
+        _stop(up.proc)
     window = [r for sent, r in load.answers if restarted + 2.0 <= sent < switched - 0.5]
     given_up = [r["default_reason"] for r in window if _given_up(r)]
     print(f"ledger: {len(window)} answers between the batcher's start and version 2's, {len(given_up)} given up")
     assert len(window) >= 20, "the load did not run through the version change"
-    assert given_up == [] and all(r["output"] == 1 for r in window), (given_up[:3], "\n".join(lines[-40:]))
+    assert given_up == [] and all(r["output"] == 1 for r in window), (given_up[:3], "\n".join(up.lines[-40:]))

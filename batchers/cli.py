@@ -141,4 +141,3 @@ def _serving(settings: Settings, setup: ModelSetup, cfg: ModelConfig | GroupConf
         return setup  # as before: the registry's version
     start = start_version(setup.version, known_versions(cfg), carried.values())
     return setup if start == setup.version else replace(setup, version=start)
-

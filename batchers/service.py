@@ -48,13 +48,13 @@ from topics.sizes import RECORD_ALLOWANCE, item_bytes, too_large_input
 log = logging.getLogger("clipstream.batcher")
 
 EXPIRED = "deadline passed while queued in the batcher"
+# dropped before its deadline: the batches its model's replicas took lately would end after it
+HOPELESS = "given up before its deadline: the model's recent batches take longer than the time it had left"
 
 
 def _weigh(pending: Pending) -> int:
     """What a request adds to its batch's record (``topics.sizes``)."""
     return item_bytes(len(pending.request.input.data))
-# dropped before its deadline: the batches its model's replicas took lately would end after it
-HOPELESS = "given up before its deadline: the model's recent batches take longer than the time it had left"
 
 
 @dataclass
@@ -421,4 +421,3 @@ class BatcherService(Outputs, FanOut):
         self._send_all([(self.topic_batches, encode(b), r, None) for r, b in self.core.handovers(replicas, now)])
         log.warning("batcher %s: batches move from version %s to %s (%s)", self.model.name, left,
                     self.core.version, why)
-

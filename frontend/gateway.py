@@ -405,4 +405,3 @@ def _saver(settings: Settings) -> PredictionSaver:
     client = sync_client(settings)
     guard = RedisGuard(client.ping, name="gateway")
     return PredictionSaver(client, settings.stored_predictions_ttl_s, guard, gather_s=GATHER_S).start()
-

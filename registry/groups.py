@@ -92,4 +92,3 @@ def name_clash(view: Any, models: Mapping[str, str | None]) -> str | None:
         if group is None and name in view.groups and name not in joined:
             return f"model {name!r} has the name of a group in the registry: give the model its own"
     return None
-

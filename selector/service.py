@@ -381,4 +381,3 @@ class Selector(PolicyStates, Replies):
             self.answer_expired()
             if self.handover is not None:
                 self.handover.store(self.consumer)
-

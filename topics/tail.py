@@ -64,4 +64,3 @@ def served_versions(settings: Settings, topic: str, replicas: int, timeout_s: fl
         if not is_retirement(batch):
             out[part] = batch.version
     return out
-

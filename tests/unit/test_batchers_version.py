@@ -159,4 +159,3 @@ def test_a_batcher_starts_at_the_version_its_batches_carry_while_the_new_one_loa
     assert start_version("3", known, []) == "3"  # nothing sent yet
     assert start_version("3", known, [None]) == "3"
     assert start_version("3", known, ["7"]) == "3"  # a version the model never had: not trusted
-

@@ -214,4 +214,3 @@ def test_a_bad_input_is_found_in_a_few_calls_and_a_model_failing_everything_cost
     assert calls == [16, 8, 8]  # both halves fail too: not split further
     errors = {p.error for p in out.predictions[(None, 0)]}
     assert errors == {"model error: RuntimeError on every part of a batch of 16"}  # no caller's text
-

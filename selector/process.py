@@ -121,9 +121,9 @@ def _start_learner(settings: Settings, ss: SelectorSettings, clients: _Clients, 
     # offsets are stored by the learner as feedback is done with: never past one that
     # waits for Redis (``selector.learn``)
     group = f"{ss.join_group(settings)}.learn"
-    lc = Consumer(consumer_config(settings, group, **{"enable.auto.offset.store": False}, **LAG.config(group),
-                                 **membership_config(settings, member_name(), session_timeout_ms=ss.session_timeout_ms,
-                                                     heartbeat_interval_ms=ss.heartbeat_interval_ms)))  # a restart: no rebalance
+    member = membership_config(settings, member_name(), session_timeout_ms=ss.session_timeout_ms,
+                               heartbeat_interval_ms=ss.heartbeat_interval_ms)  # a restart: no rebalance
+    lc = Consumer(consumer_config(settings, group, **{"enable.auto.offset.store": False}, **LAG.config(group), **member))
     clients.consumers.append(lc)
     lc.subscribe([clients.catalogue.feedback.name], on_assign=ready.on_assign("learn"))
     learner = Learner(lc, clients.store, clients.apps, clients.dead, ss.learn_global, guard=clients.guard)

@@ -43,8 +43,8 @@ from topics.admin import ensure_topics
 from topics.catalogue import Catalogue
 from topics.deadletters import DeadLetters
 from topics.emitter import Emitter
-from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 from topics.sizes import input_limit, too_large_input
+from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
 
 class Selector(PolicyStates, Replies):

@@ -74,7 +74,6 @@ class SelectorSettings(BaseSettings):
     # (``up`` sets it from CLIPSTREAM_UP_BATCHERS; docs/design/0082)
     fan_out: Literal["grouped", "per-model"] = "grouped"
 
-
     def join_group(self, settings: Settings) -> str:
         """The join group: ``group``, else ``<prefix>-selector`` (``clipstream-selector`` under
         the default prefix, as before the name followed it)."""

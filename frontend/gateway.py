@@ -26,10 +26,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import ValidationError
 
 from clipstream.clock import now_us
-from clipstream.errors import ClipstreamError, InfraError, InputError
+from clipstream.errors import ClipstreamError, InfraError
 from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.saver import GATHER_S, PredictionSaver
 from clipstream.settings import Settings, get_settings
@@ -41,7 +40,6 @@ from frontend.gateway_http import (
     GuardMiddleware,
     HTTPProblem,
     PredictEndpoint,
-    parse_json,
     read_body,
 )
 from frontend.http_protocol import RECEIVED_US
@@ -56,16 +54,13 @@ from frontend.gateway_models import (
     PredictResponse,
     default_json,
     response_json,
-    validation_reason,
 )
-from frontend.inputs import input_for
 from frontend.metadata import app_metadata
+from frontend.predict_body import BINARY, parse_binary, parse_predict
 from frontend.settings import GatewaySettings, get_gateway_settings
 from frontend.state import Bus, GatewayState, Registry, Reply
-from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryFollower
 from schemas import Prediction, QueryEvent, Response, Tensor
-from topics.sizes import input_limit, too_large_input
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +72,12 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorBody} for c in codes}
 
 
-def _body_doc(model: type) -> dict[str, Any]:
+def _body_doc(model: type, binary: bool = False) -> dict[str, Any]:
     # the body is read by hand (size cap, strict parsing), so declare its schema for OpenAPI
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    content: dict[str, Any] = {"application/json": {"schema": model.model_json_schema()}}
+    if binary:  # one example's raw bytes, ``context`` and ``slo_ms`` in the query string
+        content[BINARY] = {"schema": {"type": "string", "format": "binary"}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def create_app(
@@ -158,7 +155,7 @@ def _add_api_routes(app: GatewayAPI, state: GatewayState) -> None:
         "/v1/apps/{app}/predict",
         response_model=PredictResponse,
         responses=_errors(400, 401, 403, 404, 408, 413, 422, 503),
-        openapi_extra=_body_doc(PredictRequest),
+        openapi_extra=_body_doc(PredictRequest, binary=True),
         summary="Predict within the SLO (the app's default output when nothing answers in time)",
     )
     async def predict(app: str, request: Request) -> JSONResponse:
@@ -247,12 +244,14 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     inflight, waited_ms = await state.admit(cfg.name, cfg.slo_ms)  # the slot is held from parsing to the answer
     query_id = uuid.uuid4().hex
     try:
-        if len(raw) > OFFLOAD_BYTES:
+        spec, limit = state.input_spec(cfg), state.settings.max_record_bytes
+        if request.headers.get("content-type", "").startswith(BINARY):
+            req, array = parse_binary(raw, request.query_params, spec, limit)
+        elif len(raw) > OFFLOAD_BYTES:
             # an image-sized input costs milliseconds of parsing: keep the loop answering others
-            req, array = await asyncio.get_running_loop().run_in_executor(
-                None, _parse_predict, raw, state.input_spec(cfg), state.settings.max_record_bytes)
+            req, array = await asyncio.get_running_loop().run_in_executor(None, parse_predict, raw, spec, limit)
         else:
-            req, array = _parse_predict(raw, state.input_spec(cfg), state.settings.max_record_bytes)
+            req, array = parse_predict(raw, spec, limit)
         slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
         deadline = created + int(slo_ms * 1000)
         model = direct_model(cfg, state.gw.direct)
@@ -330,23 +329,6 @@ def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, cont
     if stored is not None and state.saver is not None:
         state.saver.put(pred.query_id, stored)
     return record
-
-
-def _parse_predict(raw: bytes, spec: TensorSpec | None, max_record_bytes: int) -> tuple[PredictRequest, Any]:
-    """Body bytes -> validated request and input array; HTTPProblem(422) with the reason, or
-    413 for an input no record could carry (its binary form, which JSON numbers may outgrow)."""
-    body = parse_json(raw)
-    try:
-        req = PredictRequest.model_validate(body)
-    except ValidationError as exc:
-        raise HTTPProblem(422, validation_reason(exc)) from None
-    try:
-        array = input_for(req.input, spec)
-    except InputError as exc:
-        raise HTTPProblem(422, str(exc)) from None
-    if array.nbytes > input_limit(max_record_bytes):
-        raise HTTPProblem(413, too_large_input(array.nbytes, max_record_bytes))
-    return req, array
 
 
 async def _readiness(state: GatewayState) -> dict[str, bool]:

@@ -168,6 +168,29 @@ def array_for(arr: np.ndarray, spec: TensorSpec | None) -> np.ndarray:
     return out
 
 
+def input_of_bytes(raw: bytes, spec: TensorSpec | None) -> np.ndarray:
+    """One example sent as its raw bytes (``application/octet-stream``): the model's dtype,
+    little-endian, in C order, as a ``Tensor`` carries it. An image as JSON numbers takes about
+    three times its size and milliseconds to parse; its bytes take neither. InputError says why
+    not: no declared input to read them by, a size that is not one example, or values the
+    dtype cannot hold (a float that is not finite, a bool that is neither 0 nor 1)."""
+    if spec is None:
+        raise InputError("a binary input is read by the model's declared input (dtype and shape), which the app's "
+                         "model does not declare: send JSON")
+    dtype = np.dtype(spec.dtype).newbyteorder("<")
+    expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
+    size = dtype.itemsize * int(np.prod(spec.shape, dtype=np.int64))
+    if len(raw) != size:
+        raise InputError(f"a binary input of {len(raw)} bytes is not one example: {size} bytes, little-endian, "
+                         f"C order ({expect})")
+    if dtype.kind == "b" and raw.translate(None, b"\x00\x01"):
+        raise InputError(f"a binary bool input holds bytes other than 0 and 1 ({expect})")
+    arr = np.frombuffer(raw, dtype=dtype).reshape(spec.shape)
+    if dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+        raise InputError(f"input has values that are not finite numbers ({expect})")
+    return arr
+
+
 def input_for(value: Any, spec: TensorSpec | None) -> np.ndarray:
     """``parse_input`` when the app's model declares an input, else ``parse_untyped``."""
     return parse_input(value, spec) if spec is not None else parse_untyped(value)

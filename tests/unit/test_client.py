@@ -44,6 +44,17 @@ def test_predict_returns_the_json_and_accepts_numpy(client, bus):
     assert key == b"u1" and event.deadline_us - event.created_us == 40_000
 
 
+def test_predict_sends_a_numpy_input_as_its_raw_bytes_when_asked(client, bus):
+    x = np.array(GOOD, dtype=">f4")  # big-endian here: sent little-endian, as a Tensor holds it
+    got = client.predict("pets", x, context="u1", slo_ms=40, binary=True)
+    assert got["output"] == "dog"
+    event, key = bus.queries[0]
+    assert key == b"u1" and event.deadline_us - event.created_us == 40_000
+    np.testing.assert_array_equal(event.input.array(), x)
+    with pytest.raises(GatewayInputError, match="not one example: 24 bytes"):
+        client.predict("pets", np.array(GOOD, dtype=np.float64), binary=True)  # not the model's dtype
+
+
 def test_errors_carry_the_server_reason(client):
     with pytest.raises(NotFound) as info:
         client.predict("nope", GOOD)

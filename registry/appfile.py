@@ -194,7 +194,7 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
     view = view if view is not None else read_view(settings)
     for m in spec.models:
         if m["version"] is None:
-            m["version"] = unpinned_version(view.model(m["name"]), m["path"])
+            m["version"], m["path"] = unpinned_version(view.model(m["name"]), m["path"])
     clash = name_clash(view, {m["name"]: m.get("group") for m in spec.models})
     if clash is not None:
         raise ConfigError(f"{path}: {clash}")

@@ -36,16 +36,17 @@ def next_version(current: ModelConfig | None) -> str:
     return str(max(int(v) for v in known) + 1)
 
 
-def unpinned_version(current: ModelConfig | None, location: str) -> str:
-    """The version of an app file's model that names no ``version:``: 1 for a new model; the
-    version serving now when the folder is one the model has had, since ``up`` applies its
-    file at every start and a version set since by ``deploy-model`` or ``rollback`` must not be
-    undone by it; else, a new folder, the next number."""
+def unpinned_version(current: ModelConfig | None, location: str) -> tuple[str, str]:
+    """The version, and its folder, of an app file's model that names no ``version:``: 1 at the
+    file's folder for a new model; the version serving now, at its own folder, when the file's
+    folder is one the model has had, since ``up`` applies its file at every start and a version
+    set since by ``deploy-model`` or ``rollback`` must not be undone by it; else, a new folder,
+    the next number."""
     if current is None:
-        return "1"
+        return "1", location
     if location in known_versions(current).values():
-        return current.version
-    return next_version(current)
+        return current.version, current.location or str(current.path)
+    return next_version(current), location
 
 
 def history(current: ModelConfig | None, version: str, never_served: bool = False) -> dict[str, list[str]]:

@@ -135,6 +135,7 @@ class ModelFailures:
         self.replica, self.say = replica, say
         self.folding = Folding(every_s, clock=clock, max_kinds=max_kinds)
         self._lock = threading.Lock()
+        self._texts: dict[Hashable, str] = {}  # kind -> its latest text, for the stop's last word
 
     def failed(self, model: str, version: str | None, failure: str, exc: BaseException | None = None,
                *, group: str | None = None) -> None:
@@ -142,8 +143,11 @@ class ModelFailures:
         ``failure`` is what its items were answered with, ``exc`` what was raised (its traceback
         is written with the first line of its kind)."""
         what = f"{type(exc).__name__}: {exc}" if exc is not None else failure.removeprefix("model error: ")
+        key = (model, version, group, kind_of(exc) if exc is not None else what)
         with self._lock:
-            say = self.folding.offer((model, version, group, kind_of(exc) if exc is not None else what))
+            say = self.folding.offer(key)
+            if key in self._texts or len(self._texts) < 4 * self.folding.max_kinds:
+                self._texts[key] = what
         if say is None:
             return
         other = say.kind == OTHER
@@ -178,5 +182,6 @@ class ModelFailures:
             if say.kind == OTHER:
                 self.say(f"replica {self.replica}: model calls failed" + self.folded(say))
                 continue
-            model, version, group, what = say.kind  # type: ignore[misc]
+            model, version, group, _ = say.kind  # type: ignore[misc]
+            what = self._texts.get(say.kind, "model calls failed")
             self.say(self.line(model, version, what, group=group) + self.folded(say))

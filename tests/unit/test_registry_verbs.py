@@ -32,11 +32,13 @@ def test_the_next_version_is_one_more_than_the_highest_the_model_had() -> None:
 
 
 def test_an_app_files_model_without_a_version_keeps_the_one_serving_now() -> None:
-    assert unpinned_version(None, "/models/m/1") == "1"  # a new model
+    assert unpinned_version(None, "/models/m/1") == ("1", "/models/m/1")  # a new model
     current = _model("3", "/models/m/3", previous_versions=("1",), previous_paths=("/models/m/1",))
-    assert unpinned_version(current, "/models/m/1") == "3"  # deploy-model set 3 since: up's start keeps it
-    assert unpinned_version(current, "/models/m/3") == "3"
-    assert unpinned_version(current, "/models/m/new") == "4"  # a folder the model never had: the next
+    # deploy-model set 3 since: up's start keeps it, at its own folder, which check_version allows
+    assert unpinned_version(current, "/models/m/1") == ("3", "/models/m/3")
+    check_version(current, *unpinned_version(current, "/models/m/1"), "`version:`")
+    assert unpinned_version(current, "/models/m/3") == ("3", "/models/m/3")
+    assert unpinned_version(current, "/models/m/new") == ("4", "/models/m/new")  # a folder it never had
 
 
 def test_an_existing_version_keeps_its_folder() -> None:
@@ -314,3 +316,33 @@ def test_a_group_is_not_named_like_a_model_in_the_registry_nor_a_model_like_a_gr
     NoKafka(grouped).install(monkeypatch)
     result = CliRunner().invoke(main, ["deploy-model", "m", str(tmp_path / "models" / "m" / "1")])
     _one_line_error(result, 1, "model 'm' has the name of a group in the registry")
+
+
+def test_applying_a_file_without_versions_again_keeps_what_deploy_model_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import registry.appfile as appfile
+
+    folder = str(_model_dir(tmp_path).resolve())
+    (tmp_path / "app.yaml").write_text("models:\n" + MODEL_ENTRY % "")  # no `version:`
+    deployed = _model("2", "/elsewhere/m/2", previous_versions=("1",), previous_paths=(folder,))
+    written: list[dict[str, object]] = []
+
+    class Writer:
+        def __init__(self, settings: Settings) -> None:
+            pass
+
+        def __enter__(self) -> "Writer":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def model(self, **record: object) -> None:
+            written.append(record)
+
+    monkeypatch.setattr(appfile, "RegistryWriter", Writer)
+    monkeypatch.setattr(appfile, "ensure_model_topics", lambda *a: None)
+    apply_file(Settings(), tmp_path / "app.yaml", RegistryView(models={"m": deployed}))  # up's next start
+    ((record),) = written
+    assert (record["version"], record["path"]) == ("2", "/elsewhere/m/2")
+    assert record["previous_versions"] == ["1"]  # a rollback still returns to the file's folder

@@ -195,7 +195,8 @@ def test_an_output_that_is_not_finite_is_that_inputs_error_not_a_null_answer(tmp
     assert [k for k, _ in out.cache] == ["cs:cache:m:1:1"]  # no NaN is cached either
 
 
-def test_a_bad_input_is_found_in_a_few_calls_and_a_model_failing_everything_costs_three(tmp_path: Path) -> None:
+def test_bad_inputs_are_found_in_a_few_calls_and_a_model_failing_everything_is_not_split_again(
+        tmp_path: Path) -> None:
     model = load_model(load_spec(make_python_model(tmp_path, "flaky", Flaky, labels=["a", "b"], shape=[2])))
     calls: list[int] = []
     predict = model.predict_batch
@@ -204,13 +205,20 @@ def test_a_bad_input_is_found_in_a_few_calls_and_a_model_failing_everything_cost
         calls.append(len(inputs))
         return predict(inputs)
 
+    def failed(bad: set[int], n: int) -> list[str]:
+        out = handle_batch(model, batch([item(i, -good if i in bad else good, 0) for i in range(n)]), worker_id="w")
+        return [p.query_id for p in out.predictions[(None, 0)] if p.status == "error"]
+
     model.predict_batch = counted  # type: ignore[method-assign]
     good = np.ones(2, dtype=np.float32)
-    out = handle_batch(model, batch([item(i, -good if i == 5 else good, 0) for i in range(16)]), worker_id="w")
-    assert [p.query_id for p in out.predictions[(None, 0)] if p.status == "error"] == ["q5"]
+    assert failed({5}, 16) == ["q5"]
     assert len(calls) <= 1 + 2 * 4  # the batch, then two halves at each of log2(16) levels
+    assert failed({3, 9, 15, 21, 27}, 30) == ["q3", "q9", "q15", "q21", "q27"]  # several, in both halves
     calls.clear()
     out = handle_batch(model, batch([item(i, -good, 0) for i in range(16)]), worker_id="w")
-    assert calls == [16, 8, 8]  # both halves fail too: not split further
-    errors = {p.error for p in out.predictions[(None, 0)]}
-    assert errors == {"model error: RuntimeError on every part of a batch of 16"}  # no caller's text
+    assert len(calls) == 1 + 30  # every input tried alone once: each fails
+    assert {p.error for p in out.predictions[(None, 0)]} == {
+        "model error: RuntimeError on a batch of 16 (the model fails on every input)"}  # no caller's text
+    calls.clear()
+    assert len(failed(set(range(16)), 16)) == 16 and calls == [16]  # failing on everything: not split again
+    assert failed(set(), 4) == [] and failed({1}, 4) == ["q1"]  # until a batch is answered

@@ -159,5 +159,7 @@ def test_failures_whose_message_quotes_the_input_are_one_kind() -> None:
         exc = _quoting(value)
         failures.failed("m", "1", f"model error: ValueError: {exc}", exc)
     assert len(lines) == 1 and "input too big: 202.0" in lines[0]  # one line, not one per input
+    failures.close()  # the stop's last word names the failure as it was raised, not its kind
+    assert len(lines) == 2 and "ValueError: input too big: 999.0" in lines[1] and "(2 more failures" in lines[1]
     failures.failed("m", "1", "model error: ValueError: bad weights", _raised(1))  # raised elsewhere: its own
-    assert len(lines) == 2
+    assert len(lines) == 3

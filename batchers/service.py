@@ -183,7 +183,7 @@ class BatcherService(Outputs, FanOut):
         try:
             array = request.input.array()
             if self.model.spec is not None:
-                self.model.spec.input.check(array)
+                self.model.spec.input.check(array, finite=True)
         except (ClipstreamError, ValueError, TypeError) as exc:  # numpy's own errors on a hostile tensor too
             self.counts["errors"] += 1
             reason = f"bad input for model {self.model.name}: {exc}"  # an ensemble's models each say so

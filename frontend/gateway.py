@@ -75,9 +75,14 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 def _body_doc(model: type, binary: bool = False) -> dict[str, Any]:
     # the body is read by hand (size cap, strict parsing), so declare its schema for OpenAPI
     content: dict[str, Any] = {"application/json": {"schema": model.model_json_schema()}}
-    if binary:  # one example's raw bytes, ``context`` and ``slo_ms`` in the query string
-        content[BINARY] = {"schema": {"type": "string", "format": "binary"}}
-    return {"requestBody": {"required": True, "content": content}}
+    if not binary:
+        return {"requestBody": {"required": True, "content": content}}
+    content[BINARY] = {"schema": {"type": "string", "format": "binary"}}  # one example's raw bytes
+    query = [{"name": name, "in": "query", "required": False, "schema": schema,
+              "description": f"With a raw-bytes body: the JSON body's `{name}`."}
+             for name, schema in (("context", {"type": "string", "minLength": 1, "maxLength": 256}),
+                                  ("slo_ms", {"type": "number", "exclusiveMinimum": 0, "maximum": 60000}))]
+    return {"requestBody": {"required": True, "content": content}, "parameters": query}
 
 
 def create_app(

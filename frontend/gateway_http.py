@@ -209,6 +209,11 @@ async def _send_json(send: Any, status: int, body: dict[str, Any], headers: Mapp
     await send({"type": "http.response.body", "body": data})
 
 
+# what a caller or an operator can do about a body over the limit
+BODY_LIMIT_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; a large input goes at its own size as raw bytes, "
+                   "Content-Type: application/octet-stream)")
+
+
 async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
     """The request body, refusing (413) anything over ``limit`` bytes, declared or actual
     (chunked bodies too), and (408) a body not all received within ``timeout_s`` seconds.
@@ -229,7 +234,8 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     total = 0
     over = size is not None and size > limit
     if over and size is not None and size > DRAIN_BYTES:  # too much to read through: say so and close
-        raise HTTPProblem(413, f"body of {size} bytes is over the limit of {limit} bytes", {"connection": "close"})
+        raise HTTPProblem(413, f"body of {size} bytes is over the limit of {limit} bytes{BODY_LIMIT_HINT}",
+                          {"connection": "close"})
     try:
         async with asyncio.timeout_at(due):
             async for chunk in request.stream():
@@ -249,7 +255,7 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
                               {"connection": "close"}) from None
     if over:
         what = f"body of {size} bytes" if size is not None else "body"
-        raise HTTPProblem(413, f"{what} is over the limit of {limit} bytes", {"connection": "close"})
+        raise HTTPProblem(413, f"{what} is over the limit of {limit} bytes{BODY_LIMIT_HINT}", {"connection": "close"})
     return b"".join(chunks)
 
 

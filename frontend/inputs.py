@@ -155,6 +155,8 @@ def array_for(arr: np.ndarray, spec: TensorSpec | None) -> np.ndarray:
     if spec is None:
         return arr
     expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
+    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+        raise InputError(f"input has values that are not finite numbers ({expect})")
     if tuple(arr.shape) != tuple(spec.shape):
         raise InputError(f"input has shape {list(arr.shape)} ({expect}); send one example per query")
     if arr.dtype == np.dtype(spec.dtype):

@@ -5,6 +5,7 @@ could carry. Apart from the gateway's routes so both bodies share one set of che
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +36,9 @@ def parse_binary(raw: bytes, params: Mapping[str, str], spec: TensorSpec | None,
         try:
             fields["slo_ms"] = float(fields["slo_ms"])
         except ValueError:
-            raise HTTPProblem(422, f"slo_ms: {fields['slo_ms']!r} is not a number") from None
+            fields["slo_ms"] = math.nan
+        if not math.isfinite(fields["slo_ms"]):
+            raise HTTPProblem(422, f"slo_ms: {params['slo_ms']!r} is not a number of milliseconds") from None
     return _checked(fields, lambda req: input_of_bytes(raw, spec), max_record_bytes)
 
 

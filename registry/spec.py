@@ -26,14 +26,18 @@ class TensorSpec:
     dtype: str
     shape: tuple[int, ...]
 
-    def check(self, array: np.ndarray) -> None:
-        """Raise InputError unless ``array`` is one example of this spec."""
+    def check(self, array: np.ndarray, finite: bool = False) -> None:
+        """Raise InputError unless ``array`` is one example of this spec; ``finite``: with only
+        finite numbers, as JSON can carry (where an input enters from a Kafka client, so that
+        a NaN is refused as the caller's, not answered as the model's failure)."""
         if array.dtype.name != self.dtype:
             raise InputError(f"input dtype {array.dtype.name} does not match the model's {self.dtype}")
         if tuple(array.shape) != self.shape:
             raise InputError(
                 f"input shape {list(array.shape)} does not match the model's {list(self.shape)}"
             )
+        if finite and array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+            raise InputError("input has values that are not finite numbers (NaN or infinity)")
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,28 @@ def test_a_request_for_a_partition_predictions_lacks_is_a_dead_letter_and_is_com
         assert [(tp.partition, tp.offset) for tp in offsets.take()] == [(1, 21)]  # not held for good
 
     asyncio.run(run())
+
+
+def test_a_kafka_clients_input_that_is_not_finite_is_refused_as_bad_input_not_sent_to_the_model() -> None:
+    from pathlib import Path
+
+    from batchers.service import BatcherService, ModelSetup
+    from batchers.settings import BatcherSettings
+    from clipstream.settings import Settings
+    from registry.spec import ModelSpec, OutputSpec, TensorSpec
+    from tests.unit.test_batchers_version import Guard
+
+    async def run() -> None:
+        producer, offsets = DeliveringProducer(), owned(1)
+        spec = ModelSpec(Path("/m"), "python", TensorSpec("float32", (2,)), OutputSpec("regression"), cls="x:Y")
+        svc = BatcherService(Settings(topic_prefix="p."), BatcherSettings(),
+                             ModelSetup("m", "1", 1, latency_objective_ms=20, max_batch_size=8, batch_delay_ms=0,
+                                        cache=False, spec=spec), producer, guard=Guard(), offsets=offsets)
+        nan = encode(ModelRequest(query_id="nan", app="a", model="m", input=Tensor.of(np.array([1, np.nan], np.float32)),
+                                  deadline_us=now_us() + 10**9, selector_partition=0))
+        svc.accept_group([(nan, (T, 1, 30))])
+        assert [p.status for _, p in svc.failed] == ["error"]
+        assert "not finite numbers" in (svc.failed[0][1].error or "")
+        assert "not finite numbers" in decode_as(DeadLetter, svc.outbox[0][1]).reason
+
+    asyncio.run(run())

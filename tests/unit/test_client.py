@@ -299,3 +299,9 @@ def test_the_kafka_producer_takes_the_contexts_the_gateway_takes(producer, conte
         producer.send_query("pets", np.zeros(3, np.float32), context=context)
     assert producer._producer.produced == []
     producer.send_query("pets", np.zeros(3, np.float32), context="x" * 256)
+
+
+def test_the_kafka_producer_refuses_an_input_that_is_not_finite(producer) -> None:
+    with pytest.raises(InputError, match="input has values that are not finite numbers"):
+        producer.send_query("pets", np.array([0.0, np.nan, 1.0], np.float32))
+    assert producer._producer.produced == []

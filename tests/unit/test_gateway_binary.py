@@ -32,6 +32,7 @@ def test_an_examples_raw_bytes_are_the_query_as_its_json_would_be() -> None:
      "a binary input of 20 bytes is not one example: 24 bytes, little-endian, C order"),
     ("/v1/apps/pets/predict", np.full((2, 3), np.nan, "<f4").tobytes(), "values that are not finite numbers"),
     ("/v1/apps/pets/predict?slo_ms=fast", EXAMPLE.tobytes(), "slo_ms: 'fast' is not a number"),
+    ("/v1/apps/pets/predict?slo_ms=nan", EXAMPLE.tobytes(), "slo_ms: 'nan' is not a number"),
     ("/v1/apps/pets/predict?slo_ms=0", EXAMPLE.tobytes(), "slo_ms"),
     ("/v1/apps/pets/predict?context=" + "x" * 300, EXAMPLE.tobytes(), "context"),
 ])
@@ -47,4 +48,6 @@ def test_a_binary_body_that_is_not_one_example_is_refused_with_the_reason(path: 
 def test_the_openapi_schema_lists_the_binary_body() -> None:
     with TestClient(make_app(FakeBus(answer))) as c:
         body = c.get("/openapi.json").json()["paths"]["/v1/apps/{app}/predict"]["post"]["requestBody"]
+        params = c.get("/openapi.json").json()["paths"]["/v1/apps/{app}/predict"]["post"]["parameters"]
     assert set(body["content"]) == {"application/json", "application/octet-stream"}
+    assert {p["name"] for p in params if p["in"] == "query"} == {"context", "slo_ms"}

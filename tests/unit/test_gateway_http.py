@@ -232,7 +232,9 @@ def test_the_fast_path_answers_as_fastapi_did(client):
 def test_body_over_the_limit_is_413_declared_or_streamed():
     with TestClient(make_app(max_body_bytes=100)) as c:
         big = {"input": GOOD, "pad": "x" * 200}
-        assert c.post("/v1/apps/pets/predict", json=big).status_code == 413
+        r = c.post("/v1/apps/pets/predict", json=big)
+        assert r.status_code == 413  # and what to do: raise the limit, or send the input's raw bytes
+        assert "CLIPSTREAM_GATEWAY_MAX_BODY_BYTES" in r.json()["detail"] and "application/octet-stream" in r.text
         # no Content-Length (chunked): the actual bytes are counted
         chunks = (b'{"input": [[1,2,3],[4,5,6]], "pad": "' + b"x" * 50 for _ in range(3))
         r = c.post("/v1/apps/pets/predict", content=chunks)

@@ -29,16 +29,6 @@ METADATA_TIMEOUT_S = 5.0  # one metadata round trip for a topic's partitions
 HELD_RETRY_S = 0.5  # between metadata refreshes while a held record's partition is still unknown
 
 
-class _Refused:
-    """The message a delivery report names, for a record librdkafka refused to take at all."""
-
-    def __init__(self, topic: str) -> None:
-        self._topic = topic
-
-    def topic(self) -> str:
-        return self._topic
-
-
 class Outputs:
     """The producing half of ``BatcherService``, which sets these attributes."""
 
@@ -71,7 +61,9 @@ class Outputs:
             except KafkaException as exc:
                 if too_large(exc):  # as if the broker had refused it: its requests are let go
                     log.error("a record of %d bytes for %s is over the producer's limit: %s", len(value), topic, exc)
-                    report(exc.args[0], _Refused(topic))
+                    self.counts["send_errors"] += 1
+                    if wheres and self.offsets is not None:
+                        self.offsets.done(wheres)
                 elif partition is not None and exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
                     self._hold(record)
                 else:

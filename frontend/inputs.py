@@ -16,7 +16,7 @@ import numpy as np
 
 from clipstream.errors import InputError
 from registry.labels import INT64_MAX, INT64_MIN
-from registry.spec import TensorSpec
+from registry.spec import TensorSpec, not_finite
 
 _BOOL: frozenset[type] = frozenset({bool})
 _INT: frozenset[type] = frozenset({int})
@@ -58,7 +58,7 @@ def parse_input(value: Any, spec: TensorSpec) -> np.ndarray:
             arr = np.array(value, dtype=spec.dtype)
     except (OverflowError, ValueError, TypeError) as exc:
         raise InputError(f"input values do not fit {spec.dtype}: {exc} ({expect})") from None
-    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+    if not_finite(arr):
         raise InputError(f"input has values out of range for {spec.dtype} ({expect})")
     return arr
 
@@ -125,7 +125,7 @@ def parse_untyped(value: Any) -> np.ndarray:
         arr = arr.astype(np.int64)
     else:
         raise InputError(f"input must hold numbers only, got {arr.dtype.name} values")
-    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+    if not_finite(arr):
         raise InputError("input has values that are not finite numbers")
     return arr
 
@@ -155,7 +155,7 @@ def array_for(arr: np.ndarray, spec: TensorSpec | None) -> np.ndarray:
     if spec is None:
         return arr
     expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
-    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+    if not_finite(arr):
         raise InputError(f"input has values that are not finite numbers ({expect})")
     if tuple(arr.shape) != tuple(spec.shape):
         raise InputError(f"input has shape {list(arr.shape)} ({expect}); send one example per query")
@@ -165,7 +165,7 @@ def array_for(arr: np.ndarray, spec: TensorSpec | None) -> np.ndarray:
         raise InputError(f"input dtype {arr.dtype} cannot be cast to {spec.dtype} ({expect})")
     with np.errstate(over="ignore"):
         out = arr.astype(spec.dtype)
-    if out.dtype.kind == "f" and out.size and not np.isfinite(out).all() and np.isfinite(arr).all():
+    if not_finite(out) and not not_finite(arr):
         raise InputError(f"input has values out of range for {spec.dtype} ({expect})")
     return out
 
@@ -188,7 +188,7 @@ def input_of_bytes(raw: bytes, spec: TensorSpec | None) -> np.ndarray:
     if dtype.kind == "b" and raw.translate(None, b"\x00\x01"):
         raise InputError(f"a binary bool input holds bytes other than 0 and 1 ({expect})")
     arr = np.frombuffer(raw, dtype=dtype).reshape(spec.shape)
-    if dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+    if not_finite(arr):
         raise InputError(f"input has values that are not finite numbers ({expect})")
     return arr
 

@@ -21,6 +21,12 @@ from schemas.tensor import DTYPES
 BACKENDS = ("onnx", "torch", "python", "profile")
 
 
+def not_finite(array: np.ndarray) -> bool:
+    """Whether a float array holds a NaN or an infinity: no answer can be scored against one,
+    and JSON carries neither (an output of NaN would read as null)."""
+    return array.dtype.kind == "f" and bool(array.size) and not np.isfinite(array).all()
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     dtype: str
@@ -36,7 +42,7 @@ class TensorSpec:
             raise InputError(
                 f"input shape {list(array.shape)} does not match the model's {list(self.shape)}"
             )
-        if finite and array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        if finite and not_finite(array):
             raise InputError("input has values that are not finite numbers (NaN or infinity)")
 
 

@@ -65,6 +65,7 @@ class Selector(PolicyStates, Replies):
         # ModelRequests just sent for newer queries
         self.reply_producer = reply_producer or producer
         self.catalogue, self.settings = catalogue, settings
+        self.max_input_bytes = input_limit(settings.max_record_bytes)
         self.join = JoinState(answered_capacity, int(answered_window_s * 1e6))
         # what may be committed: a query's offset once its Response is acknowledged; ``serve``
         # adds the rebalance side (``selector.handover``)
@@ -123,7 +124,7 @@ class Selector(PolicyStates, Replies):
             too_long = deadline_problem(ev, app)
             if too_long is not None:
                 raise InputError(too_long)
-            if len(ev.input.data) > input_limit(self.settings.max_record_bytes):  # no request could carry it
+            if len(ev.input.data) > self.max_input_bytes:  # no request could carry it
                 raise InputError(too_large_input(len(ev.input.data), self.settings.max_record_bytes))
         except ClipstreamError as exc:
             self._refuse(msg, ev, str(exc))

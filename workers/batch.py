@@ -17,7 +17,7 @@ import numpy as np
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ModelError
-from registry.spec import ModelSpec, OutputSpec
+from registry.spec import ModelSpec, OutputSpec, not_finite
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Route, Tensor, encode, route_of
 from topics.catalogue import Catalogue
 from topics.deadletters import dead_letter_record
@@ -105,6 +105,7 @@ class Ran:
     # after a failed batch was split to find the inputs it failed on: each row's own failure
     # (None: that row is good), with ``rows`` holding None for the failed ones
     row_failures: list[str | None] | None = None
+    finite: bool = False  # every output is a finite number, checked once for the batch
 
 
 # who answers: (model name, version); None is the batch's own model at its version
@@ -194,7 +195,8 @@ def predict_rows(model: BatchModel, inputs: np.ndarray, clock: Callable[[], int]
     start's check that a model takes a batch at all)."""
     start = time.perf_counter()
     try:
-        rows = output_rows(model.spec.output, model.predict_batch(inputs), len(inputs))
+        outputs = model.predict_batch(inputs)
+        rows = output_rows(model.spec.output, outputs, len(inputs))
     except Exception as exc:  # any model bug: answer with errors, keep serving (reported in answer_items)
         # returned from here, so this frame keeps no reference to ``exc`` (no cycle through its traceback)
         failure = f"model error: {type(exc).__name__}: {exc}"
@@ -207,7 +209,11 @@ def predict_rows(model: BatchModel, inputs: np.ndarray, clock: Callable[[], int]
             failure = f"model error: {type(exc).__name__} on a batch of {len(inputs)} (the model fails on every input)"
         return Ran([], failure, int((time.perf_counter() - start) * 1e6), clock(), exc)
     _FAILING_EVERYTHING.discard(id(model))
-    return Ran(rows, None, int((time.perf_counter() - start) * 1e6), clock())
+    # the batch's outputs at once; its rows are checked one by one only when they are not all
+    # finite numbers (or not numbers: an object array, read row by row)
+    raw = np.asarray(outputs)
+    finite = raw.dtype.kind in "iub" or (raw.dtype.kind == "f" and not not_finite(raw))
+    return Ran(rows, None, int((time.perf_counter() - start) * 1e6), clock(), finite=finite)
 
 
 def _isolate(model: BatchModel, inputs: np.ndarray) -> tuple[list[Any], list[str | None]]:
@@ -269,7 +275,7 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
                 told = True
             continue
         try:
-            if row.dtype.kind == "f" and not np.isfinite(row).all():  # JSON has no NaN: it would read as null
+            if not ran.finite and not_finite(row):  # JSON has no NaN: it would read as null
                 raise ClipstreamError(f"it is not a finite number ({_first_not_finite(row)})")
             tensor = Tensor.of(row)
         except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it

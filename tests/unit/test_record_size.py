@@ -134,6 +134,7 @@ def test_the_gateway_refuses_an_input_no_record_could_carry_with_a_413_naming_th
 def test_the_selector_refuses_a_kafka_clients_query_no_request_could_carry() -> None:
     sel, requests, replies, cat, dead = _recording()
     sel.settings = Settings(max_record_bytes=LIMIT)
+    sel.max_input_bytes = input_limit(LIMIT)  # as the selector reads it from its settings at start
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(input_limit(LIMIT) + 1, np.uint8)),
                     created_us=now_us(), deadline_us=now_us() + 1_000_000)
     sel.dispatch(FakeMsg(encode(ev), cat.queries.name))

@@ -13,6 +13,7 @@ the next message happens to arrive.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -65,7 +66,7 @@ class Selector(PolicyStates, Replies):
         # ModelRequests just sent for newer queries
         self.reply_producer = reply_producer or producer
         self.catalogue, self.settings = catalogue, settings
-        self.max_input_bytes = input_limit(settings.max_record_bytes)
+        self.max_input_bytes = input_limit(settings.max_record_bytes) if settings is not None else sys.maxsize
         self.join = JoinState(answered_capacity, int(answered_window_s * 1e6))
         # what may be committed: a query's offset once its Response is acknowledged; ``serve``
         # adds the rebalance side (``selector.handover``)

@@ -65,6 +65,17 @@ _BY_STATUS: dict[int, type[GatewayError]] = {
 
 _MISSING: Any = object()
 
+
+def _raw(input: Any) -> bytes:
+    """A binary predict's body: bytes as they are, text as UTF-8, an array as its little-endian
+    bytes in C order."""
+    if isinstance(input, (bytes, bytearray, memoryview)):
+        return bytes(input)
+    if isinstance(input, str):
+        return input.encode()
+    array = np.ascontiguousarray(input)
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
 # the connection failed before an answer came: refused (no gateway on the port: one restarts)
 # or dropped (the gateway died with the request). A predict is sent again, once: another
 # gateway member, or the restarted one, answers it, and its caller still sees one answer.
@@ -124,7 +135,8 @@ class Client:
         ``predict("digits", x)``, or ``predict(input=x)`` with the client's default app.
         ``binary``: send a numpy ``input`` as its raw bytes, which must then be of the model's
         dtype (``GET /v1/apps/{app}`` says which); an image goes at its own size, not three
-        times it as JSON numbers. Raises a ``GatewayError`` subclass on 4xx/5xx (the reason is
+        times it as JSON numbers. A ``bytes`` or ``str`` input goes as it is (UTF-8), for a
+        model of one ``bytes`` or ``string`` element (an encoded image, a document). Raises a ``GatewayError`` subclass on 4xx/5xx (the reason is
         the gateway's).
         """
         if input is _MISSING:
@@ -132,9 +144,8 @@ class Client:
         app = self._app(app)
         fields: dict[str, Any] = {k: v for k, v in (("context", context), ("slo_ms", slo_ms)) if v is not None}
         if binary:
-            array = np.ascontiguousarray(input)
-            send: dict[str, Any] = {"content": array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes(),
-                                    "params": fields, "headers": {"content-type": "application/octet-stream"}}
+            send: dict[str, Any] = {"content": _raw(input), "params": fields,
+                                    "headers": {"content-type": "application/octet-stream"}}
         else:
             send = {"json": {"input": to_json(input), **fields}}
         answer = self._post(f"/v1/apps/{app}/predict", send, retries=PREDICT_RETRIES)

@@ -28,7 +28,8 @@ class PredictRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    input: Any = Field(description="One example: a number or nested lists matching the model's input shape.")
+    input: Any = Field(description="One example: a number or nested lists matching the model's input shape "
+                       "(strings, for a model of dtype string or bytes).")
     context: StrictStr | None = Field(None, min_length=1, max_length=MAX_CONTEXT_CHARS,
                                       description="User or session key: its own policy state.")
     slo_ms: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_SLO_MS,
@@ -75,7 +76,7 @@ class Accepted(BaseModel):
 
 
 class TensorDoc(BaseModel):
-    dtype: str
+    dtype: str = Field(description="A numpy dtype name, or string (UTF-8 text) or bytes.")
     shape: list[int] = Field(description="One example's shape: a predict's `input` is one example.")
 
 

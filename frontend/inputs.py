@@ -17,14 +17,18 @@ import numpy as np
 from clipstream.errors import InputError
 from registry.labels import INT64_MAX, INT64_MIN
 from registry.spec import TensorSpec, not_finite
+from schemas.tensor import VARIABLE
 
 _BOOL: frozenset[type] = frozenset({bool})
 _INT: frozenset[type] = frozenset({int})
 _FLOAT: frozenset[type] = frozenset({int, float})
+_TEXT: frozenset[type] = frozenset({str})
 _NESTED_OR_BOOL: frozenset[type] = frozenset({list, tuple, bool, np.bool_})
 
 
 def _allowed(dtype: str) -> tuple[frozenset[type], str]:
+    if dtype in VARIABLE:
+        return _TEXT, "a string"
     kind = np.dtype(dtype).kind
     if kind == "b":
         return _BOOL, "a boolean"
@@ -48,11 +52,13 @@ def parse_input(value: Any, spec: TensorSpec) -> np.ndarray:
 
     JSON integers are fine for float inputs; booleans, strings, nulls, ragged lists, wrong
     lengths and integers out of the dtype's range are not. Every reason names the shape the
-    model expects.
+    model expects. A ``string`` or ``bytes`` input takes JSON strings (``bytes`` as their UTF-8).
     """
     allowed, what = _allowed(spec.dtype)
     expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
     _walk(value, spec.shape, 0, "input", allowed, what, expect)
+    if spec.dtype in VARIABLE:
+        return _elements(np.array(value, dtype=object), spec.dtype, expect)
     try:
         with np.errstate(over="ignore"):  # overflow to inf is caught just below, with a reason
             arr = np.array(value, dtype=spec.dtype)
@@ -159,6 +165,10 @@ def array_for(arr: np.ndarray, spec: TensorSpec | None) -> np.ndarray:
         raise InputError(f"input has values that are not finite numbers ({expect})")
     if tuple(arr.shape) != tuple(spec.shape):
         raise InputError(f"input has shape {list(arr.shape)} ({expect}); send one example per query")
+    if spec.dtype in VARIABLE:
+        if arr.dtype.kind not in "OUS":
+            raise InputError(f"input dtype {arr.dtype} is not text or bytes ({expect})")
+        return _elements(np.asarray(arr, dtype=object), spec.dtype, expect)
     if arr.dtype == np.dtype(spec.dtype):
         return arr
     if not np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
@@ -179,6 +189,8 @@ def input_of_bytes(raw: bytes, spec: TensorSpec | None) -> np.ndarray:
     if spec is None:
         raise InputError("a binary input is read by the model's declared input (dtype and shape), which the app's "
                          "model does not declare: send JSON")
+    if spec.dtype in VARIABLE:
+        return _one_element(raw, spec)
     dtype = np.dtype(spec.dtype).newbyteorder("<")
     expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
     size = dtype.itemsize * int(np.prod(spec.shape, dtype=np.int64))
@@ -191,6 +203,35 @@ def input_of_bytes(raw: bytes, spec: TensorSpec | None) -> np.ndarray:
     if not_finite(arr):
         raise InputError(f"input has values that are not finite numbers ({expect})")
     return arr
+
+
+def _one_element(raw: bytes, spec: TensorSpec) -> np.ndarray:
+    """A ``string`` or ``bytes`` input sent as its raw bytes: the body is its one element."""
+    expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
+    if spec.shape:
+        raise InputError(f"a binary body is one element, and the model takes several ({expect}): send JSON, a list "
+                         "of strings")
+    return _elements(np.array(raw, dtype=object), spec.dtype, expect)
+
+
+def _elements(arr: np.ndarray, dtype: str, expect: str) -> np.ndarray:
+    """An object array of ``str`` (dtype ``string``) or ``bytes``: ``str`` goes to bytes as
+    UTF-8, bytes to ``str`` only when they are UTF-8; anything else is refused."""
+    out = np.empty(arr.shape, dtype=object)
+    for i, x in enumerate(arr.flat):
+        if isinstance(x, (bytes, np.bytes_)) and dtype == "string":
+            try:
+                x = bytes(x).decode()
+            except UnicodeDecodeError:
+                raise InputError(f"input element {i} is not UTF-8 text ({expect})") from None
+        elif isinstance(x, (str, np.str_)):
+            x = str(x).encode() if dtype == "bytes" else str(x)
+        elif isinstance(x, (bytes, np.bytes_)):
+            x = bytes(x)
+        else:
+            raise InputError(f"input element {i} is {_describe(x)}, expected a string ({expect})")
+        out.flat[i] = x
+    return out
 
 
 def input_for(value: Any, spec: TensorSpec | None) -> np.ndarray:

@@ -16,6 +16,7 @@ from frontend.gateway_http import HTTPProblem, parse_json
 from frontend.gateway_models import PredictRequest, validation_reason
 from frontend.inputs import input_for, input_of_bytes
 from registry.spec import TensorSpec
+from schemas.tensor import wire_size
 from topics.sizes import input_limit, too_large_input
 
 BINARY = "application/octet-stream"  # a predict body that is one example's raw bytes
@@ -51,6 +52,6 @@ def _checked(body: Any, read: Callable[[PredictRequest], Any], max_record_bytes:
         array = read(req)
     except InputError as exc:
         raise HTTPProblem(422, str(exc)) from None
-    if array.nbytes > input_limit(max_record_bytes):
-        raise HTTPProblem(413, too_large_input(array.nbytes, max_record_bytes))
+    if (size := wire_size(array)) > input_limit(max_record_bytes):
+        raise HTTPProblem(413, too_large_input(size, max_record_bytes))
     return req, array

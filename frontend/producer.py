@@ -24,6 +24,7 @@ from registry.labels import label_problem, reward_problem
 from registry.outputs import app_input, app_outputs
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
+from schemas.tensor import wire_size
 from topics.admin import watermarks
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
@@ -76,8 +77,8 @@ class Producer:
         if context is not None and not (isinstance(context, str) and 1 <= len(context) <= MAX_CONTEXT_CHARS):
             raise InputError(f"context must be text of 1 to {MAX_CONTEXT_CHARS} characters, as the gateway takes it")
         array = self._array(app, input)
-        if array.nbytes > input_limit(self.settings.max_record_bytes):
-            raise InputError(too_large_input(array.nbytes, self.settings.max_record_bytes))
+        if (size := wire_size(array)) > input_limit(self.settings.max_record_bytes):
+            raise InputError(too_large_input(size, self.settings.max_record_bytes))
         if slo_ms is None:
             # the app's own, as the gateway takes it: the registry checked it, no caller's bound applies
             slo_ms = self._app_config(app).slo_ms

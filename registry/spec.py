@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from clipstream.errors import ConfigError, InputError
+from clipstream.errors import ConfigError, DecodeError, InputError
 from clipstream.yamlfile import read_mapping
 from schemas.records import OutputKind
-from schemas.tensor import DTYPES
+from schemas.tensor import DTYPES, VARIABLE, dtype_name
 
 BACKENDS = ("onnx", "torch", "python", "profile")
 
@@ -36,14 +36,24 @@ class TensorSpec:
         """Raise InputError unless ``array`` is one example of this spec; ``finite``: with only
         finite numbers, as JSON can carry (where an input enters from a Kafka client, so that
         a NaN is refused as the caller's, not answered as the model's failure)."""
-        if array.dtype.name != self.dtype:
-            raise InputError(f"input dtype {array.dtype.name} does not match the model's {self.dtype}")
+        try:
+            name = dtype_name(array)
+        except DecodeError as exc:
+            raise InputError(f"input {exc}; the model takes {self.dtype}") from None
+        if name != self.dtype:
+            raise InputError(f"input dtype {name} does not match the model's {self.dtype}")
         if tuple(array.shape) != self.shape:
             raise InputError(
                 f"input shape {list(array.shape)} does not match the model's {list(self.shape)}"
             )
         if finite and not_finite(array):
             raise InputError("input has values that are not finite numbers (NaN or infinity)")
+
+    def examples(self, rows: int) -> np.ndarray:
+        """``rows`` plain examples of this spec (zeros, or empty strings), for a model's warm-up."""
+        if self.dtype in VARIABLE:
+            return np.full((rows, *self.shape), "" if self.dtype == "string" else b"", dtype=object)
+        return np.zeros((rows, *self.shape), dtype=self.dtype)
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,9 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
     dtype = inp.get("dtype")
     if dtype not in DTYPES:
         raise ConfigError(f"{path}: input.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype in VARIABLE and backend == "torch":
+        raise ConfigError(f"{path}: a torch model takes numbers, not input.dtype {dtype}: serve a model of text or "
+                          "bytes with the python backend (or onnx, for an ONNX string input)")
     shape = inp.get("shape", [])
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ConfigError(f"{path}: input.shape must be a list of non-negative integers, the shape of one "

@@ -65,6 +65,14 @@ def output_rows(spec: OutputSpec, outputs: Any, n: int) -> list[np.ndarray]:
     return [np.asarray(out[i]) for i in range(n)]
 
 
+def answer_tensor(row: np.ndarray) -> Tensor:
+    """A row's tensor: an answer is numbers (a label, a value or class scores), which the
+    selector scores and combines; text is a ``class_scores`` model's ``labels``, not its rows."""
+    if row.dtype.kind in "OUS":
+        raise ModelError(f"an answer of {row.dtype.name} values is not a number")
+    return Tensor.of(row)
+
+
 def dead_letter(
     reason: str,
     *,
@@ -277,8 +285,8 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
         try:
             if not ran.finite and not_finite(row):  # JSON has no NaN: it would read as null
                 raise ClipstreamError(f"it is not a finite number ({_first_not_finite(row)})")
-            tensor = Tensor.of(row)
-        except ClipstreamError as exc:  # e.g. a string label: no wire dtype for it
+            tensor = answer_tensor(row)
+        except ClipstreamError as exc:  # e.g. a string label: answers are numbers
             p.errors += 1
             failure = f"model error: output cannot travel: {exc}"
             add_prediction(p, item, "error", None, failure, ran.out_us, by)

@@ -23,10 +23,10 @@ from clipstream.cachekey import key_of
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ConfigError, ModelError, one_line
 from registry.spec import ModelSpec
-from schemas import Batch, BatchItem, Tensor
+from schemas import Batch, BatchItem
 from workers.backends import BatchModel, warm_up
-from workers.batch import (Answerer, BatchOutcome, Prepared, Ran, answer_items, batch_stats, finish_batch,
-                           output_rows, predict_rows, prepare_batch, run_batch)
+from workers.batch import (Answerer, BatchOutcome, Prepared, Ran, answer_items, answer_tensor, batch_stats,
+                           finish_batch, output_rows, predict_rows, prepare_batch, run_batch)
 from workers.failures import ModelFailures
 
 
@@ -168,7 +168,7 @@ def warm(model: Served, batches: bool = True) -> None:
     for each in [m.model for m in model.members] if isinstance(model, GroupModel) else [model]:
         first = warm_up(each)
         if batches:
-            ran = predict_rows(each, np.zeros((2, *each.spec.input.shape), dtype=each.spec.input.dtype), isolate=False)
+            ran = predict_rows(each, each.spec.input.examples(2), isolate=False)
             if ran.failure is not None:
                 raise ModelError(f"it answers a batch of one request but not a batch of two ({one_line(ran.failure)}): "
                                  "the batcher sends several at once. Export it with a dynamic batch axis (ONNX: a "
@@ -180,7 +180,7 @@ def warm(model: Served, batches: bool = True) -> None:
             except ClipstreamError as exc:
                 raise ModelError(f"its answer does not fit its model.yaml ({one_line(exc)})") from None
         try:
-            Tensor.of(rows[0])
+            answer_tensor(np.asarray(rows[0]))
         except ClipstreamError as exc:
             raise ModelError(f"its answers cannot travel as tensors ({exc}): a `{each.spec.output.kind}` model "
                              "answers numbers; for named classes use `kind: class_scores` with `labels`") from None

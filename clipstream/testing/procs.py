@@ -36,6 +36,7 @@ class UpProcess:
         )
         self.lines: list[str] = []
         self.ready = threading.Event()
+        self.ended = threading.Event()  # its output closed: it has stopped
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -44,10 +45,14 @@ class UpProcess:
             self.lines.append(line.rstrip())
             if line.startswith("ready: "):
                 self.ready.set()
+        self.ended.set()
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Fail with the last lines of ``up``'s output unless it is ready within ``timeout_s``."""
-        assert self.ready.wait(timeout_s), "\n".join(self.lines[-30:])
+        """Fail with the last lines of ``up``'s output unless it is ready within ``timeout_s``;
+        at once when ``up`` ends first (a stage that failed to start)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(0.1):
+            assert not self.ended.is_set() and time.monotonic() < deadline, "\n".join(self.lines[-30:])
 
     def stop(self, timeout_s: float = 90.0) -> int:
         """SIGTERM, as Ctrl-C would; ``up``'s exit code. One that does not stop in ``timeout_s``

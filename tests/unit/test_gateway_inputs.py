@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from clipstream.errors import InputError
-from frontend.inputs import input_for, parse_input, parse_untyped
+from frontend.inputs import array_for, input_for, input_of_bytes, parse_input, parse_untyped
 from registry.spec import TensorSpec
 
 GRID = TensorSpec("float32", (2, 3))
@@ -116,3 +116,36 @@ def test_several_examples_in_one_call_are_told_to_go_one_per_call() -> None:
     with pytest.raises(InputError) as short:
         parse_input([1, 2, 3], TensorSpec("float32", (4,)))
     assert "several examples" not in str(short.value)
+
+
+TEXT = TensorSpec("string", ())
+BLOB = TensorSpec("bytes", ())
+
+
+def test_text_inputs_take_json_strings_and_bytes_inputs_their_utf8():
+    assert parse_input("héllo", TEXT).item() == "héllo"
+    assert parse_input("héllo", BLOB).item() == "héllo".encode()
+    pair = parse_input(["a", ""], TensorSpec("string", (2,)))
+    assert pair.dtype == object and pair.tolist() == ["a", ""]
+    with pytest.raises(InputError, match=r"input is an integer, expected a string .*dtype string"):
+        parse_input(3, TEXT)
+    with pytest.raises(InputError, match=r"input\[1\] is null, expected a string"):
+        parse_input(["a", None], TensorSpec("string", (2,)))
+
+
+def test_a_raw_body_is_one_text_or_bytes_element():
+    assert input_of_bytes("é".encode(), TEXT).item() == "é"
+    assert input_of_bytes(b"\xff\x00", BLOB).item() == b"\xff\x00"  # bytes need not be text
+    with pytest.raises(InputError, match="not UTF-8 text"):
+        input_of_bytes(b"\xff", TEXT)
+    with pytest.raises(InputError, match="a binary body is one element.*send JSON"):
+        input_of_bytes(b"a", TensorSpec("string", (2,)))
+
+
+def test_numpy_text_goes_to_the_models_kind_of_string():
+    assert array_for(np.array(b"caf\xc3\xa9"), TEXT).item() == "café"
+    assert array_for(np.array(["a", "b"]), TensorSpec("bytes", (2,))).tolist() == [b"a", b"b"]
+    with pytest.raises(InputError, match="input dtype float64 is not text or bytes"):
+        array_for(np.array(1.0), TEXT)
+    with pytest.raises(InputError, match="input element 1 is an integer, expected a string"):
+        array_for(np.array(["a", 1], dtype=object), TensorSpec("string", (2,)))

@@ -34,6 +34,8 @@ def test_a_good_spec_loads(tmp_path: Path) -> None:
     (GOOD + "outputname: probs\n", ("model.onnx",), r"unknown key `outputname`: did you mean `output_name`\?"),
     (GOOD.replace("labels:", "lables:"), ("model.onnx",), r"output has the unknown key `lables`; its keys are kind, labels"),
     (GOOD.replace("[4]", "[null, 4]"), ("model.onnx",), r"input.shape must be .*leave the batch axis out"),
+    (GOOD.replace("onnx", "torch").replace("float32", "string"), ("model.torch",),
+     r"a torch model takes numbers, not input.dtype string: serve .* with the python backend"),
 ])
 def test_a_mistake_in_model_yaml_is_refused_saying_what_to_fix(tmp_path: Path, text: str, files: tuple[str, ...],
                                                                 reason: str) -> None:
@@ -45,3 +47,11 @@ def test_a_python_models_own_keys_are_left_to_it(tmp_path: Path) -> None:
     text = "backend: python\nclass: m:Model\ninput: {dtype: float32, shape: [4]}\noutput: {kind: regression}\n" \
            "config: {depth: 3}\nthreshold: 0.5\n"
     assert load_spec(_folder(tmp_path, text, ())).config["threshold"] == 0.5
+
+
+def test_text_and_bytes_inputs_are_declared_and_warmed_with_empty_strings(tmp_path: Path) -> None:
+    text = "backend: python\nclass: m:Model\ninput: {dtype: string, shape: []}\noutput: {kind: regression}\n"
+    spec = load_spec(_folder(tmp_path, text, ()))
+    assert (spec.input.dtype, spec.input.shape) == ("string", ())
+    assert spec.input.examples(2).tolist() == ["", ""]
+    assert load_spec(_folder(tmp_path, text.replace("string", "bytes"), ())).input.examples(1).tolist() == [b""]

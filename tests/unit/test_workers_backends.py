@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -66,6 +67,38 @@ def test_onnx_label_kind_answers_labels(tmp_path: Path) -> None:
     model = load_model(load_spec(make_onnx_digits_model(tmp_path, kind="label")))
     x, _ = digits()
     np.testing.assert_array_equal(model.predict_batch(x[:50]), digits_logreg().predict(x[:50]))
+
+
+def _onnx_of_words(folder: Path, dtype: str) -> Path:
+    """An ONNX graph whose input is a string tensor: each word's number (0 for any other)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from clipstream.testing.models import ONNX_IR_VERSION, ONNX_ML_OPSET, ONNX_OPSET
+
+    node = helper.make_node("LabelEncoder", ["text"], ["variable"], domain="ai.onnx.ml", keys_strings=["cat", "dog"],
+                            values_floats=[1.0, 2.0], default_float=0.0)
+    graph = helper.make_graph([node], "words", [helper.make_tensor_value_info("text", TensorProto.STRING, [None])],
+                              [helper.make_tensor_value_info("variable", TensorProto.FLOAT, [None])])
+    model = helper.make_model(graph, ir_version=ONNX_IR_VERSION, opset_imports=[
+        helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid("ai.onnx.ml", ONNX_ML_OPSET)])
+    write_model_yaml(folder, {"backend": "onnx", "file": "words.onnx", "input": {"dtype": dtype, "shape": []},
+                              "output": {"kind": "regression"}})
+    onnx.save(model, folder / "words.onnx")
+    return folder
+
+
+def test_an_onnx_string_input_takes_the_batch_of_str(tmp_path: Path) -> None:
+    model = load_model(load_spec(_onnx_of_words(tmp_path / "words", "string")))
+    assert warm_up(model).tolist() == [0.0]  # its warm-up: an empty string
+    assert model.predict_batch(np.array(["dog", "cat", "emu"], dtype=object)).tolist() == [2.0, 1.0, 0.0]
+    for dtype in ("bytes", "float32"):  # the graph's string input is declared as one, and only it is
+        with pytest.raises(ConfigError, match=f"declares input dtype {dtype}, and the graph's input 'text' is "
+                                              r"tensor\(string\)"):
+            load_model(load_spec(_onnx_of_words(tmp_path / dtype, dtype)))
+    with pytest.raises(ConfigError, match=r"declares input dtype string, and the graph's input .* is tensor\(float\)"):
+        spec = load_spec(make_onnx_digits_model(tmp_path / "digits"))
+        load_model(dataclasses.replace(spec, input=dataclasses.replace(spec.input, dtype="string")))
 
 
 def test_pick_output() -> None:

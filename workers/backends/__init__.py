@@ -60,8 +60,7 @@ def load_model(
 
 def warm_up(model: BatchModel) -> np.ndarray:
     """Run one dummy batch so the first real batch does not pay for lazy initialisation."""
-    dummy = np.zeros((1, *model.spec.input.shape), dtype=model.spec.input.dtype)
-    return model.predict_batch(dummy)
+    return model.predict_batch(model.spec.input.examples(1))
 
 
 __all__ = ["BACKENDS", "BatchModel", "load_model", "warm_up"]

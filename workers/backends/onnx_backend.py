@@ -75,6 +75,10 @@ class OnnxModel:
         graph_input = self.session.get_inputs()[0]
         self.input_name: str = graph_input.name
         self.input_dtype: Any = _ORT_TYPES.get(graph_input.type)
+        if (graph_input.type == "tensor(string)") != (spec.input.dtype == "string"):
+            raise ConfigError(f"{spec.path}/model.yaml declares input dtype {spec.input.dtype}, and the graph's input "
+                              f"{graph_input.name!r} is {graph_input.type}: a graph's string input is `dtype: string`, "
+                              "and only a string input is")
         outputs = [o.name for o in self.session.get_outputs()]
         self.output_name = pick_output(spec.output.kind, outputs, spec.config.get("output_name"))
 

@@ -71,6 +71,7 @@ class ModelSpec:
     file: str | None = None
     cls: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None  # where the model runs, over the worker's default (onnx and torch)
 
 
 def load_spec(folder: str | Path) -> ModelSpec:
@@ -85,7 +86,8 @@ def load_spec(folder: str | Path) -> ModelSpec:
 
 
 # the keys clipstream itself reads; a python model's class may read any others (``config``)
-KNOWN_KEYS = ("backend", "input", "output", "file", "class", "output_name", "threads", "allow_spinning")
+KNOWN_KEYS = ("backend", "input", "output", "file", "class", "output_name", "threads", "allow_spinning", "device")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def _misspelt(keys: Any, known: tuple[str, ...], where: str) -> None:
@@ -134,6 +136,11 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
     cls = raw.get("class")
     if backend == "python" and not cls:
         raise ConfigError(f"{path}: backend python needs `class: package.module:Class`")
+    device = raw.get("device")
+    if device is not None and device not in DEVICES:
+        raise ConfigError(f"{path}: device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device not in (None, "auto") and backend not in ("onnx", "torch"):
+        raise ConfigError(f"{path}: device is for onnx and torch models; a {backend} model picks its own")
     return ModelSpec(
         path=folder,
         backend=backend,
@@ -142,4 +149,5 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
         file=file,
         cls=cls,
         config=raw,
+        device=device,
     )

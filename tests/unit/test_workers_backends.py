@@ -101,6 +101,38 @@ def test_an_onnx_string_input_takes_the_batch_of_str(tmp_path: Path) -> None:
         load_model(dataclasses.replace(spec, input=dataclasses.replace(spec.input, dtype="string")))
 
 
+def _with_device(folder: Path, device: str) -> Path:
+    config = yaml.safe_load((folder / "model.yaml").read_text())
+    write_model_yaml(folder, {**config, "device": device})
+    return folder
+
+
+def test_a_models_own_device_wins_over_the_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.backends as backends
+
+    monkeypatch.setattr(backends, "cuda_usable", lambda: True)  # as on a GPU machine: the worker's auto means CUDA
+    small = load_model(load_spec(_with_device(make_onnx_digits_model(tmp_path / "small"), "cpu")), device="cuda")
+    assert small.device == "cpu"
+    x, _ = digits()
+    np.testing.assert_array_equal(small.predict_batch(x[:8]).argmax(axis=1), digits_logreg().predict(x[:8]))
+
+    monkeypatch.setattr(backends, "cuda_usable", lambda: False)
+    needs_gpu = load_spec(_with_device(make_onnx_digits_model(tmp_path / "big"), "cuda"))
+    assert needs_gpu.device == "cuda"
+    with pytest.raises(ConfigError, match=r"big/logreg/1/model.yaml: device cuda was requested but no usable CUDA "
+                                          r"device was found: run its workers where one is, or set `device: auto`"):
+        load_model(needs_gpu, device="cpu")
+
+
+def test_device_is_for_the_gpu_capable_backends(tmp_path: Path) -> None:
+    folder = make_python_model(tmp_path, "py", "class Model:\n    pass\n", labels=[0, 1])
+    with pytest.raises(ConfigError, match="device is for onnx and torch models; a python model picks its own"):
+        load_spec(_with_device(folder, "cuda"))
+    assert load_spec(_with_device(folder, "auto")).device == "auto"
+    with pytest.raises(ConfigError, match="device must be one of auto, cpu, cuda, got 'gpu'"):
+        load_spec(_with_device(folder, "gpu"))
+
+
 def test_pick_output() -> None:
     assert pick_output("class_scores", ["label", "probabilities"]) == "probabilities"
     assert pick_output("label", ["label", "probabilities"]) == "label"

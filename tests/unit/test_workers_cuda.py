@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from clipstream.testing.models import digits, make_torch_model
+from clipstream.testing.models import digits, make_torch_model, write_model_yaml
 from registry.spec import load_spec
 from workers.backends import load_model
 from workers.backends.devices import cuda_usable
@@ -38,3 +39,12 @@ def test_an_explicit_cuda_device_is_honoured(tmp_path: Path) -> None:
     model = load_model(load_spec(make_torch_model(tmp_path)), device="cuda")
     assert model.device == "cuda"
     assert model.predict_batch(np.zeros((4, 64), np.float32)).shape == (4, 10)
+
+
+def test_a_model_yaml_device_cpu_keeps_a_model_off_the_gpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    folder = make_torch_model(tmp_path)
+    write_model_yaml(folder, {**yaml.safe_load((folder / "model.yaml").read_text()), "device": "cpu"})
+    model = load_model(load_spec(folder), device="auto")
+    assert model.device == "cpu"
+    assert not any(p.is_cuda for p in model.module.parameters())  # type: ignore[attr-defined]

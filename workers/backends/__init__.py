@@ -40,7 +40,9 @@ class BatchModel(Protocol):
 def load_model(
     spec: ModelSpec, *, device: str = "auto", threads: int | None = None
 ) -> BatchModel:
-    """Build the backend named in ``spec.backend`` on ``device`` (auto: CUDA when really usable).
+    """Build the backend named in ``spec.backend`` on ``device`` (auto: CUDA when really usable),
+    or on the device its model.yaml names, which wins: a small model may stay on the CPU of a
+    worker whose other models take the GPU, as Triton's instance kind lets it.
 
     Only the GPU-capable backends ask about CUDA, so python and profile models start without
     touching the driver.
@@ -52,7 +54,14 @@ def load_model(
     module_name, attr = target.split(":")
     factory = getattr(importlib.import_module(module_name), attr)
     if spec.backend in ("onnx", "torch"):
-        device = resolve_device(device, cuda_usable() if device != "cpu" else False)
+        device = spec.device or device
+        try:
+            device = resolve_device(device, cuda_usable() if device != "cpu" else False)
+        except ConfigError as exc:
+            if spec.device is None:
+                raise
+            raise ConfigError(f"{spec.path}/model.yaml: {exc}: run its workers where one is, or set `device: auto` "
+                              "there (CUDA when there is one)") from None
     else:
         device = "cpu"
     return factory(spec, device=device, threads=threads)

@@ -32,6 +32,8 @@ from clipstream.errors import ClipstreamError, InfraError
 from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.saver import GATHER_S, PredictionSaver
 from clipstream.settings import Settings, get_settings
+from frontend import v2
+from frontend.ask import Asked, answered, ask
 from frontend.dashboard import mount_dashboard
 from frontend.feedback import feedback as feedback_route
 from frontend.feedback import stored_app
@@ -43,8 +45,8 @@ from frontend.gateway_http import (
     read_body,
 )
 from frontend.http_protocol import RECEIVED_US
-from frontend.direct import answer_of, direct_model, request_for
-from frontend.gateway_kafka import DeliveryFailed, KafkaBus, Overloaded
+from frontend.direct import direct_model
+from frontend.gateway_kafka import KafkaBus
 from frontend.gateway_models import (
     Accepted,
     AppMetadata,
@@ -52,20 +54,15 @@ from frontend.gateway_models import (
     FeedbackRequest,
     PredictRequest,
     PredictResponse,
-    default_json,
-    response_json,
 )
 from frontend.metadata import app_metadata
-from frontend.predict_body import BINARY, parse_binary, parse_predict
+from frontend.predict_body import BINARY, OFFLOAD_BYTES, parse_binary, parse_predict
 from frontend.settings import GatewaySettings, get_gateway_settings
-from frontend.state import Bus, GatewayState, Registry, Reply
+from frontend.state import Bus, GatewayState, Registry
 from registry.topic import AppConfig, RegistryFollower
-from schemas import Prediction, QueryEvent, Response, Tensor
 
 log = logging.getLogger(__name__)
 
-# request bodies larger than this are parsed in a worker thread, not on the event loop
-OFFLOAD_BYTES = 64 * 1024
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -107,6 +104,7 @@ def create_app(
     _add_guards(app, state)
     _add_api_routes(app, state)
     _add_ops_routes(app, state)
+    v2.add_routes(app, state)
     mount_dashboard(app, state.metrics, lambda: _slos(state), lambda: _direct_apps(state))
     return app
 
@@ -257,83 +255,11 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
             req, array = await asyncio.get_running_loop().run_in_executor(None, parse_predict, raw, spec, limit)
         else:
             req, array = parse_predict(raw, spec, limit)
-        slo_ms = float(req.slo_ms) if req.slo_ms is not None else float(cfg.slo_ms)
-        deadline = created + int(slo_ms * 1000)
-        model = direct_model(cfg, state.gw.direct)
-        if model is not None and state.bus.request_topic(model) is None:
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
-            except InfraError as exc:
-                raise state.overloaded(f"the topic of model {model!r} is not there: {exc}") from None
-        fut = _publish(state, cfg, model, query_id, req, array, created, deadline)
-        wait_s = max(0.0, (deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
-        try:
-            reply: Reply | None = await asyncio.wait_for(fut, wait_s)
-        except TimeoutError:
-            reply = None
-        finally:
-            state.bus.forget(query_id)
+        asked = Asked(cfg, req, t0, arrived, created)
+        reply = await ask(state, asked, query_id, array)
     finally:
         state.release()
-    record = reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, req.context, deadline)
-    latency_ms = (time.perf_counter() - t0) * 1000.0 + (arrived - created) / 1000.0
-    answer = _answer_body(query_id, cfg, record, latency_ms)
-    state.observe(cfg.name, answer, record is None, created + int(waited_ms * 1000), inflight, slo_ms, waited_ms)
-    _count_answer(state, cfg.name, answer, record, reply, latency_ms, counts)
-    return answer
-
-
-def _publish(state: GatewayState, cfg: AppConfig, model: str | None, query_id: str,
-             req: PredictRequest, array: Any, created: int, deadline: int) -> asyncio.Future[Reply]:
-    """Send the query to the selector, or straight to a ``single`` app's model, and return the
-    future its reply resolves; the bus's refusals become the caller's 503."""
-    bus = state.bus
-    try:
-        if model is None:
-            return bus.publish_query(QueryEvent(
-                query_id=query_id, app=cfg.name, context=req.context, input=Tensor.of(array),
-                created_us=created, deadline_us=deadline, reply_topic=bus.reply_topic, reply_partition=0,
-                trace={"produced": created}), (req.context or query_id).encode())
-        return bus.publish_request(request_for(
-            query_id, cfg, model, Tensor.of(array), created, deadline, bus.reply_topic))
-    except Overloaded as exc:
-        raise state.overloaded(str(exc)) from None
-    except DeliveryFailed as exc:
-        raise state.overloaded(f"Kafka refused the query: {exc}") from None
-
-
-def _answer_body(query_id: str, cfg: AppConfig, record: Response | None, latency_ms: float) -> dict[str, Any]:
-    """The caller's JSON: the answer that came, or the app's default output when none came in
-    time."""
-    if record is None:
-        return default_json(query_id, cfg.default_output, cfg.models, latency_ms)
-    return response_json(record, latency_ms, cfg.default_output)
-
-
-def _count_answer(state: GatewayState, app: str, answer: dict[str, Any], record: Response | None,
-                  reply: Reply | None, latency_ms: float, counts: tuple[Any, ...]) -> None:
-    """Count one answered query in the gateway's and the app's metrics, defaults by who
-    decided on them."""
-    if answer["default"]:
-        # by who decided, not the free-text reason: metric labels must stay a small set
-        state.metrics.defaults.inc("gateway_timeout" if record is None
-                                   else "model" if isinstance(reply, Prediction) else "selector")
-    if not answer["default"]:
-        state.remember_answer(answer["query_id"], app)
-    state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
-    counts[2 if answer["default"] else 1].inc()
-    counts[4].observe(latency_ms / 1000.0)
-
-
-def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, context: str | None,
-                     deadline: int) -> Response:
-    """The Response to a query its one model answered straight; stored for feedback as the
-    selector would store it (docs/design/0083)."""
-    record, stored = answer_of(pred, cfg, *state.outputs(cfg), context, deadline)
-    state.metrics.stages.observe(record.trace)
-    if stored is not None and state.saver is not None:
-        state.saver.put(pred.query_id, stored)
-    return record
+    return answered(state, asked, query_id, reply, waited_ms, inflight, counts)
 
 
 async def _readiness(state: GatewayState) -> dict[str, bool]:

@@ -27,9 +27,9 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dic
 
 # paths a caller may reach without a key: a liveness probe must not need a secret
 # (and the dashboard's page and scripts, which carry no data: its data route needs the key)
-OPEN_PATHS: frozenset[str] = frozenset({"/healthz"}) | PAGE_PATHS
+OPEN_PATHS: frozenset[str] = frozenset({"/healthz", "/v2/health/live"}) | PAGE_PATHS
 # paths besides its apps' routes that a per-app key may reach
-APP_KEY_PATHS: frozenset[str] = frozenset({"/readyz", "/openapi.json", "/docs"})
+APP_KEY_PATHS: frozenset[str] = frozenset({"/readyz", "/openapi.json", "/docs", "/v2", "/v2/health/ready"})
 # a body over the limit is still read (and dropped) up to this many bytes, so the caller, who
 # is busy sending it, reads a 413 instead of a connection reset; beyond it the connection goes
 DRAIN_BYTES = 64 << 20
@@ -68,9 +68,10 @@ def key_allowed(key: str | None, keys: Iterable[str]) -> bool:
 
 
 def app_of_path(path: str) -> str | None:
-    """The app a ``/v1/apps/{app}`` or ``/v1/apps/{app}/...`` path names, else None."""
+    """The app a ``/v1/apps/{app}[/...]`` path names, or an Open Inference Protocol
+    ``/v2/models/{app}[/...]`` path (its model is an app), else None."""
     parts = path.split("/")
-    if len(parts) >= 4 and parts[:3] == ["", "v1", "apps"] and parts[3]:
+    if len(parts) >= 4 and parts[:3] in (["", "v1", "apps"], ["", "v2", "models"]) and parts[3]:
         return parts[3]
     return None
 
@@ -98,6 +99,10 @@ def route_label(path: str) -> str:
             return "metadata"
     if path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
         return path.lstrip("/")
+    if path.startswith("/v2/models/"):
+        return "v2-infer" if path.endswith("/infer") else "v2-model"
+    if path == "/v2" or path.startswith("/v2/health/"):
+        return "v2-server"
     return "other"
 
 

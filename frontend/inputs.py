@@ -69,6 +69,32 @@ def parse_input(value: Any, spec: TensorSpec) -> np.ndarray:
     return arr
 
 
+def parse_rows(values: list[Any], spec: TensorSpec, rows: int) -> np.ndarray:
+    """``rows`` examples from their values flattened in row-major order (as the Open Inference
+    Protocol sends a tensor), of shape ``(rows, *spec.shape)``; checked as ``parse_input``
+    checks one example's values. InputError names the first bad value's index."""
+    allowed, what = _allowed(spec.dtype)
+    expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
+    types = set(map(type, values))
+    if not types <= allowed or (float in types and not all(map(math.isfinite, values))):
+        i, bad = next((i, v) for i, v in enumerate(values)
+                      if type(v) not in allowed or (type(v) is float and not math.isfinite(v)))
+        problem = "not a finite number" if type(bad) is float else f"{_describe(bad)}, expected {what}"
+        raise InputError(f"data[{i}] is {problem} ({expect})")
+    if spec.dtype in VARIABLE:
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        return _elements(arr, spec.dtype, expect).reshape((rows, *spec.shape))
+    try:
+        with np.errstate(over="ignore"):
+            arr = np.array(values, dtype=spec.dtype)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise InputError(f"input values do not fit {spec.dtype}: {exc} ({expect})") from None
+    if not_finite(arr):
+        raise InputError(f"input has values out of range for {spec.dtype} ({expect})")
+    return arr.reshape((rows, *spec.shape))
+
+
 def _walk(
     value: Any,
     shape: tuple[int, ...],

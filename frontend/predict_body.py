@@ -20,6 +20,8 @@ from schemas.tensor import wire_size
 from topics.sizes import input_limit, too_large_input
 
 BINARY = "application/octet-stream"  # a predict body that is one example's raw bytes
+# request bodies larger than this are parsed in a worker thread, not on the event loop
+OFFLOAD_BYTES = 64 * 1024
 
 
 def parse_predict(raw: bytes, spec: TensorSpec | None, max_record_bytes: int) -> tuple[PredictRequest, Any]:

@@ -1,6 +1,7 @@
 """Models of text and bytes (``dtype: string`` / ``bytes``) on `clipstream up`: a scikit-learn
-TF-IDF classifier answers JSON strings, a raw UTF-8 body and a Kafka client's query as it does
-in process, and a bytes model gets its callers' bytes unchanged (docs/design/0111)."""
+TF-IDF classifier answers JSON strings, a raw UTF-8 body, Triton's client (the Open Inference
+Protocol) and a Kafka client's query as it does in process, and a bytes model gets its callers'
+bytes unchanged (docs/design/0111, 0113)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,21 @@ def test_text_and_bytes_models_answer_json_raw_bodies_and_kafka_clients(settings
         blob = bytes(range(256)) * 3  # no UTF-8 text
         assert predict_admitted(client, sizes, blob, binary=True)["output"] == len(blob)
         assert predict_admitted(client, sizes, "héllo")["output"] == len("héllo".encode())
+
+        # Triton's own client, over the Open Inference Protocol: a batch of three strings, sent as
+        # its binary data extension by default, is three queries answered in order
+        import tritonclient.http as triton
+
+        texts = ["brilliant and warm", "a waste of time", "great acting"]
+        v2 = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        assert v2.is_server_live() and v2.is_model_ready(reviews)
+        assert v2.get_model_metadata(reviews)["inputs"] == [{"name": "input", "datatype": "BYTES", "shape": [-1]}]
+        tensor = triton.InferInput("input", [3], "BYTES")
+        tensor.set_data_from_numpy(np.array(texts, dtype=object))
+        result = v2.infer(reviews, [tensor], parameters={"slo_ms": 3000})
+        assert [str(x) for x in result.as_numpy("output")] == ["pos", "neg", "pos"]
+        np.testing.assert_allclose(result.as_numpy("scores"), pipe.predict_proba(texts), rtol=1e-5)
+        assert not result.as_numpy("default").any()
 
         # a Kafka client's query, through the selector, answers as the gateway does
         with ResponseReader(settings) as reader, Producer(settings=settings) as producer:

@@ -94,6 +94,15 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         assert r["output"] == want and 0 < r["confidence"] <= 1 and len(r["scores"]) == 10
         assert r["latency_ms"] > 0 and r["query_id"]
 
+        # Triton's client, over the Open Inference Protocol: a batch of four images in one call
+        import tritonclient.http as triton
+
+        v2 = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        images = triton.InferInput("input", [4, 64], "FP32")
+        images.set_data_from_numpy(x[1602:1606])
+        labels = v2.infer(app, [images]).as_numpy("output")
+        assert labels.tolist() == digits_logreg().predict(x[1602:1606]).tolist()
+
         # every stage beats from each of its working loops, so `up` can tell a hung one
         state = tmp_path / "state" / "up" / f"gateway-{port}"
         batcher = "batchers-logreg" if batchers == "shared" else "batcher-logreg"

@@ -89,3 +89,6 @@ def test_route_labels_are_bounded():
     assert route_label("/v1/apps/x/feedback") == "feedback"
     assert route_label("/readyz") == "readyz"
     assert route_label("/v1/apps/x/other") == "other"
+    assert [route_label(f"/v2/models/{'x' * 300}{tail}") for tail in ("/infer", "", "/ready")] == [
+        "v2-infer", "v2-model", "v2-model"]  # never the app's name
+    assert route_label("/v2/health/live") == route_label("/v2") == "v2-server"

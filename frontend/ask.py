@@ -1,0 +1,120 @@
+"""One query through the pipeline, from a checked input to the caller's answer: published to
+the selector (or straight to a ``single`` app's model), awaited until its deadline, answered
+with the app's default when nothing comes, and counted. Shared by the gateway's routes, each of
+which reads its own body (``/v1`` predict, the Open Inference Protocol's infer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from clipstream.clock import now_us
+from clipstream.errors import InfraError
+from frontend.direct import answer_of, direct_model, request_for
+from frontend.gateway_kafka import DeliveryFailed, Overloaded
+from frontend.gateway_models import PredictRequest, default_json, response_json
+from frontend.state import GatewayState, Reply
+from registry.topic import AppConfig
+from schemas import Prediction, QueryEvent, Response, Tensor
+
+
+@dataclass(frozen=True)
+class Asked:
+    """When a query came and what it asks: the wait is counted from ``created``."""
+
+    cfg: AppConfig
+    req: PredictRequest
+    t0: float  # perf_counter at arrival
+    arrived: int  # wall clock, µs
+    created: int  # when the server began reading the request, µs
+
+    @property
+    def slo_ms(self) -> float:
+        return float(self.req.slo_ms) if self.req.slo_ms is not None else float(self.cfg.slo_ms)
+
+    @property
+    def deadline(self) -> int:
+        return self.created + int(self.slo_ms * 1000)
+
+
+async def ask(state: GatewayState, asked: Asked, query_id: str, array: Any) -> Reply | None:
+    """Publish the query and wait for its reply until the deadline (and the reply margin);
+    None when nothing came in time."""
+    assert state.bus is not None
+    model = direct_model(asked.cfg, state.gw.direct)
+    if model is not None and state.bus.request_topic(model) is None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
+        except InfraError as exc:
+            raise state.overloaded(f"the topic of model {model!r} is not there: {exc}") from None
+    fut = _publish(state, asked, model, query_id, array)
+    wait_s = max(0.0, (asked.deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
+    try:
+        return await asyncio.wait_for(fut, wait_s)
+    except TimeoutError:
+        return None
+    finally:
+        state.bus.forget(query_id)
+
+
+def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | None, waited_ms: float,
+             inflight: int, counts: tuple[Any, ...]) -> dict[str, Any]:
+    """The caller's JSON for a reply (or none), observed by admission control and counted."""
+    cfg = asked.cfg
+    record = reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, asked)
+    latency_ms = (time.perf_counter() - asked.t0) * 1000.0 + (asked.arrived - asked.created) / 1000.0
+    if record is None:
+        answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
+    else:
+        answer = response_json(record, latency_ms, cfg.default_output)
+    state.observe(cfg.name, answer, record is None, asked.created + int(waited_ms * 1000), inflight, asked.slo_ms,
+                  waited_ms)
+    _count(state, cfg.name, answer, record, reply, latency_ms, counts)
+    return answer
+
+
+def _publish(state: GatewayState, asked: Asked, model: str | None, query_id: str,
+             array: Any) -> asyncio.Future[Reply]:
+    """Send the query to the selector, or straight to a ``single`` app's model, and return the
+    future its reply resolves; the bus's refusals become the caller's 503."""
+    bus, cfg, req = state.bus, asked.cfg, asked.req
+    assert bus is not None
+    try:
+        if model is None:
+            return bus.publish_query(QueryEvent(
+                query_id=query_id, app=cfg.name, context=req.context, input=Tensor.of(array),
+                created_us=asked.created, deadline_us=asked.deadline, reply_topic=bus.reply_topic, reply_partition=0,
+                trace={"produced": asked.created}), (req.context or query_id).encode())
+        return bus.publish_request(request_for(
+            query_id, cfg, model, Tensor.of(array), asked.created, asked.deadline, bus.reply_topic))
+    except Overloaded as exc:
+        raise state.overloaded(str(exc)) from None
+    except DeliveryFailed as exc:
+        raise state.overloaded(f"Kafka refused the query: {exc}") from None
+
+
+def _count(state: GatewayState, app: str, answer: dict[str, Any], record: Response | None,
+           reply: Reply | None, latency_ms: float, counts: tuple[Any, ...]) -> None:
+    """Count one answered query in the gateway's and the app's metrics, defaults by who
+    decided on them."""
+    if answer["default"]:
+        # by who decided, not the free-text reason: metric labels must stay a small set
+        state.metrics.defaults.inc("gateway_timeout" if record is None
+                                   else "model" if isinstance(reply, Prediction) else "selector")
+    if not answer["default"]:
+        state.remember_answer(answer["query_id"], app)
+    state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
+    counts[2 if answer["default"] else 1].inc()
+    counts[4].observe(latency_ms / 1000.0)
+
+
+def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, asked: Asked) -> Response:
+    """The Response to a query its one model answered straight; stored for feedback as the
+    selector would store it (docs/design/0083)."""
+    record, stored = answer_of(pred, cfg, *state.outputs(cfg), asked.req.context, asked.deadline)
+    state.metrics.stages.observe(record.trace)
+    if stored is not None and state.saver is not None:
+        state.saver.put(pred.query_id, stored)
+    return record

@@ -1,0 +1,184 @@
+"""The Open Inference Protocol on the gateway: an app is its model, an input tensor's first
+dimension is a batch of queries, and the answers come back as output tensors in order."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from frontend.gateway_http import HTTPProblem
+from frontend.v2 import output_datatype, parse_infer
+from registry.spec import TensorSpec
+from schemas import QueryEvent, Response, Tensor
+from tests.unit.test_gateway_http import FakeBus, make_app
+
+# app pets: float32 (2, 3), class_scores over ["cat", "dog"], default "unknown"
+ROWS = np.arange(18, dtype=np.float32).reshape(3, 2, 3)
+
+
+def by_first_value(event: QueryEvent) -> Response:
+    """dog when the example's first value is odd: each row's answer is its own."""
+    first = float(event.input.array().ravel()[0])
+    dog = int(first) % 2 == 1
+    return Response(query_id=event.query_id, app=event.app, output="dog" if dog else "cat",
+                    scores=[0.2, 0.8] if dog else [0.9, 0.1], labels=["cat", "dog"], confidence=0.8 if dog else 0.9,
+                    is_default=False, default_reason=None, answered=["m1"], missing=[],
+                    created_us=event.created_us, deadline_us=event.deadline_us, trace={})
+
+
+def infer_body(rows: np.ndarray, **extra: object) -> dict:
+    return {"id": "r-1", "inputs": [{"name": "input", "shape": list(rows.shape), "datatype": "FP32",
+                                     "data": rows.ravel().tolist()}], **extra}
+
+
+def test_a_batch_is_one_query_per_example_answered_in_order() -> None:
+    rows = ROWS.copy()
+    rows[1, 0, 0] = 7.0  # the middle example's answer differs
+    bus = FakeBus(by_first_value)
+    with TestClient(make_app(bus)) as c:
+        r = c.post("/v2/models/pets/infer", json=infer_body(rows, parameters={"context": "user-7", "slo_ms": 80}))
+        assert r.status_code == 200, r.text
+        body = r.json()
+    assert body["model_name"] == "pets" and body["id"] == "r-1"
+    out = {t["name"]: t for t in body["outputs"]}
+    assert out["output"] == {"name": "output", "shape": [3], "datatype": "BYTES", "data": ["cat", "dog", "cat"]}
+    assert out["scores"]["shape"] == [3, 2] and out["scores"]["data"] == pytest.approx([0.9, 0.1, 0.2, 0.8, 0.9, 0.1])
+    assert out["default"]["data"] == [False, False, False] and out["confidence"]["datatype"] == "FP64"
+    assert len(bus.queries) == 3 and {e.context for e, _ in bus.queries} == {"user-7"}
+    sent = {e.query_id: e for e, _ in bus.queries}
+    for i, qid in enumerate(out["query_id"]["data"]):  # the ids feedback takes, row by row
+        np.testing.assert_array_equal(sent[qid].input.array(), rows[i])
+        assert sent[qid].deadline_us - sent[qid].created_us == 80_000
+
+
+def test_nested_data_asked_outputs_and_a_default_row() -> None:
+    bus = FakeBus(None)  # nothing answers: the app's default, in time
+    with TestClient(make_app(bus)) as c:
+        body = {"inputs": [{"name": "x", "shape": [1, 2, 3], "datatype": "FP64", "data": ROWS[:1].tolist()}],
+                "outputs": [{"name": "default"}, {"name": "scores"}]}
+        r = c.post("/v2/models/pets/infer", json=body)
+        assert r.status_code == 200, r.text
+    outs = r.json()["outputs"]
+    assert [t["name"] for t in outs] == ["default", "scores"] and "id" not in r.json()
+    assert outs[0]["data"] == [True] and outs[1]["data"] == [0.0, 0.0]  # a default's scores: zeros
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"shape": [3, 6]}, "input shape [3, 6] is not a batch of the model's [2, 3]: expected [n, 2, 3]"),
+    ({"shape": [0, 2, 3]}, "the batch first (at least 1)"),
+    ({"datatype": "BOOL"}, "input datatype BOOL does not fit the model's FP32"),
+    ({"datatype": "BYTES"}, "input datatype BYTES does not fit the model's FP32"),
+    ({"datatype": "FP8"}, "input datatype 'FP8' is not one of"),
+    ({"data": list(range(17))}, "input data holds 17 values, and shape [3, 2, 3] needs 18"),
+    ({"data": [True] * 18}, "data[0] is a boolean, expected a number"),
+])
+def test_a_bad_tensor_is_a_400_with_the_reason_and_nothing_is_asked(change: dict, reason: str) -> None:
+    bus = FakeBus(by_first_value)
+    body = infer_body(ROWS)
+    body["inputs"][0].update(change)
+    with TestClient(make_app(bus)) as c:
+        r = c.post("/v2/models/pets/infer", json=body)
+        assert r.status_code == 400 and reason in r.json()["error"], r.text
+        assert c.post("/v2/models/pets/infer", json=infer_body(ROWS)).status_code == 200  # others still served
+    assert len(bus.queries) == 3
+
+
+@pytest.mark.parametrize(("body", "status", "reason"), [
+    ({"inputs": []}, 400, "`inputs` must hold one tensor"),
+    ({"inputs": [{}, {}]}, 400, "`inputs` must hold one tensor"),
+    ({"inputs": [{"shape": [1, 2, 3], "datatype": "FP32", "data": [0] * 6}], "parameters": {"slo_ms": -1}}, 400,
+     "parameters: slo_ms"),
+    ({"inputs": [{"shape": [1, 2, 3], "datatype": "FP32", "data": [0] * 6}], "outputs": [{"name": "logits"}]}, 400,
+     "unknown output 'logits'"),
+    ([1, 2], 400, "a JSON object"),
+])
+def test_a_bad_request_is_refused_in_the_protocols_error_body(body: object, status: int, reason: str) -> None:
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        r = c.post("/v2/models/pets/infer", json=body)
+        assert r.status_code == status and reason in r.json()["error"], r.text
+        r = c.post("/v2/models/nope/infer", json=infer_body(ROWS))
+        assert r.status_code == 404 and r.json() == {"error": "unknown app 'nope'"}
+
+
+def test_health_and_metadata_as_the_protocols_clients_read_them() -> None:
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        assert c.get("/v2/health/live").json() == {"live": True}
+        assert c.get("/v2/health/ready").status_code == 200
+        assert c.get("/v2").json()["name"] == "clipstream"
+        assert c.get("/v2/models/pets/ready").json() == {"name": "pets", "ready": True}
+        meta = c.get("/v2/models/pets").json()
+        assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 2, 3]}]
+        assert {t["name"]: (t["datatype"], t["shape"]) for t in meta["outputs"]} == {
+            "output": ("BYTES", [-1]), "scores": ("FP32", [-1, 2]), "confidence": ("FP64", [-1]),
+            "default": ("BOOL", [-1]), "query_id": ("BYTES", [-1])}
+        assert c.get("/v2/models/big").json()["outputs"][0]["datatype"] == "FP64"  # a regression
+        assert c.get("/v2/models/nope").status_code == 404
+
+
+def test_per_app_keys_reach_their_apps_protocol_routes_only() -> None:
+    with TestClient(make_app(FakeBus(by_first_value), api_keys=("root",), app_keys={"pk": ("pets",)})) as c:
+        pk = {"X-API-Key": "pk"}
+        assert c.get("/v2/health/live").status_code == 200  # a liveness probe needs no secret
+        assert c.post("/v2/models/pets/infer", json=infer_body(ROWS)).status_code == 401
+        assert c.post("/v2/models/pets/infer", json=infer_body(ROWS), headers=pk).status_code == 200
+        assert c.post("/v2/models/big/infer", json=infer_body(ROWS), headers=pk).status_code == 403
+        assert c.get("/v2/health/ready", headers=pk).status_code == 200
+
+
+def test_the_output_datatype_fits_every_answer_and_the_default() -> None:
+    assert output_datatype("class_scores", (0, 1, 2), -1) == "INT64"
+    assert output_datatype("class_scores", ("cat", "dog"), -1) == "BYTES"
+    assert output_datatype("regression", None, -1) == "FP64"
+    assert output_datatype("regression", None, "none") == "BYTES"
+    assert output_datatype("label", None, False, [True, False]) == "BOOL"
+    assert output_datatype("label", None, 0, [1, 2.5]) == "FP64"
+
+
+def binary_body(rows: np.ndarray, datatype: str = "FP32", raw: bytes | None = None) -> tuple[bytes, dict[str, str]]:
+    """The binary data extension, as Triton's clients send by default: the JSON, then the bytes."""
+    raw = rows.astype("<f4").tobytes() if raw is None else raw
+    head = json.dumps({"inputs": [{"name": "input", "shape": list(rows.shape), "datatype": datatype,
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    return head + raw, {"Inference-Header-Content-Length": str(len(head)), "content-type": "application/octet-stream"}
+
+
+def test_an_input_sent_as_raw_bytes_after_its_json_header() -> None:
+    rows = ROWS.copy()
+    rows[2, 0, 0] = 9.0
+    bus = FakeBus(by_first_value)
+    with TestClient(make_app(bus)) as c:
+        body, headers = binary_body(rows)
+        r = c.post("/v2/models/pets/infer", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == ["cat", "cat", "dog"]
+        body, headers = binary_body(rows, "FP64", rows.astype("<f8").tobytes())  # a wider float is cast
+        assert c.post("/v2/models/pets/infer", content=body, headers=headers).json()["outputs"][0]["data"][2] == "dog"
+        for raw, reason in ((rows.astype("<f4").tobytes()[:-4], "shape [3, 2, 3] needs 72 bytes, got 68"),
+                            (np.full(18, np.nan, "<f4").tobytes(), "not finite numbers")):
+            body, headers = binary_body(rows, raw=raw)
+            r = c.post("/v2/models/pets/infer", content=body, headers=headers)
+            assert r.status_code == 400 and reason in r.json()["error"], r.text
+        body, headers = binary_body(rows)
+        body = body.replace(b'"binary_data_size": 72', b'"binary_data_size": 70')
+        r = c.post("/v2/models/pets/infer", content=body, headers=headers)
+        assert r.status_code == 400 and "binary_data_size 70 is not the 72 bytes" in r.json()["error"], r.text
+        r = c.post("/v2/models/pets/infer", content=b"{}", headers={"Inference-Header-Content-Length": "99"})
+        assert r.status_code == 400 and "not within the body's 2 bytes" in r.json()["error"]
+    np.testing.assert_array_equal(bus.queries[2][0].input.array(), rows[2])
+
+
+def test_a_batch_of_strings_as_json_or_as_the_binary_extension_is_one_array_per_string() -> None:
+    text = TensorSpec("string", ())
+    as_json = {"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES", "data": ["héllo", ""]}]}
+    _, rows, _, _ = parse_infer(json.dumps(as_json).encode(), text, 1 << 20)
+    assert [(r.shape, r.item()) for r in rows] == [((), "héllo"), ((), "")]
+    blob = Tensor.of(np.array(["héllo", ""], dtype=object)).data  # Triton's BYTES layout is a Tensor's
+    head = json.dumps({"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(blob)}}]}).encode()
+    _, rows, _, _ = parse_infer(head + blob, text, 1 << 20, len(head))
+    assert [r.item() for r in rows] == ["héllo", ""]
+    with pytest.raises(HTTPProblem, match="not UTF-8"):
+        parse_infer(head + b"\x01\x00\x00\x00\xff" + blob[5:], text, 1 << 20, len(head))

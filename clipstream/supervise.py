@@ -385,7 +385,9 @@ def _why_it_died(stage: Stage, code: int) -> str:
     if code < 0:
         return f"exit code {code}, {_signame(-code)}"
     last = tail(stage.log_path, lines=1, start=stage.log_from).strip()
-    return f"exit code {code}" + (f": {last[:200]}" if last and code > 0 else "")
+    if len(last) > 600:  # a traceback's repr, say: its start and its end, where what to do is said
+        last = f"{last[:300]} ... {last[-300:]}"
+    return f"exit code {code}" + (f": {last}" if last and code > 0 else "")
 
 
 def _signame(signum: int) -> str:

@@ -20,7 +20,7 @@ from clipstream.settings import Settings, get_settings, settings_or_exit
 from frontend.serving import served, serving, serving_text, weights
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.groups import name_clash
-from registry.labels import labels_problem
+from registry.labels import join_problem
 from registry.limits import MAX_APP_SLO_MS, MAX_REPLICAS
 from registry.repository import Repository, is_url
 from registry.topic import (NEW_APP_POLICY, NEW_APP_SLO_MS, AppConfig, ModelConfig, RegistryView, RegistryWriter,
@@ -201,7 +201,7 @@ def check_link(view: RegistryView, app: str, model: str, unlink: bool = False) -
         return
     if view.model(model) is None:
         raise ClipstreamError(f"no model {model!r} in the registry: deploy it first with `clipstream deploy-model`")
-    problem = labels_problem(view, current.models, model)
+    problem = join_problem(view, current.models, model)
     if problem is not None:
         raise ClipstreamError(f"cannot link {model!r} to {app!r}: {problem}")
 

@@ -67,8 +67,14 @@ _MISSING: Any = object()
 
 
 def _raw(input: Any) -> bytes:
-    """A binary predict's body: bytes as they are, text as UTF-8, an array as its little-endian
-    bytes in C order."""
+    """A binary predict's body: bytes as they are, text as UTF-8, an array of numbers as its
+    little-endian bytes in C order. An array of text or bytes goes as its one element; one of
+    several has no binary form (its elements' lengths would be lost)."""
+    if isinstance(input, np.ndarray) and input.dtype.kind in "OUS":
+        if input.size != 1:
+            raise InputError(f"binary=True sends one string or bytes element, not an array of {input.size}: send "
+                             "the array as JSON (binary=False)")
+        input = input.reshape(()).item()
     if isinstance(input, (bytes, bytearray, memoryview)):
         return bytes(input)
     if isinstance(input, str):
@@ -135,15 +141,15 @@ class Client:
         ``predict("digits", x)``, or ``predict(input=x)`` with the client's default app.
         ``binary``: send a numpy ``input`` as its raw bytes, which must then be of the model's
         dtype (``GET /v1/apps/{app}`` says which); an image goes at its own size, not three
-        times it as JSON numbers. A ``bytes`` or ``str`` input goes as it is (UTF-8), for a
-        model of one ``bytes`` or ``string`` element (an encoded image, a document). Raises a ``GatewayError`` subclass on 4xx/5xx (the reason is
+        times it as JSON numbers. A ``str`` input goes as its UTF-8, for a model of one ``string``
+        or ``bytes`` element (a document, an encoded image); a ``bytes`` input always goes so. Raises a ``GatewayError`` subclass on 4xx/5xx (the reason is
         the gateway's).
         """
         if input is _MISSING:
             raise TypeError("predict() needs an input")
         app = self._app(app)
         fields: dict[str, Any] = {k: v for k, v in (("context", context), ("slo_ms", slo_ms)) if v is not None}
-        if binary:
+        if binary or isinstance(input, (bytes, bytearray, memoryview)):  # JSON has no bytes: their raw body
             send: dict[str, Any] = {"content": _raw(input), "params": fields,
                                     "headers": {"content-type": "application/octet-stream"}}
         else:

@@ -22,7 +22,7 @@ from schemas.tensor import VARIABLE
 _BOOL: frozenset[type] = frozenset({bool})
 _INT: frozenset[type] = frozenset({int})
 _FLOAT: frozenset[type] = frozenset({int, float})
-_TEXT: frozenset[type] = frozenset({str})
+_TEXT: frozenset[type] = frozenset({str, bytes})  # bytes from a Python caller (JSON has only str)
 _NESTED_OR_BOOL: frozenset[type] = frozenset({list, tuple, bool, np.bool_})
 
 
@@ -234,10 +234,12 @@ def input_of_bytes(raw: bytes, spec: TensorSpec | None) -> np.ndarray:
 def _one_element(raw: bytes, spec: TensorSpec) -> np.ndarray:
     """A ``string`` or ``bytes`` input sent as its raw bytes: the body is its one element."""
     expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
-    if spec.shape:
-        raise InputError(f"a binary body is one element, and the model takes several ({expect}): send JSON, a list "
-                         "of strings")
-    return _elements(np.array(raw, dtype=object), spec.dtype, expect)
+    if math.prod(spec.shape) != 1:
+        raise InputError(f"a binary body is one element, and the model takes {math.prod(spec.shape)} ({expect}): "
+                         "send JSON, a list of strings")
+    one = np.empty(1, dtype=object)
+    one[0] = raw
+    return _elements(one, spec.dtype, expect).reshape(spec.shape)
 
 
 def _elements(arr: np.ndarray, dtype: str, expect: str) -> np.ndarray:
@@ -251,7 +253,11 @@ def _elements(arr: np.ndarray, dtype: str, expect: str) -> np.ndarray:
             except UnicodeDecodeError:
                 raise InputError(f"input element {i} is not UTF-8 text ({expect})") from None
         elif isinstance(x, (str, np.str_)):
-            x = str(x).encode() if dtype == "bytes" else str(x)
+            try:
+                raw = str(x).encode()
+            except UnicodeEncodeError:  # a lone surrogate: JSON's \udcff is no character
+                raise InputError(f"input element {i} is not Unicode text: it holds a lone surrogate ({expect})") from None
+            x = raw if dtype == "bytes" else str(x)
         elif isinstance(x, (bytes, np.bytes_)):
             x = bytes(x)
         else:

@@ -19,7 +19,7 @@ from clipstream.settings import Settings
 from clipstream.yamlfile import read_mapping
 from registry.groups import name_clash
 from registry.repository import Repository, is_url
-from registry.labels import labels_problem
+from registry.labels import join_problem
 from registry.limits import check_knob, check_replicas, check_slo
 from registry.spec import ModelSpec, TensorSpec, load_spec
 from registry.topic import NEW_APP_POLICY, NEW_APP_SLO_MS, RegistryView, RegistryWriter, read_view
@@ -110,7 +110,7 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
     view = SimpleNamespace(models={n: SimpleNamespace(spec=spec) for n, spec in specs.items()})
     for app in apps:
         for k, model in enumerate(app["models"]):
-            problem = labels_problem(view, app["models"][:k], model)
+            problem = join_problem(view, app["models"][:k], model)
             if problem is not None:
                 raise ConfigError(f"{path}: app {app['name']} links model {model}, but {problem}")
     return AppFile(apps=apps, models=models)

@@ -67,21 +67,33 @@ def reward_problem(reward: float | None) -> str | None:
     return None
 
 
-def labels_problem(view: Any, linked: Iterable[str], model: str) -> str | None:
-    """Why ``model`` cannot join an app whose models are ``linked``, or None: both answer class
-    scores over different sets of labels, which an ensemble cannot combine (the same labels in
-    another order are put in the app's order by the selector)."""
-    def labels(name: str) -> tuple[str, ...] | None:
+def join_problem(view: Any, linked: Iterable[str], model: str) -> str | None:
+    """Why ``model`` cannot join an app whose models are ``linked``, or None. An app's models
+    take the same input, since the gateway checks each query against one of them; they answer
+    the same kind of thing (a value, or a class: by label or by scores); and class scores over
+    different sets of labels cannot be combined (the same labels in another order are put in
+    the app's order by the selector)."""
+    def spec(name: str) -> Any:
         m = view.models.get(name)
-        spec = m.spec if m is not None else None
-        if spec is None or spec.output.kind != "class_scores" or not spec.output.labels:
-            return None
-        return tuple(str(label) for label in spec.output.labels)
+        return m.spec if m is not None else None
 
-    theirs = labels(model)
+    def labels(s: Any) -> tuple[str, ...] | None:
+        if s is None or s.output.kind != "class_scores" or not s.output.labels:
+            return None
+        return tuple(str(label) for label in s.output.labels)
+
+    mine = spec(model)
     for other in linked:
-        mine = labels(other)
-        if theirs is not None and mine is not None and other != model and sorted(mine) != sorted(theirs):
-            return (f"its labels {list(theirs)} are not those of {other!r}, {list(mine)}: an ensemble's models "
-                    "must answer the same classes")
+        theirs = spec(other)
+        if mine is None or theirs is None or other == model:
+            continue
+        if mine.input != theirs.input:
+            return (f"it takes {mine.input.dtype} {list(mine.input.shape)} and {other!r} takes {theirs.input.dtype} "
+                    f"{list(theirs.input.shape)}: an app's models must take the same input")
+        if (mine.output.kind == "regression") != (theirs.output.kind == "regression"):
+            return (f"it answers {mine.output.kind} and {other!r} answers {theirs.output.kind}: an app's models must "
+                    "answer the same kind of thing, values or classes")
+        if labels(mine) is not None and labels(theirs) is not None and sorted(labels(mine)) != sorted(labels(theirs)):
+            return (f"its labels {list(labels(mine))} are not those of {other!r}, {list(labels(theirs))}: an "
+                    "ensemble's models must answer the same classes")
     return None

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from clipstream.errors import ConfigError, DecodeError, InputError
+from clipstream.errors import ClipstreamError, ConfigError, DecodeError, InputError
 from clipstream.yamlfile import read_mapping
 from schemas.records import OutputKind
 from schemas.tensor import DTYPES, VARIABLE, dtype_name
@@ -72,6 +72,7 @@ class ModelSpec:
     cls: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     device: str | None = None  # where the model runs, over the worker's default (onnx and torch)
+    example: str | None = None  # a file in the folder holding one real input, for the start's check
 
 
 def load_spec(folder: str | Path) -> ModelSpec:
@@ -80,13 +81,39 @@ def load_spec(folder: str | Path) -> ModelSpec:
     path = folder / "model.yaml"
     raw = read_mapping(path, missing_hint=": a model folder needs a model.yaml")
     spec = parse_spec(raw, folder, path)
-    if spec.file and not (folder / spec.file).is_file():
-        raise ConfigError(f"{path}: file {spec.file!r} is not in {folder}")
+    for key, name in (("file", spec.file), ("example", spec.example)):
+        if name and not (folder / name).is_file():
+            raise ConfigError(f"{path}: {key} {name!r} is not in {folder}")
     return spec
 
 
+def example_input(spec: ModelSpec, rows: int) -> np.ndarray | None:
+    """``rows`` copies of the model's ``example`` (a ``.npy`` array of one input, or, for a
+    ``string`` or ``bytes`` input of one element, the file's contents), or plain examples of
+    its input; None for a ``string`` or ``bytes`` input without one: an empty string is no
+    input a model of text or encoded images need take, so such a model is not tried on it."""
+    if spec.example is None:
+        return None if spec.input.dtype in VARIABLE else spec.input.examples(rows)
+    path = spec.path / spec.example
+    try:
+        if path.suffix == ".npy":
+            one = np.load(path, allow_pickle=False)
+        elif spec.input.dtype in VARIABLE and int(np.prod(spec.input.shape)) == 1:
+            raw = path.read_bytes()
+            one = np.empty(1, dtype=object)
+            one[0] = raw.decode() if spec.input.dtype == "string" else raw
+            one = one.reshape(spec.input.shape)
+        else:
+            raise ConfigError("a model of numbers takes its example as a .npy file (numpy.save) of one input")
+        spec.input.check(one)
+    except (OSError, ValueError, ClipstreamError) as exc:
+        raise ConfigError(f"{spec.path}/model.yaml: example {spec.example!r} is not one input of the model: {exc}") from None
+    return np.stack([one] * rows)
+
+
 # the keys clipstream itself reads; a python model's class may read any others (``config``)
-KNOWN_KEYS = ("backend", "input", "output", "file", "class", "output_name", "threads", "allow_spinning", "device")
+KNOWN_KEYS = ("backend", "input", "output", "file", "class", "output_name", "threads", "allow_spinning", "device",
+              "example")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -136,6 +163,9 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
     cls = raw.get("class")
     if backend == "python" and not cls:
         raise ConfigError(f"{path}: backend python needs `class: package.module:Class`")
+    example = raw.get("example")
+    if example is not None and not (isinstance(example, str) and example and "/" not in example):
+        raise ConfigError(f"{path}: example must name a file in the model's folder, got {example!r}")
     device = raw.get("device")
     if device is not None and device not in DEVICES:
         raise ConfigError(f"{path}: device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -150,4 +180,5 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
         cls=cls,
         config=raw,
         device=device,
+        example=example,
     )

@@ -22,7 +22,7 @@ import numpy as np
 from clipstream.cachekey import key_of
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, ConfigError, ModelError, one_line
-from registry.spec import ModelSpec
+from registry.spec import ModelSpec, example_input
 from schemas import Batch, BatchItem
 from workers.backends import BatchModel, warm_up
 from workers.batch import (Answerer, BatchOutcome, Prepared, Ran, answer_items, answer_tensor, batch_stats,
@@ -164,11 +164,15 @@ def warm(model: Served, batches: bool = True) -> None:
     Then each model answers a batch of two (``batches``; one where the model's batches hold one
     request at most), checked as a real batch is: a model exported for batches of one, one that
     answers too few rows, or one whose answers cannot travel fails here, when the worker starts
-    and its version never takes the traffic, rather than on the first real batch."""
+    and its version never takes the traffic, rather than on the first real batch. The inputs are
+    the model's ``example`` (``registry.spec.example_input``); a model of text or bytes without
+    one is not tried."""
     for each in [m.model for m in model.members] if isinstance(model, GroupModel) else [model]:
         first = warm_up(each)
+        if first is None:  # text or bytes with no `example:` in its model.yaml: nothing real to try
+            continue
         if batches:
-            ran = predict_rows(each, each.spec.input.examples(2), isolate=False)
+            ran = predict_rows(each, example_input(each.spec, 2), isolate=False)
             if ran.failure is not None:
                 raise ModelError(f"it answers a batch of one request but not a batch of two ({one_line(ran.failure)}): "
                                  "the batcher sends several at once. Export it with a dynamic batch axis (ONNX: a "

@@ -305,3 +305,21 @@ def test_the_kafka_producer_refuses_an_input_that_is_not_finite(producer) -> Non
     with pytest.raises(InputError, match="input has values that are not finite numbers"):
         producer.send_query("pets", np.array([0.0, np.nan, 1.0], np.float32))
     assert producer._producer.produced == []
+
+
+def test_a_binary_body_of_text_or_bytes_is_its_one_element():
+    from frontend.client import _raw
+
+    assert _raw("héllo") == "héllo".encode()
+    assert _raw(b"\x00\xff") == b"\x00\xff"
+    assert _raw(np.array("ab")) == b"ab"  # numpy's fixed-width text: its one element, not UTF-32
+    assert _raw(np.array(b"ab\x00x")) == b"ab\x00x"
+    assert _raw(np.array("ab", dtype=object)) == b"ab"  # never the object's pointer
+    with pytest.raises(InputError, match="binary=True sends one string or bytes element, not an array of 2"):
+        _raw(np.array(["a", "b"]))
+    assert _raw(np.arange(2, dtype=">i2")) == b"\x00\x00\x01\x00"  # numbers: little-endian
+
+
+def test_bytes_go_as_the_raw_body_even_without_binary(client, bus):
+    with pytest.raises(GatewayInputError, match="a binary input of 2 bytes is not one example"):
+        client.predict("pets", b"ab")  # sent, not a TypeError from JSON: the gateway's reason comes back

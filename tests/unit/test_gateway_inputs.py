@@ -149,3 +149,23 @@ def test_numpy_text_goes_to_the_models_kind_of_string():
         array_for(np.array(1.0), TEXT)
     with pytest.raises(InputError, match="input element 1 is an integer, expected a string"):
         array_for(np.array(["a", 1], dtype=object), TensorSpec("string", (2,)))
+
+
+def test_python_bytes_go_to_a_bytes_model_as_they_are_and_to_a_text_model_as_utf8():
+    assert parse_input(b"\x89PNG\x00", BLOB).item() == b"\x89PNG\x00"
+    assert parse_input("é".encode(), TEXT).item() == "é"
+    with pytest.raises(InputError, match="input element 0 is not UTF-8 text"):
+        parse_input(b"\xff", TEXT)
+
+
+def test_a_lone_surrogate_is_the_callers_error_not_the_gateways():
+    for spec in (TEXT, BLOB):
+        with pytest.raises(InputError, match="input element 0 is not Unicode text: it holds a lone surrogate"):
+            parse_input("\udcff", spec)
+
+
+def test_a_raw_body_fills_a_text_input_of_one_element_whatever_its_rank():
+    one = input_of_bytes(b"hello", TensorSpec("string", (1,)))  # skl2onnx's text input: [None, 1]
+    assert one.shape == (1,) and one.tolist() == ["hello"]
+    with pytest.raises(InputError, match=r"a binary body is one element, and the model takes 2 "):
+        input_of_bytes(b"a", TensorSpec("string", (2,)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clipstream.errors import ConfigError
@@ -55,3 +56,25 @@ def test_text_and_bytes_inputs_are_declared_and_warmed_with_empty_strings(tmp_pa
     assert (spec.input.dtype, spec.input.shape) == ("string", ())
     assert spec.input.examples(2).tolist() == ["", ""]
     assert load_spec(_folder(tmp_path, text.replace("string", "bytes"), ())).input.examples(1).tolist() == [b""]
+
+
+def test_an_example_is_one_real_input_for_the_models_start(tmp_path: Path) -> None:
+    from registry.spec import example_input
+
+    text = "backend: python\nclass: m:Model\ninput: {dtype: bytes, shape: []}\noutput: {kind: regression}\n"
+    with pytest.raises(ConfigError, match="example 'x.png' is not in"):
+        load_spec(_folder(tmp_path, text + "example: x.png\n", ()))
+    folder = _folder(tmp_path, text + "example: x.png\n", ())
+    (folder / "x.png").write_bytes(b"\x89PNG")
+    assert example_input(load_spec(folder), 2).tolist() == [b"\x89PNG", b"\x89PNG"]
+    assert example_input(load_spec(_folder(tmp_path, text, ())), 2) is None  # no example: not tried
+
+    numbers = GOOD + "example: one.npy\n"
+    folder = _folder(tmp_path, numbers, ("model.onnx",))
+    np.save(folder / "one.npy", np.array([1, 2, 3, 4], np.float32))
+    assert example_input(load_spec(folder), 2).shape == (2, 4)
+    np.save(folder / "one.npy", np.zeros(3, np.float32))
+    with pytest.raises(ConfigError, match=r"example 'one.npy' is not one input of the model: input shape \[3\]"):
+        example_input(load_spec(folder), 1)
+    with pytest.raises(ConfigError, match="example must name a file in the model's folder"):
+        load_spec(_folder(tmp_path, GOOD + "example: ../x\n", ("model.onnx",)))

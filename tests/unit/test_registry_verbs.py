@@ -346,3 +346,24 @@ def test_applying_a_file_without_versions_again_keeps_what_deploy_model_set(
     ((record),) = written
     assert (record["version"], record["path"]) == ("2", "/elsewhere/m/2")
     assert record["previous_versions"] == ["1"]  # a rollback still returns to the file's folder
+
+
+def test_an_app_file_linking_models_of_other_inputs_or_answers_is_refused(tmp_path: Path) -> None:
+    from clipstream.testing.models import make_python_model
+
+    code = "class Model:\n    def __init__(self, path, config): pass\n    def predict_batch(self, x): return x\n"
+    make_python_model(tmp_path / "models", "text", code, labels=["neg", "pos"], dtype="string", shape=())
+    make_python_model(tmp_path / "models", "size", code, kind="regression", dtype="bytes", shape=())
+    make_python_model(tmp_path / "models", "mood", code, kind="label", dtype="string", shape=())
+    make_python_model(tmp_path / "models", "count", code, kind="regression", dtype="string", shape=())
+    models = "".join(f"  - {{name: {n}, path: models/{n}/1}}\n" for n in ("text", "size", "mood", "count"))
+    for linked, reason in ((["text", "size"], r"app both links model size, but it takes bytes \[\] and 'text' takes "
+                                              r"string \[\]: an app's models must take the same input"),
+                           (["text", "count"], r"it answers regression and 'text' answers class_scores: an app's "
+                                               "models must answer the same kind of thing")):
+        (tmp_path / "bad.yaml").write_text(f"apps:\n  - {{name: both, models: {linked}}}\nmodels:\n{models}".replace(
+            "'", ""))
+        with pytest.raises(ConfigError, match=reason):
+            load_app_file(tmp_path / "bad.yaml")
+    (tmp_path / "ok.yaml").write_text(f"apps:\n  - {{name: both, models: [text, mood]}}\nmodels:\n{models}")
+    assert load_app_file(tmp_path / "ok.yaml").apps[0]["models"] == ["text", "mood"]  # classes by scores or label

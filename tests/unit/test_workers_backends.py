@@ -90,7 +90,15 @@ def _onnx_of_words(folder: Path, dtype: str) -> Path:
 
 def test_an_onnx_string_input_takes_the_batch_of_str(tmp_path: Path) -> None:
     model = load_model(load_spec(_onnx_of_words(tmp_path / "words", "string")))
-    assert warm_up(model).tolist() == [0.0]  # its warm-up: an empty string
+    assert warm_up(model) is None  # no example: an empty string is no input to try a model of text on
+    (tmp_path / "words" / "example.txt").write_text("dog")
+    config = yaml.safe_load((tmp_path / "words" / "model.yaml").read_text())
+    write_model_yaml(tmp_path / "words", {**config, "example": "example.txt"})
+    assert warm_up(load_model(load_spec(tmp_path / "words"))).tolist() == [2.0]
+    with pytest.raises(ConfigError, match=r"declares input shape \[1\], and the graph's input 'text' is \[None\]: "
+                                          r"declare `shape: \[\]`"):
+        write_model_yaml(tmp_path / "words", {**config, "input": {"dtype": "string", "shape": [1]}})
+        load_model(load_spec(tmp_path / "words"))
     assert model.predict_batch(np.array(["dog", "cat", "emu"], dtype=object)).tolist() == [2.0, 1.0, 0.0]
     for dtype in ("bytes", "float32"):  # the graph's string input is declared as one, and only it is
         with pytest.raises(ConfigError, match=f"declares input dtype {dtype}, and the graph's input 'text' is "

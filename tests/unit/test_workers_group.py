@@ -368,3 +368,26 @@ def test_a_label_model_answering_strings_fails_its_workers_start_saying_what_to_
     model = python_model(tmp_path, "names", Names, shape=[4], kind="label")
     with pytest.raises(ModelError, match=r"cannot travel as tensors .*use `kind: class_scores` with `labels`"):
         warm(model, batches=False)
+
+
+def test_a_model_of_bytes_is_tried_at_its_start_on_its_example_only(tmp_path: Path) -> None:
+    from clipstream.testing.models import write_model_yaml
+
+    class Decoder:  # as a model of encoded images: an empty input is no image
+        def __init__(self, path, config):  # noqa: ANN001
+            pass
+
+        def predict_batch(self, blobs):  # noqa: ANN001
+            if any(not b.startswith(b"IMG") for b in blobs):
+                raise ValueError("not an image")
+            return np.array([float(len(b)) for b in blobs])
+
+    folder = make_python_model(tmp_path, "decoder", Decoder, kind="regression", dtype="bytes", shape=())
+    warm(load_model(load_spec(folder)))  # no example: not tried on b"", which it could not take
+    (folder / "sample.img").write_bytes(b"IMG\x00\xff")
+    spec = load_spec(folder)
+    write_model_yaml(folder, {**spec.config, "example": "sample.img"})
+    warm(load_model(load_spec(folder)))  # tried on its example: a batch of one, then of two
+    (folder / "sample.img").write_bytes(b"PNG")
+    with pytest.raises(ValueError, match="not an image"):  # its own error, as any model's at its start
+        warm(load_model(load_spec(folder)))

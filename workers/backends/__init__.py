@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from clipstream.errors import ConfigError
-from registry.spec import ModelSpec
+from registry.spec import ModelSpec, example_input
 from workers.backends.devices import cuda_usable, passive_waits, resolve_device
 
 # backend name -> "module:factory"; each factory is (spec, device, threads) -> BatchModel
@@ -67,9 +67,11 @@ def load_model(
     return factory(spec, device=device, threads=threads)
 
 
-def warm_up(model: BatchModel) -> np.ndarray:
-    """Run one dummy batch so the first real batch does not pay for lazy initialisation."""
-    return model.predict_batch(model.spec.input.examples(1))
+def warm_up(model: BatchModel) -> np.ndarray | None:
+    """Run one batch of the model's example (zeros, without one) so the first real batch does
+    not pay for lazy initialisation; None for a model of text or bytes with no example."""
+    inputs = example_input(model.spec, 1)
+    return None if inputs is None else model.predict_batch(inputs)
 
 
 __all__ = ["BACKENDS", "BatchModel", "load_model", "warm_up"]

@@ -48,6 +48,20 @@ def pick_output(kind: str, names: list[str], requested: str | None = None) -> st
     return names[0]
 
 
+def _check_shape(spec: ModelSpec, graph_input: Any) -> None:
+    """The graph's input is a batch of model.yaml's shape: its rank one more, and each fixed
+    dimension after the batch the same (a mismatch would fail every batch, once loaded)."""
+    dims = graph_input.shape
+    if not isinstance(dims, list) or not dims:
+        return
+    fixed = [d if isinstance(d, int) else None for d in dims[1:]]
+    if len(fixed) != len(spec.input.shape) or any(d is not None and d != s for d, s in zip(fixed, spec.input.shape)):
+        want = ["n" if d is None else d for d in fixed]
+        raise ConfigError(f"{spec.path}/model.yaml declares input shape {list(spec.input.shape)}, and the graph's "
+                          f"input {graph_input.name!r} is {dims}: declare `shape: {want}`, the graph's without "
+                          "its batch dimension".replace("'n'", "n"))
+
+
 class OnnxModel:
     """An ``onnxruntime.InferenceSession`` behind ``predict_batch``."""
 
@@ -75,6 +89,7 @@ class OnnxModel:
         graph_input = self.session.get_inputs()[0]
         self.input_name: str = graph_input.name
         self.input_dtype: Any = _ORT_TYPES.get(graph_input.type)
+        _check_shape(spec, graph_input)
         if (graph_input.type == "tensor(string)") != (spec.input.dtype == "string"):
             raise ConfigError(f"{spec.path}/model.yaml declares input dtype {spec.input.dtype}, and the graph's input "
                               f"{graph_input.name!r} is {graph_input.type}: a graph's string input is `dtype: string`, "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from clipstream.clock import now_us
-from clipstream.errors import ClipstreamError, ModelError
+from clipstream.errors import ClipstreamError, InputError, ModelError
 from registry.spec import ModelSpec, OutputSpec, not_finite
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Route, Tensor, encode, route_of
 from topics.catalogue import Catalogue
@@ -63,6 +63,9 @@ def output_rows(spec: OutputSpec, outputs: Any, n: int) -> list[np.ndarray]:
     if spec.kind == "regression":
         out = out.astype(np.float64, copy=False)
     return [np.asarray(out[i]) for i in range(n)]
+
+
+BAD_INPUT = "bad input: "  # a failure that is the caller's input's, not the model's
 
 
 def answer_tensor(row: np.ndarray) -> Tensor:
@@ -167,7 +170,7 @@ def prepare_batch(
             array = item.input.array()
             spec.input.check(array)
         except ClipstreamError as exc:
-            reason, at = f"bad input: {exc}", clock()
+            reason, at = f"{BAD_INPUT}{exc}", clock()
             by = answerers(item) if answerers is not None else [(batch.model, p.version)]
             p.errors += max(1, len(by))
             for who in by:
@@ -208,10 +211,13 @@ def predict_rows(model: BatchModel, inputs: np.ndarray, clock: Callable[[], int]
     except Exception as exc:  # any model bug: answer with errors, keep serving (reported in answer_items)
         # returned from here, so this frame keeps no reference to ``exc`` (no cycle through its traceback)
         failure = f"model error: {type(exc).__name__}: {exc}"
+        if isolate and len(inputs) == 1 and isinstance(exc, InputError):  # the caller's input, the model says
+            return Ran([None], None, int((time.perf_counter() - start) * 1e6), clock(), None, [_failure(exc)])
         if isolate and len(inputs) > 1:
             if id(model) not in _FAILING_EVERYTHING:
                 found, failures = _isolate(model, inputs)
-                if any(f is None for f in failures):  # some were good: each answered as it alone went
+                # some were good, or bad input: each answered as it alone went
+                if any(f is None or f.startswith(BAD_INPUT) for f in failures):
                     return Ran(found, None, int((time.perf_counter() - start) * 1e6), clock(), exc, failures)
                 _FAILING_EVERYTHING.add(id(model))
             failure = f"model error: {type(exc).__name__} on a batch of {len(inputs)} (the model fails on every input)"
@@ -241,10 +247,18 @@ def _isolate(model: BatchModel, inputs: np.ndarray) -> tuple[list[Any], list[str
                 if b - a > 1:
                     split(a, b)
                 else:
-                    failures[a] = f"model error: {type(exc).__name__}: {exc}"
+                    failures[a] = _failure(exc)
 
     split(0, n)
     return rows, failures
+
+
+def _failure(exc: Exception) -> str:
+    """One input's failure: ``bad input`` when the model raised ``clipstream.InputError`` (a
+    corrupt image: the caller's to mend, not the model's), else a model error."""
+    if isinstance(exc, InputError):
+        return f"{BAD_INPUT}{exc}"
+    return f"model error: {type(exc).__name__}: {exc}"
 
 
 def finish_batch(p: Prepared, ran: Ran | None, *, worker_id: str, clock: Callable[[], int] = now_us,
@@ -276,6 +290,8 @@ def answer_items(p: Prepared, items: list[BatchItem], ran: Ran, *, by: Answerer 
         if ran.row_failures is not None and ran.row_failures[i] is not None:
             p.errors += 1
             add_prediction(p, item, "error", None, ran.row_failures[i], ran.out_us, by)
+            if ran.row_failures[i].startswith(BAD_INPUT):  # no alert to roll the model back
+                continue
             if failures is not None and not told:  # once a batch, with what was raised
                 model, version = by or (p.batch.model, p.version)
                 failures.failed(model, version, ran.row_failures[i], ran.error,

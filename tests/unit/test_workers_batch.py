@@ -195,6 +195,29 @@ def test_an_output_that_is_not_finite_is_that_inputs_error_not_a_null_answer(tmp
     assert [k for k, _ in out.cache] == ["cs:cache:m:1:1"]  # no NaN is cached either
 
 
+def test_a_model_raising_input_error_blames_the_callers_input_and_raises_no_alert(tmp_path: Path) -> None:
+    src = ("import numpy as np\nfrom clipstream import InputError\nclass Model:\n"
+           "    def __init__(self, p, c): pass\n"
+           "    def predict_batch(self, x):\n"
+           "        if (x < 0).any(): raise InputError('not an image: it holds a negative pixel')\n"
+           "        return x[:, 0] * 2.0\n")
+    model = load_model(load_spec(make_python_model(tmp_path, "img", src, kind="regression", shape=[1])))
+    told: list[str] = []
+
+    class Failures:
+        def failed(self, model: str, version: str | None, failure: str, exc: object = None, *, group: object = None) -> None:
+            told.append(failure)
+
+    for n, bad in ((1, {0}), (4, {1}), (3, {0, 1, 2})):
+        out = handle_batch(model, batch([item(i, -np.ones(1, np.float32) if i in bad else np.ones(1, np.float32), 0)
+                                         for i in range(n)]), worker_id="w", failures=Failures())  # type: ignore[arg-type]
+        preds = out.predictions[(None, 0)]
+        assert [p.error for p in preds if p.status == "error"] == [
+            "bad input: not an image: it holds a negative pixel"] * len(bad)
+        assert sum(p.status == "ok" for p in preds) == n - len(bad)
+    assert told == []  # the model is not broken: no alert to roll it back
+
+
 def test_bad_inputs_are_found_in_a_few_calls_and_a_model_failing_everything_is_not_split_again(
         tmp_path: Path) -> None:
     model = load_model(load_spec(make_python_model(tmp_path, "flaky", Flaky, labels=["a", "b"], shape=[2])))

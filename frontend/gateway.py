@@ -26,6 +26,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, InfraError
@@ -42,6 +43,7 @@ from frontend.gateway_http import (
     GuardMiddleware,
     HTTPProblem,
     PredictEndpoint,
+    error_key,
     read_body,
 )
 from frontend.http_protocol import RECEIVED_US
@@ -147,7 +149,12 @@ def _add_guards(app: GatewayAPI, state: GatewayState) -> None:
 
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+        return JSONResponse({error_key(request.url.path): exc.detail}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # the router's own 404 and 405, in the body the path's clients read
+        return JSONResponse({error_key(request.url.path): exc.detail}, exc.status_code, headers=exc.headers)
 
 
 def _add_api_routes(app: GatewayAPI, state: GatewayState) -> None:

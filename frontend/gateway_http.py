@@ -88,6 +88,11 @@ def key_apps(key: str | None, app_keys: Mapping[str, Iterable[str]]) -> frozense
     return found
 
 
+def error_key(path: str) -> str:
+    """The error body's key: the Open Inference Protocol's clients read ``error``, ours ``detail``."""
+    return "error" if path == "/v2" or path.startswith("/v2/") else "detail"
+
+
 def route_label(path: str) -> str:
     """A bounded label for metrics: never the app name, which a caller chooses."""
     if path.startswith("/v1/apps/"):
@@ -134,7 +139,7 @@ class GuardMiddleware:
                 refusal = self._refusal(scope, path)
                 if refusal is not None:
                     status_code, detail = refusal
-                    await _send_json(counting_send, status_code, {"detail": detail},
+                    await _send_json(counting_send, status_code, {error_key(path): detail},
                                      {"www-authenticate": 'Bearer realm="clipstream"'} if status_code == 401 else {})
                     return
             await self.app(scope, receive, counting_send)

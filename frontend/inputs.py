@@ -79,7 +79,7 @@ def parse_rows(values: list[Any], spec: TensorSpec, rows: int) -> np.ndarray:
     if not types <= allowed or (float in types and not all(map(math.isfinite, values))):
         i, bad = next((i, v) for i, v in enumerate(values)
                       if type(v) not in allowed or (type(v) is float and not math.isfinite(v)))
-        problem = "not a finite number" if type(bad) is float else f"{_describe(bad)}, expected {what}"
+        problem = f"{_describe(bad)}, expected {what}" if type(bad) not in allowed else "not a finite number"
         raise InputError(f"data[{i}] is {problem} ({expect})")
     if spec.dtype in VARIABLE:
         arr = np.empty(len(values), dtype=object)

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from frontend.gateway_http import HTTPProblem
-from frontend.v2 import output_datatype, parse_infer
+from frontend.v2_messages import output_datatype, parse_infer
 from registry.spec import TensorSpec
 from schemas import QueryEvent, Response, Tensor
 from tests.unit.test_gateway_http import FakeBus, make_app
@@ -113,7 +113,7 @@ def test_health_and_metadata_as_the_protocols_clients_read_them() -> None:
         assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 2, 3]}]
         assert {t["name"]: (t["datatype"], t["shape"]) for t in meta["outputs"]} == {
             "output": ("BYTES", [-1]), "scores": ("FP32", [-1, 2]), "confidence": ("FP64", [-1]),
-            "default": ("BOOL", [-1]), "query_id": ("BYTES", [-1])}
+            "default": ("BOOL", [-1]), "default_reason": ("BYTES", [-1]), "query_id": ("BYTES", [-1])}
         assert c.get("/v2/models/big").json()["outputs"][0]["datatype"] == "FP64"  # a regression
         assert c.get("/v2/models/nope").status_code == 404
 
@@ -182,3 +182,68 @@ def test_a_batch_of_strings_as_json_or_as_the_binary_extension_is_one_array_per_
     assert [r.item() for r in rows] == ["héllo", ""]
     with pytest.raises(HTTPProblem, match="not UTF-8"):
         parse_infer(head + b"\x01\x00\x00\x00\xff" + blob[5:], text, 1 << 20, len(head))
+
+
+def test_the_protocols_clients_read_every_refusal_as_its_error_body() -> None:
+    with TestClient(make_app(FakeBus(by_first_value), api_keys=("root",))) as c:
+        r = c.post("/v2/models/pets/infer", json=infer_body(ROWS))
+        assert r.status_code == 401 and "API key" in r.json()["error"]
+        root = {"X-API-Key": "root"}
+        r = c.post("/v2/models/pets/versions/1/infer", json=infer_body(ROWS), headers=root)
+        assert r.status_code == 404 and "versions are not addressed here" in r.json()["error"]
+        r = c.get("/v2/models/pets/infer", headers=root)
+        assert r.status_code == 405 and r.json() == {"error": "Method Not Allowed"}
+        r = c.post("/v2/models/pets/infer", content=b'{"inputs": [', headers=root)
+        assert r.status_code == 400 and "malformed JSON" in r.json()["error"]  # a bad request, as the protocol says
+        assert c.get("/v1/apps/nope", headers=root).json() == {"detail": "unknown app 'nope'"}  # /v1 keeps its own
+
+
+@pytest.mark.parametrize(("datatype", "data", "reason"), [
+    ("UINT8", [300] * 18, "do not fit uint8"),
+    ("INT64", [2.5] * 18, "expected an integer"),
+    ("FP64", [1e300] * 18, "out of range for the model's float32"),
+])
+def test_values_must_fit_the_datatype_they_are_sent_as(datatype: str, data: list, reason: str) -> None:
+    body = infer_body(ROWS)
+    body["inputs"][0].update(datatype=datatype, data=data)
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        r = c.post("/v2/models/pets/infer", json=body)
+        assert r.status_code == 400 and reason in r.json()["error"], r.text
+        body["inputs"][0].update(data=[1] * 18)
+        assert c.post("/v2/models/pets/infer", json=body).status_code == 200  # the same datatype, values that fit
+
+
+def test_a_compressed_body_is_inflated_within_the_body_limit() -> None:
+    import gzip
+    import zlib
+
+    raw = json.dumps(infer_body(ROWS)).encode()
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        for encoding, packed in (("gzip", gzip.compress(raw)), ("deflate", zlib.compress(raw))):
+            r = c.post("/v2/models/pets/infer", content=packed, headers={"Content-Encoding": encoding})
+            assert r.status_code == 200 and len(r.json()["outputs"][0]["data"]) == 3, r.text
+        bomb = gzip.compress(b" " * (2 << 20))  # 2 MiB of spaces in a few KiB
+        r = c.post("/v2/models/pets/infer", content=bomb, headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 413 and "inflates past the limit" in r.json()["error"]
+        r = c.post("/v2/models/pets/infer", content=raw, headers={"Content-Encoding": "br"})
+        assert r.status_code == 415 and "send gzip, deflate or none" in r.json()["error"]
+
+
+def test_an_output_the_app_does_not_have_is_refused() -> None:
+    body = {"inputs": [{"name": "x", "shape": [1, 200, 100], "datatype": "FP32", "data": [0.0] * 20_000}],
+            "outputs": [{"name": "scores"}]}
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        r = c.post("/v2/models/big/infer", json=body)  # big answers a value: no scores
+        assert r.status_code == 400 and "app big has no output 'scores'" in r.json()["error"], r.text
+
+
+def test_a_batch_larger_than_the_admission_limit_goes_in_waves_and_is_answered() -> None:
+    bus = FakeBus(by_first_value, after_ms=5)  # each answer a moment later: slots are held
+    rows = np.zeros((40, 2, 3), dtype=np.float32)
+    rows[:, 0, 0] = np.arange(40)  # odd: dog
+    with TestClient(make_app(bus, max_inflight=8)) as c:  # a limit far below the batch
+        r = c.post("/v2/models/pets/infer", json=infer_body(rows))
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == ["cat", "dog"] * 20  # every example, in order
+        assert not any(r.json()["outputs"][3]["data"])  # none a default
+    assert len(bus.queries) == 40

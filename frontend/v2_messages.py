@@ -1,0 +1,241 @@
+"""Open Inference Protocol messages (KServe's V2) read and written for an app: an infer
+request's one input tensor into one array per example, checked as a ``/v1`` predict's input is,
+and the examples' answers into output tensors. Pure (no I/O) so that every rule is tested
+without a gateway; ``frontend.v2`` serves it (docs/design/0113)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field, ValidationError
+
+from clipstream.errors import DecodeError, InputError
+from frontend.gateway_http import HTTPProblem, parse_json
+from frontend.gateway_models import PredictRequest, validation_reason
+from frontend.inputs import parse_rows
+from registry.spec import TensorSpec, not_finite
+from registry.topic import AppConfig
+from schemas.tensor import array_of, wire_size
+from topics.sizes import input_limit, too_large_input
+
+# the protocol's datatypes for clipstream's dtypes; string and bytes are both its BYTES
+DATATYPES: dict[str, str] = {
+    "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
+    "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
+    "float16": "FP16", "float32": "FP32", "float64": "FP64", "string": "BYTES", "bytes": "BYTES",
+}
+_DTYPE_OF = {v: k for k, v in DATATYPES.items() if k != "bytes"}
+OUTPUTS = ("output", "scores", "confidence", "default", "default_reason", "query_id")
+
+
+class ErrorV2(BaseModel):
+    error: str
+
+
+class TensorIn(BaseModel):
+    name: str = "input"
+    shape: list[int] = Field(description="The batch first, then the model's input shape.")
+    datatype: str = Field(description="BOOL, UINT8-64, INT8-64, FP16/32/64, or BYTES (strings).")
+    data: list[Any] = Field(description="The values in row-major order, flat or nested.")
+
+
+class InferRequest(BaseModel):
+    """For the OpenAPI schema: the body is read by hand (size cap, one check for every path)."""
+
+    id: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="`context` and `slo_ms`, as a predict's.")
+    inputs: list[TensorIn] = Field(description="One tensor: an app's models take one input.")
+    outputs: list[dict[str, str]] | None = Field(None, description=f"Names among {', '.join(OUTPUTS)}; all when "
+                                                 "left out.")
+
+
+def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, header_length: int | None = None
+                ) -> tuple[PredictRequest, list[np.ndarray], str | None, list[str]]:
+    """An infer body -> (the request's context and SLO, one array per example, the request's
+    id, the outputs asked for). ``header_length``: the binary data extension's JSON length
+    (``Inference-Header-Content-Length``), the input's raw bytes after it, as Triton's clients
+    send by default. HTTPProblem 400 says why not, or 413 for an example no record could carry."""
+    if header_length is not None and not 0 < header_length <= len(raw):
+        raise bad(f"Inference-Header-Content-Length {header_length} is not within the body's {len(raw)} bytes")
+    body = parse_json(raw[:header_length] if header_length is not None else raw)
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object with `inputs`")
+    tensors = body.get("inputs")
+    if not isinstance(tensors, list) or len(tensors) != 1 or not isinstance(tensors[0], dict):
+        raise bad("`inputs` must hold one tensor: an app's models take one input, with the batch as its first "
+                   "dimension")
+    tensor = tensors[0]
+    shape, datatype = tensor.get("shape"), tensor.get("datatype")
+    if not (isinstance(shape, list) and shape and all(type(d) is int and d >= 0 for d in shape) and shape[0] >= 1):
+        raise bad(f"input shape {shape!r} must be a list of non-negative integers, the batch first (at least 1)")
+    if datatype not in _DTYPE_OF:
+        raise bad(f"input datatype {datatype!r} is not one of {', '.join(sorted(_DTYPE_OF))}")
+    spec = spec or TensorSpec(_DTYPE_OF[datatype], tuple(shape[1:]))
+    _fits(shape, datatype, spec)
+    binary = (tensor.get("parameters") or {}).get("binary_data_size") if isinstance(tensor.get("parameters"), dict) \
+        else None
+    try:
+        if binary is not None:
+            rows = _binary_rows(raw[header_length or len(raw):], binary, shape, datatype, spec)
+        else:
+            values = _flat(tensor.get("data"))
+            if len(values) != math.prod(shape):
+                raise bad(f"input data holds {len(values)} values, and shape {shape} needs {math.prod(shape)}")
+            # the values must fit the datatype sent (a UINT8 of 300 is no UINT8), then the model's
+            sent = spec if datatype == "BYTES" else TensorSpec(_DTYPE_OF[datatype], spec.shape)
+            rows = _as_model(parse_rows(values, sent, shape[0]), spec)
+        req = PredictRequest.model_validate({"input": None, **_parameters(body.get("parameters"))})
+    except (InputError, DecodeError) as exc:
+        raise bad(str(exc)) from None
+    except ValidationError as exc:
+        raise bad(f"parameters: {validation_reason(exc)}") from None
+    arrays = [rows[i:i + 1].reshape(rows.shape[1:]) for i in range(len(rows))]  # arrays, even of one string
+    biggest = max(wire_size(a) for a in arrays)
+    if biggest > input_limit(max_record_bytes):
+        raise HTTPProblem(413, too_large_input(biggest, max_record_bytes))
+    rid = body.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise bad("`id` must be a string")
+    return req, arrays, rid, _wanted(body.get("outputs"))
+
+
+def _binary_rows(blob: bytes, size: Any, shape: list[int], datatype: str, spec: TensorSpec) -> np.ndarray:
+    """The examples of an input sent as raw bytes: numbers little-endian in row-major order,
+    BYTES as each element's uint32 length and bytes (the layout a ``Tensor`` carries)."""
+    if type(size) is not int or size != len(blob):
+        raise bad(f"binary_data_size {size!r} is not the {len(blob)} bytes after the JSON header")
+    given = spec.dtype if datatype == "BYTES" else _DTYPE_OF[datatype]
+    arr = array_of(given, shape, blob)
+    if given == "bool" and blob.translate(None, b"\x00\x01"):
+        raise InputError("a binary BOOL input holds bytes other than 0 and 1")
+    if not_finite(arr):
+        raise InputError("input has values that are not finite numbers")
+    return _as_model(arr, spec)
+
+
+def _as_model(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """Values of the datatype sent, as the model's dtype (of the same kind: ``_fits``); one that
+    the model's dtype cannot hold (an FP64 beyond FP32's range) is refused."""
+    if arr.dtype.kind == "O" or arr.dtype == np.dtype(spec.dtype):
+        return arr
+    with np.errstate(over="ignore"):
+        out = arr.astype(spec.dtype)
+    if not_finite(out):
+        raise InputError(f"input has values out of range for the model's {spec.dtype}")
+    if out.dtype.kind in "iu" and not np.array_equal(out, arr):
+        raise InputError(f"input has values out of range for the model's {spec.dtype}")
+    return out
+
+
+def infer_response(cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None, answers: list[dict[str, Any]],
+                   request_id: str | None, wanted: list[str]) -> dict[str, Any]:
+    """The answers as the protocol's output tensors, one row per example, in their order. A
+    default's scores are zeros: ``default`` says which rows those are."""
+    n = len(answers)
+    outs = [a["output"] for a in answers]
+    datatype = output_datatype(kind, labels, cfg.default_output, outs)
+    tensors: dict[str, dict[str, Any]] = {
+        "output": {"shape": [n], "datatype": datatype, "data": outs if datatype != "BYTES" else [str(o) for o in outs]},
+        "confidence": {"shape": [n], "datatype": "FP64", "data": [float(a["confidence"]) for a in answers]},
+        "default": {"shape": [n], "datatype": "BOOL", "data": [bool(a["default"]) for a in answers]},
+        "default_reason": {"shape": [n], "datatype": "BYTES", "data": [a.get("default_reason") or "" for a in answers]},
+        "query_id": {"shape": [n], "datatype": "BYTES", "data": [a["query_id"] for a in answers]},
+    }
+    if kind == "class_scores" and labels:
+        width = len(labels)
+        rows = [a["scores"] if a.get("scores") and len(a["scores"]) == width else [0.0] * width for a in answers]
+        tensors["scores"] = {"shape": [n, width], "datatype": "FP32", "data": [x for row in rows for x in row]}
+    missing = [name for name in wanted if name not in tensors]
+    if missing:  # asked for, and this app has none (scores of an app that answers values)
+        raise bad(f"app {cfg.name} has no output {missing[0]!r}: its outputs are {', '.join(tensors)}")
+    names = [name for name in (wanted or OUTPUTS) if name in tensors]
+    out: dict[str, Any] = {"model_name": cfg.name, "outputs": [{"name": name, **tensors[name]} for name in names]}
+    if request_id is not None:
+        out["id"] = request_id
+    return out
+
+
+def decoded(raw: bytes, encoding: str | None, limit: int) -> bytes:
+    """A body sent compressed (``Content-Encoding: gzip`` or ``deflate``, as Triton's clients
+    may), inflated up to the body limit: a small body that inflates past it is a 413."""
+    if encoding is None or encoding.strip().lower() in ("", "identity"):
+        return raw
+    how = encoding.strip().lower()
+    if how not in ("gzip", "deflate"):
+        raise HTTPProblem(415, f"Content-Encoding {encoding[:32]!r} is not taken: send gzip, deflate or none")
+    inflate = zlib.decompressobj(wbits=31 if how == "gzip" else 15)
+    try:
+        out = inflate.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise bad(f"the body is not {how} data: {exc}") from None
+    if len(out) > limit:
+        raise HTTPProblem(413, f"body inflates past the limit of {limit} bytes (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES)")
+    return out
+
+
+def bad(reason: str) -> HTTPProblem:
+    return HTTPProblem(400, reason)
+
+
+def _fits(shape: list[int], datatype: str, spec: TensorSpec) -> None:
+    """The tensor's shape is a batch of the model's, of a datatype whose values it takes: the
+    model's own, or a number of the same kind (JSON numbers have no width)."""
+    if tuple(shape[1:]) != spec.shape:
+        raise bad(f"input shape {shape} is not a batch of the model's {list(spec.shape)}: expected "
+                   f"{['n', *spec.shape]}".replace("'n'", "n"))
+    given, takes = _DTYPE_OF[datatype], spec.dtype
+    if datatype == "BYTES" or takes in ("string", "bytes"):
+        ok = datatype == DATATYPES[takes]
+    else:
+        ok = (given == "bool") == (takes == "bool") and bool(np.can_cast(given, takes, casting="same_kind"))
+    if not ok:
+        raise bad(f"input datatype {datatype} does not fit the model's {DATATYPES[takes]} ({takes})")
+
+
+def _flat(data: Any) -> list[Any]:
+    """A tensor's values in row-major order, whether sent flat or nested."""
+    if not isinstance(data, list):
+        return [data]
+    if not any(isinstance(x, list) for x in data):
+        return data
+    out: list[Any] = []
+    for x in data:
+        out.extend(_flat(x))
+    return out
+
+
+def _parameters(params: Any) -> dict[str, Any]:
+    """The request's ``context`` and ``slo_ms``, from its parameters (others are left alone:
+    clients add their own, such as ``content_type``)."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise bad("`parameters` must be an object")
+    return {k: params[k] for k in ("context", "slo_ms") if k in params}
+
+
+def _wanted(outputs: Any) -> list[str]:
+    if outputs is None:
+        return []
+    names = [o.get("name") if isinstance(o, dict) else None for o in outputs] if isinstance(outputs, list) else [None]
+    unknown = [n for n in names if n not in OUTPUTS]
+    if unknown:
+        raise bad(f"unknown output {unknown[0]!r}: an app answers {', '.join(OUTPUTS)}")
+    return names  # type: ignore[return-value]
+
+
+def output_datatype(kind: str | None, labels: tuple[Any, ...] | None, default: Any, outs: list[Any] = ()) -> str:
+    """The one datatype every answer of the app fits (its labels or values, and its default):
+    BOOL, INT64, FP64, or BYTES (written as text). Without labels, the answers decide."""
+    values = [*(labels or outs), default, *([0.0] if kind == "regression" else [])]
+    types = {type(v) for v in values}
+    if types <= {bool}:
+        return "BOOL"
+    if types <= {int}:
+        return "INT64"
+    if types <= {int, float}:
+        return "FP64"
+    return "BYTES"

@@ -27,9 +27,10 @@ from frontend.gateway_http import HTTPProblem, read_body
 from frontend.http_protocol import RECEIVED_US
 from frontend.predict_body import OFFLOAD_BYTES
 from frontend.state import GatewayState
-from frontend.v2_messages import (DATATYPES, ErrorV2, InferRequest, bad, decoded, infer_response, output_datatype,
-                                  parse_infer)
+from frontend.v2_messages import (DATATYPES, ErrorV2, InferRequest, app_outputs, bad, check_outputs, decoded,
+                                  infer_response, output_datatype, parse_infer)
 from registry.topic import AppConfig
+
 
 def server_metadata() -> dict[str, Any]:
     return {"name": "clipstream", "version": "1", "extensions": ["binary_tensor_data"]}
@@ -41,13 +42,11 @@ def model_metadata(state: GatewayState, cfg: AppConfig) -> dict[str, Any]:
     spec = state.input_spec(cfg)
     kind, labels = state.outputs(cfg)
     inputs = [] if spec is None else [{"name": "input", "datatype": DATATYPES[spec.dtype], "shape": [-1, *spec.shape]}]
-    outputs = [{"name": "output", "datatype": output_datatype(kind, labels, cfg.default_output), "shape": [-1]}]
-    if kind == "class_scores" and labels:
-        outputs.append({"name": "scores", "datatype": "FP32", "shape": [-1, len(labels)]})
-    outputs += [{"name": "confidence", "datatype": "FP64", "shape": [-1]},
-                {"name": "default", "datatype": "BOOL", "shape": [-1]},
-                {"name": "default_reason", "datatype": "BYTES", "shape": [-1]},
-                {"name": "query_id", "datatype": "BYTES", "shape": [-1]}]
+    described = {"output": (output_datatype(kind, labels, cfg.default_output), [-1]),
+                 "scores": ("FP32", [-1, len(labels or ())]), "confidence": ("FP64", [-1]), "default": ("BOOL", [-1]),
+                 "default_reason": ("BYTES", [-1]), "query_id": ("BYTES", [-1])}
+    outputs = [{"name": name, "datatype": described[name][0], "shape": described[name][1]}
+               for name in app_outputs(kind, labels)]
     return {"name": cfg.name, "versions": [], "platform": "clipstream", "inputs": inputs, "outputs": outputs}
 
 
@@ -65,6 +64,8 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
     # a batch of images costs milliseconds of parsing: keep the loop answering others
     parsed = await asyncio.get_running_loop().run_in_executor(None, parse) if len(raw) > OFFLOAD_BYTES else parse()
     req, arrays, request_id, wanted = parsed
+    kind, labels = state.outputs(cfg)
+    check_outputs(cfg, kind, labels, wanted)
     t0, arrived, created = when
     at_once = max(1, state.limit // 2)
     wave = asyncio.Semaphore(at_once)
@@ -96,7 +97,6 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
                 counts[3].inc()
                 raise refused[0]
             raise r
-    kind, labels = state.outputs(cfg)
     return infer_response(cfg, kind, labels, results, request_id, wanted)  # type: ignore[arg-type]
 
 

@@ -130,6 +130,20 @@ def _as_model(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
     return out
 
 
+def app_outputs(kind: str, labels: tuple[Any, ...] | None) -> list[str]:
+    """The output tensors an app answers with: ``scores`` only where it answers class scores."""
+    return [name for name in OUTPUTS if name != "scores" or (kind == "class_scores" and labels)]
+
+
+def check_outputs(cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None, wanted: list[str]) -> None:
+    """A 400 for an output asked for that the app has none of (scores of an app of values),
+    before any of the request's examples is asked."""
+    have = app_outputs(kind, labels)
+    missing = [name for name in wanted if name not in have]
+    if missing:
+        raise bad(f"app {cfg.name} has no output {missing[0]!r}: its outputs are {', '.join(have)}")
+
+
 def infer_response(cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None, answers: list[dict[str, Any]],
                    request_id: str | None, wanted: list[str]) -> dict[str, Any]:
     """The answers as the protocol's output tensors, one row per example, in their order. A
@@ -148,10 +162,7 @@ def infer_response(cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None, an
         width = len(labels)
         rows = [a["scores"] if a.get("scores") and len(a["scores"]) == width else [0.0] * width for a in answers]
         tensors["scores"] = {"shape": [n, width], "datatype": "FP32", "data": [x for row in rows for x in row]}
-    missing = [name for name in wanted if name not in tensors]
-    if missing:  # asked for, and this app has none (scores of an app that answers values)
-        raise bad(f"app {cfg.name} has no output {missing[0]!r}: its outputs are {', '.join(tensors)}")
-    names = [name for name in (wanted or OUTPUTS) if name in tensors]
+    names = wanted or app_outputs(kind, labels)
     out: dict[str, Any] = {"model_name": cfg.name, "outputs": [{"name": name, **tensors[name]} for name in names]}
     if request_id is not None:
         out["id"] = request_id

@@ -232,9 +232,11 @@ def test_a_compressed_body_is_inflated_within_the_body_limit() -> None:
 def test_an_output_the_app_does_not_have_is_refused() -> None:
     body = {"inputs": [{"name": "x", "shape": [1, 200, 100], "datatype": "FP32", "data": [0.0] * 20_000}],
             "outputs": [{"name": "scores"}]}
-    with TestClient(make_app(FakeBus(by_first_value))) as c:
+    bus = FakeBus(by_first_value)
+    with TestClient(make_app(bus)) as c:
         r = c.post("/v2/models/big/infer", json=body)  # big answers a value: no scores
         assert r.status_code == 400 and "app big has no output 'scores'" in r.json()["error"], r.text
+    assert not bus.requests and not bus.queries  # refused before any example was asked
 
 
 def test_a_batch_larger_than_the_admission_limit_goes_in_waves_and_is_answered() -> None:

@@ -49,12 +49,6 @@ class TensorSpec:
         if finite and not_finite(array):
             raise InputError("input has values that are not finite numbers (NaN or infinity)")
 
-    def examples(self, rows: int) -> np.ndarray:
-        """``rows`` plain examples of this spec (zeros, or empty strings), for a model's warm-up."""
-        if self.dtype in VARIABLE:
-            return np.full((rows, *self.shape), "" if self.dtype == "string" else b"", dtype=object)
-        return np.zeros((rows, *self.shape), dtype=self.dtype)
-
 
 @dataclass(frozen=True)
 class OutputSpec:
@@ -89,11 +83,11 @@ def load_spec(folder: str | Path) -> ModelSpec:
 
 def example_input(spec: ModelSpec, rows: int) -> np.ndarray | None:
     """``rows`` copies of the model's ``example`` (a ``.npy`` array of one input, or, for a
-    ``string`` or ``bytes`` input of one element, the file's contents), or plain examples of
-    its input; None for a ``string`` or ``bytes`` input without one: an empty string is no
-    input a model of text or encoded images need take, so such a model is not tried on it."""
+    ``string`` or ``bytes`` input of one element, the file's contents), or zeros; None for a
+    ``string`` or ``bytes`` input without one: an empty string is no input a model of text or
+    encoded images need take, so such a model is not tried on it."""
     if spec.example is None:
-        return None if spec.input.dtype in VARIABLE else spec.input.examples(rows)
+        return None if spec.input.dtype in VARIABLE else np.zeros((rows, *spec.input.shape), spec.input.dtype)
     path = spec.path / spec.example
     try:
         if path.suffix == ".npy":

@@ -28,15 +28,20 @@ class Asked:
     req: PredictRequest
     t0: float  # perf_counter at arrival
     arrived: int  # wall clock, µs
-    created: int  # when the server began reading the request, µs
+    created: int  # when the server began reading the request, µs: the caller's wait counts from it
+    sent: int | None = None  # when a batch's example went, its SLO running from then (else ``created``)
 
     @property
     def slo_ms(self) -> float:
         return float(self.req.slo_ms) if self.req.slo_ms is not None else float(self.cfg.slo_ms)
 
     @property
+    def start(self) -> int:
+        return self.sent if self.sent is not None else self.created
+
+    @property
     def deadline(self) -> int:
-        return self.created + int(self.slo_ms * 1000)
+        return self.start + int(self.slo_ms * 1000)
 
 
 async def ask(state: GatewayState, asked: Asked, query_id: str, array: Any) -> Reply | None:
@@ -69,8 +74,8 @@ def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | No
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
-    state.observe(cfg.name, answer, record is None, asked.created + int(waited_ms * 1000), inflight, asked.slo_ms,
-                  waited_ms)
+    admitted = asked.sent if asked.sent is not None else asked.created + int(waited_ms * 1000)
+    state.observe(cfg.name, answer, record is None, admitted, inflight, asked.slo_ms, waited_ms)
     _count(state, cfg.name, answer, record, reply, latency_ms, counts)
     return answer
 
@@ -85,10 +90,10 @@ def _publish(state: GatewayState, asked: Asked, model: str | None, query_id: str
         if model is None:
             return bus.publish_query(QueryEvent(
                 query_id=query_id, app=cfg.name, context=req.context, input=Tensor.of(array),
-                created_us=asked.created, deadline_us=asked.deadline, reply_topic=bus.reply_topic, reply_partition=0,
-                trace={"produced": asked.created}), (req.context or query_id).encode())
+                created_us=asked.start, deadline_us=asked.deadline, reply_topic=bus.reply_topic, reply_partition=0,
+                trace={"produced": asked.start}), (req.context or query_id).encode())
         return bus.publish_request(request_for(
-            query_id, cfg, model, Tensor.of(array), asked.created, asked.deadline, bus.reply_topic))
+            query_id, cfg, model, Tensor.of(array), asked.start, asked.deadline, bus.reply_topic))
     except Overloaded as exc:
         raise state.overloaded(str(exc)) from None
     except DeliveryFailed as exc:

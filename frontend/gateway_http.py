@@ -224,13 +224,18 @@ BODY_LIMIT_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; a large input goes at i
                    "Content-Type: application/octet-stream)")
 
 
-async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float | None = None, *, hint: str = BODY_LIMIT_HINT,
+                    inflates: bool = False) -> bytes:
     """The request body, refusing (413) anything over ``limit`` bytes, declared or actual
-    (chunked bodies too), and (408) a body not all received within ``timeout_s`` seconds.
+    (chunked bodies too), and (408) a body not all received within ``timeout_s`` seconds;
+    (415) a compressed one unless the route ``inflates`` it. ``hint``: what to do about a 413.
 
     A body over the limit is read to its end and dropped (up to ``DRAIN_BYTES``, within the
     same deadline) before the 413 goes out: a server that closes on unread bytes resets the
     connection, and the caller, still sending, never reads the answer."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity") and not inflates:
+        raise HTTPProblem(415, f"Content-Encoding {encoding[:32]!r} is not taken here: send the body uncompressed")
     declared = request.headers.get("content-length")
     size: int | None = None
     if declared is not None:
@@ -244,7 +249,7 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     total = 0
     over = size is not None and size > limit
     if over and size is not None and size > DRAIN_BYTES:  # too much to read through: say so and close
-        raise HTTPProblem(413, f"body of {size} bytes is over the limit of {limit} bytes{BODY_LIMIT_HINT}",
+        raise HTTPProblem(413, f"body of {size} bytes is over the limit of {limit} bytes{hint}",
                           {"connection": "close"})
     try:
         async with asyncio.timeout_at(due):
@@ -265,7 +270,7 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
                               {"connection": "close"}) from None
     if over:
         what = f"body of {size} bytes" if size is not None else "body"
-        raise HTTPProblem(413, f"{what} is over the limit of {limit} bytes{BODY_LIMIT_HINT}", {"connection": "close"})
+        raise HTTPProblem(413, f"{what} is over the limit of {limit} bytes{hint}", {"connection": "close"})
     return b"".join(chunks)
 
 

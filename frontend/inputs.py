@@ -69,12 +69,13 @@ def parse_input(value: Any, spec: TensorSpec) -> np.ndarray:
     return arr
 
 
-def parse_rows(values: list[Any], spec: TensorSpec, rows: int) -> np.ndarray:
+def parse_rows(values: list[Any], spec: TensorSpec, rows: int, expect: str | None = None) -> np.ndarray:
     """``rows`` examples from their values flattened in row-major order (as the Open Inference
     Protocol sends a tensor), of shape ``(rows, *spec.shape)``; checked as ``parse_input``
-    checks one example's values. InputError names the first bad value's index."""
+    checks one example's values. InputError names the first bad value's index, and ``expect``
+    (by default, the spec as the model's)."""
     allowed, what = _allowed(spec.dtype)
-    expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
+    expect = expect or f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
     types = set(map(type, values))
     if not types <= allowed or (float in types and not all(map(math.isfinite, values))):
         i, bad = next((i, v) for i, v in enumerate(values)

@@ -190,12 +190,13 @@ class GatewayState:
             if not fut.done():  # else its wait ran out, or its caller went away
                 fut.set_result(self.hold())
 
-    async def admit(self, app: str, slo_ms: float) -> tuple[int, float]:
+    async def admit(self, app: str, slo_ms: float, patient_s: float | None = None) -> tuple[int, float]:
         """Take a slot, waiting for one when the limit is reached (docs/design/0089): at most
         ``admission_queue_share`` of the SLO, and no longer than the app's recent answers leave
         room for before the slow band. A pause of the pipeline fills the limit for a moment,
-        and the answers that follow it free slots well within the SLO. Returns how many were in
-        flight before and how long it waited (ms); HTTPProblem 503 when no slot came."""
+        and the answers that follow it free slots well within the SLO. ``patient_s``: wait up
+        to that instead (a batch's example, whose caller waits for the whole batch). Returns how
+        many were in flight before and how long it waited (ms); HTTPProblem 503 when no slot came."""
         self.hand_over()  # after it, a slot free under the limit means nobody waits
         if self.inflight < self.limit:
             return self.hold(), 0.0
@@ -203,7 +204,7 @@ class GatewayState:
         # what keeps the answer out of the slow band (the limit's sign of queueing), judged by
         # how long the app's recent answers took
         room_ms = slo_ms * self.gw.admission_slow_fraction - (took.value if took is not None else 0.0)
-        wait_s = min(self.gw.admission_queue_share * slo_ms, room_ms) / 1000.0
+        wait_s = min(self.gw.admission_queue_share * slo_ms, room_ms) / 1000.0 if patient_s is None else patient_s
         how = " (learnt from how fast the pipeline answers)" if self.gw.adaptive_admission else ""
         at_limit = f"gateway at its limit of {self.limit} requests in flight{how}"
         if wait_s <= 0:

@@ -15,6 +15,7 @@ import asyncio
 import functools
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,24 @@ from fastapi.responses import JSONResponse
 from clipstream.clock import now_us
 from frontend.ask import Asked, answered, ask
 from frontend.gateway_http import HTTPProblem, read_body
+from frontend.gateway_models import MAX_SLO_MS
 from frontend.http_protocol import RECEIVED_US
 from frontend.predict_body import OFFLOAD_BYTES
 from frontend.state import GatewayState
 from frontend.v2_messages import (DATATYPES, ErrorV2, InferRequest, app_outputs, bad, check_outputs, decoded,
                                   infer_response, output_datatype, parse_infer)
 from registry.topic import AppConfig
+
+
+# how long a batch's examples may wait for admission slots, in all: as long as a query's longest SLO
+BATCH_WAIT_S = MAX_SLO_MS / 1000.0
+# what to do about a batch over the body limit
+BATCH_BODY_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; send the batch as several requests, or its input in "
+                   "the binary data extension, which takes a third of JSON's size)")
+
+
+async def _stays() -> bool:
+    return False
 
 
 def server_metadata() -> dict[str, Any]:
@@ -51,11 +64,13 @@ def model_metadata(state: GatewayState, cfg: AppConfig) -> dict[str, Any]:
 
 
 async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: int | None,
-                when: tuple[float, int, int], counts: tuple[Any, ...]) -> dict[str, Any]:
+                when: tuple[float, int, int], counts: tuple[Any, ...],
+                gone: Callable[[], Awaitable[bool]] = _stays) -> dict[str, Any]:
     """Each example asked as its own query, holding an admission slot until its answer. A batch
     has at most half the admission limit in flight at once, so the callers beside it keep their
     turn, and its later examples go as the earlier ones are answered, each with the SLO from when
-    it goes. A refusal (503) refuses the request and sends none of its examples still waiting."""
+    it goes. Its examples wait for slots as long as its caller does (``BATCH_WAIT_S``), behind
+    other batches too. A refusal (503), or a caller ``gone``, sends none of those still waiting."""
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
     if state.late_for(cfg.slo_ms):
@@ -67,21 +82,23 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
     kind, labels = state.outputs(cfg)
     check_outputs(cfg, kind, labels, wanted)
     t0, arrived, created = when
-    at_once = max(1, state.limit // 2)
-    wave = asyncio.Semaphore(at_once)
-    refused: list[HTTPProblem] = []
+    wave = asyncio.Semaphore(max(1, state.limit // 2))
+    stopped: list[HTTPProblem] = []
+    until = time.monotonic() + BATCH_WAIT_S
 
-    async def one(i: int, array: np.ndarray) -> dict[str, Any]:
+    async def one(array: np.ndarray) -> dict[str, Any]:
         async with wave:
-            if refused:
-                raise refused[0]
-            asked = Asked(cfg, req, t0, arrived, created if i < at_once else now_us())
+            if not stopped and await gone():
+                stopped.append(HTTPProblem(499, "the caller went away"))
+            if stopped:
+                raise stopped[0]
             try:
-                inflight, waited_ms = await state.admit(cfg.name, cfg.slo_ms)
+                inflight, waited_ms = await state.admit(cfg.name, cfg.slo_ms, max(0.0, until - time.monotonic()))
             except HTTPProblem as exc:
-                refused.append(exc)
+                stopped.append(exc)
                 raise
             counts[0].inc()
+            asked = Asked(cfg, req, t0, arrived, created, sent=now_us())
             query_id = uuid.uuid4().hex
             try:
                 reply = await ask(state, asked, query_id, array)
@@ -89,14 +106,13 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
                 state.release()
             return answered(state, asked, query_id, reply, waited_ms, inflight, counts)
 
-    results = await asyncio.gather(*(one(i, a) for i, a in enumerate(arrays)), return_exceptions=True)
+    results = await asyncio.gather(*(one(a) for a in arrays), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
-            if refused:  # counted as one refused query, as a refused predict is
+            if stopped and stopped[0].status == 503:  # counted as one refused query, as a refused predict is
                 counts[0].inc()
                 counts[3].inc()
-                raise refused[0]
-            raise r
+            raise stopped[0] if stopped else r
     return infer_response(cfg, kind, labels, results, request_id, wanted)  # type: ignore[arg-type]
 
 
@@ -141,6 +157,11 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
         return problem(HTTPProblem(404, f"versions are not addressed here: an app answers with the versions the "
                                         f"registry serves; call /v2/models/{app[:64]}/... without one"))
 
+    @app.get("/v2/models/{app}/config", include_in_schema=False)
+    async def config(app: str) -> JSONResponse:
+        return problem(HTTPProblem(404, f"clipstream keeps no model config: GET /v2/models/{app[:64]} gives the "
+                                        "app's inputs and outputs"))
+
     @app.post("/v2/models/{app}/infer", summary="Open Inference Protocol: a batch of examples, one query each",
               responses={c: {"model": ErrorV2} for c in (400, 401, 403, 404, 408, 413, 503)},
               openapi_extra={"requestBody": {"required": True, "content": {
@@ -152,7 +173,8 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
             cfg = state.app_config(app)
             state.reading += 1
             try:
-                raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s)
+                raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=BATCH_BODY_HINT,
+                                      inflates=True)
             finally:
                 state.reading -= 1
             raw = decoded(raw, request.headers.get("content-encoding"), state.gw.max_body_bytes)
@@ -160,7 +182,7 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
             if header is not None and not header.isdigit():
                 raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
             return JSONResponse(await infer(state, cfg, raw, int(header) if header else None, (t0, arrived, created),
-                                            state.metrics.app(cfg.name)))
+                                            state.metrics.app(cfg.name), request.is_disconnected))
         except HTTPProblem as exc:
             return problem(exc)
 

@@ -81,12 +81,13 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
         if binary is not None:
             rows = _binary_rows(raw[header_length or len(raw):], binary, shape, datatype, spec)
         else:
-            values = _flat(tensor.get("data"))
+            values = _flat(tensor.get("data"), shape)
             if len(values) != math.prod(shape):
                 raise bad(f"input data holds {len(values)} values, and shape {shape} needs {math.prod(shape)}")
             # the values must fit the datatype sent (a UINT8 of 300 is no UINT8), then the model's
             sent = spec if datatype == "BYTES" else TensorSpec(_DTYPE_OF[datatype], spec.shape)
-            rows = _as_model(parse_rows(values, sent, shape[0]), spec)
+            rows = _as_model(parse_rows(values, sent, shape[0], f"sent as {datatype} for the model's {spec.dtype} "
+                                                                 f"{list(spec.shape)}"), spec)
         req = PredictRequest.model_validate({"input": None, **_parameters(body.get("parameters"))})
     except (InputError, DecodeError) as exc:
         raise bad(str(exc)) from None
@@ -106,7 +107,8 @@ def _binary_rows(blob: bytes, size: Any, shape: list[int], datatype: str, spec: 
     """The examples of an input sent as raw bytes: numbers little-endian in row-major order,
     BYTES as each element's uint32 length and bytes (the layout a ``Tensor`` carries)."""
     if type(size) is not int or size != len(blob):
-        raise bad(f"binary_data_size {size!r} is not the {len(blob)} bytes after the JSON header")
+        what = "is not a number of bytes" if type(size) is not int else f"is not the {len(blob)} bytes"
+        raise bad(f"binary_data_size {size!r} {what} after the JSON header")
     given = spec.dtype if datatype == "BYTES" else _DTYPE_OF[datatype]
     arr = array_of(given, shape, blob)
     if given == "bool" and blob.translate(None, b"\x00\x01"):
@@ -206,15 +208,28 @@ def _fits(shape: list[int], datatype: str, spec: TensorSpec) -> None:
         raise bad(f"input datatype {datatype} does not fit the model's {DATATYPES[takes]} ({takes})")
 
 
-def _flat(data: Any) -> list[Any]:
-    """A tensor's values in row-major order, whether sent flat or nested."""
+def _flat(data: Any, shape: list[int]) -> list[Any]:
+    """A tensor's values in row-major order, sent flat, or nested as its shape is (a nested
+    list of other lengths is refused, not silently re-split into rows)."""
     if not isinstance(data, list):
         return [data]
     if not any(isinstance(x, list) for x in data):
         return data
     out: list[Any] = []
-    for x in data:
-        out.extend(_flat(x))
+
+    def walk(value: Any, depth: int, where: str) -> None:
+        if depth == len(shape):
+            if isinstance(value, list):
+                raise bad(f"{where} is a list, nested deeper than shape {shape}")
+            out.append(value)
+            return
+        if not isinstance(value, list) or len(value) != shape[depth]:
+            got = f"a list of {len(value)}" if isinstance(value, list) else "not a list"
+            raise bad(f"{where} is {got}, and shape {shape} needs a list of {shape[depth]} there (or send data flat)")
+        for i, x in enumerate(value):
+            walk(x, depth + 1, f"{where}[{i}]")
+
+    walk(data, 0, "data")
     return out
 
 

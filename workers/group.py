@@ -168,7 +168,13 @@ def warm(model: Served, batches: bool = True) -> None:
     the model's ``example`` (``registry.spec.example_input``); a model of text or bytes without
     one is not tried."""
     for each in [m.model for m in model.members] if isinstance(model, GroupModel) else [model]:
-        first = warm_up(each)
+        try:
+            first = warm_up(each)
+        except Exception as exc:  # its own error, named as its example's when it has one
+            if each.spec.example is None:
+                raise
+            raise ModelError(f"it fails on its model.yaml example {each.spec.example!r}: {type(exc).__name__}: "
+                             f"{one_line(exc)}") from exc
         if first is None:  # text or bytes with no `example:` in its model.yaml: nothing real to try
             continue
         if batches:

@@ -249,3 +249,62 @@ def test_a_batch_larger_than_the_admission_limit_goes_in_waves_and_is_answered()
         assert r.json()["outputs"][0]["data"] == ["cat", "dog"] * 20  # every example, in order
         assert not any(r.json()["outputs"][3]["data"])  # none a default
     assert len(bus.queries) == 40
+
+
+def test_batches_side_by_side_wait_for_slots_rather_than_refuse() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    bus = FakeBus(by_first_value, after_ms=5)
+    rows = np.zeros((40, 2, 3), dtype=np.float32)
+    with TestClient(make_app(bus, max_inflight=8)) as c, ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: c.post("/v2/models/pets/infer", json=infer_body(rows)), range(3)))
+    assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
+    assert len(bus.queries) == 120
+
+
+def test_a_batch_whose_caller_went_away_sends_no_more_examples() -> None:
+    from clipstream.clock import now_us
+    from frontend.v2 import infer
+
+    bus = FakeBus(by_first_value)
+    raw = json.dumps(infer_body(np.zeros((40, 2, 3), dtype=np.float32))).encode()
+    asked: list[int] = []
+
+    async def gone() -> bool:  # the caller leaves after four examples went
+        asked.append(1)
+        return len(asked) > 4
+
+    async def call(state) -> int:  # noqa: ANN001
+        t = now_us()
+        try:
+            await infer(state, state.app_config("pets"), raw, None, (0.0, t, t), state.metrics.app("pets"), gone)
+        except HTTPProblem as exc:
+            return exc.status
+        return 200
+
+    with TestClient(make_app(bus)) as c:
+        assert c.portal.call(call, c.app.state.gateway) == 499
+    assert len(bus.queries) == 4
+
+
+def test_nested_data_must_be_nested_as_the_shape_is() -> None:
+    body = infer_body(ROWS[:2])
+    body["inputs"][0]["data"] = [[[0, 1, 2], [3, 4, 5]], [[0, 1], [2, 3, 4, 5]]]  # 12 values, a ragged second row
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        r = c.post("/v2/models/pets/infer", json=body)
+        assert r.status_code == 400 and "data[1][0] is a list of 2, and shape [2, 2, 3] needs a list of 3" in r.text
+        body["inputs"][0]["data"] = ROWS[:2].ravel().tolist()  # flat is fine
+        assert c.post("/v2/models/pets/infer", json=body).status_code == 200
+        r = c.post("/v2/models/pets/config")
+        assert r.status_code == 405
+        r = c.get("/v2/models/pets/config")
+        assert r.status_code == 404 and "keeps no model config" in r.json()["error"]
+
+
+def test_a_compressed_body_on_v1_is_refused_saying_so() -> None:
+    import gzip
+
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        r = c.post("/v1/apps/pets/predict", content=gzip.compress(b'{"input": [[1,2,3],[4,5,6]]}'),
+                   headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 415 and "send the body uncompressed" in r.json()["detail"]

@@ -371,6 +371,7 @@ def test_a_label_model_answering_strings_fails_its_workers_start_saying_what_to_
 
 
 def test_a_model_of_bytes_is_tried_at_its_start_on_its_example_only(tmp_path: Path) -> None:
+    from clipstream.errors import ModelError
     from clipstream.testing.models import write_model_yaml
 
     class Decoder:  # as a model of encoded images: an empty input is no image
@@ -389,5 +390,5 @@ def test_a_model_of_bytes_is_tried_at_its_start_on_its_example_only(tmp_path: Pa
     write_model_yaml(folder, {**spec.config, "example": "sample.img"})
     warm(load_model(load_spec(folder)))  # tried on its example: a batch of one, then of two
     (folder / "sample.img").write_bytes(b"PNG")
-    with pytest.raises(ValueError, match="not an image"):  # its own error, as any model's at its start
+    with pytest.raises(ModelError, match="it fails on its model.yaml example 'sample.img': ValueError: not an image"):
         warm(load_model(load_spec(folder)))

@@ -82,6 +82,7 @@ def _raw(input: Any) -> bytes:
     array = np.ascontiguousarray(input)
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
+
 # the connection failed before an answer came: refused (no gateway on the port: one restarts)
 # or dropped (the gateway died with the request). A predict is sent again, once: another
 # gateway member, or the restarted one, answers it, and its caller still sees one answer.
@@ -142,8 +143,8 @@ class Client:
         ``binary``: send a numpy ``input`` as its raw bytes, which must then be of the model's
         dtype (``GET /v1/apps/{app}`` says which); an image goes at its own size, not three
         times it as JSON numbers. A ``str`` input goes as its UTF-8, for a model of one ``string``
-        or ``bytes`` element (a document, an encoded image); a ``bytes`` input always goes so. Raises a ``GatewayError`` subclass on 4xx/5xx (the reason is
-        the gateway's).
+        or ``bytes`` element (a document, an encoded image); a ``bytes`` input always goes so.
+        Raises a ``GatewayError`` subclass on 4xx/5xx (the reason is the gateway's).
         """
         if input is _MISSING:
             raise TypeError("predict() needs an input")

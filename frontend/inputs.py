@@ -257,7 +257,8 @@ def _elements(arr: np.ndarray, dtype: str, expect: str) -> np.ndarray:
             try:
                 raw = str(x).encode()
             except UnicodeEncodeError:  # a lone surrogate: JSON's \udcff is no character
-                raise InputError(f"input element {i} is not Unicode text: it holds a lone surrogate ({expect})") from None
+                raise InputError(f"input element {i} is not Unicode text: it holds a lone surrogate "
+                                 f"({expect})") from None
             x = raw if dtype == "bytes" else str(x)
         elif isinstance(x, (bytes, np.bytes_)):
             x = bytes(x)

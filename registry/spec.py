@@ -101,7 +101,8 @@ def example_input(spec: ModelSpec, rows: int) -> np.ndarray | None:
             raise ConfigError("a model of numbers takes its example as a .npy file (numpy.save) of one input")
         spec.input.check(one)
     except (OSError, ValueError, ClipstreamError) as exc:
-        raise ConfigError(f"{spec.path}/model.yaml: example {spec.example!r} is not one input of the model: {exc}") from None
+        raise ConfigError(f"{spec.path}/model.yaml: example {spec.example!r} is not one input of the model: "
+                          f"{exc}") from None
     return np.stack([one] * rows)
 
 

@@ -84,14 +84,15 @@ def test_text_and_bytes_models_answer_json_raw_bodies_and_kafka_clients(settings
     tag = uuid.uuid4().hex[:6]
     reviews, sizes = f"reviews{tag}", f"sizes{tag}"
     (tmp_path / "app.yaml").write_text(yaml.safe_dump({
-        "apps": [{"name": reviews, "policy": "single", "slo_ms": 3000, "default_output": "none", "models": ["sentiment"]},
+        "apps": [{"name": reviews, "policy": "single", "slo_ms": 3000, "default_output": "none",
+                  "models": ["sentiment"]},
                  {"name": sizes, "policy": "single", "slo_ms": 3000, "default_output": -1, "models": ["length"]}],
         "models": [{"name": "sentiment", "version": "1", "path": "models/sentiment/1", "replicas": 1},
                    {"name": "length", "version": "1", "path": "models/length/1", "replicas": 1}],
     }))
     port = pick_free_ports(1)[0]
-    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
-           "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix,
+           "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
     up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
     client = Client(f"http://127.0.0.1:{port}")
     try:

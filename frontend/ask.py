@@ -44,7 +44,7 @@ class Asked:
         return self.start + int(self.slo_ms * 1000)
 
 
-async def ask(state: GatewayState, asked: Asked, query_id: str, array: Any) -> Reply | None:
+async def ask(state: GatewayState, asked: Asked, query_id: str, tensor: Tensor) -> Reply | None:
     """Publish the query and wait for its reply until the deadline (and the reply margin);
     None when nothing came in time."""
     assert state.bus is not None
@@ -54,7 +54,7 @@ async def ask(state: GatewayState, asked: Asked, query_id: str, array: Any) -> R
             await asyncio.get_running_loop().run_in_executor(None, state.bus.ensure_request_topic, model)
         except InfraError as exc:
             raise state.overloaded(f"the topic of model {model!r} is not there: {exc}") from None
-    fut = _publish(state, asked, model, query_id, array)
+    fut = _publish(state, asked, model, query_id, tensor)
     wait_s = max(0.0, (asked.deadline - now_us()) / 1e6) + state.gw.reply_margin_ms / 1000.0
     try:
         return await asyncio.wait_for(fut, wait_s)
@@ -81,7 +81,7 @@ def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | No
 
 
 def _publish(state: GatewayState, asked: Asked, model: str | None, query_id: str,
-             array: Any) -> asyncio.Future[Reply]:
+             tensor: Tensor) -> asyncio.Future[Reply]:
     """Send the query to the selector, or straight to a ``single`` app's model, and return the
     future its reply resolves; the bus's refusals become the caller's 503."""
     bus, cfg, req = state.bus, asked.cfg, asked.req
@@ -89,11 +89,11 @@ def _publish(state: GatewayState, asked: Asked, model: str | None, query_id: str
     try:
         if model is None:
             return bus.publish_query(QueryEvent(
-                query_id=query_id, app=cfg.name, context=req.context, input=Tensor.of(array),
+                query_id=query_id, app=cfg.name, context=req.context, input=tensor,
                 created_us=asked.start, deadline_us=asked.deadline, reply_topic=bus.reply_topic, reply_partition=0,
                 trace={"produced": asked.start}), (req.context or query_id).encode())
         return bus.publish_request(request_for(
-            query_id, cfg, model, Tensor.of(array), asked.start, asked.deadline, bus.reply_topic))
+            query_id, cfg, model, tensor, asked.start, asked.deadline, bus.reply_topic))
     except Overloaded as exc:
         raise state.overloaded(str(exc)) from None
     except DeliveryFailed as exc:

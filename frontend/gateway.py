@@ -256,14 +256,14 @@ async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, 
     try:
         spec, limit = state.input_spec(cfg), state.settings.max_record_bytes
         if request.headers.get("content-type", "").startswith(BINARY):
-            req, array = parse_binary(raw, request.query_params, spec, limit)
+            req, tensor = parse_binary(raw, request.query_params, spec, limit)
         elif len(raw) > OFFLOAD_BYTES:
             # an image-sized input costs milliseconds of parsing: keep the loop answering others
-            req, array = await asyncio.get_running_loop().run_in_executor(None, parse_predict, raw, spec, limit)
+            req, tensor = await asyncio.get_running_loop().run_in_executor(None, parse_predict, raw, spec, limit)
         else:
-            req, array = parse_predict(raw, spec, limit)
+            req, tensor = parse_predict(raw, spec, limit)
         asked = Asked(cfg, req, t0, arrived, created)
-        reply = await ask(state, asked, query_id, array)
+        reply = await ask(state, asked, query_id, tensor)
     finally:
         state.release()
     return answered(state, asked, query_id, reply, waited_ms, inflight, counts)

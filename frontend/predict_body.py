@@ -16,7 +16,7 @@ from frontend.gateway_http import HTTPProblem, parse_json
 from frontend.gateway_models import PredictRequest, validation_reason
 from frontend.inputs import input_for, input_of_bytes
 from registry.spec import TensorSpec
-from schemas.tensor import wire_size
+from schemas import Tensor
 from topics.sizes import input_limit, too_large_input
 
 BINARY = "application/octet-stream"  # a predict body that is one example's raw bytes
@@ -24,14 +24,14 @@ BINARY = "application/octet-stream"  # a predict body that is one example's raw 
 OFFLOAD_BYTES = 64 * 1024
 
 
-def parse_predict(raw: bytes, spec: TensorSpec | None, max_record_bytes: int) -> tuple[PredictRequest, Any]:
-    """Body bytes -> validated request and input array; HTTPProblem(422) with the reason, or
+def parse_predict(raw: bytes, spec: TensorSpec | None, max_record_bytes: int) -> tuple[PredictRequest, Tensor]:
+    """Body bytes -> validated request and input tensor; HTTPProblem(422) with the reason, or
     413 for an input no record could carry (its binary form, which JSON numbers may outgrow)."""
     return _checked(parse_json(raw), lambda req: input_for(req.input, spec), max_record_bytes)
 
 
 def parse_binary(raw: bytes, params: Mapping[str, str], spec: TensorSpec | None,
-                 max_record_bytes: int) -> tuple[PredictRequest, Any]:
+                 max_record_bytes: int) -> tuple[PredictRequest, Tensor]:
     """An ``application/octet-stream`` body: one example's raw bytes (``inputs.input_of_bytes``),
     with ``context`` and ``slo_ms`` in the query string, checked as the JSON body's are."""
     fields: dict[str, Any] = {"input": None, **{k: params[k] for k in ("context", "slo_ms") if k in params}}
@@ -45,15 +45,16 @@ def parse_binary(raw: bytes, params: Mapping[str, str], spec: TensorSpec | None,
     return _checked(fields, lambda req: input_of_bytes(raw, spec), max_record_bytes)
 
 
-def _checked(body: Any, read: Callable[[PredictRequest], Any], max_record_bytes: int) -> tuple[PredictRequest, Any]:
+def _checked(body: Any, read: Callable[[PredictRequest], Any], max_record_bytes: int
+             ) -> tuple[PredictRequest, Tensor]:
     try:
         req = PredictRequest.model_validate(body)
     except ValidationError as exc:
         raise HTTPProblem(422, validation_reason(exc)) from None
     try:
-        array = read(req)
+        tensor = Tensor.of(read(req))  # encoded once: its size is checked, then it is sent
     except InputError as exc:
         raise HTTPProblem(422, str(exc)) from None
-    if (size := wire_size(array)) > input_limit(max_record_bytes):
-        raise HTTPProblem(413, too_large_input(size, max_record_bytes))
-    return req, array
+    if len(tensor.data) > input_limit(max_record_bytes):
+        raise HTTPProblem(413, too_large_input(len(tensor.data), max_record_bytes))
+    return req, tensor

@@ -24,7 +24,6 @@ from registry.labels import label_problem, reward_problem
 from registry.outputs import app_input, app_outputs
 from registry.topic import RegistryFollower
 from schemas import Feedback, QueryEvent, Response, Tensor, decode_as, encode
-from schemas.tensor import wire_size
 from topics.admin import watermarks
 from topics.catalogue import Catalogue
 from topics.client import consumer_config, producer_config
@@ -76,9 +75,9 @@ class Producer:
         query_id = query_id or uuid.uuid4().hex
         if context is not None and not (isinstance(context, str) and 1 <= len(context) <= MAX_CONTEXT_CHARS):
             raise InputError(f"context must be text of 1 to {MAX_CONTEXT_CHARS} characters, as the gateway takes it")
-        array = self._array(app, input)
-        if (size := wire_size(array)) > input_limit(self.settings.max_record_bytes):
-            raise InputError(too_large_input(size, self.settings.max_record_bytes))
+        tensor = Tensor.of(self._array(app, input))
+        if len(tensor.data) > input_limit(self.settings.max_record_bytes):
+            raise InputError(too_large_input(len(tensor.data), self.settings.max_record_bytes))
         if slo_ms is None:
             # the app's own, as the gateway takes it: the registry checked it, no caller's bound applies
             slo_ms = self._app_config(app).slo_ms
@@ -88,7 +87,7 @@ class Producer:
             raise InputError(f"slo_ms must be in (0, {MAX_SLO_MS:g}] ms, got {slo_ms!r}")
         created = now_us()
         event = QueryEvent(
-            query_id=query_id, app=app, context=context, input=Tensor.of(array),
+            query_id=query_id, app=app, context=context, input=tensor,
             created_us=created, deadline_us=created + int(slo_ms * 1000),
             reply_topic=reply_topic, reply_partition=reply_partition,
             trace={"produced": created},

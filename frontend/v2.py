@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -32,6 +31,7 @@ from frontend.state import GatewayState
 from frontend.v2_messages import (DATATYPES, ErrorV2, InferRequest, app_outputs, bad, check_outputs, decoded,
                                   infer_response, output_datatype, parse_infer)
 from registry.topic import AppConfig
+from schemas import Tensor
 
 
 # how long a batch's examples may wait for admission slots, in all: as long as a query's longest SLO
@@ -78,7 +78,7 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
     parse = functools.partial(parse_infer, raw, state.input_spec(cfg), state.settings.max_record_bytes, header_length)
     # a batch of images costs milliseconds of parsing: keep the loop answering others
     parsed = await asyncio.get_running_loop().run_in_executor(None, parse) if len(raw) > OFFLOAD_BYTES else parse()
-    req, arrays, request_id, wanted = parsed
+    req, tensors, request_id, wanted = parsed
     kind, labels = state.outputs(cfg)
     check_outputs(cfg, kind, labels, wanted)
     t0, arrived, created = when
@@ -86,7 +86,7 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
     stopped: list[HTTPProblem] = []
     until = time.monotonic() + BATCH_WAIT_S
 
-    async def one(array: np.ndarray) -> dict[str, Any]:
+    async def one(tensor: Tensor) -> dict[str, Any]:
         async with wave:
             if not stopped and await gone():
                 stopped.append(HTTPProblem(499, "the caller went away"))
@@ -101,12 +101,12 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
             asked = Asked(cfg, req, t0, arrived, created, sent=now_us())
             query_id = uuid.uuid4().hex
             try:
-                reply = await ask(state, asked, query_id, array)
+                reply = await ask(state, asked, query_id, tensor)
             finally:
                 state.release()
             return answered(state, asked, query_id, reply, waited_ms, inflight, counts)
 
-    results = await asyncio.gather(*(one(a) for a in arrays), return_exceptions=True)
+    results = await asyncio.gather(*(one(t) for t in tensors), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             if stopped and stopped[0].status == 503:  # counted as one refused query, as a refused predict is

@@ -1,5 +1,5 @@
 """Open Inference Protocol messages (KServe's V2) read and written for an app: an infer
-request's one input tensor into one array per example, checked as a ``/v1`` predict's input is,
+request's one input tensor into one tensor per example, checked as a ``/v1`` predict's input is,
 and the examples' answers into output tensors. Pure (no I/O) so that every rule is tested
 without a gateway; ``frontend.v2`` serves it (docs/design/0113)."""
 
@@ -18,7 +18,8 @@ from frontend.gateway_models import PredictRequest, validation_reason
 from frontend.inputs import parse_rows
 from registry.spec import TensorSpec, not_finite
 from registry.topic import AppConfig
-from schemas.tensor import array_of, wire_size
+from schemas import Tensor
+from schemas.tensor import array_of
 from topics.sizes import input_limit, too_large_input
 
 # the protocol's datatypes for clipstream's dtypes; string and bytes are both its BYTES
@@ -53,8 +54,8 @@ class InferRequest(BaseModel):
 
 
 def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, header_length: int | None = None
-                ) -> tuple[PredictRequest, list[np.ndarray], str | None, list[str]]:
-    """An infer body -> (the request's context and SLO, one array per example, the request's
+                ) -> tuple[PredictRequest, list[Tensor], str | None, list[str]]:
+    """An infer body -> (the request's context and SLO, one tensor per example, the request's
     id, the outputs asked for). ``header_length``: the binary data extension's JSON length
     (``Inference-Header-Content-Length``), the input's raw bytes after it, as Triton's clients
     send by default. HTTPProblem 400 says why not, or 413 for an example no record could carry."""
@@ -93,14 +94,14 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
         raise bad(str(exc)) from None
     except ValidationError as exc:
         raise bad(f"parameters: {validation_reason(exc)}") from None
-    arrays = [rows[i:i + 1].reshape(rows.shape[1:]) for i in range(len(rows))]  # arrays, even of one string
-    biggest = max(wire_size(a) for a in arrays)
+    tensors = [Tensor.of(rows[i:i + 1].reshape(rows.shape[1:])) for i in range(len(rows))]  # one string too
+    biggest = max(len(t.data) for t in tensors)
     if biggest > input_limit(max_record_bytes):
         raise HTTPProblem(413, too_large_input(biggest, max_record_bytes))
     rid = body.get("id")
     if rid is not None and not isinstance(rid, str):
         raise bad("`id` must be a string")
-    return req, arrays, rid, _wanted(body.get("outputs"))
+    return req, tensors, rid, _wanted(body.get("outputs"))
 
 
 def _binary_rows(blob: bytes, size: Any, shape: list[int], datatype: str, spec: TensorSpec) -> np.ndarray:

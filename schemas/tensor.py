@@ -60,14 +60,6 @@ def dtype_name(array: np.ndarray) -> str:
     raise DecodeError(f"an object array travels only when it holds only str or only bytes, not {found}")
 
 
-def wire_size(array: np.ndarray) -> int:
-    """The bytes a tensor of ``array`` carries (an object array's ``nbytes`` counts pointers)."""
-    if array.dtype.kind not in "OUS":
-        return int(array.nbytes)
-    dtype_name(array)  # refuses an object array of anything else
-    return len(_packed(array))
-
-
 def _packed(array: np.ndarray) -> bytes:
     """Each element's length and bytes, in C order (str as UTF-8)."""
     parts: list[bytes] = []

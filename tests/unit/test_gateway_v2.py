@@ -174,12 +174,12 @@ def test_a_batch_of_strings_as_json_or_as_the_binary_extension_is_one_array_per_
     text = TensorSpec("string", ())
     as_json = {"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES", "data": ["héllo", ""]}]}
     _, rows, _, _ = parse_infer(json.dumps(as_json).encode(), text, 1 << 20)
-    assert [(r.shape, r.item()) for r in rows] == [((), "héllo"), ((), "")]
+    assert [(r.array().shape, r.array().item()) for r in rows] == [((), "héllo"), ((), "")]
     blob = Tensor.of(np.array(["héllo", ""], dtype=object)).data  # Triton's BYTES layout is a Tensor's
     head = json.dumps({"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES",
                                    "parameters": {"binary_data_size": len(blob)}}]}).encode()
     _, rows, _, _ = parse_infer(head + blob, text, 1 << 20, len(head))
-    assert [r.item() for r in rows] == ["héllo", ""]
+    assert [r.array().item() for r in rows] == ["héllo", ""]
     with pytest.raises(HTTPProblem, match="not UTF-8"):
         parse_infer(head + b"\x01\x00\x00\x00\xff" + blob[5:], text, 1 << 20, len(head))
 

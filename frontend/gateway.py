@@ -149,7 +149,10 @@ def _add_guards(app: GatewayAPI, state: GatewayState) -> None:
 
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
-        return JSONResponse({error_key(request.url.path): exc.detail}, exc.status, headers=exc.headers)
+        key = error_key(request.url.path)
+        # the Open Inference Protocol's bad request is a 400, where /v1 says 422 (malformed JSON, say)
+        status = 400 if key == "error" and exc.status == 422 else exc.status
+        return JSONResponse({key: exc.detail}, status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

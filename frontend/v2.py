@@ -117,11 +117,8 @@ async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: 
 
 
 def add_routes(app: FastAPI, state: GatewayState) -> None:
-    """The protocol's health, metadata and infer routes; its errors as ``{"error": ...}``."""
-
-    def problem(exc: HTTPProblem) -> JSONResponse:
-        # the protocol's bad request is a 400, where /v1 says 422 (malformed JSON, say)
-        return JSONResponse({"error": exc.detail}, 400 if exc.status == 422 else exc.status, headers=exc.headers)
+    """The protocol's health, metadata and infer routes. Their HTTPProblems are rendered as the
+    protocol's ``{"error": ...}`` by the gateway's handler (``gateway_http.error_key``)."""
 
     @app.get("/v2/health/live", summary="Open Inference Protocol: the server is alive")
     async def live() -> dict[str, bool]:
@@ -137,30 +134,24 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
         return server_metadata()
 
     @app.get("/v2/models/{app}", summary="Open Inference Protocol: an app's inputs and outputs")
-    async def metadata(app: str) -> JSONResponse:
-        try:
-            return JSONResponse(model_metadata(state, state.app_config(app)))
-        except HTTPProblem as exc:
-            return problem(exc)
+    async def metadata(app: str) -> dict[str, Any]:
+        return model_metadata(state, state.app_config(app))
 
     @app.get("/v2/models/{app}/ready", summary="Open Inference Protocol: the app has a model to ask")
     async def app_ready(app: str) -> JSONResponse:
-        try:
-            cfg = state.app_config(app)
-        except HTTPProblem as exc:
-            return problem(exc)
+        cfg = state.app_config(app)
         ok = bool(cfg.models) and state.bus is not None
         return JSONResponse({"name": cfg.name, "ready": ok}, 200 if ok else 503)
 
     @app.api_route("/v2/models/{app}/versions/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
-    async def versioned(app: str, rest: str) -> JSONResponse:
-        return problem(HTTPProblem(404, f"versions are not addressed here: an app answers with the versions the "
-                                        f"registry serves; call /v2/models/{app[:64]}/... without one"))
+    async def versioned(app: str, rest: str) -> None:
+        raise HTTPProblem(404, f"versions are not addressed here: an app answers with the versions the registry "
+                               f"serves; call /v2/models/{app[:64]}/... without one")
 
     @app.get("/v2/models/{app}/config", include_in_schema=False)
-    async def config(app: str) -> JSONResponse:
-        return problem(HTTPProblem(404, f"clipstream keeps no model config: GET /v2/models/{app[:64]} gives the "
-                                        "app's inputs and outputs"))
+    async def config(app: str) -> None:
+        raise HTTPProblem(404, f"clipstream keeps no model config: GET /v2/models/{app[:64]} gives the app's inputs "
+                               "and outputs")
 
     @app.post("/v2/models/{app}/infer", summary="Open Inference Protocol: a batch of examples, one query each",
               responses={c: {"model": ErrorV2} for c in (400, 401, 403, 404, 408, 413, 503)},
@@ -169,21 +160,16 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
     async def infer_route(app: str, request: Request) -> JSONResponse:
         t0, arrived = time.perf_counter(), now_us()
         created = min(arrived, request.scope.get(RECEIVED_US, arrived))
+        cfg = state.app_config(app)
+        state.reading += 1
         try:
-            cfg = state.app_config(app)
-            state.reading += 1
-            try:
-                raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=BATCH_BODY_HINT,
-                                      inflates=True)
-            finally:
-                state.reading -= 1
-            raw = decoded(raw, request.headers.get("content-encoding"), state.gw.max_body_bytes)
-            header = request.headers.get("inference-header-content-length")
-            if header is not None and not header.isdigit():
-                raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
-            return JSONResponse(await infer(state, cfg, raw, int(header) if header else None, (t0, arrived, created),
-                                            state.metrics.app(cfg.name), request.is_disconnected))
-        except HTTPProblem as exc:
-            return problem(exc)
-
-
+            raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=BATCH_BODY_HINT,
+                                  inflates=True)
+        finally:
+            state.reading -= 1
+        raw = decoded(raw, request.headers.get("content-encoding"), state.gw.max_body_bytes)
+        header = request.headers.get("inference-header-content-length")
+        if header is not None and not header.isdigit():
+            raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
+        return JSONResponse(await infer(state, cfg, raw, int(header) if header else None, (t0, arrived, created),
+                                        state.metrics.app(cfg.name), request.is_disconnected))

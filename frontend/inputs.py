@@ -10,6 +10,7 @@ element. ``type(x)`` (not ``isinstance``) is what keeps ``True`` out of a float 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from clipstream.errors import InputError
 from registry.labels import INT64_MAX, INT64_MIN
 from registry.spec import TensorSpec, not_finite
-from schemas.tensor import VARIABLE
+from schemas.tensor import VARIABLE, array_of
 
 _BOOL: frozenset[type] = frozenset({bool})
 _INT: frozenset[type] = frozenset({int})
@@ -59,13 +60,19 @@ def parse_input(value: Any, spec: TensorSpec) -> np.ndarray:
     _walk(value, spec.shape, 0, "input", allowed, what, expect)
     if spec.dtype in VARIABLE:
         return _elements(np.array(value, dtype=object), spec.dtype, expect)
+    return _numbers(value, spec.dtype, expect)
+
+
+def _numbers(values: Any, dtype: str, expect: str) -> np.ndarray:
+    """Checked values (nested or flat) as an array of ``dtype``: one that does not fit it, or
+    overflows to infinity, is an InputError."""
     try:
         with np.errstate(over="ignore"):  # overflow to inf is caught just below, with a reason
-            arr = np.array(value, dtype=spec.dtype)
+            arr = np.array(values, dtype=dtype)
     except (OverflowError, ValueError, TypeError) as exc:
-        raise InputError(f"input values do not fit {spec.dtype}: {exc} ({expect})") from None
+        raise InputError(f"input values do not fit {dtype}: {exc} ({expect})") from None
     if not_finite(arr):
-        raise InputError(f"input has values out of range for {spec.dtype} ({expect})")
+        raise InputError(f"input has values out of range for {dtype} ({expect})")
     return arr
 
 
@@ -86,14 +93,7 @@ def parse_rows(values: list[Any], spec: TensorSpec, rows: int, expect: str | Non
         arr = np.empty(len(values), dtype=object)
         arr[:] = values
         return _elements(arr, spec.dtype, expect).reshape((rows, *spec.shape))
-    try:
-        with np.errstate(over="ignore"):
-            arr = np.array(values, dtype=spec.dtype)
-    except (OverflowError, ValueError, TypeError) as exc:
-        raise InputError(f"input values do not fit {spec.dtype}: {exc} ({expect})") from None
-    if not_finite(arr):
-        raise InputError(f"input has values out of range for {spec.dtype} ({expect})")
-    return arr.reshape((rows, *spec.shape))
+    return _numbers(values, spec.dtype, expect).reshape((rows, *spec.shape))
 
 
 def _walk(
@@ -224,11 +224,18 @@ def input_of_bytes(raw: bytes, spec: TensorSpec | None) -> np.ndarray:
     if len(raw) != size:
         raise InputError(f"a binary input of {len(raw)} bytes is not one example: {size} bytes, little-endian, "
                          f"C order ({expect})")
-    if dtype.kind == "b" and raw.translate(None, b"\x00\x01"):
-        raise InputError(f"a binary bool input holds bytes other than 0 and 1 ({expect})")
-    arr = np.frombuffer(raw, dtype=dtype).reshape(spec.shape)
+    return values_of_bytes(raw, spec.dtype, spec.shape, f" ({expect})")
+
+
+def values_of_bytes(raw: bytes, dtype: str, shape: Sequence[int], expect: str = "") -> np.ndarray:
+    """Numbers sent as their little-endian bytes in C order, as a ``Tensor`` carries them;
+    InputError for values the dtype cannot hold (a float that is not finite, a bool that is
+    neither 0 nor 1), DecodeError for a size that is not the shape's."""
+    if dtype == "bool" and raw.translate(None, b"\x00\x01"):
+        raise InputError(f"a binary bool input holds bytes other than 0 and 1{expect}")
+    arr = array_of(dtype, shape, raw)
     if not_finite(arr):
-        raise InputError(f"input has values that are not finite numbers ({expect})")
+        raise InputError(f"input has values that are not finite numbers{expect}")
     return arr
 
 

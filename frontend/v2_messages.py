@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from clipstream.errors import DecodeError, InputError
 from frontend.gateway_http import HTTPProblem, parse_json
 from frontend.gateway_models import PredictRequest, validation_reason
-from frontend.inputs import parse_rows
+from frontend.inputs import parse_rows, values_of_bytes
 from registry.spec import TensorSpec, not_finite
 from registry.topic import AppConfig
 from schemas import Tensor
@@ -110,13 +110,9 @@ def _binary_rows(blob: bytes, size: Any, shape: list[int], datatype: str, spec: 
     if type(size) is not int or size != len(blob):
         what = "is not a number of bytes" if type(size) is not int else f"is not the {len(blob)} bytes"
         raise bad(f"binary_data_size {size!r} {what} after the JSON header")
-    given = spec.dtype if datatype == "BYTES" else _DTYPE_OF[datatype]
-    arr = array_of(given, shape, blob)
-    if given == "bool" and blob.translate(None, b"\x00\x01"):
-        raise InputError("a binary BOOL input holds bytes other than 0 and 1")
-    if not_finite(arr):
-        raise InputError("input has values that are not finite numbers")
-    return _as_model(arr, spec)
+    if datatype == "BYTES":
+        return array_of(spec.dtype, shape, blob)
+    return _as_model(values_of_bytes(blob, _DTYPE_OF[datatype], shape), spec)
 
 
 def _as_model(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:

@@ -92,16 +92,20 @@ class UpSettings(BaseSettings):
 @click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--gateway-port", type=click.IntRange(0, 65535), default=None,
               help="default: CLIPSTREAM_GATEWAY_PORT or 8080")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None,
+              help="also serve the Open Inference Protocol over gRPC here (0: a free port); default: "
+                   "CLIPSTREAM_GATEWAY_GRPC_PORT, or none")
 @click.option("--free-ports", is_flag=True, help="start Kafka and Redis on free ports if they are not running (those of their last "
               "start in the state dir while free), and the gateway on a free port if its default one is taken")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
-def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | None) -> None:
+def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: bool, state_dir: Path | None) -> None:
     """Run the whole pipeline for an app file until Ctrl-C."""
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     run = _Run(settings_or_exit(lambda: get_settings(**overrides)))
     up_settings = settings_or_exit(UpSettings)
     try:  # before anything is applied or started: a taken port would fail only once all else is up
         gateway_port = _gateway_port(gateway_port, free_ports)
+        grpc_port = _grpc_port(grpc_port, free_ports)
     except ClipstreamError as exc:
         say(f"error: {exc}")
         raise SystemExit(1) from None
@@ -111,6 +115,8 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         run.settings, run.started_infra = _ensure_infra(run.settings, free_ports)
         settings = run.settings
         env = _stage_env(settings, gateway_port)
+        if grpc_port is not None:
+            env["CLIPSTREAM_GATEWAY_GRPC_PORT"] = str(grpc_port)
         port = env.get("CLIPSTREAM_GATEWAY_PORT", str(GATEWAY_DEFAULTS.port))
         url = gateway_url(env, port)
         click.echo(f"infra: kafka={settings.kafka_bootstrap} redis={redacted_url(settings.redis_url, settings.redis_password)}")
@@ -138,6 +144,9 @@ def up(path: str, gateway_port: int | None, free_ports: bool, state_dir: Path | 
         pipeline.app_file = None  # serving: the registry verbs are the way out from now on
         run.serving.set()
         supervisor.serving = True
+        if grpc_port is not None:
+            click.echo(f"grpc: {env.get('CLIPSTREAM_GATEWAY_HOST', GATEWAY_DEFAULTS.host)}:{grpc_port} "
+                       "(the Open Inference Protocol)")
         click.echo(f"ready: {url}", nl=True)
         sys.stdout.flush()
         _watch_infra(settings, run.stop)
@@ -243,6 +252,29 @@ def _gateway_port(asked: int | None, free_ports: bool) -> int | None:
                                    f"stop it, or pass {instead}") from None
         raise GatewayPortTaken(f"cannot listen on {host}:{port} ({exc.strerror or exc}): check "
                                "CLIPSTREAM_GATEWAY_HOST and --gateway-port") from None
+
+
+def _grpc_port(asked: int | None, free_ports: bool) -> int | None:
+    """The port the gateways serve gRPC on (None: they do not), checked free before anything
+    starts; 0, or a taken one with ``--free-ports``, becomes a free one that every gateway
+    shares (SO_REUSEPORT, as their HTTP port)."""
+    host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", GATEWAY_DEFAULTS.host)
+    raw = os.environ.get("CLIPSTREAM_GATEWAY_GRPC_PORT", "").strip()
+    if asked is None and not raw:
+        return None
+    if asked is None and not (raw.isdigit() and int(raw) <= 65535):
+        raise ConfigError(f"CLIPSTREAM_GATEWAY_GRPC_PORT={raw!r} is not a port: set it to a number from 0 to 65535, "
+                          "or pass --grpc-port P")
+    port = asked if asked is not None else int(raw)
+    try:
+        return bind_once(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE and free_ports:
+            free = bind_once(host, 0)
+            click.echo(f"gateway: gRPC port {port} on {host} is in use; using free port {free} (--free-ports)")
+            return free
+        raise GatewayPortTaken(f"gRPC port {port} on {host} is in use ({exc.strerror or exc}): stop what holds it, "
+                               "or pass another --grpc-port P") from None
 
 
 def bind_once(host: str, port: int) -> int:

@@ -22,30 +22,35 @@ from clipstream.settings import get_settings, settings_or_exit
 from frontend.gateway import create_app
 from frontend.http_protocol import stamped_protocol
 from frontend.settings import get_gateway_settings
+from frontend.v2_grpc import start_grpc
 from topics.catalogue import Catalogue
 from topics.metrics import serve_metrics
 from topics.stage import announce_ready, beat_on_loop, exit_code
 
 
 BACKLOG = 4096  # connections the kernel queues before accept
+GRPC_GRACE_S = 2.0  # how long gRPC calls in flight may take to end when the gateway stops
 STARTUP_FAILED = 3  # the exit code of a gateway whose startup failed, as uvicorn's own (STARTUP_FAILURE)
 
 
 @click.command()
 @click.option("--host", default=None, help="Listen address (CLIPSTREAM_GATEWAY_HOST, 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (CLIPSTREAM_GATEWAY_PORT, 8080; 0 = any).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None,
+              help="Also serve the Open Inference Protocol over gRPC here (CLIPSTREAM_GATEWAY_GRPC_PORT; 0 = any).")
 @click.option("--instance", default=None, help="Instance id: names the reply topic (default random).")
 @click.option("--max-inflight", type=int, default=None, help="Predict requests at once before 503.")
 @click.option("--log-level", default=None, help="uvicorn/python log level (default warning).")
 @click.option("--reuse-port", is_flag=True,
               help="Share the port with other gateways (SO_REUSEPORT): the kernel spreads connections over them.")
 def gateway(
-    host: str | None, port: int | None, instance: str | None, max_inflight: int | None,
+    host: str | None, port: int | None, grpc_port: int | None, instance: str | None, max_inflight: int | None,
     log_level: str | None, reuse_port: bool,
 ) -> None:
-    """Serve POST /v1/apps/{app}/predict and /feedback, /healthz, /readyz, /metrics."""
+    """Serve POST /v1/apps/{app}/predict and /feedback, /healthz, /readyz, /metrics, and the
+    Open Inference Protocol (/v2; over gRPC too with --grpc-port)."""
     overrides: dict[str, Any] = {
-        k: v for k, v in {"host": host, "port": port, "instance": instance,
+        k: v for k, v in {"host": host, "port": port, "grpc_port": grpc_port, "instance": instance,
                           "max_inflight": max_inflight, "log_level": log_level}.items()
         if v is not None
     }
@@ -105,6 +110,15 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         click.echo(f"error: {bind_failure(gw.host, gw.port, exc)}", err=True)
         return 1
     app = create_app(gw, settings)
+    grpc_server = grpc_port = None
+    if gw.grpc_port is not None:  # bound before the gateway starts too, for the same reason
+        try:
+            grpc_server, grpc_port = await start_grpc(app.state.gateway, gw, reuse_port)
+        except RuntimeError:  # grpc's failed bind (its own log line above says why)
+            click.echo(f"error: cannot serve gRPC on {gw.host}:{gw.grpc_port}: the port is taken, or the host is not "
+                       "this machine's. Choose another with --grpc-port (CLIPSTREAM_GATEWAY_GRPC_PORT), or stop what "
+                       "holds it", err=True)
+            return 1
     app.state.gateway.metrics.expose()
     serve_metrics("gateway")
     config = uvicorn.Config(
@@ -125,6 +139,7 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     quiet = _QuietFailedStartup(app)
     logging.getLogger("uvicorn.error").addFilter(quiet)
     task = asyncio.create_task(_serve_until_exit(server, sockets))
+    stopping = asyncio.create_task(_stop_with(server, grpc_server)) if grpc_server is not None else None
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if server.started:
@@ -133,9 +148,14 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
             for sock in srv.sockets:
                 port = sock.getsockname()[1]
                 break
+        if grpc_port is not None:
+            click.echo(f"grpc: {gw.host}:{grpc_port} (the Open Inference Protocol)")
         announce_ready("gateway", f"{gw.scheme}://{gw.host}:{port}")
         beat_on_loop("gateway")  # the serving loop's proof of life for `up`
     await task
+    if grpc_server is not None and stopping is not None:
+        stopping.cancel()  # uvicorn may have ended without a signal (a failed startup)
+        await grpc_server.stop(grace=GRPC_GRACE_S)
     logging.getLogger("uvicorn.error").removeFilter(quiet)
     if server.started:
         return 0
@@ -143,6 +163,14 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     why = getattr(app.state, "startup_error", None) or "the gateway did not start (see the log above)"
     click.echo(f"error: {why}", err=True)
     return STARTUP_FAILED
+
+
+async def _stop_with(server: Any, grpc_server: Any) -> None:
+    """Stop the gRPC server as uvicorn starts to stop (a signal), so that both drain their calls
+    in flight before the lifespan lets go of Kafka."""
+    while not server.should_exit:
+        await asyncio.sleep(0.1)
+    await grpc_server.stop(grace=GRPC_GRACE_S)
 
 
 class _QuietFailedStartup(logging.Filter):

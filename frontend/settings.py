@@ -26,6 +26,8 @@ class GatewaySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8080
+    # the Open Inference Protocol over gRPC on this port too (0 = any free one); unset = none
+    grpc_port: int | None = Field(None, ge=0, le=65535)
     # comma-separated in the environment; empty (and no app_keys) = no authentication
     api_keys: Annotated[tuple[str, ...], NoDecode] = Field((), repr=False)
     # keys that reach only some apps' routes: JSON in the environment, {"key": ["app", ...]}

@@ -28,7 +28,7 @@ from frontend.gateway_models import MAX_SLO_MS
 from frontend.http_protocol import RECEIVED_US
 from frontend.predict_body import OFFLOAD_BYTES
 from frontend.state import GatewayState
-from frontend.v2_messages import (DATATYPES, ErrorV2, InferRequest, app_outputs, bad, check_outputs, decoded,
+from frontend.v2_messages import (DATATYPES, ErrorV2, InferRequest, Parsed, app_outputs, bad, check_outputs, decoded,
                                   infer_response, output_datatype, parse_infer)
 from registry.topic import AppConfig
 from schemas import Tensor
@@ -43,6 +43,19 @@ BATCH_BODY_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; send the batch as sever
 
 async def _stays() -> bool:
     return False
+
+
+def server_ready(state: GatewayState) -> bool:
+    return state.registry is not None and state.bus is not None
+
+
+def app_ready(state: GatewayState, cfg: AppConfig) -> bool:
+    return bool(cfg.models) and state.bus is not None
+
+
+def unversioned(app: str) -> HTTPProblem:
+    return HTTPProblem(404, f"versions are not addressed here: an app answers with the versions the registry "
+                            f"serves; ask for model {app[:64]!r} without one")
 
 
 def server_metadata() -> dict[str, Any]:
@@ -63,21 +76,21 @@ def model_metadata(state: GatewayState, cfg: AppConfig) -> dict[str, Any]:
     return {"name": cfg.name, "versions": [], "platform": "clipstream", "inputs": inputs, "outputs": outputs}
 
 
-async def infer(state: GatewayState, cfg: AppConfig, raw: bytes, header_length: int | None,
+async def infer(state: GatewayState, cfg: AppConfig, parse: Callable[[], Parsed], size: int,
                 when: tuple[float, int, int], counts: tuple[Any, ...],
                 gone: Callable[[], Awaitable[bool]] = _stays) -> dict[str, Any]:
     """Each example asked as its own query, holding an admission slot until its answer. A batch
     has at most half the admission limit in flight at once, so the callers beside it keep their
     turn, and its later examples go as the earlier ones are answered, each with the SLO from when
     it goes. Its examples wait for slots as long as its caller does (``BATCH_WAIT_S``), behind
-    other batches too. A refusal (503), or a caller ``gone``, sends none of those still waiting."""
+    other batches too. A refusal (503), or a caller ``gone``, sends none of those still waiting.
+    ``parse`` reads the request (of ``size`` bytes) as HTTP or gRPC carries it."""
     if state.bus is None:
         raise state.overloaded("gateway is not connected to Kafka")
     if state.late_for(cfg.slo_ms):
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
-    parse = functools.partial(parse_infer, raw, state.input_spec(cfg), state.settings.max_record_bytes, header_length)
     # a batch of images costs milliseconds of parsing: keep the loop answering others
-    parsed = await asyncio.get_running_loop().run_in_executor(None, parse) if len(raw) > OFFLOAD_BYTES else parse()
+    parsed = await asyncio.get_running_loop().run_in_executor(None, parse) if size > OFFLOAD_BYTES else parse()
     req, tensors, request_id, wanted = parsed
     kind, labels = state.outputs(cfg)
     check_outputs(cfg, kind, labels, wanted)
@@ -125,8 +138,8 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
         return {"live": True}
 
     @app.get("/v2/health/ready", summary="Open Inference Protocol: ready for inference (as /readyz)")
-    async def ready() -> JSONResponse:
-        ok = state.registry is not None and state.bus is not None
+    async def health_ready() -> JSONResponse:
+        ok = server_ready(state)
         return JSONResponse({"ready": ok}, 200 if ok else 503)
 
     @app.get("/v2", summary="Open Inference Protocol: the server's metadata")
@@ -138,15 +151,14 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
         return model_metadata(state, state.app_config(app))
 
     @app.get("/v2/models/{app}/ready", summary="Open Inference Protocol: the app has a model to ask")
-    async def app_ready(app: str) -> JSONResponse:
+    async def model_ready(app: str) -> JSONResponse:
         cfg = state.app_config(app)
-        ok = bool(cfg.models) and state.bus is not None
+        ok = app_ready(state, cfg)
         return JSONResponse({"name": cfg.name, "ready": ok}, 200 if ok else 503)
 
     @app.api_route("/v2/models/{app}/versions/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
     async def versioned(app: str, rest: str) -> None:
-        raise HTTPProblem(404, f"versions are not addressed here: an app answers with the versions the registry "
-                               f"serves; call /v2/models/{app[:64]}/... without one")
+        raise unversioned(app)
 
     @app.get("/v2/models/{app}/config", include_in_schema=False)
     async def config(app: str) -> None:
@@ -171,5 +183,7 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
         header = request.headers.get("inference-header-content-length")
         if header is not None and not header.isdigit():
             raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
-        return JSONResponse(await infer(state, cfg, raw, int(header) if header else None, (t0, arrived, created),
+        parse = functools.partial(parse_infer, raw, state.input_spec(cfg), state.settings.max_record_bytes,
+                                  int(header) if header else None)
+        return JSONResponse(await infer(state, cfg, parse, len(raw), (t0, arrived, created),
                                         state.metrics.app(cfg.name), request.is_disconnected))

@@ -53,12 +53,16 @@ class InferRequest(BaseModel):
                                                  "left out.")
 
 
+# what an infer asks: its context and SLO, one tensor per example, its id, the outputs it wants
+Parsed = tuple[PredictRequest, list[Tensor], str | None, list[str]]
+
+
 def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, header_length: int | None = None
-                ) -> tuple[PredictRequest, list[Tensor], str | None, list[str]]:
-    """An infer body -> (the request's context and SLO, one tensor per example, the request's
-    id, the outputs asked for). ``header_length``: the binary data extension's JSON length
-    (``Inference-Header-Content-Length``), the input's raw bytes after it, as Triton's clients
-    send by default. HTTPProblem 400 says why not, or 413 for an example no record could carry."""
+                ) -> Parsed:
+    """An infer body -> what it asks (``Parsed``). ``header_length``: the binary data extension's
+    JSON length (``Inference-Header-Content-Length``), the input's raw bytes after it, as Triton's
+    clients send by default. HTTPProblem 400 says why not, or 413 for an example no record could
+    carry."""
     if header_length is not None and not 0 < header_length <= len(raw):
         raise bad(f"Inference-Header-Content-Length {header_length} is not within the body's {len(raw)} bytes")
     body = parse_json(raw[:header_length] if header_length is not None else raw)
@@ -66,53 +70,77 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
         raise bad("the body must be a JSON object with `inputs`")
     tensors = body.get("inputs")
     if not isinstance(tensors, list) or len(tensors) != 1 or not isinstance(tensors[0], dict):
-        raise bad("`inputs` must hold one tensor: an app's models take one input, with the batch as its first "
-                   "dimension")
+        raise bad(ONE_INPUT)
     tensor = tensors[0]
     shape, datatype = tensor.get("shape"), tensor.get("datatype")
+    spec = checked_input(shape, datatype, spec)
+    binary = (tensor.get("parameters") or {}).get("binary_data_size") if isinstance(tensor.get("parameters"), dict) \
+        else None
+    if binary is not None:
+        blob = raw[header_length or len(raw):]
+        if type(binary) is not int or binary != len(blob):
+            what = "is not a number of bytes" if type(binary) is not int else f"is not the {len(blob)} bytes"
+            raise bad(f"binary_data_size {binary!r} {what} after the JSON header")
+        rows = read_rows(shape, datatype, spec, blob=blob)
+    else:
+        rows = read_rows(shape, datatype, spec, values=_flat(tensor.get("data"), shape))
+    rid = body.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise bad("`id` must be a string")
+    return predict_request(_parameters(body.get("parameters"))), examples(rows, max_record_bytes), rid, \
+        wanted(body.get("outputs"))
+
+
+ONE_INPUT = "`inputs` must hold one tensor: an app's models take one input, with the batch as its first dimension"
+
+
+def checked_input(shape: Any, datatype: Any, spec: TensorSpec | None) -> TensorSpec:
+    """The input tensor's shape and datatype checked against the model's (``spec``; the tensor's
+    own when the app declares none), which is returned."""
     if not (isinstance(shape, list) and shape and all(type(d) is int and d >= 0 for d in shape) and shape[0] >= 1):
         raise bad(f"input shape {shape!r} must be a list of non-negative integers, the batch first (at least 1)")
     if datatype not in _DTYPE_OF:
         raise bad(f"input datatype {datatype!r} is not one of {', '.join(sorted(_DTYPE_OF))}")
     spec = spec or TensorSpec(_DTYPE_OF[datatype], tuple(shape[1:]))
     _fits(shape, datatype, spec)
-    binary = (tensor.get("parameters") or {}).get("binary_data_size") if isinstance(tensor.get("parameters"), dict) \
-        else None
+    return spec
+
+
+def read_rows(shape: list[int], datatype: str, spec: TensorSpec, *, values: list[Any] | None = None,
+              blob: bytes | None = None) -> np.ndarray:
+    """The examples, as the model's dtype, from the values in row-major order or from raw bytes:
+    numbers little-endian in row-major order, BYTES as each element's uint32 length and bytes
+    (the layout a ``Tensor`` carries). A 400 says why they are no input for the model."""
     try:
-        if binary is not None:
-            rows = _binary_rows(raw[header_length or len(raw):], binary, shape, datatype, spec)
-        else:
-            values = _flat(tensor.get("data"), shape)
-            if len(values) != math.prod(shape):
-                raise bad(f"input data holds {len(values)} values, and shape {shape} needs {math.prod(shape)}")
-            # the values must fit the datatype sent (a UINT8 of 300 is no UINT8), then the model's
-            sent = spec if datatype == "BYTES" else TensorSpec(_DTYPE_OF[datatype], spec.shape)
-            rows = _as_model(parse_rows(values, sent, shape[0], f"sent as {datatype} for the model's {spec.dtype} "
-                                                                 f"{list(spec.shape)}"), spec)
-        req = PredictRequest.model_validate({"input": None, **_parameters(body.get("parameters"))})
+        if blob is not None:
+            return array_of(spec.dtype, shape, blob) if datatype == "BYTES" else \
+                _as_model(values_of_bytes(blob, _DTYPE_OF[datatype], shape), spec)
+        values = values or []
+        if len(values) != math.prod(shape):
+            raise bad(f"input data holds {len(values)} values, and shape {shape} needs {math.prod(shape)}")
+        # the values must fit the datatype sent (a UINT8 of 300 is no UINT8), then the model's
+        sent = spec if datatype == "BYTES" else TensorSpec(_DTYPE_OF[datatype], spec.shape)
+        return _as_model(parse_rows(values, sent, shape[0], f"sent as {datatype} for the model's {spec.dtype} "
+                                                            f"{list(spec.shape)}"), spec)
     except (InputError, DecodeError) as exc:
         raise bad(str(exc)) from None
+
+
+def predict_request(params: dict[str, Any]) -> PredictRequest:
+    """The request's ``context`` and ``slo_ms``, checked as a predict's are."""
+    try:
+        return PredictRequest.model_validate({"input": None, **params})
     except ValidationError as exc:
         raise bad(f"parameters: {validation_reason(exc)}") from None
+
+
+def examples(rows: np.ndarray, max_record_bytes: int) -> list[Tensor]:
+    """One tensor per example; a 413 for an example no record could carry."""
     tensors = [Tensor.of(rows[i:i + 1].reshape(rows.shape[1:])) for i in range(len(rows))]  # one string too
     biggest = max(len(t.data) for t in tensors)
     if biggest > input_limit(max_record_bytes):
         raise HTTPProblem(413, too_large_input(biggest, max_record_bytes))
-    rid = body.get("id")
-    if rid is not None and not isinstance(rid, str):
-        raise bad("`id` must be a string")
-    return req, tensors, rid, _wanted(body.get("outputs"))
-
-
-def _binary_rows(blob: bytes, size: Any, shape: list[int], datatype: str, spec: TensorSpec) -> np.ndarray:
-    """The examples of an input sent as raw bytes: numbers little-endian in row-major order,
-    BYTES as each element's uint32 length and bytes (the layout a ``Tensor`` carries)."""
-    if type(size) is not int or size != len(blob):
-        what = "is not a number of bytes" if type(size) is not int else f"is not the {len(blob)} bytes"
-        raise bad(f"binary_data_size {size!r} {what} after the JSON header")
-    if datatype == "BYTES":
-        return array_of(spec.dtype, shape, blob)
-    return _as_model(values_of_bytes(blob, _DTYPE_OF[datatype], shape), spec)
+    return tensors
 
 
 def _as_model(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -240,7 +268,8 @@ def _parameters(params: Any) -> dict[str, Any]:
     return {k: params[k] for k in ("context", "slo_ms") if k in params}
 
 
-def _wanted(outputs: Any) -> list[str]:
+def wanted(outputs: Any) -> list[str]:
+    """The outputs asked for by name (all when none are named)."""
     if outputs is None:
         return []
     names = [o.get("name") if isinstance(o, dict) else None for o in outputs] if isinstance(outputs, list) else [None]

@@ -76,9 +76,9 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         "apps": [{"name": app, "policy": "exp4", "slo_ms": 3000, "default_output": -1, "models": ["logreg"]}],
         "models": [{"name": "logreg", "version": "1", "path": "models/logreg/1", "replicas": 1}],
     }))
-    port = pick_free_ports(1)[0]
+    port, grpc_port = pick_free_ports(2)
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
-           "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_BATCHERS": batchers}
+           "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_BATCHERS": batchers, "CLIPSTREAM_GATEWAY_GRPC_PORT": str(grpc_port)}
     up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
     lines = up.lines
     client = Client(f"http://127.0.0.1:{port}", app=app)
@@ -102,6 +102,15 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         images.set_data_from_numpy(x[1602:1606])
         labels = v2.infer(app, [images]).as_numpy("output")
         assert labels.tolist() == digits_logreg().predict(x[1602:1606]).tolist()
+        # and over gRPC, on the port up says
+        import tritonclient.grpc as triton_grpc
+
+        assert f"grpc: 127.0.0.1:{grpc_port} (the Open Inference Protocol)" in lines
+        with triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}") as rpc:
+            images = triton_grpc.InferInput("input", [4, 64], "FP32")
+            images.set_data_from_numpy(x[1606:1610])
+            labels = rpc.infer(app, [images]).as_numpy("output")
+        assert labels.tolist() == digits_logreg().predict(x[1606:1610]).tolist()
 
         # every stage beats from each of its working loops, so `up` can tell a hung one
         state = tmp_path / "state" / "up" / f"gateway-{port}"

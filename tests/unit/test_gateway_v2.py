@@ -3,6 +3,7 @@ dimension is a batch of queries, and the answers come back as output tensors in 
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -277,7 +278,9 @@ def test_a_batch_whose_caller_went_away_sends_no_more_examples() -> None:
     async def call(state) -> int:  # noqa: ANN001
         t = now_us()
         try:
-            await infer(state, state.app_config("pets"), raw, None, (0.0, t, t), state.metrics.app("pets"), gone)
+            cfg = state.app_config("pets")
+            parse = functools.partial(parse_infer, raw, state.input_spec(cfg), 1 << 20)
+            await infer(state, cfg, parse, len(raw), (0.0, t, t), state.metrics.app("pets"), gone)
         except HTTPProblem as exc:
             return exc.status
         return 200

@@ -211,3 +211,20 @@ def test_up_names_the_gateway_https_when_it_has_a_certificate() -> None:
     assert gateway_url({}, 8080) == "http://127.0.0.1:8080"
     tls = {"CLIPSTREAM_GATEWAY_TLS_CERT": "/c.pem", "CLIPSTREAM_GATEWAY_TLS_KEY": "/k.pem", "CLIPSTREAM_GATEWAY_HOST": "0.0.0.0"}
     assert gateway_url(tls, 8443) == "https://0.0.0.0:8443"
+
+
+def test_the_grpc_port_is_off_unless_asked_and_checked_before_anything_starts(
+        monkeypatch: pytest.MonkeyPatch, taken: int) -> None:
+    monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
+    monkeypatch.delenv("CLIPSTREAM_GATEWAY_GRPC_PORT", raising=False)
+    assert up_module._grpc_port(None, free_ports=False) is None
+    chosen = up_module._grpc_port(0, free_ports=False)  # one free port, which every gateway then shares
+    assert chosen is not None and chosen > 0 and up_module.bind_once(HOST, chosen) == chosen
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_GRPC_PORT", str(taken))
+    with pytest.raises(up_module.GatewayPortTaken, match=f"gRPC port {taken} on {HOST} is in use.*--grpc-port P"):
+        up_module._grpc_port(None, free_ports=False)
+    moved = up_module._grpc_port(None, free_ports=True)
+    assert moved is not None and moved != taken
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_GRPC_PORT", "x1")
+    with pytest.raises(ClipstreamError, match=r"CLIPSTREAM_GATEWAY_GRPC_PORT='x1' is not a port.*--grpc-port P"):
+        up_module._grpc_port(None, free_ports=False)

@@ -1,0 +1,210 @@
+"""The Open Inference Protocol over gRPC (KServe's ``GRPCInferenceService``), beside the
+gateway's HTTP routes and on its event loop, for the clients of Triton and MLServer that speak
+gRPC. A request is read into what an HTTP infer asks (``v2_messages.Parsed``) and answered by
+the same ``v2.infer``, so both fronts share every check, the admission and the query path; the
+answers go back as raw output contents, as Triton sends them (docs/design/0114).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+
+from clipstream.clock import now_us
+from frontend.gateway_http import HTTPProblem, key_allowed, key_apps, key_of
+from frontend.state import GatewayState
+from frontend.settings import GatewaySettings
+from frontend.v2 import app_ready, infer, model_metadata, server_metadata, server_ready, unversioned
+from frontend.v2_messages import (ONE_INPUT, Parsed, bad, checked_input, examples, predict_request, read_rows,
+                                  wanted)
+from frontend.v2_proto import MESSAGES, METHODS, SERVICE
+from registry.spec import TensorSpec
+
+log = logging.getLogger(__name__)
+
+# the HTTP status of a refusal as the gRPC status its clients read
+CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED, 415: grpc.StatusCode.INVALID_ARGUMENT, 499: grpc.StatusCode.CANCELLED,
+    503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# where each method's requests are counted (``clipstream_gateway_requests``), by HTTP status
+ROUTES = {"ServerLive": "grpc-server", "ServerReady": "grpc-server", "ServerMetadata": "grpc-server",
+          "ModelReady": "grpc-model", "ModelMetadata": "grpc-model", "ModelInfer": "grpc-infer"}
+OPEN_METHODS = frozenset({"ServerLive"})  # as /v2/health/live: a liveness probe needs no secret
+SERVER_METHODS = frozenset({"ServerReady", "ServerMetadata"})  # as /v2: a per-app key reaches them
+# the typed contents field that carries each datatype's values (FP16 has none: raw only)
+CONTENTS = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+            "UINT32": "uint_contents", "UINT64": "uint64_contents", "INT8": "int_contents",
+            "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
+            "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+_NUMPY = {"BOOL": "?", "INT64": "<i8", "FP32": "<f4", "FP64": "<f8"}  # the output tensors' datatypes
+
+
+def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) -> Parsed:
+    """A ``ModelInferRequest`` -> what it asks, read as an HTTP infer is: its one input from
+    ``raw_input_contents`` (tritonclient's way) or from its typed ``contents``."""
+    if len(request.inputs) != 1:
+        raise bad(ONE_INPUT)
+    tensor = request.inputs[0]
+    shape, datatype = list(tensor.shape), tensor.datatype
+    spec = checked_input(shape, datatype, spec)
+    if request.raw_input_contents:
+        if len(request.raw_input_contents) != 1:
+            raise bad(f"raw_input_contents holds {len(request.raw_input_contents)} tensors, and there is one input")
+        rows = read_rows(shape, datatype, spec, blob=request.raw_input_contents[0])
+    elif datatype not in CONTENTS:
+        raise bad(f"{datatype} has no typed contents field: send it in raw_input_contents")
+    elif datatype == "BYTES":
+        items = tensor.contents.bytes_contents
+        rows = read_rows(shape, datatype, spec, blob=b"".join(len(b).to_bytes(4, "little") + b for b in items))
+    else:
+        rows = read_rows(shape, datatype, spec, values=list(getattr(tensor.contents, CONTENTS[datatype])))
+    params = {k: _value(v) for k, v in request.parameters.items() if k in ("context", "slo_ms")}
+    asked = wanted([{"name": o.name} for o in request.outputs]) if request.outputs else []
+    return predict_request(params), examples(rows, max_record_bytes), request.id or None, asked
+
+
+def _value(param: Any) -> Any:
+    which = param.WhichOneof("parameter_choice")
+    return None if which is None else getattr(param, which)
+
+
+def infer_reply(answer: dict[str, Any]) -> Any:
+    """An infer's answer (``v2_messages.infer_response``) as a ``ModelInferResponse``, each
+    output's values in ``raw_output_contents``: little-endian numbers, BYTES as each element's
+    uint32 length and UTF-8 bytes."""
+    reply = MESSAGES["ModelInferResponse"](model_name=answer["model_name"], id=answer.get("id", ""))
+    for out in answer["outputs"]:
+        reply.outputs.add(name=out["name"], datatype=out["datatype"], shape=out["shape"])
+        if out["datatype"] == "BYTES":
+            blob = b"".join(len(b).to_bytes(4, "little") + b for b in (str(v).encode() for v in out["data"]))
+        else:
+            blob = np.asarray(out["data"], dtype=_NUMPY[out["datatype"]]).tobytes()
+        reply.raw_output_contents.append(blob)
+    return reply
+
+
+def metadata_reply(meta: dict[str, Any]) -> Any:
+    reply = MESSAGES["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+    for side in ("inputs", "outputs"):
+        for t in meta[side]:
+            getattr(reply, side).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+    return reply
+
+
+class InferenceService:
+    """The protocol's methods over the gateway's state, each behind the gateway's API keys
+    (``authorization: Bearer <key>`` or ``x-api-key`` metadata) and counted as HTTP requests are."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        methods = {}
+        for name, (request, response) in METHODS.items():
+            methods[name] = grpc.unary_unary_rpc_method_handler(
+                self._guarded(name, getattr(self, name)), request_deserializer=MESSAGES[request].FromString,
+                response_serializer=MESSAGES[response].SerializeToString)
+        return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 (the protocol's names)
+        return MESSAGES["ServerLiveResponse"](live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return MESSAGES["ServerReadyResponse"](ready=server_ready(self.state))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return MESSAGES["ServerMetadataResponse"](**server_metadata())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return MESSAGES["ModelReadyResponse"](ready=app_ready(self.state, self._app(request.name, request.version)))
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return metadata_reply(model_metadata(self.state, self._app(request.name, request.version)))
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        t0, arrived = time.perf_counter(), now_us()
+        state = self.state
+        cfg = self._app(request.model_name, request.model_version)
+        parse = functools.partial(parse_request, request, state.input_spec(cfg), state.settings.max_record_bytes)
+
+        async def gone() -> bool:
+            return bool(context.cancelled())
+
+        answer = await infer(state, cfg, parse, request.ByteSize(), (t0, arrived, arrived),
+                             state.metrics.app(cfg.name), gone)
+        return infer_reply(answer)
+
+    def _app(self, name: str, version: str) -> Any:
+        if version:
+            raise unversioned(name)
+        return self.state.app_config(name)
+
+    def _refusal(self, method: str, request: Any, context: Any) -> HTTPProblem | None:
+        gw = self.state.gw
+        if method in OPEN_METHODS or not (gw.api_keys or gw.app_keys):
+            return None
+        key = key_of({k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)})
+        if key_allowed(key, gw.api_keys):
+            return None
+        apps = key_apps(key, gw.app_keys)
+        if apps is None:
+            return HTTPProblem(401, "missing or invalid API key: send it as 'authorization: Bearer <key>' metadata")
+        app = getattr(request, "model_name", None) or getattr(request, "name", None)
+        if method in SERVER_METHODS or app in apps:
+            return None
+        return HTTPProblem(403, f"this API key is not allowed for app {app[:64]!r}")
+
+    def _guarded(self, method: str, call: Callable[[Any, Any], Awaitable[Any]]
+                 ) -> Callable[[Any, Any], Awaitable[Any]]:
+        route = ROUTES[method]
+
+        async def guarded(request: Any, context: Any) -> Any:
+            status = 200
+            try:
+                refusal = self._refusal(method, request, context)
+                if refusal is not None:
+                    raise refusal
+                return await call(request, context)
+            except HTTPProblem as exc:
+                status = exc.status
+                trailer = tuple((k.lower(), v) for k, v in exc.headers.items())
+                await context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.detail, trailer)
+            except asyncio.CancelledError:
+                status = 499
+                raise
+            except Exception:
+                status = 500
+                log.exception("gRPC %s failed", method)
+                await context.abort(grpc.StatusCode.INTERNAL, "the gateway failed on this request: see its log")
+            finally:
+                self.state.metrics.requests.inc(route, str(status))
+
+        return guarded
+
+
+async def start_grpc(state: GatewayState, gw: GatewaySettings, reuse_port: bool) -> tuple[grpc.aio.Server, int]:
+    """The protocol's gRPC server on ``CLIPSTREAM_GATEWAY_GRPC_PORT`` (TLS as the HTTP routes'),
+    started on the running loop; it and the port bound. Messages over the body limit are refused
+    by gRPC itself (RESOURCE_EXHAUSTED)."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", gw.max_body_bytes),
+                                      ("grpc.so_reuseport", 1 if reuse_port else 0)])
+    server.add_generic_rpc_handlers((InferenceService(state).handler(),))
+    host = f"[{gw.host}]" if ":" in gw.host else gw.host
+    address = f"{host}:{gw.grpc_port}"
+    if gw.tls_cert is not None and gw.tls_key is not None:
+        pair = (gw.tls_key.read_bytes(), gw.tls_cert.read_bytes())
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+    else:
+        port = server.add_insecure_port(address)
+    await server.start()
+    return server, port

@@ -1,0 +1,141 @@
+"""The Open Inference Protocol over gRPC: tritonclient's gRPC client against the gateway's
+service, answered by the same infer as the HTTP routes (a fake bus stands for Kafka)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from frontend.v2_grpc import parse_request, start_grpc
+from frontend.v2_proto import MESSAGES
+from registry.spec import TensorSpec
+from tests.unit.test_gateway_http import FakeBus, make_app
+from tests.unit.test_gateway_v2 import ROWS, by_first_value
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+
+def _fields(descriptor: Any, prefix: str = "") -> set[tuple[Any, ...]]:
+    out = {(prefix + descriptor.name, f.name, f.number, f.type, f.is_repeated,
+            f.message_type.name if f.message_type else "") for f in descriptor.fields}
+    for nested in descriptor.nested_types:
+        out |= _fields(nested, f"{prefix}{descriptor.name}.")
+    return out
+
+
+def test_the_messages_carry_the_protocols_field_numbers() -> None:
+    from tritonclient.grpc import service_pb2
+
+    for name, cls in MESSAGES.items():
+        if "." not in name:
+            ours, theirs = _fields(cls.DESCRIPTOR), _fields(getattr(service_pb2, name).DESCRIPTOR)
+            assert ours <= theirs, (name, ours - theirs)
+    assert set(service_pb2.DESCRIPTOR.services_by_name) == {"GRPCInferenceService"}
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[Any, FakeBus, Any]]:
+    """A gateway over a fake bus with its gRPC server on a free port, and a client of it."""
+    bus = FakeBus(by_first_value)
+    gw = getattr(request, "param", {})
+    with TestClient(make_app(bus, grpc_port=0, **gw)) as c:
+        state = c.app.state.gateway
+        server, port = c.portal.call(start_grpc, state, state.gw, False)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            yield client, bus, c
+        finally:
+            client.close()
+            c.portal.call(server.stop, 0)
+
+
+def _input(rows: np.ndarray, datatype: str = "FP32") -> Any:
+    tensor = grpcclient.InferInput("input", list(rows.shape), datatype)
+    tensor.set_data_from_numpy(rows)
+    return tensor
+
+
+def test_tritonclient_infers_a_batch_one_query_per_example(served: tuple[Any, FakeBus, Any]) -> None:
+    client, bus, _ = served
+    rows = ROWS.copy()
+    rows[1, 0, 0] = 7.0
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("pets")
+    result = client.infer("pets", [_input(rows)], request_id="r-9", parameters={"context": "user-3", "slo_ms": 90})
+    assert [o.decode() for o in result.as_numpy("output")] == ["cat", "dog", "cat"]
+    np.testing.assert_allclose(result.as_numpy("scores"), [[0.9, 0.1], [0.2, 0.8], [0.9, 0.1]], rtol=1e-6)
+    assert result.as_numpy("default").tolist() == [False, False, False]
+    assert result.get_response().id == "r-9"
+    sent = {e.query_id: e for e, _ in bus.queries}
+    ids = [q.decode() for q in result.as_numpy("query_id")]
+    for i, qid in enumerate(ids):  # each row's own query, with the request's context and SLO
+        np.testing.assert_array_equal(sent[qid].input.array(), rows[i])
+        assert sent[qid].context == "user-3" and sent[qid].deadline_us - sent[qid].created_us == 90_000
+
+
+def test_metadata_and_asked_outputs(served: tuple[Any, FakeBus, Any]) -> None:
+    client, _, _ = served
+    meta = client.get_model_metadata("pets", as_json=True)
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "2", "3"]}]
+    assert [o["name"] for o in meta["outputs"]][:2] == ["output", "scores"]
+    assert client.get_server_metadata(as_json=True)["name"] == "clipstream"
+    result = client.infer("pets", [_input(ROWS[:2])], outputs=[grpcclient.InferRequestedOutput("confidence")])
+    assert result.as_numpy("confidence").tolist() == pytest.approx([0.9, 0.9]) and result.as_numpy("output") is None
+
+
+@pytest.mark.parametrize("call, code, words", [
+    (lambda c: c.infer("nope", [_input(ROWS)]), "StatusCode.NOT_FOUND", "unknown app"),
+    (lambda c: c.infer("pets", [_input(ROWS[:, :1])]), "StatusCode.INVALID_ARGUMENT", "is not a batch of the model's"),
+    (lambda c: c.infer("pets", [_input(ROWS > 5, "BOOL")]), "StatusCode.INVALID_ARGUMENT",
+     "does not fit the model's FP32"),
+    (lambda c: c.infer("pets", [_input(ROWS)], model_version="2"), "StatusCode.NOT_FOUND", "versions are not"),
+    (lambda c: c.infer("pets", [_input(ROWS)], outputs=[grpcclient.InferRequestedOutput("logits")]),
+     "StatusCode.INVALID_ARGUMENT", "unknown output 'logits'"),
+    (lambda c: c.get_model_config("pets"), "StatusCode.UNIMPLEMENTED", ""),
+])
+def test_refusals_carry_the_status_and_the_reason(served: tuple[Any, FakeBus, Any], call: Any, code: str,
+                                                    words: str) -> None:
+    client, bus, c = served
+    with pytest.raises(InferenceServerException) as err:
+        call(client)
+    assert err.value.status() == code and words in err.value.message()
+    assert bus.queries == []
+    if code != "StatusCode.UNIMPLEMENTED":
+        assert 'route="grpc-' in c.get("/metrics").text
+
+
+@pytest.mark.parametrize("served", [{"api_keys": ("k1",), "app_keys": {"k2": ("other",)}}], indirect=True)
+def test_api_keys_are_read_from_the_metadata(served: tuple[Any, FakeBus, Any]) -> None:
+    client, bus, _ = served
+    assert client.is_server_live()  # a liveness probe needs no key
+    for headers, code in ((None, "UNAUTHENTICATED"), ({"x-api-key": "bad"}, "UNAUTHENTICATED"),
+                          ({"authorization": "Bearer k2"}, "PERMISSION_DENIED")):
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("pets", [_input(ROWS)], headers=headers)
+        assert err.value.status() == f"StatusCode.{code}", err.value.message()
+    assert client.is_server_ready(headers={"authorization": "Bearer k2"})  # a per-app key reaches the server's
+    result = client.infer("pets", [_input(ROWS)], headers={"authorization": "Bearer k1"})
+    assert result.as_numpy("output").shape == (3,) and len(bus.queries) == 3
+
+
+def test_typed_contents_are_read_as_the_raw_bytes_are() -> None:
+    spec = TensorSpec("float32", (2, 3))
+    request = MESSAGES["ModelInferRequest"](model_name="pets")
+    tensor = request.inputs.add(name="input", datatype="FP64", shape=[3, 2, 3])
+    tensor.contents.fp64_contents.extend(ROWS.ravel().tolist())
+    request.parameters["slo_ms"].int64_param = 70
+    req, examples, rid, wanted = parse_request(request, spec, 1 << 20)
+    assert [e.array().tolist() for e in examples] == ROWS.tolist() and req.slo_ms == 70 and rid is None
+    assert wanted == []
+    text = MESSAGES["ModelInferRequest"](model_name="t")
+    text.inputs.add(name="input", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(["hé".encode(), b"x"])
+    _, examples, _, _ = parse_request(text, TensorSpec("string", ()), 1 << 20)
+    assert [e.array().item() for e in examples] == ["hé", "x"]
+    half = MESSAGES["ModelInferRequest"](model_name="pets")
+    half.inputs.add(name="input", datatype="FP16", shape=[1, 2, 3])
+    with pytest.raises(Exception, match="FP16 has no typed contents field: send it in raw_input_contents"):
+        parse_request(half, spec, 1 << 20)

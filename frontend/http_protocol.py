@@ -145,9 +145,10 @@ def parse_error_response(reason: str, default_headers: Iterable[tuple[bytes, byt
 
 
 def error_response(status: int, phrase: str, detail: str, default_headers: Iterable[tuple[bytes, bytes]] = ()) -> bytes:
-    """A raw answer to a request no route saw: the gateway's JSON ``{"detail": ...}`` and
-    ``connection: close``, after the server's own headers (date, server)."""
-    body = json.dumps({"detail": detail}, separators=(",", ":")).encode()
+    """A raw answer to a request no route saw: the gateway's JSON ``{"detail": ...}``, with the
+    reason under ``error`` too, which the Open Inference Protocol's clients read (the path may
+    not have been read), and ``connection: close``, after the server's own headers (date, server)."""
+    body = json.dumps({"detail": detail, "error": detail}, separators=(",", ":")).encode()
     head = [f"HTTP/1.1 {status} {phrase}".encode(), *(name + b": " + value for name, value in default_headers),
             b"content-type: application/json", b"content-length: " + str(len(body)).encode(),
             b"connection: close"]

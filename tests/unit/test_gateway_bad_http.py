@@ -68,7 +68,8 @@ def test_headers_over_the_limit_are_a_json_431_before_any_key_is_checked(strict_
     status, headers, body = _raw(strict_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
                                               + b"X-Pad: " + b"a" * 8000 + b"\r\n\r\n")
     assert status == 431 and headers["connection"] == "close"
-    assert json.loads(body) == {"detail": "the request line and headers are over 4096 bytes"}
+    reason = "the request line and headers are over 4096 bytes"  # under both keys: the path may be unread
+    assert json.loads(body) == {"detail": reason, "error": reason}
     # one header value that never ends, sent in pieces: refused once the pieces pass the limit
     data = b""
     with socket.create_connection(("127.0.0.1", strict_port), timeout=10) as s:

@@ -53,8 +53,12 @@ def parse_input(value: Any, spec: TensorSpec) -> np.ndarray:
 
     JSON integers are fine for float inputs; booleans, strings, nulls, ragged lists, wrong
     lengths and integers out of the dtype's range are not. Every reason names the shape the
-    model expects. A ``string`` or ``bytes`` input takes JSON strings (``bytes`` as their UTF-8).
+    model expects. A ``string`` or ``bytes`` input takes JSON strings (``bytes`` as their UTF-8);
+    one of one element (skl2onnx's ``[1]``) takes its string alone too, as its raw body is.
     """
+    if spec.dtype in VARIABLE and isinstance(value, str | bytes) and spec.shape and math.prod(spec.shape) == 1:
+        for _ in spec.shape:
+            value = [value]
     allowed, what = _allowed(spec.dtype)
     expect = f"the model takes shape {list(spec.shape)}, dtype {spec.dtype}"
     _walk(value, spec.shape, 0, "input", allowed, what, expect)

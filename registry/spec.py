@@ -7,6 +7,7 @@ against ``input``, the selector reads ``output`` to combine answers.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,9 @@ def load_spec(folder: str | Path) -> ModelSpec:
 
 
 def example_input(spec: ModelSpec, rows: int) -> np.ndarray | None:
-    """``rows`` copies of the model's ``example`` (a ``.npy`` array of one input, or, for a
-    ``string`` or ``bytes`` input of one element, the file's contents), or zeros; None for a
+    """``rows`` copies of the model's ``example`` (a ``.npy`` array of one input, a ``.json``
+    one as nested lists, or, for a ``string`` or ``bytes`` input of one element, the file's
+    contents), or zeros; None for a
     ``string`` or ``bytes`` input without one: an empty string is no input a model of text or
     encoded images need take, so such a model is not tried on it."""
     if spec.example is None:
@@ -92,18 +94,31 @@ def example_input(spec: ModelSpec, rows: int) -> np.ndarray | None:
     try:
         if path.suffix == ".npy":
             one = np.load(path, allow_pickle=False)
+        elif path.suffix == ".json":  # text of several elements, which .npy holds only as pickles
+            one = _json_input(json.loads(path.read_text()), spec.input.dtype)
         elif spec.input.dtype in VARIABLE and int(np.prod(spec.input.shape)) == 1:
             raw = path.read_bytes()
             one = np.empty(1, dtype=object)
             one[0] = raw.decode() if spec.input.dtype == "string" else raw
             one = one.reshape(spec.input.shape)
         else:
-            raise ConfigError("a model of numbers takes its example as a .npy file (numpy.save) of one input")
+            raise ConfigError("a model of numbers takes its example as a .npy file (numpy.save) or a .json file of "
+                              "one input")
         spec.input.check(one)
-    except (OSError, ValueError, ClipstreamError) as exc:
+    except (OSError, ValueError, TypeError, ClipstreamError) as exc:
         raise ConfigError(f"{spec.path}/model.yaml: example {spec.example!r} is not one input of the model: "
                           f"{exc}") from None
     return np.stack([one] * rows)
+
+
+def _json_input(values: Any, dtype: str) -> np.ndarray:
+    """One input written as JSON: numbers, or strings (UTF-8 bytes for a ``bytes`` input)."""
+    if dtype not in VARIABLE:
+        return np.asarray(values, dtype=dtype)
+    one = np.array(values, dtype=object)
+    if dtype == "bytes":
+        one = np.vectorize(lambda v: v.encode() if isinstance(v, str) else v, otypes=[object])(one)
+    return one
 
 
 # the keys clipstream itself reads; a python model's class may read any others (``config``)

@@ -169,3 +169,12 @@ def test_a_raw_body_fills_a_text_input_of_one_element_whatever_its_rank():
     assert one.shape == (1,) and one.tolist() == ["hello"]
     with pytest.raises(InputError, match=r"a binary body is one element, and the model takes 2 "):
         input_of_bytes(b"a", TensorSpec("string", (2,)))
+
+
+def test_a_string_alone_fills_a_text_input_of_one_element_as_its_raw_body_does():
+    one = parse_input("hello", TensorSpec("string", (1,)))  # skl2onnx's text input: [None, 1]
+    assert one.shape == (1,) and one.tolist() == ["hello"]
+    assert parse_input(b"\x89P", TensorSpec("bytes", (1, 1))).tolist() == [[b"\x89P"]]
+    assert parse_input(["hello"], TensorSpec("string", (1,))).tolist() == ["hello"]
+    with pytest.raises(InputError, match=r"input is a string, expected a list of 2"):
+        parse_input("hello", TensorSpec("string", (2,)))  # two elements: a string alone is not both

@@ -77,3 +77,24 @@ def test_an_example_is_one_real_input_for_the_models_start(tmp_path: Path) -> No
         example_input(load_spec(folder), 1)
     with pytest.raises(ConfigError, match="example must name a file in the model's folder"):
         load_spec(_folder(tmp_path, GOOD + "example: ../x\n", ("model.onnx",)))
+
+
+def test_an_example_of_several_strings_or_numbers_may_be_json(tmp_path: Path) -> None:
+    from registry.spec import example_input
+
+    text = "backend: python\nclass: m:Model\ninput: {dtype: string, shape: [2]}\noutput: {kind: regression}\n"
+    folder = _folder(tmp_path, text + "example: pair.json\n", ())
+    (folder / "pair.json").write_text('["a question", "its passage"]')
+    assert example_input(load_spec(folder), 2).tolist() == [["a question", "its passage"]] * 2
+    (folder / "pair.json").write_text('["only one"]')
+    with pytest.raises(ConfigError, match=r"example 'pair.json' is not one input of the model: input shape \[1\]"):
+        example_input(load_spec(folder), 1)
+    (folder / "pair.json").write_text('["a", ')
+    with pytest.raises(ConfigError, match="example 'pair.json' is not one input of the model"):
+        example_input(load_spec(folder), 1)
+    raw = _folder(tmp_path, text.replace("string", "bytes") + "example: pair.json\n", ())
+    (raw / "pair.json").write_text('["ab", "c"]')
+    assert example_input(load_spec(raw), 1).tolist() == [[b"ab", b"c"]]
+    numbers = _folder(tmp_path, GOOD + "example: one.json\n", ("model.onnx",))
+    (numbers / "one.json").write_text("[1, 2, 3, 4.5]")
+    assert example_input(load_spec(numbers), 1).tolist() == [[1, 2, 3, 4.5]]

@@ -22,7 +22,6 @@ from clipstream.settings import get_settings, settings_or_exit
 from frontend.gateway import create_app
 from frontend.http_protocol import stamped_protocol
 from frontend.settings import get_gateway_settings
-from frontend.v2_grpc import start_grpc
 from topics.catalogue import Catalogue
 from topics.metrics import serve_metrics
 from topics.stage import announce_ready, beat_on_loop, exit_code
@@ -112,6 +111,8 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     app = create_app(gw, settings)
     grpc_server = grpc_port = None
     if gw.grpc_port is not None:  # bound before the gateway starts too, for the same reason
+        from frontend.v2_grpc import start_grpc  # grpc is imported by the gateways that serve it only
+
         try:
             grpc_server, grpc_port = await start_grpc(app.state.gateway, gw, reuse_port)
         except RuntimeError:  # grpc's failed bind (its own log line above says why)

@@ -341,9 +341,13 @@ class Supervisor:
             stage.removed = True  # ``check`` must not restart it
             _terminate([stage])
 
-    def stop_all(self) -> None:
+    def stop_all(self, first: tuple[str, ...] = ()) -> None:
+        """Stop every stage; those named with a prefix in ``first`` first, so that the callers
+        they hold are answered while the stages behind them still serve."""
         self._stopping = True
-        _terminate(list(self.stages.values()))
+        stages = list(self.stages.values())
+        _terminate([s for s in stages if s.name.startswith(first)] if first else [])
+        _terminate([s for s in stages if not (first and s.name.startswith(first))])
 
 
 def _drop_spare(stage: Stage) -> None:

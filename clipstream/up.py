@@ -192,7 +192,7 @@ class _Run:
         if self.supervisor is not None:
             if self.pipeline is not None:
                 self.pipeline.hand_back()
-            self.supervisor.stop_all()
+            self.supervisor.stop_all(first=("gateway",))  # the callers in flight are answered
         if self.started_infra:
             launcher.down(self.settings)
         say("stopped")

@@ -126,6 +126,8 @@ def _lifespan(state: GatewayState) -> Callable[[FastAPI], contextlib.AbstractAsy
             for watch in (state.watch_loop_lag(), state.watch_saturation()):
                 stack.callback(asyncio.create_task(watch).cancel)
             yield
+            for drain in state.draining:
+                await drain()
 
     return lifespan
 

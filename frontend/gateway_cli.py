@@ -114,7 +114,7 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         from frontend.v2_grpc import start_grpc  # grpc is imported by the gateways that serve it only
 
         try:
-            grpc_server, grpc_port = await start_grpc(app.state.gateway, gw, reuse_port)
+            grpc_server, grpc_port = await start_grpc(app.state.gateway, gw, reuse_port, GRPC_GRACE_S)
         except RuntimeError:  # grpc's failed bind (its own log line above says why)
             click.echo(f"error: cannot serve gRPC on {gw.host}:{gw.grpc_port}: the port is taken, or the host is not "
                        "this machine's. Choose another with --grpc-port (CLIPSTREAM_GATEWAY_GRPC_PORT), or stop what "
@@ -156,7 +156,7 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     await task
     if grpc_server is not None and stopping is not None:
         stopping.cancel()  # uvicorn may have ended without a signal (a failed startup)
-        await grpc_server.stop(grace=GRPC_GRACE_S)
+        await grpc_server.stop(grace=0)
     logging.getLogger("uvicorn.error").removeFilter(quiet)
     if server.started:
         return 0
@@ -167,8 +167,8 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
 
 
 async def _stop_with(server: Any, grpc_server: Any) -> None:
-    """Stop the gRPC server as uvicorn starts to stop (a signal), so that both drain their calls
-    in flight before the lifespan lets go of Kafka."""
+    """Stop the gRPC server taking calls as uvicorn stops taking requests (a signal); the calls
+    in flight on both are answered before the lifespan lets go of Kafka (``state.draining``)."""
     while not server.should_exit:
         await asyncio.sleep(0.1)
     await grpc_server.stop(grace=GRPC_GRACE_S)

@@ -83,6 +83,9 @@ class GatewayState:
         self._waiting: deque[asyncio.Future[int | None]] = deque()
         self.waiting = 0
         self.reading = 0  # predict requests whose body is still arriving (no slot held)
+        # awaited as the gateway stops, before Kafka is let go: servers beside uvicorn's (gRPC)
+        # finish the calls they hold
+        self.draining: list[Callable[[], Awaitable[None]]] = []
         self._took: dict[str, RecentTimes] = {}  # per app: how long the pipeline took lately
         ceiling = gw.max_inflight
         self.admission = AdmissionLimit(min(gw.admission_initial, ceiling), min(gw.admission_floor, ceiling), ceiling)

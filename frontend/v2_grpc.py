@@ -46,6 +46,17 @@ CONTENTS = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_c
             "UINT32": "uint_contents", "UINT64": "uint64_contents", "INT8": "int_contents",
             "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
             "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+RECEIVE_FACTOR = 4  # gRPC reads messages up to this many times the body limit, to refuse them in words
+# Triton's methods beyond the protocol's, and what to call instead
+NOT_OFFERED = {
+    "ModelConfig": "clipstream keeps no model config: ModelMetadata gives the app's inputs and outputs, and "
+                   "batching is the pipeline's (an app's SLO and its models' max_batch_size)",
+    "ModelStreamInfer": "no streaming: call ModelInfer, one request per batch",
+    "ModelStatistics": "the gateway's /metrics gives each app's queries, answers, defaults and latency",
+    "RepositoryIndex": "models are deployed with clipstream's commands (deploy-model, link): see its README",
+    "RepositoryModelLoad": "models are deployed with clipstream's commands (deploy-model, link): see its README",
+    "RepositoryModelUnload": "models are removed with clipstream's commands: see its README",
+}
 _NUMPY = {"BOOL": "?", "INT64": "<i8", "FP32": "<f4", "FP64": "<f8"}  # the output tensors' datatypes
 
 
@@ -58,6 +69,8 @@ def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) 
     shape, datatype = list(tensor.shape), tensor.datatype
     spec = checked_input(shape, datatype, spec)
     if request.raw_input_contents:
+        if tensor.HasField("contents"):
+            raise bad("the input has both contents and raw_input_contents: send its values in one of them")
         if len(request.raw_input_contents) != 1:
             raise bad(f"raw_input_contents holds {len(request.raw_input_contents)} tensors, and there is one input")
         rows = read_rows(shape, datatype, spec, blob=request.raw_input_contents[0])
@@ -69,7 +82,8 @@ def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) 
     else:
         rows = read_rows(shape, datatype, spec, values=list(getattr(tensor.contents, CONTENTS[datatype])))
     params = {k: _value(v) for k, v in request.parameters.items() if k in ("context", "slo_ms")}
-    asked = wanted([{"name": o.name} for o in request.outputs]) if request.outputs else []
+    asked = wanted([{"name": o.name, "parameters": {k: _value(v) for k, v in o.parameters.items()}}
+                    for o in request.outputs]) if request.outputs else []
     return predict_request(params), examples(rows, max_record_bytes), request.id or None, asked
 
 
@@ -99,6 +113,28 @@ def metadata_reply(meta: dict[str, Any]) -> Any:
         for t in meta[side]:
             getattr(reply, side).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
     return reply
+
+
+class _Unanswered(grpc.GenericRpcHandler):
+    """Any other method of the service (Triton's own: model config, statistics, streaming,
+    shared memory): UNIMPLEMENTED saying what to use instead, counted, where gRPC would only
+    say "Method not found!"."""
+
+    def __init__(self, owner: "InferenceService") -> None:
+        self.owner = owner
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:  # type: ignore[override]
+        prefix = f"/{SERVICE}/"
+        if not details.method.startswith(prefix):
+            return None
+        name = details.method[len(prefix):]
+        why = NOT_OFFERED.get(name, "clipstream answers the Open Inference Protocol's methods only")
+
+        async def refuse(requests: Any, context: Any) -> None:
+            self.owner.state.metrics.requests.inc("grpc-other", "501")
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not offered: {why}")
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 class InferenceService:
@@ -134,13 +170,17 @@ class InferenceService:
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         t0, arrived = time.perf_counter(), now_us()
         state = self.state
+        size = request.ByteSize()
+        if size > state.gw.max_body_bytes:
+            raise HTTPProblem(413, f"the request is {size} bytes, over the limit of {state.gw.max_body_bytes} "
+                                   f"(CLIPSTREAM_GATEWAY_MAX_BODY_BYTES): send the batch as several requests")
         cfg = self._app(request.model_name, request.model_version)
         parse = functools.partial(parse_request, request, state.input_spec(cfg), state.settings.max_record_bytes)
 
         async def gone() -> bool:
             return bool(context.cancelled())
 
-        answer = await infer(state, cfg, parse, request.ByteSize(), (t0, arrived, arrived),
+        answer = await infer(state, cfg, parse, size, (t0, arrived, arrived),
                              state.metrics.app(cfg.name), gone)
         return infer_reply(answer)
 
@@ -192,13 +232,18 @@ class InferenceService:
         return guarded
 
 
-async def start_grpc(state: GatewayState, gw: GatewaySettings, reuse_port: bool) -> tuple[grpc.aio.Server, int]:
+async def start_grpc(state: GatewayState, gw: GatewaySettings, reuse_port: bool,
+                     grace_s: float) -> tuple[grpc.aio.Server, int]:
     """The protocol's gRPC server on ``CLIPSTREAM_GATEWAY_GRPC_PORT`` (TLS as the HTTP routes'),
-    started on the running loop; it and the port bound. Messages over the body limit are refused
-    by gRPC itself (RESOURCE_EXHAUSTED)."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", gw.max_body_bytes),
+    started on the running loop; it and the port bound. As the gateway stops, its calls in
+    flight get ``grace_s`` to be answered. A message over the body limit is refused with the
+    setting to raise, up to ``RECEIVE_FACTOR`` times the limit; gRPC refuses larger ones itself
+    before they are read."""
+    service = InferenceService(state)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", RECEIVE_FACTOR * gw.max_body_bytes),
                                       ("grpc.so_reuseport", 1 if reuse_port else 0)])
-    server.add_generic_rpc_handlers((InferenceService(state).handler(),))
+    server.add_generic_rpc_handlers((service.handler(), _Unanswered(service)))
+    state.draining.append(lambda: server.stop(grace_s))
     host = f"[{gw.host}]" if ":" in gw.host else gw.host
     address = f"{host}:{gw.grpc_port}"
     if gw.tls_cert is not None and gw.tls_key is not None:

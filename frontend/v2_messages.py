@@ -97,8 +97,10 @@ ONE_INPUT = "`inputs` must hold one tensor: an app's models take one input, with
 def checked_input(shape: Any, datatype: Any, spec: TensorSpec | None) -> TensorSpec:
     """The input tensor's shape and datatype checked against the model's (``spec``; the tensor's
     own when the app declares none), which is returned."""
-    if not (isinstance(shape, list) and shape and all(type(d) is int and d >= 0 for d in shape) and shape[0] >= 1):
-        raise bad(f"input shape {shape!r} must be a list of non-negative integers, the batch first (at least 1)")
+    if not (isinstance(shape, list) and shape and all(type(d) is int and d >= 0 for d in shape)):
+        raise bad(f"input shape {shape!r} must be a list of non-negative integers, the batch first")
+    if shape[0] < 1:
+        raise bad(f"input shape {shape}: the batch (its first dimension) must hold at least one example")
     if datatype not in _DTYPE_OF:
         raise bad(f"input datatype {datatype!r} is not one of {', '.join(sorted(_DTYPE_OF))}")
     spec = spec or TensorSpec(_DTYPE_OF[datatype], tuple(shape[1:]))
@@ -276,6 +278,10 @@ def wanted(outputs: Any) -> list[str]:
     unknown = [n for n in names if n not in OUTPUTS]
     if unknown:
         raise bad(f"unknown output {unknown[0]!r}: an app answers {', '.join(OUTPUTS)}")
+    for o in outputs:
+        if isinstance(o.get("parameters"), dict) and o["parameters"].get("classification"):
+            raise bad(f"output {o['name']!r}: classification (class_count) is not offered; ask for `scores`, each "
+                      "label's score, and `output`, the answer")
     return names  # type: ignore[return-value]
 
 

@@ -293,3 +293,34 @@ def test_spares_start_when_asked_and_are_waited_for(tmp_path, running) -> None:
     assert stage.spare_waiting.is_set() and any(spares.iterdir())  # its imports are done
     r.sup.start_spares()  # one is enough
     assert stage.spare_proc is spare
+
+
+# a stage that, told to stop, takes STOP_TAKES_S (callers in flight) and notes when it got the signal
+STOPPING_CHILD = '''
+import signal, sys, time
+from pathlib import Path
+from topics.stage import announce_ready
+
+def stop(*_):
+    Path(sys.argv[1]).write_text(f"{time.time()}")
+    time.sleep(float(sys.argv[2]))
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+announce_ready("child")
+while True:
+    time.sleep(0.05)
+'''
+
+
+def test_the_gateways_stop_before_the_stages_that_answer_their_callers(tmp_path: Path) -> None:
+    script = tmp_path / "stopping.py"
+    script.write_text(STOPPING_CHILD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    sup = Supervisor(tmp_path / "logs", report=lambda _: None)
+    for name, takes in (("gateway-1", "1.0"), ("worker-m-0", "0")):
+        sup.add(name, [sys.executable, str(script), str(tmp_path / name), takes], env)
+    sup.wait_ready(RESTART_BOUND_S)
+    sup.stop_all(first=("gateway",))
+    told = {name: float((tmp_path / name).read_text()) for name in ("gateway-1", "worker-m-0")}
+    assert told["worker-m-0"] - told["gateway-1"] >= 0.9  # the worker served until the gateway had gone

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from clipstream.testing.procs import wait_until
 from frontend.v2_grpc import parse_request, start_grpc
 from frontend.v2_proto import MESSAGES
 from registry.spec import TensorSpec
@@ -42,10 +43,10 @@ def test_the_messages_carry_the_protocols_field_numbers() -> None:
 def served(request: pytest.FixtureRequest) -> Iterator[tuple[Any, FakeBus, Any]]:
     """A gateway over a fake bus with its gRPC server on a free port, and a client of it."""
     bus = FakeBus(by_first_value)
-    gw = getattr(request, "param", {})
+    gw = {"max_body_bytes": 4096, **getattr(request, "param", {})}
     with TestClient(make_app(bus, grpc_port=0, **gw)) as c:
         state = c.app.state.gateway
-        server, port = c.portal.call(start_grpc, state, state.gw, False)
+        server, port = c.portal.call(start_grpc, state, state.gw, False, 1.0)
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             yield client, bus, c
@@ -95,7 +96,16 @@ def test_metadata_and_asked_outputs(served: tuple[Any, FakeBus, Any]) -> None:
     (lambda c: c.infer("pets", [_input(ROWS)], model_version="2"), "StatusCode.NOT_FOUND", "versions are not"),
     (lambda c: c.infer("pets", [_input(ROWS)], outputs=[grpcclient.InferRequestedOutput("logits")]),
      "StatusCode.INVALID_ARGUMENT", "unknown output 'logits'"),
-    (lambda c: c.get_model_config("pets"), "StatusCode.UNIMPLEMENTED", ""),
+    (lambda c: c.infer("pets", [_input(ROWS)], outputs=[grpcclient.InferRequestedOutput("output", class_count=2)]),
+     "StatusCode.INVALID_ARGUMENT", "classification (class_count) is not offered; ask for `scores`"),
+    (lambda c: c.infer("pets", [_input(np.zeros((0, 2, 3), np.float32))]), "StatusCode.INVALID_ARGUMENT",
+     "the batch (its first dimension) must hold at least one example"),
+    (lambda c: c.infer("pets", [_input(np.zeros((300, 2, 3), np.float32))]), "StatusCode.RESOURCE_EXHAUSTED",
+     "over the limit of 4096 (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES)"),
+    (lambda c: c.get_model_config("pets"), "StatusCode.UNIMPLEMENTED",
+     "ModelConfig is not offered: clipstream keeps no model config: ModelMetadata gives"),
+    (lambda c: c.get_inference_statistics("pets"), "StatusCode.UNIMPLEMENTED", "ModelStatistics is not offered"),
+    (lambda c: c.get_log_settings(), "StatusCode.UNIMPLEMENTED", "the Open Inference Protocol's methods only"),
 ])
 def test_refusals_carry_the_status_and_the_reason(served: tuple[Any, FakeBus, Any], call: Any, code: str,
                                                     words: str) -> None:
@@ -104,8 +114,7 @@ def test_refusals_carry_the_status_and_the_reason(served: tuple[Any, FakeBus, An
         call(client)
     assert err.value.status() == code and words in err.value.message()
     assert bus.queries == []
-    if code != "StatusCode.UNIMPLEMENTED":
-        assert 'route="grpc-' in c.get("/metrics").text
+    assert 'route="grpc-' in c.get("/metrics").text  # counted, the methods not offered too
 
 
 @pytest.mark.parametrize("served", [{"api_keys": ("k1",), "app_keys": {"k2": ("other",)}}], indirect=True)
@@ -139,3 +148,31 @@ def test_typed_contents_are_read_as_the_raw_bytes_are() -> None:
     half.inputs.add(name="input", datatype="FP16", shape=[1, 2, 3])
     with pytest.raises(Exception, match="FP16 has no typed contents field: send it in raw_input_contents"):
         parse_request(half, spec, 1 << 20)
+    both = MESSAGES["ModelInferRequest"](model_name="pets")
+    both.inputs.add(name="input", datatype="FP32", shape=[1, 2, 3]).contents.fp32_contents.extend([0.0] * 6)
+    both.raw_input_contents.append(np.ones(6, "<f4").tobytes())
+    with pytest.raises(Exception, match="both contents and raw_input_contents: send its values in one of them"):
+        parse_request(both, spec, 1 << 20)
+
+
+def test_calls_in_flight_are_answered_as_the_gateway_stops() -> None:
+    """The lifespan's shutdown waits for the gRPC calls in flight (``state.draining``) before it
+    lets go of Kafka, and a call after it finds no server."""
+    import threading
+
+    bus = FakeBus(by_first_value, after_ms=300)
+    got: list[Any] = []
+    with TestClient(make_app(bus, grpc_port=0)) as c:
+        state = c.app.state.gateway
+        _, port = c.portal.call(start_grpc, state, state.gw, False, 5.0)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        call = threading.Thread(target=lambda: got.append(client.infer("pets", [_input(ROWS)],
+                                                                      parameters={"slo_ms": 3000})))
+        call.start()
+        wait_until(lambda: len(bus.queries) == 3, 5, "the call's three examples sent")
+    call.join(10)  # the client's context exits (the gateway stops) while the answers are 300 ms away
+    assert got and [o.decode() for o in got[0].as_numpy("output")] == ["cat", "cat", "cat"]
+    assert got[0].as_numpy("default").tolist() == [False, False, False]
+    with pytest.raises(InferenceServerException, match="UNAVAILABLE"):
+        client.infer("pets", [_input(ROWS)], client_timeout=2)
+    client.close()

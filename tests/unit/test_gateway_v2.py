@@ -69,7 +69,7 @@ def test_nested_data_asked_outputs_and_a_default_row() -> None:
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({"shape": [3, 6]}, "input shape [3, 6] is not a batch of the model's [2, 3]: expected [n, 2, 3]"),
-    ({"shape": [0, 2, 3]}, "the batch first (at least 1)"),
+    ({"shape": [0, 2, 3]}, "the batch (its first dimension) must hold at least one example"),
     ({"datatype": "BOOL"}, "input datatype BOOL does not fit the model's FP32"),
     ({"datatype": "BYTES"}, "input datatype BYTES does not fit the model's FP32"),
     ({"datatype": "FP8"}, "input datatype 'FP8' is not one of"),

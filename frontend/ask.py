@@ -69,7 +69,10 @@ def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | No
     """The caller's JSON for a reply (or none), observed by admission control and counted."""
     cfg = asked.cfg
     record = reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, asked)
-    latency_ms = (time.perf_counter() - asked.t0) * 1000.0 + (asked.arrived - asked.created) / 1000.0
+    if asked.sent is not None:  # a batch's example: its own query, timed from when it went (after its slot)
+        latency_ms, waited_ms = (now_us() - asked.sent) / 1000.0, 0.0
+    else:
+        latency_ms = (time.perf_counter() - asked.t0) * 1000.0 + (asked.arrived - asked.created) / 1000.0
     if record is None:
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:

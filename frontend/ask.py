@@ -21,6 +21,14 @@ from schemas import Prediction, QueryEvent, Response, Tensor
 
 
 @dataclass(frozen=True)
+class NotLoaded:
+    """No answer came in time, and a model of the app has no replica that said it has it loaded:
+    the caller's default says why, and the wait is not the pipeline's load."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Asked:
     """When a query came and what it asks: the wait is counted from ``created``."""
 
@@ -44,9 +52,9 @@ class Asked:
         return self.start + int(self.slo_ms * 1000)
 
 
-async def ask(state: GatewayState, asked: Asked, query_id: str, tensor: Tensor) -> Reply | None:
+async def ask(state: GatewayState, asked: Asked, query_id: str, tensor: Tensor) -> Reply | NotLoaded | None:
     """Publish the query and wait for its reply until the deadline (and the reply margin);
-    None when nothing came in time."""
+    None when nothing came in time, ``NotLoaded`` when a model of the app is why."""
     assert state.bus is not None
     model = direct_model(asked.cfg, state.gw.direct)
     if model is not None and state.bus.request_topic(model) is None:
@@ -59,26 +67,33 @@ async def ask(state: GatewayState, asked: Asked, query_id: str, tensor: Tensor) 
     try:
         return await asyncio.wait_for(fut, wait_s)
     except TimeoutError:
-        return None
+        pass
     finally:
         state.bus.forget(query_id)
+    why = await state.not_loaded(asked.cfg.models)
+    return NotLoaded(why) if why is not None else None
 
 
-def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | None, waited_ms: float,
+def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | NotLoaded | None, waited_ms: float,
              inflight: int, counts: tuple[Any, ...]) -> dict[str, Any]:
     """The caller's JSON for a reply (or none), observed by admission control and counted."""
     cfg = asked.cfg
-    record = reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, asked)
+    record = None if isinstance(reply, NotLoaded) else \
+        reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, asked)
     if asked.sent is not None:  # a batch's example: its own query, timed from when it went (after its slot)
         latency_ms, waited_ms = (now_us() - asked.sent) / 1000.0, 0.0
     else:
         latency_ms = (time.perf_counter() - asked.t0) * 1000.0 + (asked.arrived - asked.created) / 1000.0
-    if record is None:
+    if isinstance(reply, NotLoaded):
+        answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms,
+                              f"no answer reached the gateway by the deadline: {reply.reason}")
+    elif record is None:
         answer = default_json(query_id, cfg.default_output, cfg.models, latency_ms)
     else:
         answer = response_json(record, latency_ms, cfg.default_output)
     admitted = asked.sent if asked.sent is not None else asked.created + int(waited_ms * 1000)
-    state.observe(cfg.name, answer, record is None, admitted, inflight, asked.slo_ms, waited_ms)
+    if not isinstance(reply, NotLoaded):  # a model not loaded is no sign of load: admission learns nothing
+        state.observe(cfg.name, answer, reply is None, admitted, inflight, asked.slo_ms, waited_ms)
     _count(state, cfg.name, answer, record, reply, latency_ms, counts)
     return answer
 
@@ -104,13 +119,13 @@ def _publish(state: GatewayState, asked: Asked, model: str | None, query_id: str
 
 
 def _count(state: GatewayState, app: str, answer: dict[str, Any], record: Response | None,
-           reply: Reply | None, latency_ms: float, counts: tuple[Any, ...]) -> None:
+           reply: Reply | NotLoaded | None, latency_ms: float, counts: tuple[Any, ...]) -> None:
     """Count one answered query in the gateway's and the app's metrics, defaults by who
     decided on them."""
     if answer["default"]:
         # by who decided, not the free-text reason: metric labels must stay a small set
-        state.metrics.defaults.inc("gateway_timeout" if record is None
-                                   else "model" if isinstance(reply, Prediction) else "selector")
+        state.metrics.defaults.inc("not_loaded" if isinstance(reply, NotLoaded) else "gateway_timeout"
+                                   if record is None else "model" if isinstance(reply, Prediction) else "selector")
     if not answer["default"]:
         state.remember_answer(answer["query_id"], app)
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")

@@ -17,7 +17,7 @@ from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.redisclient import REDIS_AWAY, forget_app, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
-from frontend.serving import served, serving, serving_text, weights
+from frontend.serving import not_loaded, served, serving, serving_text, weights
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.groups import name_clash
 from registry.labels import join_problem
@@ -330,6 +330,7 @@ def inspect_registry(as_json: bool) -> None:
     settings = _settings()
     view = read_view(settings)
     now = serving(settings, view)
+    unloaded = not_loaded(settings, view)
     learnt = weights(settings, view)
     data = {
         "apps": {n: {**asdict(a), "weights": learnt.get(n)} for n, a in view.apps.items()},
@@ -349,6 +350,7 @@ def inspect_registry(as_json: bool) -> None:
                 "max_batch_size": m.max_batch_size,
                 "batch_delay_ms": m.batch_delay_ms,
                 "serving": now.get(m.group or n),
+                "not_loaded": unloaded.get(n),
             }
             for n, m in view.models.items()
         },
@@ -367,7 +369,8 @@ def inspect_registry(as_json: bool) -> None:
         knobs = "".join(f" {k}={m[k]:g}" for k in ("latency_objective_ms", "max_batch_size", "batch_delay_ms")
                         if m[k] is not None)
         click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}{knobs}"
-                   + (f" group={m['group']}" if m["group"] else serving_text(m["version"], m["replicas"], m["serving"])))
+                   + (f" group={m['group']}" if m["group"] else serving_text(m["version"], m["replicas"], m["serving"]))
+                   + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else ""))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"
                    + serving_text(g["version"], g["replicas"], g["serving"]))

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, InfraError
+from clipstream.loaded import key_of as loaded_key
 from clipstream.redisclient import RedisGuard, async_client, sync_client
 from clipstream.saver import GATHER_S, PredictionSaver
 from clipstream.settings import Settings, get_settings
@@ -316,6 +317,8 @@ async def _connect(state: GatewayState, stack: contextlib.AsyncExitStack) -> Non
         state.redis_ping = client.ping
         if state.stored is None:
             state.stored = lambda qid: stored_app(client, qid)  # whose query it was, for feedback
+        if state.loaded is None:
+            state.loaded = lambda model: client.hgetall(loaded_key(state.settings.topic_prefix, model))
         if state.saver is None and state.gw.direct:
             state.saver = await loop.run_in_executor(None, _saver, state.settings)
             stack.callback(state.saver.close)

@@ -1,15 +1,18 @@
 """What ``inspect`` shows beside the registry: the version each replica's batches carry now,
-and each app's learnt weights. Both are read from where the pipeline keeps them (the last
+whether a replica has each model loaded, and each app's learnt weights. Both are read from where the pipeline keeps them (the last
 record of each batches partition, the policy state in Redis), not from the registry, which
 says only what is wanted."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import click
 from confluent_kafka import KafkaException
 
+from clipstream.loaded import key_of as loaded_key
+from clipstream.loaded import unready
 from clipstream.redisclient import REDIS_AWAY, policy_state_key, sync_client
 from clipstream.settings import Settings
 from clipstream.weights import policy_weights
@@ -53,6 +56,24 @@ def serving_text(version: str | None, replicas: int, now: dict[int, str | None] 
     if idle:
         text += f" (replica {', '.join(idle)}: no batch yet, its worker may still be starting)"
     return text
+
+
+def not_loaded(settings: Settings, view: RegistryView) -> dict[str, str | None]:
+    """Model -> why no replica has it loaded (``clipstream.loaded``), None for one that a replica
+    has; {} with a warning when Redis does not answer."""
+    names = sorted(view.models)
+    if not names:
+        return {}
+    client = sync_client(settings)
+    try:
+        said = [client.hgetall(loaded_key(settings.topic_prefix, name)) for name in names]
+    except REDIS_AWAY as exc:
+        click.echo(f"warning: Redis did not answer ({exc}): whether the models are loaded is not shown", err=True)
+        return {}
+    finally:
+        client.close()
+    now = time.time()
+    return {name: unready(name, fields, now) for name, fields in zip(names, said)}
 
 
 def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float]]:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
+import time
 from time import monotonic
 from typing import Any, Protocol, Union
 
 from clipstream.clock import now_us
+from clipstream.loaded import unready
+from clipstream.redisclient import REDIS_AWAY
 from clipstream.saver import PredictionSaver
 from clipstream.settings import Settings
 from frontend.admission import AdmissionLimit, RecentTimes, verdict
@@ -42,6 +45,7 @@ class Registry(Protocol):
 
 # what a waiting caller is handed: the selector's Response, or its one model's Prediction
 Reply = Union[Response, Prediction]
+NOT_LOADED_READ_S = 2.0  # how stale the workers' word on a model may be when a query or a probe reads it
 
 
 class Bus(Protocol):
@@ -83,6 +87,9 @@ class GatewayState:
         self._waiting: deque[asyncio.Future[int | None]] = deque()
         self.waiting = 0
         self.reading = 0  # predict requests whose body is still arriving (no slot held)
+        # the replicas' word on whether they have a model loaded (``clipstream.loaded``): its hash
+        self.loaded: Callable[[str], Awaitable[dict[Any, Any]]] | None = None
+        self._not_loaded: dict[str, tuple[float, str | None]] = {}  # model -> when read, why not loaded
         # awaited as the gateway stops, before Kafka is let go: servers beside uvicorn's (gRPC)
         # finish the calls they hold
         self.draining: list[Callable[[], Awaitable[None]]] = []
@@ -268,6 +275,25 @@ class GatewayState:
         elif said == "on_time":
             self.admission.on_time(inflight, admitted_us)
             self.hand_over()
+
+    async def not_loaded(self, models: Iterable[str]) -> str | None:
+        """Why one of ``models`` has no replica that said it has it loaded (``clipstream.loaded``),
+        read at most every ``NOT_LOADED_READ_S`` per model; None when each has one, or when Redis
+        cannot tell."""
+        if self.loaded is None:
+            return None
+        now = time.time()
+        for model in models:
+            at, why = self._not_loaded.get(model, (0.0, None))
+            if now - at > NOT_LOADED_READ_S:
+                try:
+                    why = unready(model, await self.loaded(model), now)
+                except REDIS_AWAY:
+                    why = None
+                self._not_loaded[model] = (now, why)
+            if why is not None:
+                return why
+        return None
 
     def app_config(self, name: str) -> AppConfig:
         view = self.registry.view() if self.registry is not None else RegistryView()

@@ -49,8 +49,16 @@ def server_ready(state: GatewayState) -> bool:
     return state.registry is not None and state.bus is not None
 
 
-def app_ready(state: GatewayState, cfg: AppConfig) -> bool:
-    return bool(cfg.models) and state.bus is not None
+async def app_ready(state: GatewayState, cfg: AppConfig) -> tuple[bool, str | None]:
+    """Whether the app can answer, and if not why: it has models, the gateway reaches Kafka, and
+    a replica of each model has said it has the model loaded (``clipstream.loaded``; without
+    Redis that cannot be read, and the app counts as ready: Redis is a cache)."""
+    if state.bus is None:
+        return False, "the gateway is not connected to Kafka"
+    if not cfg.models:
+        return False, f"app {cfg.name} has no models linked"
+    why = await state.not_loaded(cfg.models)
+    return why is None, why
 
 
 def unversioned(app: str) -> HTTPProblem:
@@ -150,11 +158,12 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
     async def metadata(app: str) -> dict[str, Any]:
         return model_metadata(state, state.app_config(app))
 
-    @app.get("/v2/models/{app}/ready", summary="Open Inference Protocol: the app has a model to ask")
+    @app.get("/v2/models/{app}/ready", summary="Open Inference Protocol: a replica of each of the app's models has "
+                                               "it loaded (else 503 with the reason)")
     async def model_ready(app: str) -> JSONResponse:
         cfg = state.app_config(app)
-        ok = app_ready(state, cfg)
-        return JSONResponse({"name": cfg.name, "ready": ok}, 200 if ok else 503)
+        ok, why = await app_ready(state, cfg)
+        return JSONResponse({"name": cfg.name, "ready": ok, **({"reason": why} if why else {})}, 200 if ok else 503)
 
     @app.api_route("/v2/models/{app}/versions/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
     async def versioned(app: str, rest: str) -> None:

@@ -162,7 +162,8 @@ class InferenceService:
         return MESSAGES["ServerMetadataResponse"](**server_metadata())
 
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return MESSAGES["ModelReadyResponse"](ready=app_ready(self.state, self._app(request.name, request.version)))
+        ready, _ = await app_ready(self.state, self._app(request.name, request.version))
+        return MESSAGES["ModelReadyResponse"](ready=ready)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         return metadata_reply(model_metadata(self.state, self._app(request.name, request.version)))

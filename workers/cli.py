@@ -24,6 +24,7 @@ from registry.topic import ModelConfig, RegistryFollower
 from topics.stage import exit_code
 from workers.backends import BatchModel, load_model
 from workers.group import GroupModel, Member
+from workers.loaded import say_not_loaded
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -120,6 +121,8 @@ def worker(
     def load(path: Path) -> BatchModel:
         return load_model(load_spec(path), device=ws.device, threads=ws.threads)
 
+    served: list[tuple[str, str | None]] = [(name, version)]  # the model (or members) it failed to load, if it does
+    running: Worker | None = None
     try:
         model: BatchModel | GroupModel
         single = False  # a model whose batches hold one request at most is not tried on a batch of two
@@ -127,18 +130,23 @@ def worker(
             version = version or folder.resolve().name
             model = load(folder)
         elif isinstance(cfg := registered(settings, name, registry_timeout, groups=True), GroupConfig):
+            served = [(m.name, str(m.version)) for m in cfg.members]
             members = group_folders(settings, cfg, version)
             version, replicas = cfg.version, replicas or int(cfg.replicas)
             model = GroupModel(name, version, tuple(Member(n, v, load(f)) for n, v, f in members))
         else:
             folder, version, registered_replicas = model_folder(settings, name, cfg, version)
+            served = [(name, version)]
             replicas = replicas or registered_replicas
             model = load(folder)
             single = cfg.max_batch_size == 1
         replicas = max(replicas or 1, replica + 1)
-        Worker(settings, model, name, version=version, replica=replica, replicas=replicas, worker_settings=ws,
-               own_version_only=own_version_only, batches=not single).run()
+        running = Worker(settings, model, name, version=version, replica=replica, replicas=replicas,
+                         worker_settings=ws, own_version_only=own_version_only, batches=not single)
+        running.run()
     except ClipstreamError as exc:
+        if running is None or not running.ready_us:  # it never served: readiness says why (clipstream.loaded)
+            say_not_loaded(settings, served, replica, one_line(exc))
         click.echo(f"error: worker {name} replica {replica}: {one_line(exc)}", err=True)
         sys.exit(1)
     sys.exit(exit_code())

@@ -42,6 +42,7 @@ from workers.backends import BatchModel
 from workers.batch import BatchOutcome, Prepared, Ran, dead_letter
 from workers.failures import ModelFailures
 from workers.leaving import SendersLeft
+from workers.loaded import LoadedWord, served_by
 from workers.log import log
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
@@ -90,6 +91,7 @@ class Worker(Outputs):
         self.redis_guard = RedisGuard(lambda: self.redis.ping(), name=f"worker {name}.{replica}")
         self.metrics = WorkerMetrics(name, replica, version)
         self.failures = ModelFailures(replica)  # a failing model call's log line, rate limited
+        self.word = LoadedWord(settings, served_by(name, version, model), replica)
 
     # -- life cycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -122,6 +124,7 @@ class Worker(Outputs):
         expose(self.metrics.registry)
         serve_metrics("worker")
         announce_ready("worker", f"{self.name} replica {self.replica} device {self.model.device}")
+        self.word.say(self.cache_writes)
         if self.own_version_only:
             self._say_ready()
 
@@ -170,11 +173,14 @@ class Worker(Outputs):
                 while msg is not None:  # a batch served on this thread may have read the next
                     msg = self.feed(msg)
                 self.housekeep()
+                if self.word.due():
+                    self.word.say(self.cache_writes)
                 if self.senders.since_us is not None:  # handed over by some batchers: the rest are waited for
                     self._maybe_stop(now_us())
         finally:
             self.stop_pipeline()
             self.consumer.close()
+            self.word.say(self.cache_writes, loaded=False)  # a replica that stops no longer serves
             self.redis_guard.close()
             self.redis.close()
             self.cache_writes.close()

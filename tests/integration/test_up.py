@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import httpx
 import redis
 import yaml
 
@@ -128,6 +129,33 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             client.predict(app, [1.0, 2.0])
         client.feedback(r["query_id"], want)
 
+        # readiness is the workers' word: the app's replica said it has its model loaded; a model
+        # whose worker cannot load it is not ready, saying why
+        ready = httpx.get(f"http://127.0.0.1:{port}/v2/models/{app}/ready", timeout=10)
+        assert ready.status_code == 200 and ready.json() == {"name": app, "ready": True}, ready.text
+        if batchers == "shared":
+            broken = make_python_model(models, "broken", BROKEN, labels=list(range(10)))
+            _cli("deploy-model", "broken", str(broken), env=env)
+            _cli("register-app", "brokenapp", "--policy", "single", "--slo-ms", "500", env=env)
+            _cli("link", "brokenapp", "broken", env=env)
+
+            def said_not_loaded() -> dict[str, Any] | None:
+                r = httpx.get(f"http://127.0.0.1:{port}/v2/models/brokenapp/ready", timeout=10)
+                return r.json() if r.status_code == 503 and "did not load" in r.text else None
+
+            why = wait_until(said_not_loaded, 120, "the broken model's readiness to say why")["reason"]
+            assert why.startswith("model broken version 1 replica 0 did not load: ") and "weights.bin" in why, why
+            asked = httpx.post(f"http://127.0.0.1:{port}/v1/apps/brokenapp/predict", json={"input": x[5].tolist()},
+                               timeout=10).json()  # its callers' defaults say why too
+            assert asked["default"] and asked["default_reason"].endswith(why), asked
+            shown = subprocess.run([sys.executable, "-m", "clipstream.cli", "inspect"], env=env, cwd=ROOT,
+                                   capture_output=True, text=True, timeout=120).stdout
+            lines_of = {line.split(":")[0]: line for line in shown.splitlines()}
+            assert "NOT LOADED: model broken version 1 replica 0 did not load" in lines_of["model broken"], shown
+            assert "NOT LOADED" not in lines_of["model logreg"], shown  # its replica has it loaded
+            _cli("remove-app", "brokenapp", env=env)
+            _cli("remove-model", "broken", env=env)
+
         # a model deployed and linked to the running app is asked without restarting anything
         sevens = make_python_model(models, "sevens", SEVENS, labels=list(range(10)))
         _cli("deploy-model", "sevens", str(sevens), env=env)
@@ -167,6 +195,8 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         _cli("remove-model", "sevens", "--unlink", env=env)
         assert not list(cache.scan_iter(match="cs:cache:sevens:*"))
         wait_until(lambda: "stopped worker-sevens-v1-0 (registry change)" in lines, 60, "the removed model's worker to stop")
+        assert not cache.hgetall(f"cs:loaded:{settings.topic_prefix}sevens")  # it took its word back
+        assert cache.hgetall(f"cs:loaded:{settings.topic_prefix}logreg")
 
         def answered_by_logreg_alone() -> dict[str, Any] | None:
             got = predict_admitted(client, app, (x[1603] + np.float32(time.monotonic() % 1)).tolist())
@@ -196,6 +226,15 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
     assert "stopped" in lines
     wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")
 
+
+BROKEN = '''
+class Model:
+    """Its weights are missing: it never loads."""
+    def __init__(self, path, config):
+        open(f"{path}/weights.bin", "rb")
+    def predict_batch(self, inputs):
+        return inputs
+'''
 
 SLOW_TO_LOAD = '''
 import time

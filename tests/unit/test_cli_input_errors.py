@@ -50,6 +50,7 @@ class NoKafka:
         self.tails: dict[str, dict[int, bytes]] = {}  # topic -> partition -> its last record
         self.knobs: list[dict[str, Any]] = []  # the keyword arguments of each write
         self.redis: dict[str, bytes] = {}  # what Redis holds (policy states), for inspect
+        self.hashes: dict[str, dict[bytes, bytes]] = {}  # the workers' word on their models (clipstream.loaded)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> NoKafka:
         fake = self
@@ -84,6 +85,9 @@ class NoKafka:
         class Redis:
             def mget(self, keys: list[str]) -> list[bytes | None]:
                 return [fake.redis.get(k) for k in keys]
+
+            def hgetall(self, key: str) -> dict[bytes, bytes]:
+                return fake.hashes.get(key, {})
 
             def close(self) -> None:
                 pass

@@ -367,3 +367,21 @@ def test_an_app_file_linking_models_of_other_inputs_or_answers_is_refused(tmp_pa
             load_app_file(tmp_path / "bad.yaml")
     (tmp_path / "ok.yaml").write_text(f"apps:\n  - {{name: both, models: [text, mood]}}\nmodels:\n{models}")
     assert load_app_file(tmp_path / "ok.yaml").apps[0]["models"] == ["text", "mood"]  # classes by scores or label
+
+
+def test_inspect_says_which_models_no_replica_has_loaded_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from clipstream.loaded import key_of, word
+
+    view = RegistryView(models={"m": _model(), "ok": _model()})
+    fake = NoKafka(view).install(monkeypatch)
+    prefix = Settings().topic_prefix
+    fake.hashes = {key_of(prefix, "m"): {b"1:0": word(False, time.time(), "ImportError: no module xgb").encode()},
+                   key_of(prefix, "ok"): {b"1:0": word(True, time.time()).encode()}}
+    shown = CliRunner().invoke(main, ["inspect"])
+    lines = {line.split(":")[0]: line for line in shown.output.splitlines()}
+    assert lines["model m"].endswith("NOT LOADED: model m version 1 replica 0 did not load: ImportError: no module xgb")
+    assert "NOT LOADED" not in lines["model ok"], shown.output
+    as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
+    assert as_json["models"]["ok"]["not_loaded"] is None and "xgb" in as_json["models"]["m"]["not_loaded"]

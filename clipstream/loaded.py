@@ -1,0 +1,62 @@
+"""Which replicas of a model have it loaded, as their workers say in Redis: the readiness that
+Triton's and MLServer's callers read from ``/v2/models/{name}/ready`` (docs/design/0115).
+
+A worker says so once it serves, and again every ``REFRESH_S``; one that fails to load its
+model says why before it exits, and one that stops takes its word back. A replica's word holds
+for ``FRESH_S``, so a worker killed outright stops counting without anyone cleaning up.
+Redis is a cache (docs/design/0016): when it is away, the readiness is not known, and callers
+treat the model as ready rather than take a serving model out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+KEY_PREFIX = "cs:loaded:"
+REFRESH_S = 10.0
+FRESH_S = 3 * REFRESH_S
+KEEP_S = 3600  # a model nobody serves any more: its key goes
+
+
+def key_of(topic_prefix: str, model: str) -> str:
+    """The hash of ``model``'s replicas, one field per version and replica."""
+    return f"{KEY_PREFIX}{topic_prefix}{model}"
+
+
+def field_of(version: str | None, replica: int) -> str:
+    return f"{version or '-'}:{replica}"
+
+
+def word(loaded: bool, now_s: float, reason: str | None = None) -> str:
+    """A replica's word: loaded or not (and why), and when it said so."""
+    return json.dumps({"loaded": loaded, "at": round(now_s, 3), **({"reason": reason[:300]} if reason else {})})
+
+
+def commands(topic_prefix: str, model: str, version: str | None, replica: int, said: str | None
+             ) -> list[tuple[str, ...]]:
+    """The Redis commands that record ``said`` (None: take the replica's word back)."""
+    key, field = key_of(topic_prefix, model), field_of(version, replica)
+    if said is None:
+        return [("HDEL", key, field)]
+    return [("HSET", key, field, said), ("EXPIRE", key, str(KEEP_S))]
+
+
+def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float) -> str | None:
+    """None when a replica of ``model`` said it has it loaded within ``FRESH_S``; else why the
+    model cannot answer: the latest failure to load, or that no worker has said it loaded."""
+    failed: tuple[float, str] | None = None
+    for name, raw in fields.items():
+        try:
+            said = json.loads(raw)
+            at, loaded = float(said["at"]), bool(said["loaded"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        where = name.decode() if isinstance(name, bytes) else name
+        if loaded and now_s - at <= FRESH_S:
+            return None
+        if not loaded and (failed is None or at > failed[0]):
+            version, _, replica = where.rpartition(":")
+            failed = (at, f"model {model} version {version} replica {replica} did not load: "
+                          f"{said.get('reason') or 'see its worker log'}")
+    return failed[1] if failed else f"model {model}: no worker has said it has the model loaded"

@@ -1,0 +1,78 @@
+"""Readiness from the workers' word (``clipstream.loaded``): fresh words of loaded replicas make
+a model ready, a failure to load says why, and stale words count for nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from clipstream.loaded import FRESH_S, commands, unready, word
+from tests.unit.test_gateway_http import FakeBus, make_app
+
+NOW = 1_000_000.0
+
+
+def test_a_fresh_loaded_replica_makes_the_model_ready_whatever_else_failed() -> None:
+    fields = {b"2:0": word(False, NOW - 5, "FileNotFoundError: weights.bin"), b"1:0": word(True, NOW - 5)}
+    assert unready("m", fields, NOW) is None  # version 1 serves while version 2 fails to load
+
+
+def test_a_failure_to_load_is_the_reason_and_the_latest_one_is_given() -> None:
+    fields = {"1:0": word(False, NOW - 50, "old reason"), "1:1": word(False, NOW - 2, "ValueError: bad shape")}
+    assert unready("m", fields, NOW) == "model m version 1 replica 1 did not load: ValueError: bad shape"
+    stale = {"1:0": word(True, NOW - FRESH_S - 1)}  # a worker killed outright: its word runs out
+    assert unready("m", stale, NOW) == "model m: no worker has said it has the model loaded"
+    assert unready("m", {}, NOW) == "model m: no worker has said it has the model loaded"
+    assert unready("m", {"1:0": b"not json"}, NOW) == "model m: no worker has said it has the model loaded"
+
+
+def test_the_commands_keep_one_field_per_version_and_replica() -> None:
+    said = word(True, NOW)
+    assert commands("t.", "m", "3", 1, said) == [("HSET", "cs:loaded:t.m", "3:1", said),
+                                                ("EXPIRE", "cs:loaded:t.m", "3600")]
+    assert commands("t.", "m", None, 0, None) == [("HDEL", "cs:loaded:t.m", "-:0")]
+    assert json.loads(word(False, NOW, "x" * 500))["reason"] == "x" * 300
+
+
+@pytest.mark.parametrize("fields, status, reason", [
+    ({"1:0": "loaded"}, 200, None),
+    ({"1:0": "failed"}, 503, "model m1 version 1 replica 0 did not load: OSError: no GPU"),
+    ({}, 503, "model m1: no worker has said it has the model loaded"),
+    (None, 200, None),  # Redis away: not known, so ready
+])
+def test_the_apps_readiness_reads_its_models_workers(fields: dict | None, status: int, reason: str | None) -> None:
+    import time
+
+    words = {"loaded": word(True, time.time()), "failed": word(False, time.time(), "OSError: no GPU")}
+
+    async def loaded(model: str) -> dict:
+        await asyncio.sleep(0)
+        if fields is None:
+            raise RedisConnectionError("Redis is away")
+        return {k: words[v] for k, v in fields.items()} if model == "m1" else {}
+
+    with TestClient(make_app(FakeBus(None))) as c:
+        c.app.state.gateway.loaded = loaded
+        r = c.get("/v2/models/pets/ready")
+    assert r.status_code == status and r.json().get("reason") == reason, r.text
+
+
+def test_a_default_for_a_model_not_loaded_says_why_and_cuts_no_admission() -> None:
+    import time
+
+    async def loaded(model: str) -> dict:
+        return {"1:0": word(False, time.time(), "FileNotFoundError: weights.bin")}
+
+    with TestClient(make_app(FakeBus(None))) as c:  # nothing answers
+        c.app.state.gateway.loaded = loaded
+        answers = [c.post("/v1/apps/pets/predict", json={"input": [[0.0] * 3] * 2}).json() for _ in range(12)]
+        metrics = c.get("/metrics").text
+    assert {a["default_reason"] for a in answers} == {
+        "no answer reached the gateway by the deadline: model m1 version 1 replica 0 did not load: "
+        "FileNotFoundError: weights.bin"}
+    assert 'clipstream_gateway_admission_cuts_total{cause="late"}' not in metrics
+    assert 'clipstream_gateway_defaults_total{source="not_loaded"} 12.0' in metrics

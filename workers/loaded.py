@@ -1,0 +1,61 @@
+"""A worker's word on whether its replica has its model loaded (``clipstream.loaded``): said
+once it serves and kept fresh, taken back when it stops, and a failure to load said with its
+reason, so that readiness reads what the workers did rather than what the registry asks for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from clipstream.loaded import REFRESH_S, commands, word
+from clipstream.redisclient import REDIS_AWAY, UnansweredWrites, sync_client
+from clipstream.settings import Settings
+from workers.group import GroupModel
+
+Served = Sequence[tuple[str, str | None]]  # (model, version): a group worker serves each member
+
+
+def served_by(name: str, version: str | None, model: Any) -> list[tuple[str, str | None]]:
+    if isinstance(model, GroupModel):
+        return [(m.name, m.version) for m in model.members]
+    return [(name, version)]
+
+
+class LoadedWord:
+    """The word of a serving worker, sent on its connection that waits for no replies."""
+
+    def __init__(self, settings: Settings, served: Served, replica: int) -> None:
+        self.prefix, self.served, self.replica = settings.topic_prefix, served, replica
+        self.said_at = 0.0
+
+    def say(self, writes: UnansweredWrites, loaded: bool = True) -> None:
+        """Loaded (again, every ``REFRESH_S``: ``due``), or taken back (``loaded`` False)."""
+        said = word(True, time.time()) if loaded else None
+        try:
+            writes.send([c for name, version in self.served
+                         for c in commands(self.prefix, name, version, self.replica, said)])
+            self.said_at = time.monotonic()
+        except REDIS_AWAY:
+            pass  # said again at the next refresh; until then readiness reads the last word
+
+    def due(self) -> bool:
+        return time.monotonic() - self.said_at >= REFRESH_S
+
+
+def say_not_loaded(settings: Settings, served: Served, replica: int, reason: str) -> None:
+    """A worker that could not load its model says why before it exits (best effort: Redis
+    away, the reason is still in its log)."""
+    said = word(False, time.time(), reason)
+    try:
+        client = sync_client(settings)
+        try:
+            pipe = client.pipeline(transaction=False)
+            for name, version in served:
+                for command in commands(settings.topic_prefix, name, version, replica, said):
+                    pipe.execute_command(*command)
+            pipe.execute()
+        finally:
+            client.close()
+    except REDIS_AWAY:
+        pass

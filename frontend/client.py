@@ -11,6 +11,7 @@ reward=1.0)``; two positional values without those keywords mean ``(query_id, la
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from typing import Any
 
@@ -44,6 +45,18 @@ class NotFound(GatewayError):
 
 class TooLarge(GatewayError):
     """413: the request body is over the gateway's limit."""
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    """The body as JSON, or InputError for what JSON cannot carry (a NaN, say), as the gateway
+    would refuse it, rather than the encoder's own ValueError."""
+    try:
+        return json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
+    except ValueError:
+        raise InputError("input has values that are not finite numbers (NaN or infinity): JSON cannot carry "
+                         "them, and no model takes them") from None
+    except TypeError as exc:
+        raise InputError(f"input cannot be sent as JSON: {exc}") from None
 
 
 class GatewayInputError(GatewayError, InputError):
@@ -154,7 +167,7 @@ class Client:
             send: dict[str, Any] = {"content": _raw(input), "params": fields,
                                     "headers": {"content-type": "application/octet-stream"}}
         else:
-            send = {"json": {"input": to_json(input), **fields}}
+            send = {"content": _json({"input": to_json(input), **fields}), "headers": {"content-type": "application/json"}}
         answer = self._post(f"/v1/apps/{app}/predict", send, retries=PREDICT_RETRIES)
         self._apps_of[answer["query_id"]] = app
         while len(self._apps_of) > self._remember:

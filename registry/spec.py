@@ -125,6 +125,9 @@ def _json_input(values: Any, dtype: str) -> np.ndarray:
 KNOWN_KEYS = ("backend", "input", "output", "file", "class", "output_name", "threads", "allow_spinning", "device",
               "example")
 DEVICES = ("auto", "cpu", "cuda")
+# the app file's serving knobs, and MLServer's and Triton's names for them: never a model's own
+SERVING_KEYS = ("replicas", "max_batch_size", "batch_delay_ms", "latency_objective_ms", "max_batch_time",
+                "max_queue_delay_microseconds", "dynamic_batching", "instance_group", "parallel_workers")
 
 
 def _misspelt(keys: Any, known: tuple[str, ...], where: str) -> None:
@@ -140,6 +143,11 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
     """Validate a ``model.yaml`` mapping read from ``path`` (a file, or a URL in a model
     repository); ``folder`` is where the model's files are, or will be, on this host."""
     _misspelt(raw, KNOWN_KEYS, str(path))
+    serving = [k for k in SERVING_KEYS if k in raw]
+    if serving:  # MLServer and Triton keep batching in the model's settings; here the app file does
+        raise ConfigError(f"{path}: `{serving[0]}` is not read from model.yaml: how a model is served (replicas, "
+                          f"max_batch_size, batch_delay_ms, latency_objective_ms) goes in its entry of the app "
+                          f"file, or `clipstream deploy-model` options")
     for part, keys in (("input", ("dtype", "shape")), ("output", ("kind", "labels"))):
         extra = [k for k in (raw.get(part) or {}) if k not in keys] if isinstance(raw.get(part), dict) else []
         if extra:

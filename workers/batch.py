@@ -72,7 +72,8 @@ def answer_tensor(row: np.ndarray) -> Tensor:
     """A row's tensor: an answer is numbers (a label, a value or class scores), which the
     selector scores and combines; text is a ``class_scores`` model's ``labels``, not its rows."""
     if row.dtype.kind in "OUS":
-        raise ModelError(f"an answer of {row.dtype.name} values is not a number")
+        raise ModelError(f"an answer of {'text' if row.dtype.kind in 'US' else 'objects'} ({row.dtype.name}) is not "
+                         "a number")
     return Tensor.of(row)
 
 

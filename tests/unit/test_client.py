@@ -323,3 +323,13 @@ def test_a_binary_body_of_text_or_bytes_is_its_one_element():
 def test_bytes_go_as_the_raw_body_even_without_binary(client, bus):
     with pytest.raises(GatewayInputError, match="a binary input of 2 bytes is not one example"):
         client.predict("pets", b"ab")  # sent, not a TypeError from JSON: the gateway's reason comes back
+
+
+def test_an_input_json_cannot_carry_is_an_input_error_before_anything_is_sent(client, bus):
+    bad = np.array(GOOD, dtype=np.float64)
+    bad[0, 1] = np.nan
+    with pytest.raises(InputError, match="not finite numbers .NaN or infinity.: JSON cannot carry them"):
+        client.predict("pets", bad)
+    with pytest.raises(InputError, match="input cannot be sent as JSON"):
+        client.predict("pets", {"x": object()})
+    assert bus.queries == []

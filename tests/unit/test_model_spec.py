@@ -98,3 +98,9 @@ def test_an_example_of_several_strings_or_numbers_may_be_json(tmp_path: Path) ->
     numbers = _folder(tmp_path, GOOD + "example: one.json\n", ("model.onnx",))
     (numbers / "one.json").write_text("[1, 2, 3, 4.5]")
     assert example_input(load_spec(numbers), 1).tolist() == [[1, 2, 3, 4.5]]
+
+
+@pytest.mark.parametrize("key", ["max_batch_size", "replicas", "max_batch_time", "dynamic_batching"])
+def test_serving_knobs_in_model_yaml_are_refused_naming_the_app_file(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ConfigError, match=f"`{key}` is not read from model.yaml: .* goes in its entry of the app file"):
+        load_spec(_folder(tmp_path, GOOD + f"{key}: 8\n", ("model.onnx",)))

@@ -240,6 +240,17 @@ def test_python_backend_errors(tmp_path: Path) -> None:
         load_model(load_spec(nomethod))
 
 
+def test_a_class_written_to_another_contract_is_told_this_one(tmp_path: Path) -> None:
+    mlserver_style = make_python_model(tmp_path, "mls", "class Model:\n    async def load(self): pass\n"
+                                                           "    async def predict(self, payload): pass\n")
+    with pytest.raises(ModelError, match=r"takes no arguments\. A python model is built as Class\(folder, config\)"):
+        load_model(load_spec(mlserver_style))
+    asynchronous = make_python_model(tmp_path, "asy", "class Model:\n    def __init__(self, p, c): pass\n"
+                                                        "    async def predict_batch(self, x): return x\n")
+    with pytest.raises(ConfigError, match="predict_batch is `async def`: .* Make it a plain `def`"):
+        load_model(load_spec(asynchronous))
+
+
 def test_latency_profile_interpolates_and_extrapolates() -> None:
     p = LatencyProfile(CLOCKWORK)
     assert p.latency_ms(1) == pytest.approx(2.61)

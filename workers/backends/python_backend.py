@@ -8,6 +8,7 @@ already imported from elsewhere is dropped from ``sys.modules`` first so each mo
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,11 @@ def _forget_foreign(top: str, folder: Path) -> None:
     importlib.invalidate_caches()
 
 
+# what a python model is, for a class written to another contract (MLServer's load/predict, say)
+CONTRACT = ("A python model is built as Class(folder, config), loading in its constructor, and answers "
+            "predict_batch(inputs) with one row per input, a plain method (docs/MODELS.md)")
+
+
 class PythonModel:
     """Adapts a user class with ``predict_batch`` to the worker's ``BatchModel``."""
 
@@ -61,10 +67,16 @@ class PythonModel:
         cls = import_class(spec.path, str(spec.cls))
         try:
             self.impl = cls(spec.path, dict(spec.config))
+        except TypeError as exc:  # most often a class written for another server's contract
+            raise ModelError(f"{spec.cls}({spec.path}, config) failed: {exc}. {CONTRACT}") from exc
         except Exception as exc:
             raise ModelError(f"{spec.cls}({spec.path}, config) failed: {exc}") from exc
-        if not callable(getattr(self.impl, "predict_batch", None)):
-            raise ConfigError(f"{spec.cls} has no predict_batch(inputs) method")
+        predict = getattr(self.impl, "predict_batch", None)
+        if not callable(predict):
+            raise ConfigError(f"{spec.cls} has no predict_batch(inputs) method. {CONTRACT}")
+        if inspect.iscoroutinefunction(predict):
+            raise ConfigError(f"{spec.cls}.predict_batch is `async def`: the worker calls it as a plain method, "
+                              "on a thread of its own beside the batches it reads. Make it a plain `def`")
         self.spec = spec
         self.device = str(getattr(self.impl, "device", device))
 

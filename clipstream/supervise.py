@@ -382,13 +382,16 @@ def _signal(stage: Stage, sig: signal.Signals) -> None:
 
 
 def _why_it_died(stage: Stage, code: int) -> str:
-    """A restart line's reason: the hang, the signal, or the exit code with the last line the
-    stage wrote, which is its error when it exits on one (only this process's lines)."""
+    """A restart line's reason: the hang, the signal, or the exit code with the stage's last
+    ``error:`` line, which says what to do (a warning Python prints as it exits may follow it),
+    else the last line it wrote (only this process's lines)."""
     if stage.hung:
         return stage.hung
     if code < 0:
         return f"exit code {code}, {_signame(-code)}"
-    last = tail(stage.log_path, lines=1, start=stage.log_from).strip()
+    written = tail(stage.log_path, lines=20, start=stage.log_from).splitlines()
+    errors = [line for line in written if line.startswith("error:")]
+    last = (errors or written or [""])[-1].strip()
     if len(last) > 600:  # a traceback's repr, say: its start and its end, where what to do is said
         last = f"{last[:300]} ... {last[-300:]}"
     return f"exit code {code}" + (f": {last}" if last and code > 0 else "")

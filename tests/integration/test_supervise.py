@@ -152,6 +152,7 @@ while not os.path.exists(sys.argv[1]):
 print("note: child: took its new batching knobs", flush=True)
 print("alert: child: its model fails on every call", flush=True)
 print("error: the model raised ValueError", flush=True)
+print("sys:1: RuntimeWarning: coroutine 'Model.predict_batch' was never awaited", flush=True)  # Python's, as it exits
 sys.exit(1)
 '''
 

@@ -19,13 +19,14 @@ import numpy as np
 
 from clipstream.clock import now_us
 from frontend.gateway_http import HTTPProblem, key_allowed, key_apps, key_of
-from frontend.state import GatewayState
 from frontend.settings import GatewaySettings
+from frontend.state import GatewayState
 from frontend.v2 import app_ready, infer, model_metadata, server_metadata, server_ready, unversioned
 from frontend.v2_messages import (ONE_INPUT, Parsed, bad, checked_input, examples, predict_request, read_rows,
                                   wanted)
 from frontend.v2_proto import MESSAGES, METHODS, SERVICE
 from registry.spec import TensorSpec
+from schemas.tensor import packed
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,7 @@ def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) 
     elif datatype not in CONTENTS:
         raise bad(f"{datatype} has no typed contents field: send it in raw_input_contents")
     elif datatype == "BYTES":
-        items = tensor.contents.bytes_contents
-        rows = read_rows(shape, datatype, spec, blob=b"".join(len(b).to_bytes(4, "little") + b for b in items))
+        rows = read_rows(shape, datatype, spec, blob=packed(list(tensor.contents.bytes_contents)))
     else:
         rows = read_rows(shape, datatype, spec, values=list(getattr(tensor.contents, CONTENTS[datatype])))
     params = {k: _value(v) for k, v in request.parameters.items() if k in ("context", "slo_ms")}
@@ -100,7 +100,7 @@ def infer_reply(answer: dict[str, Any]) -> Any:
     for out in answer["outputs"]:
         reply.outputs.add(name=out["name"], datatype=out["datatype"], shape=out["shape"])
         if out["datatype"] == "BYTES":
-            blob = b"".join(len(b).to_bytes(4, "little") + b for b in (str(v).encode() for v in out["data"]))
+            blob = packed([str(v) for v in out["data"]])
         else:
             blob = np.asarray(out["data"], dtype=_NUMPY[out["datatype"]]).tobytes()
         reply.raw_output_contents.append(blob)

@@ -60,8 +60,9 @@ def dtype_name(array: np.ndarray) -> str:
     raise DecodeError(f"an object array travels only when it holds only str or only bytes, not {found}")
 
 
-def _packed(array: np.ndarray) -> bytes:
-    """Each element's length and bytes, in C order (str as UTF-8)."""
+def packed(array: Any) -> bytes:
+    """Each element's length and bytes, in C order (str as UTF-8): the BYTES layout, which the
+    Open Inference Protocol's raw contents use too."""
     parts: list[bytes] = []
     for x in np.asarray(array, dtype=object).flat:
         raw = x.encode() if isinstance(x, str) else bytes(x)
@@ -104,7 +105,7 @@ def tensor_fields(array: Any) -> tuple[str, list[int], bytes]:
     """(dtype, shape, little-endian bytes) of an array (anything numpy can turn into one)."""
     arr = np.asarray(array)
     if arr.dtype.kind in "OUS":
-        return dtype_name(arr), list(arr.shape), _packed(arr)
+        return dtype_name(arr), list(arr.shape), packed(arr)
     name = arr.dtype.name
     if name not in DTYPES:
         raise DecodeError(f"dtype {name!r} cannot travel as a tensor; use one of {sorted(DTYPES)}")

@@ -70,7 +70,7 @@ async def ask(state: GatewayState, asked: Asked, query_id: str, tensor: Tensor) 
         pass
     finally:
         state.bus.forget(query_id)
-    why = await state.not_loaded(asked.cfg.models)
+    why = await state.not_loaded(asked.cfg.models, wait=False)
     return NotLoaded(why) if why is not None else None
 
 

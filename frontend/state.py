@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
-import time
-from time import monotonic
+from time import monotonic, time
 from typing import Any, Protocol, Union
 
 from clipstream.clock import now_us
@@ -90,6 +89,7 @@ class GatewayState:
         # the replicas' word on whether they have a model loaded (``clipstream.loaded``): its hash
         self.loaded: Callable[[str], Awaitable[dict[Any, Any]]] | None = None
         self._not_loaded: dict[str, tuple[float, str | None]] = {}  # model -> when read, why not loaded
+        self._reading: dict[str, asyncio.Future[str | None]] = {}  # model -> its read under way
         # awaited as the gateway stops, before Kafka is let go: servers beside uvicorn's (gRPC)
         # finish the calls they hold
         self.draining: list[Callable[[], Awaitable[None]]] = []
@@ -276,24 +276,35 @@ class GatewayState:
             self.admission.on_time(inflight, admitted_us)
             self.hand_over()
 
-    async def not_loaded(self, models: Iterable[str]) -> str | None:
+    async def not_loaded(self, models: Iterable[str], wait: bool = True) -> str | None:
         """Why one of ``models`` has no replica that said it has it loaded (``clipstream.loaded``),
         read at most every ``NOT_LOADED_READ_S`` per model; None when each has one, or when Redis
-        cannot tell."""
+        cannot tell. ``wait=False`` answers from what was read last and reads afresh behind:
+        a caller's default must not wait on Redis."""
         if self.loaded is None:
             return None
-        now = time.time()
         for model in models:
             at, why = self._not_loaded.get(model, (0.0, None))
-            if now - at > NOT_LOADED_READ_S:
-                try:
-                    why = unready(model, await self.loaded(model), now)
-                except REDIS_AWAY:
-                    why = None
-                self._not_loaded[model] = (now, why)
+            if time() - at > NOT_LOADED_READ_S:
+                reading = self._reading.get(model)
+                if reading is None:
+                    reading = self._reading[model] = asyncio.ensure_future(self._read_loaded(model))
+                if wait:
+                    why = await asyncio.shield(reading)
             if why is not None:
                 return why
         return None
+
+    async def _read_loaded(self, model: str) -> str | None:
+        assert self.loaded is not None
+        try:
+            why = unready(model, await self.loaded(model), time())
+        except REDIS_AWAY:
+            why = None
+        finally:
+            self._reading.pop(model, None)
+        self._not_loaded[model] = (time(), why)
+        return why
 
     def app_config(self, name: str) -> AppConfig:
         view = self.registry.view() if self.registry is not None else RegistryView()

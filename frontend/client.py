@@ -92,6 +92,9 @@ def _raw(input: Any) -> bytes:
         return bytes(input)
     if isinstance(input, str):
         return input.encode()
+    if not isinstance(input, np.ndarray | np.generic):  # a list has no dtype: its bytes would be guessed
+        raise InputError("binary=True sends a numpy array's own bytes: pass an array of the model's dtype "
+                         "(GET /v1/apps/{app} names it), or send the list as JSON (binary=False)")
     array = np.ascontiguousarray(input)
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 

@@ -178,8 +178,10 @@ def infer_response(cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None, an
     """The answers as the protocol's output tensors, one row per example, in their order. A
     default's scores are zeros: ``default`` says which rows those are."""
     n = len(answers)
-    outs = [a["output"] for a in answers]
+    outs = [a["output"] for a in answers if a["output"] is not None]
     datatype = output_datatype(kind, labels, cfg.default_output, outs)
+    zero = {"BOOL": False, "BYTES": ""}.get(datatype, 0)  # a default's row when the app has no default
+    outs = [zero if a["output"] is None else a["output"] for a in answers]
     tensors: dict[str, dict[str, Any]] = {
         "output": {"shape": [n], "datatype": datatype, "data": outs if datatype != "BYTES" else [str(o) for o in outs]},
         "confidence": {"shape": [n], "datatype": "FP64", "data": [float(a["confidence"]) for a in answers]},
@@ -288,7 +290,8 @@ def wanted(outputs: Any) -> list[str]:
 def output_datatype(kind: str | None, labels: tuple[Any, ...] | None, default: Any, outs: list[Any] = ()) -> str:
     """The one datatype every answer of the app fits (its labels or values, and its default):
     BOOL, INT64, FP64, or BYTES (written as text). Without labels, the answers decide."""
-    values = [*(labels or outs), default, *([0.0] if kind == "regression" else [])]
+    # no default (null) is no value: a default's row then carries a zero, as its scores do
+    values = [*(labels or outs), *([] if default is None else [default]), *([0.0] if kind == "regression" else [])]
     types = {type(v) for v in values}
     if types <= {bool}:
         return "BOOL"

@@ -332,4 +332,6 @@ def test_an_input_json_cannot_carry_is_an_input_error_before_anything_is_sent(cl
         client.predict("pets", bad)
     with pytest.raises(InputError, match="input cannot be sent as JSON"):
         client.predict("pets", {"x": object()})
+    with pytest.raises(InputError, match="binary=True sends a numpy array's own bytes: pass an array of the model's"):
+        client.predict("pets", GOOD, binary=True)  # a list has no dtype to send
     assert bus.queries == []

@@ -136,6 +136,20 @@ def test_the_output_datatype_fits_every_answer_and_the_default() -> None:
     assert output_datatype("regression", None, "none") == "BYTES"
     assert output_datatype("label", None, False, [True, False]) == "BOOL"
     assert output_datatype("label", None, 0, [1, 2.5]) == "FP64"
+    assert output_datatype("regression", None, None) == "FP64"  # no default is no value: not text
+    assert output_datatype("class_scores", (0, 1), None) == "INT64"
+
+
+def test_a_default_row_of_an_app_without_a_default_carries_a_zero_of_the_outputs_datatype() -> None:
+    from frontend.v2_messages import infer_response
+    from registry.topic import AppConfig
+
+    cfg = AppConfig("r", "single", 50.0, None, {}, ("m",))
+    answers = [{"output": 42.5, "confidence": 1.0, "default": False, "query_id": "a"},
+               {"output": None, "confidence": 0.0, "default": True, "default_reason": "late", "query_id": "b"}]
+    out = {t["name"]: t for t in infer_response(cfg, "regression", None, answers, None, [])["outputs"]}
+    assert out["output"] == {"name": "output", "shape": [2], "datatype": "FP64", "data": [42.5, 0]}
+    assert out["default"]["data"] == [False, True] and out["default_reason"]["data"] == ["", "late"]
 
 
 def binary_body(rows: np.ndarray, datatype: str = "FP32", raw: bytes | None = None) -> tuple[bytes, dict[str, str]]:

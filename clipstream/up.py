@@ -256,8 +256,8 @@ def _gateway_port(asked: int | None, free_ports: bool) -> int | None:
 
 def _grpc_port(asked: int | None, free_ports: bool) -> int | None:
     """The port the gateways serve gRPC on (None: they do not), checked free before anything
-    starts; 0, or a taken one with ``--free-ports``, becomes a free one that every gateway
-    shares (SO_REUSEPORT, as their HTTP port)."""
+    starts; 0, or with ``--free-ports`` a taken one that was not asked for, becomes a free one
+    that every gateway shares (SO_REUSEPORT, as their HTTP port)."""
     host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", GATEWAY_DEFAULTS.host)
     raw = os.environ.get("CLIPSTREAM_GATEWAY_GRPC_PORT", "").strip()
     if asked is None and not raw:
@@ -269,7 +269,7 @@ def _grpc_port(asked: int | None, free_ports: bool) -> int | None:
     try:
         return bind_once(host, port)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE and free_ports:
+        if exc.errno == errno.EADDRINUSE and free_ports and asked is None:
             free = bind_once(host, 0)
             click.echo(f"gateway: gRPC port {port} on {host} is in use; using free port {free} (--free-ports)")
             return free

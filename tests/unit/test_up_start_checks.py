@@ -225,6 +225,8 @@ def test_the_grpc_port_is_off_unless_asked_and_checked_before_anything_starts(
         up_module._grpc_port(None, free_ports=False)
     moved = up_module._grpc_port(None, free_ports=True)
     assert moved is not None and moved != taken
+    with pytest.raises(up_module.GatewayPortTaken, match="--grpc-port P"):
+        up_module._grpc_port(taken, free_ports=True)  # a port asked for is kept, or fails: never moved
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_GRPC_PORT", "x1")
     with pytest.raises(ClipstreamError, match=r"CLIPSTREAM_GATEWAY_GRPC_PORT='x1' is not a port.*--grpc-port P"):
         up_module._grpc_port(None, free_ports=False)

@@ -19,7 +19,7 @@ from clipstream.yamlfile import read_mapping
 from schemas.records import OutputKind
 from schemas.tensor import DTYPES, VARIABLE, dtype_name
 
-BACKENDS = ("onnx", "torch", "python", "profile")
+BACKENDS = ("onnx", "torch", "python", "sklearn", "profile")
 
 
 def not_finite(array: np.ndarray) -> bool:
@@ -176,8 +176,9 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
     if labels is not None and not isinstance(labels, list):
         raise ConfigError(f"{path}: output.labels must be a list")
     file = raw.get("file")
-    if backend in ("onnx", "torch") and not file:
-        raise ConfigError(f"{path}: backend {backend} needs `file`")
+    if backend in ("onnx", "torch", "sklearn") and not file:
+        raise ConfigError(f"{path}: backend {backend} needs `file`" + (" (the estimator saved with joblib.dump)"
+                                                                      if backend == "sklearn" else ""))
     cls = raw.get("class")
     if backend == "python" and not cls:
         raise ConfigError(f"{path}: backend python needs `class: package.module:Class`")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from clipstream.infra.launcher import pick_free_ports
-from clipstream.testing.models import make_python_model
+from clipstream.testing.models import make_python_model, write_model_yaml
 from clipstream.testing.procs import UpProcess, predict_admitted
 from frontend.client import Client, GatewayInputError
 from frontend.producer import Producer, ResponseReader
@@ -81,14 +81,24 @@ def test_text_and_bytes_models_answer_json_raw_bodies_and_kafka_clients(settings
                                dtype="string", shape=())
     (folder / "pipe.pkl").write_bytes(pickle.dumps(pipe))
     make_python_model(models, "length", LENGTH, class_name="Length", kind="regression", dtype="bytes", shape=())
+    # the same pipeline saved with joblib, served with no class of ours (backend: sklearn)
+    import joblib
+
+    saved = models / "saved" / "1"
+    saved.mkdir(parents=True)
+    joblib.dump(pipe, saved / "pipe.joblib")
+    write_model_yaml(saved, {"backend": "sklearn", "file": "pipe.joblib", "input": {"dtype": "string", "shape": []},
+                             "output": {"kind": "class_scores", "labels": ["neg", "pos"]}})
     tag = uuid.uuid4().hex[:6]
-    reviews, sizes = f"reviews{tag}", f"sizes{tag}"
+    reviews, sizes, joblibbed = f"reviews{tag}", f"sizes{tag}", f"saved{tag}"
     (tmp_path / "app.yaml").write_text(yaml.safe_dump({
         "apps": [{"name": reviews, "policy": "single", "slo_ms": 3000, "default_output": "none",
                   "models": ["sentiment"]},
-                 {"name": sizes, "policy": "single", "slo_ms": 3000, "default_output": -1, "models": ["length"]}],
+                 {"name": sizes, "policy": "single", "slo_ms": 3000, "default_output": -1, "models": ["length"]},
+                 {"name": joblibbed, "policy": "single", "slo_ms": 3000, "models": ["saved"]}],
         "models": [{"name": "sentiment", "version": "1", "path": "models/sentiment/1", "replicas": 1},
-                   {"name": "length", "version": "1", "path": "models/length/1", "replicas": 1}],
+                   {"name": "length", "version": "1", "path": "models/length/1", "replicas": 1},
+                   {"name": "saved", "version": "1", "path": "models/saved/1", "replicas": 1}],
     }))
     port = pick_free_ports(1)[0]
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix,
@@ -107,6 +117,9 @@ def test_text_and_bytes_models_answer_json_raw_bodies_and_kafka_clients(settings
         np.testing.assert_allclose(by_json["scores"], want, rtol=1e-5)
         by_body = predict_admitted(client, reviews, "a dull and silly waste of time", binary=True)
         assert by_body["default"] is False and by_body["output"] == "neg", by_body
+        by_joblib = predict_admitted(client, joblibbed, text)
+        assert by_joblib["default"] is False and by_joblib["output"] == "pos", by_joblib
+        np.testing.assert_allclose(by_joblib["scores"], want, rtol=1e-5)
 
         meta = httpx.get(f"http://127.0.0.1:{port}/v1/apps/{reviews}").json()
         assert meta["input"] == {"dtype": "string", "shape": []}

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -298,3 +299,66 @@ def test_profile_label_and_regression_kinds(tmp_path: Path) -> None:
     assert out.shape == (4,) and set(out.tolist()) <= {3, 5, 7}
     reg = load_model(load_spec(make_profile_model(tmp_path, "reg", kind="regression", table={1: 0.0})))
     assert reg.predict_batch(np.ones((2, 64), dtype=np.float32)).shape == (2,)
+
+
+def _joblib_model(root: Path, name: str, estimator: Any, kind: str, labels: list[Any] | None = None,
+                  dtype: str = "float32", shape: list[int] | None = None) -> Path:
+    import joblib
+
+    folder = root / name / "1"
+    folder.mkdir(parents=True)
+    joblib.dump(estimator, folder / "model.joblib")
+    output: dict[str, Any] = {"kind": kind, **({"labels": labels} if labels is not None else {})}
+    return write_model_yaml(folder, {"backend": "sklearn", "file": "model.joblib", "output": output,
+                                     "input": {"dtype": dtype, "shape": [64] if shape is None else shape}})
+
+
+def test_an_sklearn_estimator_is_served_from_its_joblib_file_without_a_class(tmp_path: Path) -> None:
+    from sklearn.linear_model import LinearRegression
+
+    x, y = digits()
+    logreg = digits_logreg()
+    scores = load_model(load_spec(_joblib_model(tmp_path, "p", logreg, "class_scores", list(range(10)))))
+    np.testing.assert_allclose(scores.predict_batch(x[:5]), logreg.predict_proba(x[:5]), rtol=1e-6)
+    assert warm_up(scores).shape == (1, 10)
+    labels = load_model(load_spec(_joblib_model(tmp_path, "l", logreg, "label")))
+    assert labels.predict_batch(x[:5]).tolist() == logreg.predict(x[:5]).tolist()
+    linear = LinearRegression().fit(x[:200], y[:200].astype(float))
+    values = load_model(load_spec(_joblib_model(tmp_path, "r", linear, "regression")))
+    np.testing.assert_allclose(values.predict_batch(x[:3]), linear.predict(x[:3]))
+
+
+def test_an_sklearn_pipeline_of_text_takes_its_strings(tmp_path: Path) -> None:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    texts, ys = ["good fun", "great film", "bad plot", "awful acting"] * 5, ["pos", "pos", "neg", "neg"] * 5
+    pipe = make_pipeline(TfidfVectorizer(), LogisticRegression()).fit(texts, ys)
+    for shape in ([], [1]):  # one string per query, or skl2onnx's [1]
+        model = load_model(load_spec(_joblib_model(tmp_path / str(len(shape)), "t", pipe, "class_scores",
+                                                   ["neg", "pos"], dtype="string", shape=shape)))
+        rows = np.array(["great fun", "awful plot"], dtype=object).reshape(2, *shape)
+        np.testing.assert_allclose(model.predict_batch(rows), pipe.predict_proba(["great fun", "awful plot"]))
+
+
+def test_an_sklearn_model_that_does_not_fit_its_model_yaml_is_refused_saying_what_to_write(tmp_path: Path) -> None:
+    from sklearn.linear_model import LinearRegression
+
+    x, y = digits()
+    with pytest.raises(ConfigError, match=r"output.labels \[9, 8.*\] are not the estimator's classes_ \[0, 1, 2"):
+        load_model(load_spec(_joblib_model(tmp_path, "a", digits_logreg(), "class_scores", list(range(9, -1, -1)))))
+    linear = LinearRegression().fit(x[:50], y[:50].astype(float))
+    with pytest.raises(ConfigError, match="a LinearRegression has no predict_proba, .* use kind: label"):
+        load_model(load_spec(_joblib_model(tmp_path, "b", linear, "class_scores", [0, 1])))
+    from sklearn.linear_model import LogisticRegression
+
+    named = LogisticRegression(max_iter=2000).fit(x[:100], np.where(y[:100] > 4, "high", "low"))
+    with pytest.raises(ConfigError, match="classes are named .* use kind: class_scores with those names as labels"):
+        load_model(load_spec(_joblib_model(tmp_path, "c", named, "label")))
+    (tmp_path / "d" / "1").mkdir(parents=True)
+    (tmp_path / "d" / "1" / "model.joblib").write_bytes(b"not a joblib file")
+    write_model_yaml(tmp_path / "d" / "1", {"backend": "sklearn", "file": "model.joblib",
+                                            "input": {"dtype": "float32", "shape": [64]}, "output": {"kind": "label"}})
+    with pytest.raises(ModelError, match="cannot load .*model.joblib with joblib"):
+        load_model(load_spec(tmp_path / "d" / "1"))

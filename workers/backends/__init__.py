@@ -21,6 +21,7 @@ BACKENDS: dict[str, str] = {
     "onnx": "workers.backends.onnx_backend:OnnxModel",
     "torch": "workers.backends.torch_backend:TorchModel",
     "python": "workers.backends.python_backend:PythonModel",
+    "sklearn": "workers.backends.sklearn_backend:SklearnModel",
     "profile": "workers.backends.profile_backend:ProfileModel",
 }
 

@@ -110,7 +110,7 @@ class Series:
 
     @staticmethod
     def row(old: Samples, new: Samples, dt: float, slos: Mapping[str, float]) -> Row:
-        w = _Window(old, new, dt)
+        w = _Window(old, new, dt, frozenset(slos))
         row: Row = {pid: {} for pid, _, _ in PANELS}
         _answers(w, row, slos)
         _models(w, row)
@@ -135,20 +135,28 @@ class Series:
 
 class _Window:
     """Two merged scrapes ``dt`` seconds apart: counters as increases or rates over the window,
-    gauges as the newer scrape holds them."""
+    gauges as the newer scrape holds them. With ``apps`` (the registry's), series of other apps
+    are left out: a removed app's counters and weights stay in the stages' metrics until they
+    restart, and would draw flat lines."""
 
-    def __init__(self, old: Samples, new: Samples, dt: float) -> None:
-        self.old, self.new, self.dt = old, new, dt
+    def __init__(self, old: Samples, new: Samples, dt: float, apps: frozenset[str] = frozenset()) -> None:
+        self.old, self.new, self.dt, self.apps = old, new, dt, apps
+
+    def _ours(self, values: dict[tuple[str, ...], float], labels: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        if not self.apps or "app" not in labels:
+            return values
+        at = labels.index("app")
+        return {k: v for k, v in values.items() if k[at] in self.apps}
 
     def delta(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
-        a, b = by(self.old, name, *labels), by(self.new, name, *labels)
+        a, b = by(self.old, name, *labels), self._ours(by(self.new, name, *labels), labels)
         return {k: max(0.0, v - a.get(k, 0.0)) for k, v in b.items()}
 
     def rate(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
         return {k: v / self.dt for k, v in self.delta(name, *labels).items()} if self.dt > 0 else {}
 
     def gauge(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
-        return by(self.new, name, *labels)
+        return self._ours(by(self.new, name, *labels), labels)
 
 
 def _answers(w: _Window, row: Row, slos: Mapping[str, float]) -> None:

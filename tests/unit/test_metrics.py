@@ -110,6 +110,24 @@ def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
     assert 0 < row["latency"]["one p50"] <= 5.0 and row["latency"]["d p50"] <= 10.0
 
 
+def test_a_removed_apps_series_leave_the_dashboard_with_it():
+    """A removed app's counters and weights stay in the stages' metrics until they restart: the
+    dashboard draws only the registry's apps."""
+    def at(n: float) -> dict:
+        return merge([parse("\n".join([
+            f'clipstream_selector_answers_total{{app="{app}",outcome="prediction"}} {n}' for app in ("d", "gone")
+        ] + ['clipstream_policy_weight{app="gone",model="m"} 0.5', 'clipstream_policy_weight{app="d",model="m"} 1',
+             f'clipstream_selector_stragglers_total{{app="gone",model="m"}} {n}']) + "\n")])
+
+    series = Series(keep=10, window=2)
+    series.add(100.0, at(0), {"d": 50.0})
+    row = series.add(102.0, at(20), {"d": 50.0})
+    assert row["throughput"] == {"d": pytest.approx(10.0)} and row["weights"] == {"d: m": 1.0}
+    assert row["stragglers"] == {}
+    unknown = series.add(104.0, at(40), {})  # the registry not read: nothing is left out
+    assert set(unknown["throughput"]) == {"d", "gone"}
+
+
 def test_a_direct_app_the_selector_also_answered_once_is_still_counted_from_the_gateway():
     """A one-model app: the gateway sends its callers' queries to the model straight, and a
     Kafka client's query of the same app went through the selector once. The gateway's answers

@@ -307,7 +307,7 @@ def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> M
 def set_replicas(model: str, replicas: int) -> None:
     """Change a model's number of replicas (the batcher spreads batches over them)."""
     _rewrite_model(model, lambda m: replace(m, replicas=replicas))
-    click.echo(f"model {model}: {replicas} replicas")
+    click.echo(f"model {model}: {replicas} replica{'s' if replicas != 1 else ''}")
 
 
 @click.command("rollback")

@@ -68,7 +68,7 @@ def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) 
         raise bad(ONE_INPUT)
     tensor = request.inputs[0]
     shape, datatype = list(tensor.shape), tensor.datatype
-    spec = checked_input(shape, datatype, spec)
+    shape, spec = checked_input(shape, datatype, spec)
     if request.raw_input_contents:
         if tensor.HasField("contents"):
             raise bad("the input has both contents and raw_input_contents: send its values in one of them")

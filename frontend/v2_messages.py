@@ -73,7 +73,7 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
         raise bad(ONE_INPUT)
     tensor = tensors[0]
     shape, datatype = tensor.get("shape"), tensor.get("datatype")
-    spec = checked_input(shape, datatype, spec)
+    shape, spec = checked_input(sent := shape, datatype, spec)
     binary = (tensor.get("parameters") or {}).get("binary_data_size") if isinstance(tensor.get("parameters"), dict) \
         else None
     if binary is not None:
@@ -83,7 +83,7 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
             raise bad(f"binary_data_size {binary!r} {what} after the JSON header")
         rows = read_rows(shape, datatype, spec, blob=blob)
     else:
-        rows = read_rows(shape, datatype, spec, values=_flat(tensor.get("data"), shape))
+        rows = read_rows(shape, datatype, spec, values=_flat(tensor.get("data"), sent))
     rid = body.get("id")
     if rid is not None and not isinstance(rid, str):
         raise bad("`id` must be a string")
@@ -94,9 +94,11 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
 ONE_INPUT = "`inputs` must hold one tensor: an app's models take one input, with the batch as its first dimension"
 
 
-def checked_input(shape: Any, datatype: Any, spec: TensorSpec | None) -> TensorSpec:
+def checked_input(shape: Any, datatype: Any, spec: TensorSpec | None) -> tuple[list[int], TensorSpec]:
     """The input tensor's shape and datatype checked against the model's (``spec``; the tensor's
-    own when the app declares none), which is returned."""
+    own when the app declares none): the batch of the model's shape, and the model's spec. A
+    shape that differs from the model's by dimensions of 1 only (MLServer sends one string per
+    example as ``[n, 1]``) is the model's."""
     if not (isinstance(shape, list) and shape and all(type(d) is int and d >= 0 for d in shape)):
         raise bad(f"input shape {shape!r} must be a list of non-negative integers, the batch first")
     if shape[0] < 1:
@@ -104,8 +106,10 @@ def checked_input(shape: Any, datatype: Any, spec: TensorSpec | None) -> TensorS
     if datatype not in _DTYPE_OF:
         raise bad(f"input datatype {datatype!r} is not one of {', '.join(sorted(_DTYPE_OF))}")
     spec = spec or TensorSpec(_DTYPE_OF[datatype], tuple(shape[1:]))
+    if tuple(shape[1:]) != spec.shape and [d for d in shape[1:] if d != 1] == [d for d in spec.shape if d != 1]:
+        shape = [shape[0], *spec.shape]
     _fits(shape, datatype, spec)
-    return spec
+    return shape, spec
 
 
 def read_rows(shape: list[int], datatype: str, spec: TensorSpec, *, values: list[Any] | None = None,

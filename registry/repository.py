@@ -118,6 +118,10 @@ class Repository:
         url = self.url(location)
         local = _local(url)
         if local is not None and not (local / SPEC_FILE).is_file():
+            if local.is_dir():  # the folder is here: it lacks its model.yaml, not a path
+                others = [n for n in ("model-settings.json", "config.pbtxt") if (local / n).is_file()]
+                raise ConfigError(f"{local} holds no {SPEC_FILE}: write one (docs/MODELS.md)" + (
+                    f"; {others[0]} is another server's, which clipstream does not read" if others else ""))
             raise ConfigError(f"{local / SPEC_FILE} does not exist{self._hint(location)}")
         return url, local
 

@@ -340,3 +340,18 @@ def test_a_batchs_examples_are_timed_from_when_each_went() -> None:
     took = float(next(line.split()[-1] for line in metrics.splitlines()
                       if line.startswith('clipstream_gateway_query_seconds_sum{app="pets"}')))
     assert took < 48 * 0.030  # each example within the SLO, not the batch's whole time
+
+
+def test_a_shape_that_differs_by_ones_only_is_the_models() -> None:
+    """MLServer's string codec sends one string per example as [n, 1]; a model of shape [] takes
+    them, and [n, 2, 1, 3] reaches a (2, 3) model as its own shape."""
+    text = TensorSpec("string", ())
+    body = {"inputs": [{"name": "x", "shape": [2, 1], "datatype": "BYTES", "data": [["good"], ["bad"]]}]}
+    _, rows, _, _ = parse_infer(json.dumps(body).encode(), text, 1 << 20)
+    assert [r.array().item() for r in rows] == ["good", "bad"]
+    padded = {"inputs": [{"name": "x", "shape": [1, 2, 1, 3], "datatype": "FP32", "data": list(range(6))}]}
+    _, rows, _, _ = parse_infer(json.dumps(padded).encode(), TensorSpec("float32", (2, 3)), 1 << 20)
+    assert rows[0].array().shape == (2, 3)
+    with pytest.raises(HTTPProblem, match=r"is not a batch of the model's \[2, 3\]"):
+        parse_infer(json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 2], "datatype": "FP32",
+                                            "data": list(range(6))}]}).encode(), TensorSpec("float32", (2, 3)), 1 << 20)

@@ -69,6 +69,15 @@ def test_missing_model_says_which_root_was_tried(tmp_path: Path) -> None:
         Repository(f"memory://nothing-{uuid.uuid4().hex[:8]}", tmp_path / "cache").read_spec("sim/1")
 
 
+def test_a_folder_here_without_its_model_yaml_is_told_to_write_one(tmp_path: Path) -> None:
+    folder = tmp_path / "mls"
+    folder.mkdir()
+    (folder / "model-settings.json").write_text('{"implementation": "mlserver_sklearn.SKLearnModel"}')
+    with pytest.raises(ConfigError, match=r"mls holds no model.yaml: write one \(docs/MODELS.md\); "
+                                          r"model-settings.json is another server's, which clipstream does not read"):
+        Repository(None).fetch(str(folder))
+
+
 def test_a_remote_version_is_copied_once_and_serves(tmp_path: Path) -> None:
     local = make_onnx_digits_model(tmp_path / "src", "logreg", "3")
     root = _memory_copy(local)

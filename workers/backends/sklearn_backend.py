@@ -42,8 +42,10 @@ class SklearnModel:
         if kind == "class_scores" and classes is not None:
             _same_labels(spec, list(classes))
         if kind == "label" and classes is not None and np.asarray(classes).dtype.kind not in "biuf":
-            raise ConfigError(f"{spec.path}/model.yaml: the {name}'s classes are named ({list(classes)[:4]}...), and a "
-                              "label model answers numbers: use kind: class_scores with those names as labels")
+            named = _plain(classes)
+            raise ConfigError(f"{spec.path}/model.yaml: the {name}'s classes are named ({named[:4]}"
+                              f"{'...' if len(named) > 4 else ''}), and a label model answers numbers: use kind: "
+                              "class_scores with those names as labels")
         self._predict = predict
         self.spec, self.device = spec, "cpu"
         # a text input of one element (skl2onnx's [1]) goes to a vectorizer as a list of strings
@@ -61,4 +63,9 @@ def _same_labels(spec: ModelSpec, classes: list[Any]) -> None:
     labels = list(spec.output.labels or ())
     if [str(c) for c in classes] != [str(label) for label in labels]:
         raise ConfigError(f"{spec.path}/model.yaml: output.labels {labels} are not the estimator's classes_ "
-                          f"{[c.item() if hasattr(c, 'item') else c for c in classes]} in their order: write those")
+                          f"{_plain(classes)} in their order: write those")
+
+
+def _plain(classes: Any) -> list[Any]:
+    """Classes as YAML writes them (numpy's scalars as Python's)."""
+    return [c.item() if hasattr(c, "item") else c for c in classes]

@@ -230,51 +230,50 @@ def _gateway_port(asked: int | None, free_ports: bool) -> int | None:
     ``--free-ports`` and no ``--gateway-port``, a free one instead of a taken one (else the
     port asked, None for the gateway's own default). Two gateways sharing the port
     (``CLIPSTREAM_UP_GATEWAYS``, SO_REUSEPORT) are not started yet, so a plain bind tells."""
-    host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", GATEWAY_DEFAULTS.host)
-    raw = os.environ.get("CLIPSTREAM_GATEWAY_PORT", str(GATEWAY_DEFAULTS.port))
-    if asked is None and not (raw.isdigit() and int(raw) <= 65535):
-        raise ConfigError(f"CLIPSTREAM_GATEWAY_PORT={raw!r} is not a port: set it to a number from 0 to 65535, "
-                          "or pass --gateway-port P")
-    port = asked if asked is not None else int(raw)
-    if port == 0:  # the gateway picks one itself
+    port = _port_asked(asked, "CLIPSTREAM_GATEWAY_PORT", str(GATEWAY_DEFAULTS.port), "--gateway-port")
+    if port == 0 or port is None:  # the gateway picks one itself
         return asked
-    try:
-        bind_once(host, port)
-        return asked
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE and free_ports and asked is None:
-            free = bind_once(host, 0)
-            click.echo(f"gateway: port {port} on {host} is in use; using free port {free} (--free-ports)")
-            return free
-        if exc.errno == errno.EADDRINUSE:
-            instead = "another --gateway-port P" if asked is not None else "--gateway-port P or --free-ports"
-            raise GatewayPortTaken(f"port {port} on {host} is in use (another clipstream up, or another server); "
-                                   f"stop it, or pass {instead}") from None
-        raise GatewayPortTaken(f"cannot listen on {host}:{port} ({exc.strerror or exc}): check "
-                               "CLIPSTREAM_GATEWAY_HOST and --gateway-port") from None
+    bound = _checked_port(port, asked, free_ports, "port", "--gateway-port")
+    return asked if bound == port else bound
 
 
 def _grpc_port(asked: int | None, free_ports: bool) -> int | None:
-    """The port the gateways serve gRPC on (None: they do not), checked free before anything
-    starts; 0, or with ``--free-ports`` a taken one that was not asked for, becomes a free one
-    that every gateway shares (SO_REUSEPORT, as their HTTP port)."""
-    host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", GATEWAY_DEFAULTS.host)
-    raw = os.environ.get("CLIPSTREAM_GATEWAY_GRPC_PORT", "").strip()
-    if asked is None and not raw:
+    """The port the gateways serve gRPC on (None: they do not), checked as the HTTP port is;
+    0 becomes a free one here, which every gateway then shares (SO_REUSEPORT)."""
+    port = _port_asked(asked, "CLIPSTREAM_GATEWAY_GRPC_PORT", "", "--grpc-port")
+    return None if port is None else _checked_port(port, asked, free_ports, "gRPC port", "--grpc-port")
+
+
+def _port_asked(asked: int | None, env: str, default: str, option: str) -> int | None:
+    """The port ``option`` asks for, else the one ``env`` names or ``default`` (None: neither names
+    one and there is no default)."""
+    if asked is not None:
+        return asked
+    raw = os.environ.get(env, default).strip()
+    if not raw and not default:  # a port that is off unless named
         return None
-    if asked is None and not (raw.isdigit() and int(raw) <= 65535):
-        raise ConfigError(f"CLIPSTREAM_GATEWAY_GRPC_PORT={raw!r} is not a port: set it to a number from 0 to 65535, "
-                          "or pass --grpc-port P")
-    port = asked if asked is not None else int(raw)
+    if not (raw.isdigit() and int(raw) <= 65535):
+        raise ConfigError(f"{env}={raw!r} is not a port: set it to a number from 0 to 65535, or pass {option} P")
+    return int(raw)
+
+
+def _checked_port(port: int, asked: int | None, free_ports: bool, what: str, option: str) -> int:
+    """``port`` if it can be bound on the gateway's host (0: a free one), or with ``--free-ports``
+    a free one when the port was not asked for; GatewayPortTaken says what to do otherwise."""
+    host = os.environ.get("CLIPSTREAM_GATEWAY_HOST", GATEWAY_DEFAULTS.host)
     try:
         return bind_once(host, port)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE and free_ports and asked is None:
             free = bind_once(host, 0)
-            click.echo(f"gateway: gRPC port {port} on {host} is in use; using free port {free} (--free-ports)")
+            click.echo(f"gateway: {what} {port} on {host} is in use; using free port {free} (--free-ports)")
             return free
-        raise GatewayPortTaken(f"gRPC port {port} on {host} is in use ({exc.strerror or exc}): stop what holds it, "
-                               "or pass another --grpc-port P") from None
+        if exc.errno == errno.EADDRINUSE:
+            instead = f"another {option} P" if asked is not None else f"{option} P or --free-ports"
+            raise GatewayPortTaken(f"{what} {port} on {host} is in use (another clipstream up, or another server); "
+                                   f"stop it, or pass {instead}") from None
+        raise GatewayPortTaken(f"cannot listen on {host}:{port} ({exc.strerror or exc}): check "
+                               f"CLIPSTREAM_GATEWAY_HOST and {option}") from None
 
 
 def bind_once(host: str, port: int) -> int:

@@ -139,8 +139,9 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     server = uvicorn.Server(config)
     quiet = _QuietFailedStartup(app)
     logging.getLogger("uvicorn.error").addFilter(quiet)
+    if grpc_server is not None:
+        _stop_with(server, grpc_server)
     task = asyncio.create_task(_serve_until_exit(server, sockets))
-    stopping = asyncio.create_task(_stop_with(server, grpc_server)) if grpc_server is not None else None
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if server.started:
@@ -154,8 +155,7 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
         announce_ready("gateway", f"{gw.scheme}://{gw.host}:{port}")
         beat_on_loop("gateway")  # the serving loop's proof of life for `up`
     await task
-    if grpc_server is not None and stopping is not None:
-        stopping.cancel()  # uvicorn may have ended without a signal (a failed startup)
+    if grpc_server is not None:  # stopped already, unless uvicorn ended without a signal (a failed startup)
         await grpc_server.stop(grace=0)
     logging.getLogger("uvicorn.error").removeFilter(quiet)
     if server.started:
@@ -166,12 +166,18 @@ async def _serve(gw: Any, settings: Any, reuse_port: bool = False) -> int:
     return STARTUP_FAILED
 
 
-async def _stop_with(server: Any, grpc_server: Any) -> None:
-    """Stop the gRPC server taking calls as uvicorn stops taking requests (a signal); the calls
-    in flight on both are answered before the lifespan lets go of Kafka (``state.draining``)."""
-    while not server.should_exit:
-        await asyncio.sleep(0.1)
-    await grpc_server.stop(grace=GRPC_GRACE_S)
+def _stop_with(server: Any, grpc_server: Any) -> None:
+    """Stop the gRPC server taking calls when uvicorn is told to stop (its signal handler), so
+    that both drain their calls in flight before the lifespan lets go of Kafka
+    (``state.draining``)."""
+    loop, exit_, stopping = asyncio.get_running_loop(), server.handle_exit, []
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        exit_(sig, frame)
+        if not stopping:
+            loop.call_soon_threadsafe(lambda: stopping.append(asyncio.ensure_future(grpc_server.stop(GRPC_GRACE_S))))
+
+    server.handle_exit = handle_exit  # uvicorn installs its signal handlers from it when it serves
 
 
 class _QuietFailedStartup(logging.Filter):

@@ -87,8 +87,6 @@ def _field(owner: descriptor_pb2.DescriptorProto, full: str, name: str, number: 
         f.type = _TYPES[kind]
     else:
         f.type, f.type_name = _F.TYPE_MESSAGE, f".{PACKAGE}.{kind}"
-    if name.endswith("_param"):  # InferParameter's values are one of its fields
-        f.oneof_index = 0
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
@@ -99,10 +97,12 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         outer, _, inner = full.partition(".")
         msg = made[outer].nested_type.add(name=inner) if inner else file.message_type.add(name=outer)
         made[full] = msg
-        if full == "InferParameter":
-            msg.oneof_decl.add(name="parameter_choice")
         for name, number, kind, repeated in fields:
             _field(msg, full, name, number, kind, repeated)
+        if full == "InferParameter":  # its values are one of its fields
+            msg.oneof_decl.add(name="parameter_choice")
+            for f in msg.field:
+                f.oneof_index = 0
     service = file.service.add(name=SERVICE.rpartition(".")[2])
     for name, (req, resp) in METHODS.items():
         service.method.add(name=name, input_type=f".{PACKAGE}.{req}", output_type=f".{PACKAGE}.{resp}")

@@ -43,6 +43,7 @@ from bench import load, trips
 from bench.admission import admission_cuts
 from bench.baselines import ACCEL_MODEL, MAX_BATCH, MAX_WAIT_S, SETTINGS, MLServer, RayServe, Server
 from bench.common import OUT, Pipeline, figure, save_figure, say, wait_warm, warm_up, write_app_file, write_json
+from bench.load import RunResult
 from bench.load_http import run_gateway
 from bench.machine import broker_jit_s, cpu_delta, cpu_snapshot, jit_apart, machine_info
 
@@ -66,6 +67,8 @@ class Target:
     bodies: Callable[[np.ndarray], list[bytes]]
     processes: Callable[[], dict[int, str]]
     broker_port: int | None = None  # where its stages send their Kafka requests (None: no Kafka)
+    # how the load is sent (bodies, times -> the run); None: posted to url + path
+    send: Callable[[list[bytes], np.ndarray], RunResult] | None = None
 
 
 def v2_bodies(inputs: np.ndarray) -> list[bytes]:
@@ -86,7 +89,7 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     # only clipstream's own gateway counts its admission cuts
     read_cuts: Callable[[], dict[str, float]] = (lambda: admission_cuts(t.url)) if t.broker_port is not None else dict
     cuts0 = read_cuts()
-    run = run_gateway(t.url, app, bodies, times, path=t.path)
+    run = t.send(bodies, times) if t.send is not None else run_gateway(t.url, app, bodies, times, path=t.path)
     cuts = {cause: n - cuts0.get(cause, 0.0) for cause, n in read_cuts().items()}
     cpu = cpu_delta(c0, cpu_snapshot(procs))
     k1, w1 = trips.snapshot(procs, t.broker_port)

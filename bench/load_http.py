@@ -249,7 +249,7 @@ async def _gateway(url: str, path: str, bodies: Sequence[bytes], times: np.ndarr
         stop = threading.Event()
         ticker("gateway", len(times), lambda: answered[0], progress, stop)
         cpu0, wall0 = time.process_time(), time.monotonic()
-        start_us = await _send_on_schedule(times, results, one, timeout_s)
+        start_us = await send_on_schedule(times, results, one, timeout_s)
         stop.set()
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
         if raw is not None:
@@ -263,6 +263,8 @@ def _read_answer(r: Outcome, status: int, content: bytes) -> None:
     r.status = status
     if status == 200:
         body = json.loads(content)
+        if "outputs" in body:  # an Open Inference Protocol answer: its default output says
+            body["default"] = any(any(o["data"]) for o in body["outputs"] if o.get("name") == "default")
         r.outcome = "default" if body.get("default") else "answered"
         r.query_id = body.get("query_id", "")
         r.output = body.get("output")
@@ -272,7 +274,7 @@ def _read_answer(r: Outcome, status: int, content: bytes) -> None:
         r.detail = content[:200].decode("utf-8", "replace")
 
 
-async def _send_on_schedule(times: np.ndarray, results: list[Outcome],
+async def send_on_schedule(times: np.ndarray, results: list[Outcome],
                             one: Callable[[int], Awaitable[None]], timeout_s: float) -> int:
     """Start ``one(i)`` at each ``times[i]`` (open loop: never waiting for an answer), then wait
     for the answers; the schedule's start, in µs."""

@@ -40,11 +40,12 @@ from frontend.dashboard import mount_dashboard
 from frontend.feedback import feedback as feedback_route
 from frontend.feedback import stored_app
 from frontend.gateway_http import (
+    FastEndpoint,
     GatewayAPI,
     GuardMiddleware,
     HTTPProblem,
-    PredictEndpoint,
     error_key,
+    problem_body,
     read_body,
 )
 from frontend.http_protocol import RECEIVED_US
@@ -146,16 +147,16 @@ def _add_guards(app: GatewayAPI, state: GatewayState) -> None:
     """API keys and request metrics on every route, including the predict fast path that
     ``GatewayAPI`` serves before the router; problems become JSON ``detail`` bodies."""
     app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics, app_keys=state.gw.app_keys)
-    # keys and metrics apply to the fast path as to every other route
-    app.predict_path = GuardMiddleware(PredictEndpoint(lambda name, request: _predict(state, name, request)),
-                                       keys=state.gw.api_keys, metrics=state.metrics, app_keys=state.gw.app_keys)
+    # keys and metrics apply to the fast routes as to every other route
+    handlers = {"predict": lambda name, request: _predict(state, name, request),
+                "v2-infer": lambda name, request: v2.infer_http(state, name, request)}
+    app.fast_paths = {route: GuardMiddleware(FastEndpoint(handler), keys=state.gw.api_keys, metrics=state.metrics,
+                                             app_keys=state.gw.app_keys) for route, handler in handlers.items()}
 
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
-        key = error_key(request.url.path)
-        # the Open Inference Protocol's bad request is a 400, where /v1 says 422 (malformed JSON, say)
-        status = 400 if key == "error" and exc.status == 422 else exc.status
-        return JSONResponse({key: exc.detail}, status, headers=exc.headers)
+        status, body = problem_body(request.url.path, exc)
+        return JSONResponse(body, status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

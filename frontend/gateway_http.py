@@ -34,8 +34,11 @@ APP_KEY_PATHS: frozenset[str] = frozenset({"/readyz", "/openapi.json", "/docs", 
 # is busy sending it, reads a 413 instead of a connection reset; beyond it the connection goes
 DRAIN_BYTES = 64 << 20
 
-# scope key: the app a predict request names, set by ``GatewayAPI`` for ``PredictEndpoint``
-PREDICT_APP = "clipstream.predict_app"
+# scope key: the app a fast route's request names, set by ``GatewayAPI`` for ``FastEndpoint``
+FAST_APP = "clipstream.fast_app"
+# the routes served ahead of FastAPI (``POST /<first>/<second>/{app}/<last>``): their names
+FAST_ROUTES: dict[tuple[str, str, str], str] = {("v1", "apps", "predict"): "predict",
+                                                ("v2", "models", "infer"): "v2-infer"}
 
 
 class HTTPProblem(ClipstreamError):
@@ -161,16 +164,24 @@ class GuardMiddleware:
         return 403, f"this API key is not allowed {'for app ' + repr(app) if app else 'on ' + path}"
 
 
-class PredictEndpoint:
-    """``POST /v1/apps/{app}/predict`` as a plain ASGI app, which ``GatewayAPI`` runs ahead of
-    FastAPI with the app's name in the scope (``PREDICT_APP``).
+def problem_body(path: str, exc: HTTPProblem) -> tuple[int, dict[str, str]]:
+    """A refusal's status and JSON body as the path's callers read it: ``{"detail": ...}`` on
+    ``/v1``, ``{"error": ...}`` on the Open Inference Protocol's paths, whose bad request is a
+    400 where ``/v1`` says 422."""
+    key = error_key(path)
+    return (400 if key == "error" and exc.status == 422 else exc.status), {key: exc.detail}
 
-    The predict route is the gateway's hot path, and under load its event loop is where callers
-    queue, so FastAPI's per-request machinery (its telemetry check, dependency solving, the
-    router, exception-wrapping middlewares, Request and Response objects) is kept off it
+
+class FastEndpoint:
+    """A fast route (``FAST_ROUTES``: ``/v1`` predict, ``/v2`` infer) as a plain ASGI app, which
+    ``GatewayAPI`` runs ahead of FastAPI with the app's name in the scope (``FAST_APP``).
+
+    These are the gateway's hot paths, and under load its event loop is where callers queue, so
+    FastAPI's per-request machinery (its telemetry check, dependency solving, the router,
+    exception-wrapping middlewares, Request and Response objects) is kept off them
     (docs/design/0008). Here the handler gets the app name and a Starlette ``Request`` and
     returns the answer's JSON, or raises ``HTTPProblem``; FastAPI keeps every other route, and
-    the predict route stays declared there so the OpenAPI schema still lists it.
+    the fast routes stay declared there so the OpenAPI schema still lists them.
     """
 
     def __init__(self, handler: Callable[[str, Request], Awaitable[dict[str, Any]]]) -> None:
@@ -178,36 +189,40 @@ class PredictEndpoint:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
-            answer = await self.handler(scope[PREDICT_APP], Request(scope, receive))
+            answer = await self.handler(scope[FAST_APP], Request(scope, receive))
         except HTTPProblem as exc:
-            await _send_json(send, exc.status, {"detail": exc.detail}, exc.headers)
+            status, body = problem_body(scope.get("path", ""), exc)
+            await _send_json(send, status, body, exc.headers)
             return
         await _send_json(send, 200, answer, {})
 
 
 class GatewayAPI(FastAPI):
-    """FastAPI, with ``POST /v1/apps/{app}/predict`` served by ``predict_path`` before FastAPI's
-    own stack (see ``PredictEndpoint`` for why)."""
+    """FastAPI, with the ``FAST_ROUTES`` served by ``fast_paths`` (by route name) before
+    FastAPI's own stack (see ``FastEndpoint`` for why)."""
 
-    predict_path: Callable[[dict[str, Any], Any, Any], Awaitable[None]] | None = None
+    fast_paths: dict[str, ASGIApp] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        name = predict_app(scope) if self.predict_path is not None and scope["type"] == "http" else None
-        if name is not None:
-            scope[PREDICT_APP] = name  # parsed once, here
-            await self.predict_path(scope, receive, send)  # type: ignore[misc]
+        hit = fast_route(scope) if self.fast_paths and scope["type"] == "http" else None
+        endpoint = self.fast_paths.get(hit[0]) if hit is not None else None
+        if endpoint is not None:
+            scope[FAST_APP] = hit[1]  # type: ignore[index]  # parsed once, here
+            await endpoint(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
 
-def predict_app(scope: Mapping[str, Any]) -> str | None:
-    """The app named by a ``POST /v1/apps/{app}/predict`` (one non-empty path segment), else None."""
+def fast_route(scope: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The fast route (``FAST_ROUTES``) a request is for and the app it names (one non-empty
+    path segment), else None."""
     if scope.get("method") != "POST":
         return None
     parts = scope.get("path", "").split("/")
-    if len(parts) == 5 and parts[:3] == ["", "v1", "apps"] and parts[3] and parts[4] == "predict":
-        return parts[3]
-    return None
+    if len(parts) != 5 or parts[0] or not parts[3]:
+        return None
+    route = FAST_ROUTES.get((parts[1], parts[2], parts[4]))
+    return None if route is None else (route, parts[3])
 
 
 async def _send_json(send: Any, status: int, body: dict[str, Any], headers: Mapping[str, str]) -> None:

@@ -127,7 +127,13 @@ async def infer(state: GatewayState, cfg: AppConfig, parse: Callable[[], Parsed]
                 state.release()
             return answered(state, asked, query_id, reply, waited_ms, inflight, counts)
 
-    results = await asyncio.gather(*(one(t) for t in tensors), return_exceptions=True)
+    if len(tensors) == 1:  # asked on this task: no task of its own to make and gather
+        try:
+            results: list[Any] = [await one(tensors[0])]
+        except Exception as exc:
+            results = [exc]
+    else:
+        results = await asyncio.gather(*(one(t) for t in tensors), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             if stopped and stopped[0].status == 503:  # counted as one refused query, as a refused predict is
@@ -179,20 +185,27 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": InferRequest.model_json_schema()}}}})
     async def infer_route(app: str, request: Request) -> JSONResponse:
-        t0, arrived = time.perf_counter(), now_us()
-        created = min(arrived, request.scope.get(RECEIVED_US, arrived))
-        cfg = state.app_config(app)
-        state.reading += 1
-        try:
-            raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=BATCH_BODY_HINT,
-                                  inflates=True)
-        finally:
-            state.reading -= 1
-        raw = decoded(raw, request.headers.get("content-encoding"), state.gw.max_body_bytes)
-        header = request.headers.get("inference-header-content-length")
-        if header is not None and not header.isdigit():
-            raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
-        parse = functools.partial(parse_infer, raw, state.input_spec(cfg), state.settings.max_record_bytes,
-                                  int(header) if header else None)
-        return JSONResponse(await infer(state, cfg, parse, len(raw), (t0, arrived, created),
-                                        state.metrics.app(cfg.name), request.is_disconnected))
+        # declared for the OpenAPI schema: GatewayAPI serves these requests before the router
+        return JSONResponse(await infer_http(state, app, request))
+
+
+async def infer_http(state: GatewayState, app: str, request: Request) -> dict[str, Any]:
+    """``POST /v2/models/{app}/infer``: the body (JSON, or the binary data extension's JSON
+    and raw bytes, compressed or not) read and asked by ``infer``."""
+    t0, arrived = time.perf_counter(), now_us()
+    created = min(arrived, request.scope.get(RECEIVED_US, arrived))
+    cfg = state.app_config(app)
+    state.reading += 1
+    try:
+        raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=BATCH_BODY_HINT,
+                              inflates=True)
+    finally:
+        state.reading -= 1
+    raw = decoded(raw, request.headers.get("content-encoding"), state.gw.max_body_bytes)
+    header = request.headers.get("inference-header-content-length")
+    if header is not None and not header.isdigit():
+        raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
+    parse = functools.partial(parse_infer, raw, state.input_spec(cfg), state.settings.max_record_bytes,
+                              int(header) if header else None)
+    return await infer(state, cfg, parse, len(raw), (t0, arrived, created), state.metrics.app(cfg.name),
+                       request.is_disconnected)

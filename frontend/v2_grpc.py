@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -24,7 +24,7 @@ from frontend.state import GatewayState
 from frontend.v2 import app_ready, infer, model_metadata, server_metadata, server_ready, unversioned
 from frontend.v2_messages import (ONE_INPUT, Parsed, bad, checked_input, examples, predict_request, read_rows,
                                   wanted)
-from frontend.v2_proto import MESSAGES, METHODS, SERVICE
+from frontend.v2_proto import MESSAGES, METHODS, SERVICE, STREAM
 from registry.spec import TensorSpec
 from schemas.tensor import packed
 
@@ -39,7 +39,8 @@ CODES: dict[int, grpc.StatusCode] = {
 }
 # where each method's requests are counted (``clipstream_gateway_requests``), by HTTP status
 ROUTES = {"ServerLive": "grpc-server", "ServerReady": "grpc-server", "ServerMetadata": "grpc-server",
-          "ModelReady": "grpc-model", "ModelMetadata": "grpc-model", "ModelInfer": "grpc-infer"}
+          "ModelReady": "grpc-model", "ModelMetadata": "grpc-model", "ModelInfer": "grpc-infer",
+          "ModelStreamInfer": "grpc-stream"}  # a stream's requests, each counted
 OPEN_METHODS = frozenset({"ServerLive"})  # as /v2/health/live: a liveness probe needs no secret
 SERVER_METHODS = frozenset({"ServerReady", "ServerMetadata"})  # as /v2: a per-app key reaches them
 # the typed contents field that carries each datatype's values (FP16 has none: raw only)
@@ -48,11 +49,13 @@ CONTENTS = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_c
             "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
             "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 RECEIVE_FACTOR = 4  # gRPC reads messages up to this many times the body limit, to refuse them in words
+# a stream's requests read ahead of their answers being sent: past it, the stream is read no further
+# until the caller takes answers, so a caller that only writes holds this much of the gateway at most
+STREAM_WINDOW = 256
 # Triton's methods beyond the protocol's, and what to call instead
 NOT_OFFERED = {
     "ModelConfig": "clipstream keeps no model config: ModelMetadata gives the app's inputs and outputs, and "
                    "batching is the pipeline's (an app's SLO and its models' max_batch_size)",
-    "ModelStreamInfer": "no streaming: call ModelInfer, one request per batch",
     "ModelStatistics": "the gateway's /metrics gives each app's queries, answers, defaults and latency",
     "RepositoryIndex": "models are deployed with clipstream's commands (deploy-model, link): see its README",
     "RepositoryModelLoad": "models are deployed with clipstream's commands (deploy-model, link): see its README",
@@ -92,11 +95,13 @@ def _value(param: Any) -> Any:
     return None if which is None else getattr(param, which)
 
 
-def infer_reply(answer: dict[str, Any]) -> Any:
-    """An infer's answer (``v2_messages.infer_response``) as a ``ModelInferResponse``, each
-    output's values in ``raw_output_contents``: little-endian numbers, BYTES as each element's
-    uint32 length and UTF-8 bytes."""
-    reply = MESSAGES["ModelInferResponse"](model_name=answer["model_name"], id=answer.get("id", ""))
+def infer_reply(answer: dict[str, Any], reply: Any = None) -> Any:
+    """An infer's answer (``v2_messages.infer_response``) as a ``ModelInferResponse`` (written
+    into ``reply`` where given), each output's values in ``raw_output_contents``: little-endian
+    numbers, BYTES as each element's uint32 length and UTF-8 bytes."""
+    if reply is None:
+        reply = MESSAGES["ModelInferResponse"]()
+    reply.model_name, reply.id = answer["model_name"], answer.get("id", "")
     for out in answer["outputs"]:
         reply.outputs.add(name=out["name"], datatype=out["datatype"], shape=out["shape"])
         if out["datatype"] == "BYTES":
@@ -150,6 +155,10 @@ class InferenceService:
             methods[name] = grpc.unary_unary_rpc_method_handler(
                 self._guarded(name, getattr(self, name)), request_deserializer=MESSAGES[request].FromString,
                 response_serializer=MESSAGES[response].SerializeToString)
+        for name, (request, response) in STREAM.items():
+            methods[name] = grpc.stream_stream_rpc_method_handler(
+                getattr(self, name), request_deserializer=MESSAGES[request].FromString,
+                response_serializer=MESSAGES[response].SerializeToString)
         return grpc.method_handlers_generic_handler(SERVICE, methods)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 (the protocol's names)
@@ -169,6 +178,54 @@ class InferenceService:
         return metadata_reply(model_metadata(self.state, self._app(request.name, request.version)))
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return infer_reply(await self._infer(request, context))
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        """Each request on the stream asked as ``ModelInfer`` asks it, at once, and answered on
+        the stream as soon as its answer is ready, so answers may pass one another: a caller
+        matches them by ``id``, as Triton's callers do. A refused request is answered with an
+        ``error_message`` (and its ``id``), and the stream goes on."""
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        asked: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(STREAM_WINDOW)
+
+        async def one(request: Any) -> None:
+            answers.put_nowait(await self._streamed(request, context))
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await room.acquire()
+                    task = asyncio.create_task(one(request))
+                    asked.add(task)
+                    task.add_done_callback(asked.discard)
+                if asked:  # the caller has sent its last request: answer those in flight
+                    await asyncio.wait(set(asked))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+                room.release()
+            reader.result()  # a stream that broke while being read ends with its error
+        finally:
+            for task in (reader, *asked):
+                task.cancel()
+
+    async def _streamed(self, request: Any, context: Any) -> Any:
+        reply = MESSAGES["ModelStreamInferResponse"]()
+        try:
+            answer = await self._counted("ModelStreamInfer", self._infer, request, context)
+            infer_reply(answer, reply.infer_response)
+        except HTTPProblem as exc:
+            wait = exc.headers.get("Retry-After")
+            reply.error_message = exc.detail + (f" (retry after {wait} s)" if wait else "")
+            reply.infer_response.model_name, reply.infer_response.id = request.model_name, request.id
+        return reply
+
+    async def _infer(self, request: Any, context: Any) -> dict[str, Any]:
         t0, arrived = time.perf_counter(), now_us()
         state = self.state
         size = request.ByteSize()
@@ -181,9 +238,7 @@ class InferenceService:
         async def gone() -> bool:
             return bool(context.cancelled())
 
-        answer = await infer(state, cfg, parse, size, (t0, arrived, arrived),
-                             state.metrics.app(cfg.name), gone)
-        return infer_reply(answer)
+        return await infer(state, cfg, parse, size, (t0, arrived, arrived), state.metrics.app(cfg.name), gone)
 
     def _app(self, name: str, version: str) -> Any:
         if version:
@@ -205,30 +260,37 @@ class InferenceService:
             return None
         return HTTPProblem(403, f"this API key is not allowed for app {app[:64]!r}")
 
+    async def _counted(self, method: str, call: Callable[[Any, Any], Awaitable[Any]], request: Any,
+                       context: Any) -> Any:
+        """``call``'s reply once the caller's key is let in, counted under the method's route by
+        the HTTP status it maps to; any refusal or failure raised as an ``HTTPProblem``."""
+        status = 200
+        try:
+            refusal = self._refusal(method, request, context)
+            if refusal is not None:
+                raise refusal
+            return await call(request, context)
+        except HTTPProblem as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        except Exception:
+            status = 500
+            log.exception("gRPC %s failed", method)
+            raise HTTPProblem(500, "the gateway failed on this request: see its log") from None
+        finally:
+            self.state.metrics.requests.inc(ROUTES[method], str(status))
+
     def _guarded(self, method: str, call: Callable[[Any, Any], Awaitable[Any]]
                  ) -> Callable[[Any, Any], Awaitable[Any]]:
-        route = ROUTES[method]
-
         async def guarded(request: Any, context: Any) -> Any:
-            status = 200
             try:
-                refusal = self._refusal(method, request, context)
-                if refusal is not None:
-                    raise refusal
-                return await call(request, context)
+                return await self._counted(method, call, request, context)
             except HTTPProblem as exc:
-                status = exc.status
                 trailer = tuple((k.lower(), v) for k, v in exc.headers.items())
                 await context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.detail, trailer)
-            except asyncio.CancelledError:
-                status = 499
-                raise
-            except Exception:
-                status = 500
-                log.exception("gRPC %s failed", method)
-                await context.abort(grpc.StatusCode.INTERNAL, "the gateway failed on this request: see its log")
-            finally:
-                self.state.metrics.requests.inc(route, str(status))
 
         return guarded
 

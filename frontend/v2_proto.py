@@ -66,12 +66,16 @@ _MESSAGES: dict[str, list[tuple[str, int, Any, bool]]] = {
     "ModelInferResponse.InferOutputTensor": [("name", 1, "string", False), ("datatype", 2, "string", False),
                                              ("shape", 3, "int64", True), ("parameters", 4, _PARAMETERS, True),
                                              ("contents", 5, "InferTensorContents", False)],
+    "ModelStreamInferResponse": [("error_message", 1, "string", False),
+                                 ("infer_response", 2, "ModelInferResponse", False)],
 }
 # the service's methods this gateway answers: name -> (request, response); others are UNIMPLEMENTED
 METHODS: dict[str, tuple[str, str]] = {
     name: (f"{name}Request", f"{name}Response")
     for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
 }
+# the streaming method: a stream of ModelInferRequests, each answered on the response stream
+STREAM: dict[str, tuple[str, str]] = {"ModelStreamInfer": ("ModelInferRequest", "ModelStreamInferResponse")}
 
 
 def _field(owner: descriptor_pb2.DescriptorProto, full: str, name: str, number: int, kind: Any,
@@ -106,6 +110,9 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     service = file.service.add(name=SERVICE.rpartition(".")[2])
     for name, (req, resp) in METHODS.items():
         service.method.add(name=name, input_type=f".{PACKAGE}.{req}", output_type=f".{PACKAGE}.{resp}")
+    for name, (req, resp) in STREAM.items():
+        service.method.add(name=name, input_type=f".{PACKAGE}.{req}", output_type=f".{PACKAGE}.{resp}",
+                           client_streaming=True, server_streaming=True)
     return file
 
 

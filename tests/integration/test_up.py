@@ -4,6 +4,7 @@ live, the REST contract holds on the real pipeline, and SIGTERM stops every stag
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -111,7 +112,18 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             images = triton_grpc.InferInput("input", [4, 64], "FP32")
             images.set_data_from_numpy(x[1606:1610])
             labels = rpc.infer(app, [images]).as_numpy("output")
+            streamed: queue.Queue[Any] = queue.Queue()  # and on a stream, each answer matched by id
+            rpc.start_stream(callback=lambda result, error: streamed.put(error or result))
+            for i in range(1610, 1614):
+                one = triton_grpc.InferInput("input", [1, 64], "FP32")
+                one.set_data_from_numpy(x[i:i + 1])
+                rpc.async_stream_infer(app, [one], request_id=str(i))
+            answers = [streamed.get(timeout=30) for _ in range(4)]
+            rpc.stop_stream()
         assert labels.tolist() == digits_logreg().predict(x[1606:1610]).tolist()
+        assert not [a for a in answers if isinstance(a, Exception)], answers
+        by_id = {int(a.get_response().id): a.as_numpy("output").tolist() for a in answers}
+        assert by_id == {i: digits_logreg().predict(x[i:i + 1]).tolist() for i in range(1610, 1614)}
 
         # every stage beats from each of its working loops, so `up` can tell a hung one
         state = tmp_path / "state" / "up" / f"gateway-{port}"

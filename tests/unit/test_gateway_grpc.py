@@ -176,3 +176,58 @@ def test_calls_in_flight_are_answered_as_the_gateway_stops() -> None:
     with pytest.raises(InferenceServerException, match="UNAVAILABLE"):
         client.infer("pets", [_input(ROWS)], client_timeout=2)
     client.close()
+
+
+class _SlowOnZero(FakeBus):
+    """Answers a query whose first value is 0 after 400 ms, any other at once."""
+
+    def publish_query(self, event: Any, key: bytes) -> Any:
+        self.after_ms = 400.0 if float(event.input.array().ravel()[0]) == 0 else 0.0
+        return super().publish_query(event, key)
+
+
+def test_a_stream_answers_each_request_when_ready_and_goes_on_past_a_refusal() -> None:
+    """``ModelStreamInfer`` (tritonclient's ``start_stream``/``async_stream_infer``): every
+    request asked at once, answers sent as they are ready (a quick one passes a slow one), each
+    with its request's id; a refused request is an error on the stream, which goes on."""
+    import queue
+
+    bus = _SlowOnZero(by_first_value)
+    rows = ROWS.copy()
+    rows[1, 0, 0] = 7.0
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with TestClient(make_app(bus, grpc_port=0)) as c:
+        state = c.app.state.gateway
+        server, port = c.portal.call(start_grpc, state, state.gw, False, 1.0)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer("pets", [_input(rows[:1])], request_id="slow", parameters={"slo_ms": 2000})
+        client.async_stream_infer("pets", [_input(rows[1:])], request_id="quick", parameters={"slo_ms": 900})
+        client.async_stream_infer("nope", [_input(ROWS[1:])], request_id="lost")
+        answers = [got.get(timeout=10) for _ in range(3)]
+        client.stop_stream()
+        metrics = c.get("/metrics").text
+        client.close()
+        c.portal.call(server.stop, 0)
+    errors = [e.message() for r, e in answers if e is not None]
+    assert len(errors) == 1 and "unknown app 'nope'" in errors[0]
+    done = [r for r, e in answers if e is None]
+    assert [r.get_response().id for r in done] == ["quick", "slow"]  # the quick one did not wait
+    assert [o.decode() for o in done[0].as_numpy("output")] == ["dog", "cat"]
+    assert [o.decode() for o in done[1].as_numpy("output")] == ["cat"]
+    assert len(bus.queries) == 3 and {e.deadline_us - e.created_us for e, _ in bus.queries} >= {900_000}
+    assert 'route="grpc-stream",status="200"' in metrics and 'route="grpc-stream",status="404"' in metrics
+
+
+@pytest.mark.parametrize("served", [{"app_keys": {"k2": ("other",)}}], indirect=True)
+def test_a_streams_requests_are_let_in_by_its_key(served: tuple[Any, FakeBus, Any]) -> None:
+    import queue
+
+    client, bus, _ = served
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)), headers={"x-api-key": "k2"})
+    client.async_stream_infer("pets", [_input(ROWS)], request_id="r-1")
+    result, error = got.get(timeout=10)
+    client.stop_stream()
+    assert result is None and "this API key is not allowed for app 'pets'" in error.message()
+    assert bus.queries == []

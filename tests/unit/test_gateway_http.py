@@ -20,7 +20,7 @@ from clipstream.clock import now_us
 from clipstream.errors import InfraError, InputError
 from clipstream.settings import Settings
 from frontend.gateway import create_app
-from frontend.gateway_http import predict_app
+from frontend.gateway_http import fast_route
 from frontend.http_protocol import RECEIVED_US, stamped_protocol
 from frontend.gateway_kafka import KafkaBus
 from frontend.settings import GatewaySettings
@@ -205,17 +205,21 @@ def test_malformed_json_and_unknown_app(client):
     assert client.post("/v1/apps/nope/feedback", json={"query_id": "q", "label": 1}).status_code == 404
 
 
-@pytest.mark.parametrize("method, path, app", [
-    ("POST", "/v1/apps/pets/predict", "pets"),
-    ("POST", "/v1/apps/my app/predict", "my app"),  # ASGI paths arrive percent-decoded
+@pytest.mark.parametrize("method, path, hit", [
+    ("POST", "/v1/apps/pets/predict", ("predict", "pets")),
+    ("POST", "/v1/apps/my app/predict", ("predict", "my app")),  # ASGI paths arrive percent-decoded
+    ("POST", "/v2/models/pets/infer", ("v2-infer", "pets")),
     ("GET", "/v1/apps/pets/predict", None),
+    ("GET", "/v2/models/pets/infer", None),
     ("POST", "/v1/apps//predict", None),
     ("POST", "/v1/apps/pets/feedback", None),
     ("POST", "/v1/apps/a/b/predict", None),
     ("POST", "/v2/apps/pets/predict", None),
+    ("POST", "/v1/models/pets/infer", None),
+    ("POST", "/v2/models/pets/versions/1/infer", None),
 ])
-def test_the_fast_path_takes_only_predict_posts(method, path, app):
-    assert predict_app({"type": "http", "method": method, "path": path}) == app
+def test_the_fast_paths_take_only_predict_and_infer_posts(method, path, hit):
+    assert fast_route({"type": "http", "method": method, "path": path}) == hit
 
 
 def test_the_fast_path_answers_as_fastapi_did(client):

@@ -24,7 +24,7 @@ from bench.machine import machine_info
 # bench.batching, the longest by far (about 18 minutes), runs last: on a slow machine the budget
 # then costs its rows, not those of every benchmark after it
 ORDER = ("breakdown", "e2e", "efficiency", "scaling", "members", "stragglers", "cache", "gateway", "join",
-         "crossing", "cost", "ensemble", "hopeless", "spinning", "batching")
+         "crossing", "cost", "fronts", "ensemble", "hopeless", "spinning", "batching")
 # run as their own process: name -> extra arguments of the quick mode
 SUBPROCESS = {"batching": ["--quick"], "gateway": ["--hits", "150", "--seconds", "4"], "join": ["--queries", "100"]}
 BUDGET_S = 75 * 60

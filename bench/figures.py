@@ -28,8 +28,8 @@ from typing import Any
 
 from bench import figures_readme
 from bench.figures_cost import (
-    cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, cost_wide, crossing, ensemble, ensemble_wide, gpu, hopeless,
-    skip_near_capacity,
+    cost_cpu, cost_light, cost_max_rate, cost_vs_mlserver, cost_wide, crossing, ensemble, ensemble_wide, fronts, gpu,
+    hopeless, skip_near_capacity,
 )
 from bench.figures_format import NONE, Result, ge, get, j, met, ms, pts, q, x
 
@@ -268,6 +268,8 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("cost: the demo's 5-model digits ensemble, highest rate within its SLO (bench.ensemble)",
      "≥ 3x the first version's 130 q/s", "ensemble", ensemble),
     ("cost: light load p50; cache-hit round trip", "p50 ≤ 10 ms; hit p50 < 10 ms", "cost", cost_light),
+    ("cost by way in: CPU per query, /v1 and V2 JSON, gRPC calls and one gRPC stream (bench.fronts)", NONE,
+     "fronts", fronts),
     ("selector's skip of hopeless models vs asking every model, Kafka path, overload (bench.hopeless)", NONE,
      "hopeless", hopeless),
     ("the same skip near capacity: make demo with more callers, Exp4's error (bench.skip_near_capacity)", NONE,

@@ -1,5 +1,5 @@
 """The ``bench.figures`` rows of the per-query cost: ``bench.cost``, ``bench.ensemble``,
-``bench.crossing``, ``bench.hopeless``, ``bench.skip_near_capacity`` and ``bench.gpu``, each on
+``bench.crossing``, ``bench.fronts``, ``bench.hopeless``, ``bench.skip_near_capacity`` and ``bench.gpu``, each on
 the machine that wrote it.
 
 They live apart from the other rows because they read the largest reports, with a step per
@@ -175,3 +175,14 @@ def crossing(r: dict[str, Any]) -> Result:
                        f"{med('clients_cpu_us_per_fan_out'):,.0f} µs at {runs[0]['rate']:g}/s")
     return (f"broker {row['broker_cpu_us_per_record']:,.0f} µs + clients {row['clients_cpu_us_per_record']:,.0f} µs "
             f"per crossing; x{get(r, 'crossings_per_query')} per query = broker alone {floor:,.0f} µs{shared}"), NONE
+
+
+def fronts(r: dict[str, Any]) -> Result:
+    """Each way into the gateway at the report's first rate: the CPU per query in all and the
+    gateway's, and the p50."""
+    rate, at = next(iter(r["rates"].items()))
+    f = at["fronts"]
+    names = {"v1": "/v1 JSON", "v2-http": "V2 JSON", "grpc": "gRPC", "grpc-stream": "gRPC stream"}
+    parts = [f"{label} {f[k]['cpu_us_per_query']:,.0f} µs (gateway {f[k]['gateway_cpu_us_per_query']:,.0f}), "
+             f"p50 {f[k]['p50_ms']:.1f} ms" for k, label in names.items() if k in f]
+    return f"at {rate} q/s: " + "; ".join(parts), NONE

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import load
-from bench.common import OUT, Pipeline, free_port, say, wait_warm, warm_up, write_json
+from bench.common import OUT, Pipeline, figure, free_port, save_figure, say, wait_warm, warm_up, write_json
 from bench.cost import APP, SLO_MS, Target, build, step, v2_bodies
 from bench.load_grpc import STREAM, UNARY, request_bodies, run_grpc
 from bench.machine import machine_info
@@ -77,6 +77,21 @@ def run(rates: list[float], seconds: float) -> dict[str, Any]:
     return out
 
 
+def plot(report: dict[str, Any], name: str, out_dir: Path) -> None:
+    """At each rate, each front's CPU per query: the gateway's part, and every other process's."""
+    fig, axes = figure(1, len(report["rates"]))
+    for ax, (rate, at) in zip(axes[0], report["rates"].items()):
+        f = at["fronts"]
+        gateway = [f[k]["gateway_cpu_us_per_query"] for k in FRONTS]
+        rest = [f[k]["cpu_us_per_query"] - g for k, g in zip(FRONTS, gateway)]
+        ax.bar(FRONTS, gateway, label="gateway")
+        ax.bar(FRONTS, rest, bottom=gateway, label="every other process")
+        ax.set_title(f"{rate} q/s")
+        ax.set_ylabel("CPU per query (µs)")
+        ax.legend(loc="lower right")
+    save_figure(fig, name, out_dir)
+
+
 def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="6 s steps instead of 10")
@@ -90,6 +105,7 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any]:
             say(f"  {rate} q/s {name:12s} CPU {f['cpu_us_per_query']:7,.0f} µs/query (gateway "
                 f"{f['gateway_cpu_us_per_query']:,.0f}), p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms")
     write_json(args.name, report, out_dir)
+    plot(report, args.name, out_dir)
     return report
 
 

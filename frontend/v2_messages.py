@@ -30,6 +30,9 @@ DATATYPES: dict[str, str] = {
 }
 _DTYPE_OF = {v: k for k, v in DATATYPES.items() if k != "bytes"}
 OUTPUTS = ("output", "scores", "confidence", "default", "default_reason", "query_id")
+# MLServer's sklearn runtime names its outputs after the method: asked by those names, the app's
+# answer and scores are sent under them (docs/design/0118)
+ALIASES = {"predict": "output", "predict_proba": "scores"}
 
 
 class ErrorV2(BaseModel):
@@ -172,7 +175,7 @@ def check_outputs(cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None, wan
     """A 400 for an output asked for that the app has none of (scores of an app of values),
     before any of the request's examples is asked."""
     have = app_outputs(kind, labels)
-    missing = [name for name in wanted if name not in have]
+    missing = [name for name in wanted if ALIASES.get(name, name) not in have]
     if missing:
         raise bad(f"app {cfg.name} has no output {missing[0]!r}: its outputs are {', '.join(have)}")
 
@@ -198,7 +201,8 @@ def infer_response(cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None, an
         rows = [a["scores"] if a.get("scores") and len(a["scores"]) == width else [0.0] * width for a in answers]
         tensors["scores"] = {"shape": [n, width], "datatype": "FP32", "data": [x for row in rows for x in row]}
     names = wanted or app_outputs(kind, labels)
-    out: dict[str, Any] = {"model_name": cfg.name, "outputs": [{"name": name, **tensors[name]} for name in names]}
+    out: dict[str, Any] = {"model_name": cfg.name,
+                           "outputs": [{"name": name, **tensors[ALIASES.get(name, name)]} for name in names]}
     if request_id is not None:
         out["id"] = request_id
     return out
@@ -281,9 +285,10 @@ def wanted(outputs: Any) -> list[str]:
     if outputs is None:
         return []
     names = [o.get("name") if isinstance(o, dict) else None for o in outputs] if isinstance(outputs, list) else [None]
-    unknown = [n for n in names if n not in OUTPUTS]
+    unknown = [n for n in names if n not in OUTPUTS and n not in ALIASES]
     if unknown:
-        raise bad(f"unknown output {unknown[0]!r}: an app answers {', '.join(OUTPUTS)}")
+        raise bad(f"unknown output {unknown[0]!r}: an app answers {', '.join(OUTPUTS)} (and, by MLServer's names, "
+                  f"{' and '.join(f'{a} ({o})' for a, o in ALIASES.items())})")
     for o in outputs:
         if isinstance(o.get("parameters"), dict) and o["parameters"].get("classification"):
             raise bad(f"output {o['name']!r}: classification (class_count) is not offered; ask for `scores`, each "

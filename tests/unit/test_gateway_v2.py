@@ -244,6 +244,25 @@ def test_a_compressed_body_is_inflated_within_the_body_limit() -> None:
         assert r.status_code == 415 and "send gzip, deflate or none" in r.json()["error"]
 
 
+def test_mlservers_output_names_answer_the_apps_answer_and_scores() -> None:
+    rows = ROWS.copy()
+    rows[1, 0, 0] = 7.0
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        body = {"inputs": [{"name": "x", "shape": [3, 2, 3], "datatype": "FP32", "data": rows.ravel().tolist()}],
+                "outputs": [{"name": "predict_proba"}, {"name": "predict"}]}
+        r = c.post("/v2/models/pets/infer", json=body)
+        assert r.status_code == 200, r.text
+        outs = r.json()["outputs"]
+        assert [(t["name"], t["datatype"], t["shape"]) for t in outs] == [("predict_proba", "FP32", [3, 2]),
+                                                                          ("predict", "BYTES", [3])]
+        assert outs[0]["data"] == pytest.approx([0.9, 0.1, 0.2, 0.8, 0.9, 0.1]) and outs[1]["data"] == [
+            "cat", "dog", "cat"]
+        body = {"inputs": [{"name": "x", "shape": [1, 200, 100], "datatype": "FP32", "data": [0.0] * 20_000}],
+                "outputs": [{"name": "predict_proba"}]}
+        r = c.post("/v2/models/big/infer", json=body)  # big answers a value: no scores under any name
+        assert r.status_code == 400 and "app big has no output 'predict_proba'" in r.json()["error"], r.text
+
+
 def test_an_output_the_app_does_not_have_is_refused() -> None:
     body = {"inputs": [{"name": "x", "shape": [1, 200, 100], "datatype": "FP32", "data": [0.0] * 20_000}],
             "outputs": [{"name": "scores"}]}

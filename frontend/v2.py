@@ -39,6 +39,7 @@ BATCH_WAIT_S = MAX_SLO_MS / 1000.0
 # what to do about a batch over the body limit
 BATCH_BODY_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; send the batch as several requests, or its input in "
                    "the binary data extension, which takes a third of JSON's size)")
+BINARY_BODY_HINT = " (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; send the batch as several requests)"  # already binary
 
 
 async def _stays() -> bool:
@@ -195,14 +196,14 @@ async def infer_http(state: GatewayState, app: str, request: Request) -> dict[st
     t0, arrived = time.perf_counter(), now_us()
     created = min(arrived, request.scope.get(RECEIVED_US, arrived))
     cfg = state.app_config(app)
+    header = request.headers.get("inference-header-content-length")
+    hint = BATCH_BODY_HINT if header is None else BINARY_BODY_HINT
     state.reading += 1
     try:
-        raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=BATCH_BODY_HINT,
-                              inflates=True)
+        raw = await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=hint, inflates=True)
     finally:
         state.reading -= 1
     raw = decoded(raw, request.headers.get("content-encoding"), state.gw.max_body_bytes)
-    header = request.headers.get("inference-header-content-length")
     if header is not None and not header.isdigit():
         raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
     parse = functools.partial(parse_infer, raw, state.input_spec(cfg), state.settings.max_record_bytes,

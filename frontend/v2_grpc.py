@@ -52,6 +52,10 @@ RECEIVE_FACTOR = 4  # gRPC reads messages up to this many times the body limit, 
 # a stream's requests read ahead of their answers being sent: past it, the stream is read no further
 # until the caller takes answers, so a caller that only writes holds this much of the gateway at most
 STREAM_WINDOW = 256
+# calls gRPC holds for the gateway's loop to take up. Past gRPC's own default (1,000) it cancels
+# calls at random, with no reason and uncounted, before the gateway sees them; under this limit
+# a burst reaches the admission, which answers what it cannot take with a counted 503
+PENDING_CALLS = 10_000
 # Triton's methods beyond the protocol's, and what to call instead
 NOT_OFFERED = {
     "ModelConfig": "clipstream keeps no model config: ModelMetadata gives the app's inputs and outputs, and "
@@ -304,7 +308,9 @@ async def start_grpc(state: GatewayState, gw: GatewaySettings, reuse_port: bool,
     before they are read."""
     service = InferenceService(state)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", RECEIVE_FACTOR * gw.max_body_bytes),
-                                      ("grpc.so_reuseport", 1 if reuse_port else 0)])
+                                      ("grpc.so_reuseport", 1 if reuse_port else 0),
+                                      ("grpc.server.max_pending_requests", PENDING_CALLS),
+                                      ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_CALLS)])
     server.add_generic_rpc_handlers((service.handler(), _Unanswered(service)))
     state.draining.append(lambda: server.stop(grace_s))
     host = f"[{gw.host}]" if ":" in gw.host else gw.host

@@ -374,3 +374,16 @@ def test_a_shape_that_differs_by_ones_only_is_the_models() -> None:
     with pytest.raises(HTTPProblem, match=r"is not a batch of the model's \[2, 3\]"):
         parse_infer(json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 2], "datatype": "FP32",
                                             "data": list(range(6))}]}).encode(), TensorSpec("float32", (2, 3)), 1 << 20)
+
+
+def test_a_body_over_the_limit_is_told_what_would_fit() -> None:
+    big = np.zeros((40, 2, 3), np.float32)
+    with TestClient(make_app(FakeBus(by_first_value), max_body_bytes=1000)) as c:
+        r = c.post("/v2/models/pets/infer", json=infer_body(big))
+        assert r.status_code == 413 and "or its input in the binary data extension" in r.json()["error"], r.text
+        header = json.dumps({"inputs": [{"name": "input", "shape": [40, 2, 3], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": big.nbytes}}]}).encode()
+        r = c.post("/v2/models/pets/infer", content=header + big.tobytes(),
+                   headers={"Inference-Header-Content-Length": str(len(header))})
+        assert r.status_code == 413, r.text
+        assert "send the batch as several requests)" in r.json()["error"] and "binary" not in r.json()["error"]

@@ -268,7 +268,7 @@ FIGURES: list[tuple[str, str, str, Callable[[dict[str, Any]], Result]]] = [
     ("cost: the demo's 5-model digits ensemble, highest rate within its SLO (bench.ensemble)",
      "≥ 3x the first version's 130 q/s", "ensemble", ensemble),
     ("cost: light load p50; cache-hit round trip", "p50 ≤ 10 ms; hit p50 < 10 ms", "cost", cost_light),
-    ("cost by way in: CPU per query, /v1 and V2 JSON, gRPC calls and one gRPC stream (bench.fronts)", NONE,
+    ("cost by way in: CPU per query, /v1 and V2 JSON, gRPC calls and one gRPC stream; a feedback (bench.fronts)", NONE,
      "fronts", fronts),
     ("selector's skip of hopeless models vs asking every model, Kafka path, overload (bench.hopeless)", NONE,
      "hopeless", hopeless),

@@ -179,10 +179,13 @@ def crossing(r: dict[str, Any]) -> Result:
 
 def fronts(r: dict[str, Any]) -> Result:
     """Each way into the gateway at the report's first rate: the CPU per query in all and the
-    gateway's, and the p50."""
+    gateway's, and the p50; and a feedback's CPU."""
     rate, at = next(iter(r["rates"].items()))
     f = at["fronts"]
     names = {"v1": "/v1 JSON", "v2-http": "V2 JSON", "grpc": "gRPC", "grpc-stream": "gRPC stream"}
     parts = [f"{label} {f[k]['cpu_us_per_query']:,.0f} µs (gateway {f[k]['gateway_cpu_us_per_query']:,.0f}), "
              f"p50 {f[k]['p50_ms']:.1f} ms" for k, label in names.items() if k in f]
+    if "feedback" in f:
+        parts.append(f"a feedback {f['feedback']['cpu_us_per_query']:,.0f} µs "
+                     f"(gateway {f['feedback']['gateway_cpu_us_per_query']:,.0f})")
     return f"at {rate} q/s: " + "; ".join(parts), NONE

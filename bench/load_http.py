@@ -261,7 +261,7 @@ async def _gateway(url: str, path: str, bodies: Sequence[bytes], times: np.ndarr
 def _read_answer(r: Outcome, status: int, content: bytes) -> None:
     """Fill ``r`` from the gateway's answer: its outcome, and the body's fields the reports read."""
     r.status = status
-    if status == 200:
+    if status in (200, 202):  # 202: a feedback taken
         body = json.loads(content)
         if "outputs" in body:  # an Open Inference Protocol answer: its default output says
             body["default"] = any(any(o["data"]) for o in body["outputs"] if o.get("name") == "default")

@@ -148,10 +148,11 @@ def _add_guards(app: GatewayAPI, state: GatewayState) -> None:
     ``GatewayAPI`` serves before the router; problems become JSON ``detail`` bodies."""
     app.add_middleware(GuardMiddleware, keys=state.gw.api_keys, metrics=state.metrics, app_keys=state.gw.app_keys)
     # keys and metrics apply to the fast routes as to every other route
-    handlers = {"predict": lambda name, request: _predict(state, name, request),
-                "v2-infer": lambda name, request: v2.infer_http(state, name, request)}
-    app.fast_paths = {route: GuardMiddleware(FastEndpoint(handler), keys=state.gw.api_keys, metrics=state.metrics,
-                                             app_keys=state.gw.app_keys) for route, handler in handlers.items()}
+    endpoints = {"predict": FastEndpoint(lambda name, request: _predict(state, name, request)),
+                 "feedback": FastEndpoint(lambda name, request: feedback_route(state, name, request), 202),
+                 "v2-infer": FastEndpoint(lambda name, request: v2.infer_http(state, name, request))}
+    app.fast_paths = {route: GuardMiddleware(endpoint, keys=state.gw.api_keys, metrics=state.metrics,
+                                             app_keys=state.gw.app_keys) for route, endpoint in endpoints.items()}
 
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> JSONResponse:
@@ -193,6 +194,7 @@ def _add_api_routes(app: GatewayAPI, state: GatewayState) -> None:
         summary="The true label of, or a reward for, an earlier query",
     )
     async def feedback(app: str, request: Request) -> JSONResponse:
+        # declared for the OpenAPI schema: GatewayAPI serves these requests before the router
         return JSONResponse(await feedback_route(state, app, request), 202)
 
 

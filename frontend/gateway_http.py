@@ -38,6 +38,7 @@ DRAIN_BYTES = 64 << 20
 FAST_APP = "clipstream.fast_app"
 # the routes served ahead of FastAPI (``POST /<first>/<second>/{app}/<last>``): their names
 FAST_ROUTES: dict[tuple[str, str, str], str] = {("v1", "apps", "predict"): "predict",
+                                                ("v1", "apps", "feedback"): "feedback",
                                                 ("v2", "models", "infer"): "v2-infer"}
 
 
@@ -173,19 +174,20 @@ def problem_body(path: str, exc: HTTPProblem) -> tuple[int, dict[str, str]]:
 
 
 class FastEndpoint:
-    """A fast route (``FAST_ROUTES``: ``/v1`` predict, ``/v2`` infer) as a plain ASGI app, which
+    """A fast route (``FAST_ROUTES``: ``/v1`` predict and feedback, ``/v2`` infer) as a plain ASGI app, which
     ``GatewayAPI`` runs ahead of FastAPI with the app's name in the scope (``FAST_APP``).
 
     These are the gateway's hot paths, and under load its event loop is where callers queue, so
     FastAPI's per-request machinery (its telemetry check, dependency solving, the router,
     exception-wrapping middlewares, Request and Response objects) is kept off them
     (docs/design/0008). Here the handler gets the app name and a Starlette ``Request`` and
-    returns the answer's JSON, or raises ``HTTPProblem``; FastAPI keeps every other route, and
-    the fast routes stay declared there so the OpenAPI schema still lists them.
+    returns the answer's JSON (sent with ``status``), or raises ``HTTPProblem``; FastAPI keeps
+    every other route, and the fast routes stay declared there so the OpenAPI schema still lists
+    them.
     """
 
-    def __init__(self, handler: Callable[[str, Request], Awaitable[dict[str, Any]]]) -> None:
-        self.handler = handler
+    def __init__(self, handler: Callable[[str, Request], Awaitable[dict[str, Any]]], status: int = 200) -> None:
+        self.handler, self.status = handler, status
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -194,7 +196,7 @@ class FastEndpoint:
             status, body = problem_body(scope.get("path", ""), exc)
             await _send_json(send, status, body, exc.headers)
             return
-        await _send_json(send, 200, answer, {})
+        await _send_json(send, self.status, answer, {})
 
 
 class GatewayAPI(FastAPI):

@@ -212,13 +212,14 @@ def test_malformed_json_and_unknown_app(client):
     ("GET", "/v1/apps/pets/predict", None),
     ("GET", "/v2/models/pets/infer", None),
     ("POST", "/v1/apps//predict", None),
-    ("POST", "/v1/apps/pets/feedback", None),
+    ("POST", "/v1/apps/pets/feedback", ("feedback", "pets")),
+    ("POST", "/v1/apps/pets/learn", None),
     ("POST", "/v1/apps/a/b/predict", None),
     ("POST", "/v2/apps/pets/predict", None),
     ("POST", "/v1/models/pets/infer", None),
     ("POST", "/v2/models/pets/versions/1/infer", None),
 ])
-def test_the_fast_paths_take_only_predict_and_infer_posts(method, path, hit):
+def test_the_fast_paths_take_only_predict_feedback_and_infer_posts(method, path, hit):
     assert fast_route({"type": "http", "method": method, "path": path}) == hit
 
 

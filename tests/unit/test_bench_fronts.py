@@ -56,7 +56,8 @@ def test_a_fronts_two_steps_are_averaged_and_the_row_names_each_front() -> None:
     s = summary([_step(3000.0, 800.0, 10.0), _step(3200.0, 1000.0, 12.0)])
     assert s["cpu_us_per_query"] == 3100.0 and s["gateway_cpu_us_per_query"] == 900.0 and s["p50_ms"] == 11.0
     assert s["defaults"] == 2 and s["ok"]
-    report = {"rates": {"300": {"fronts": {"v1": s, "grpc-stream": summary([_step(2800.0, 700.0, 9.0)])}}}}
+    report = {"rates": {"300": {"fronts": {"v1": s, "grpc-stream": summary([_step(2800.0, 700.0, 9.0)]),
+                                           "feedback": summary([_step(1900.0, 600.0, 2.0)])}}}}
     text, met = fronts(report)
     assert text == ("at 300 q/s: /v1 JSON 3,100 µs (gateway 900), p50 11.0 ms; "
-                    "gRPC stream 2,800 µs (gateway 700), p50 9.0 ms")
+                    "gRPC stream 2,800 µs (gateway 700), p50 9.0 ms; a feedback 1,900 µs (gateway 600)")

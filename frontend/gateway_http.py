@@ -174,8 +174,9 @@ def problem_body(path: str, exc: HTTPProblem) -> tuple[int, dict[str, str]]:
 
 
 class FastEndpoint:
-    """A fast route (``FAST_ROUTES``: ``/v1`` predict and feedback, ``/v2`` infer) as a plain ASGI app, which
-    ``GatewayAPI`` runs ahead of FastAPI with the app's name in the scope (``FAST_APP``).
+    """A fast route (``FAST_ROUTES``: ``/v1`` predict and feedback, ``/v2`` infer) as a plain
+    ASGI app, which ``GatewayAPI`` runs ahead of FastAPI with the app's name in the scope
+    (``FAST_APP``).
 
     These are the gateway's hot paths, and under load its event loop is where callers queue, so
     FastAPI's per-request machinery (its telemetry check, dependency solving, the router,

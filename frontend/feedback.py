@@ -28,9 +28,13 @@ from registry.labels import label_problem
 from schemas import Feedback
 
 
+# a feedback over the body limit: it carries no input, so the predict route's advice does not fit
+FEEDBACK_HINT = " (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; a feedback is a query id and a label or a reward)"
+
+
 async def feedback(state: GatewayState, app_name: str, request: Request) -> dict[str, Any]:
     cfg = state.app_config(app_name)
-    body = parse_json(await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s))
+    body = parse_json(await read_body(request, state.gw.max_body_bytes, state.gw.body_timeout_s, hint=FEEDBACK_HINT))
     try:
         req = FeedbackRequest.model_validate(body)
     except ValidationError as exc:

@@ -289,6 +289,12 @@ def wanted(outputs: Any) -> list[str]:
     if unknown:
         raise bad(f"unknown output {unknown[0]!r}: an app answers {', '.join(OUTPUTS)} (and, by MLServer's names, "
                   f"{' and '.join(f'{a} ({o})' for a, o in ALIASES.items())})")
+    one = [ALIASES.get(n, n) for n in names]  # type: ignore[arg-type]
+    for i, name in enumerate(names):  # each output once, as Triton asks too
+        prior = names[one.index(one[i])]
+        if one.index(one[i]) != i:
+            raise bad(f"output {name!r} is asked for twice: ask for each once" if prior == name else
+                      f"outputs {prior!r} and {name!r} are one output, by MLServer's name and the app's: ask for one")
     for o in outputs:
         if isinstance(o.get("parameters"), dict) and o["parameters"].get("classification"):
             raise bad(f"output {o['name']!r}: classification (class_count) is not offered; ask for `scores`, each "

@@ -102,3 +102,11 @@ def test_a_stored_records_app_is_read_whatever_the_json_spacing() -> None:
                        stored_predictions_key("q-wide"): json.dumps(record, indent=2).encode()})
     assert asyncio.run(stored_app(redis, "q-compact")) == "pets"
     assert asyncio.run(stored_app(redis, "q-wide")) == "pets"
+
+
+def test_a_feedback_over_the_body_limit_is_told_what_a_feedback_holds() -> None:
+    bus = FakeBus(answer)
+    with TestClient(make_app(bus, max_body_bytes=200)) as c:
+        r = c.post("/v1/apps/pets/feedback", json={"query_id": "q" * 300, "label": "dog"})
+    assert r.status_code == 413 and "a feedback is a query id and a label or a reward" in r.json()["detail"], r.text
+    assert "raw bytes" not in r.json()["detail"] and bus.feedback == []

@@ -261,6 +261,10 @@ def test_mlservers_output_names_answer_the_apps_answer_and_scores() -> None:
                 "outputs": [{"name": "predict_proba"}]}
         r = c.post("/v2/models/big/infer", json=body)  # big answers a value: no scores under any name
         assert r.status_code == 400 and "app big has no output 'predict_proba'" in r.json()["error"], r.text
+        for asked, reason in ((["predict", "predict"], "output 'predict' is asked for twice"),
+                              (["scores", "predict_proba"], "outputs 'scores' and 'predict_proba' are one output")):
+            r = c.post("/v2/models/pets/infer", json=infer_body(ROWS, outputs=[{"name": name} for name in asked]))
+            assert r.status_code == 400 and reason in r.json()["error"], r.text
 
 
 def test_an_output_the_app_does_not_have_is_refused() -> None:

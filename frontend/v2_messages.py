@@ -222,7 +222,8 @@ def decoded(raw: bytes, encoding: str | None, limit: int) -> bytes:
     except zlib.error as exc:
         raise bad(f"the body is not {how} data: {exc}") from None
     if len(out) > limit:
-        raise HTTPProblem(413, f"body inflates past the limit of {limit} bytes (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES)")
+        raise HTTPProblem(413, f"body inflates past the limit of {limit} bytes (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; "
+                               "send the batch as several requests)")
     return out
 
 

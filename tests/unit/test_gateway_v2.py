@@ -240,6 +240,7 @@ def test_a_compressed_body_is_inflated_within_the_body_limit() -> None:
         bomb = gzip.compress(b" " * (2 << 20))  # 2 MiB of spaces in a few KiB
         r = c.post("/v2/models/pets/infer", content=bomb, headers={"Content-Encoding": "gzip"})
         assert r.status_code == 413 and "inflates past the limit" in r.json()["error"]
+        assert "send the batch as several requests" in r.json()["error"]
         r = c.post("/v2/models/pets/infer", content=raw, headers={"Content-Encoding": "br"})
         assert r.status_code == 415 and "send gzip, deflate or none" in r.json()["error"]
 

@@ -78,8 +78,8 @@ def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | No
              inflight: int, counts: tuple[Any, ...]) -> dict[str, Any]:
     """The caller's JSON for a reply (or none), observed by admission control and counted."""
     cfg = asked.cfg
-    record = None if isinstance(reply, NotLoaded) else \
-        reply if not isinstance(reply, Prediction) else _answer_straight(state, cfg, reply, asked)
+    record = _answer_straight(state, cfg, reply, asked) if isinstance(reply, Prediction) else \
+        reply if isinstance(reply, Response) else None
     if asked.sent is not None:  # a batch's example: its own query, timed from when it went (after its slot)
         latency_ms, waited_ms = (now_us() - asked.sent) / 1000.0, 0.0
     else:
@@ -118,14 +118,21 @@ def _publish(state: GatewayState, asked: Asked, model: str | None, query_id: str
         raise state.overloaded(f"Kafka refused the query: {exc}") from None
 
 
+def _decided_by(reply: Reply | NotLoaded | None, record: Response | None) -> str:
+    """Who decided on a default: a metric label from a small set, never the free-text reason."""
+    if isinstance(reply, NotLoaded):
+        return "not_loaded"
+    if record is None:
+        return "gateway_timeout"
+    return "model" if isinstance(reply, Prediction) else "selector"
+
+
 def _count(state: GatewayState, app: str, answer: dict[str, Any], record: Response | None,
            reply: Reply | NotLoaded | None, latency_ms: float, counts: tuple[Any, ...]) -> None:
     """Count one answered query in the gateway's and the app's metrics, defaults by who
     decided on them."""
     if answer["default"]:
-        # by who decided, not the free-text reason: metric labels must stay a small set
-        state.metrics.defaults.inc("not_loaded" if isinstance(reply, NotLoaded) else "gateway_timeout"
-                                   if record is None else "model" if isinstance(reply, Prediction) else "selector")
+        state.metrics.defaults.inc(_decided_by(reply, record))
     if not answer["default"]:
         state.remember_answer(answer["query_id"], app)
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")

@@ -1,7 +1,7 @@
 """What ``inspect`` shows beside the registry: the version each replica's batches carry now,
-whether a replica has each model loaded, and each app's learnt weights. Both are read from where the pipeline keeps them (the last
-record of each batches partition, the policy state in Redis), not from the registry, which
-says only what is wanted."""
+whether a replica has each model loaded, and each app's learnt weights. Each is read from where
+the pipeline keeps it (the last record of each batches partition, the workers' word and the
+policy state in Redis), not from the registry, which says only what is wanted."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from frontend.gateway_models import MAX_SLO_MS
 from frontend.http_protocol import RECEIVED_US
 from frontend.predict_body import OFFLOAD_BYTES
 from frontend.state import GatewayState
-from frontend.v2_messages import (DATATYPES, ErrorV2, InferRequest, Parsed, app_outputs, bad, check_outputs, decoded,
-                                  infer_response, output_datatype, parse_infer)
+from frontend.v2_messages import (BATCH_LIMIT, DATATYPES, ErrorV2, InferRequest, Parsed, app_outputs, bad,
+                                  check_outputs, decoded, infer_response, output_datatype, parse_infer)
 from registry.topic import AppConfig
 from schemas import Tensor
 
@@ -37,9 +37,8 @@ from schemas import Tensor
 # how long a batch's examples may wait for admission slots, in all: as long as a query's longest SLO
 BATCH_WAIT_S = MAX_SLO_MS / 1000.0
 # what to do about a batch over the body limit
-BATCH_BODY_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; send the batch as several requests, or its input in "
-                   "the binary data extension, which takes a third of JSON's size)")
-BINARY_BODY_HINT = " (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; send the batch as several requests)"  # already binary
+BATCH_BODY_HINT = f" ({BATCH_LIMIT}, or its input in the binary data extension, which takes a third of JSON's size)"
+BINARY_BODY_HINT = f" ({BATCH_LIMIT})"  # a body in the binary data extension already
 
 
 async def _stays() -> bool:

@@ -33,6 +33,8 @@ OUTPUTS = ("output", "scores", "confidence", "default", "default_reason", "query
 # MLServer's sklearn runtime names its outputs after the method: asked by those names, the app's
 # answer and scores are sent under them (docs/design/0118)
 ALIASES = {"predict": "output", "predict_proba": "scores"}
+# what to do about a batch over the body limit, whatever way it came
+BATCH_LIMIT = "CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; send the batch as several requests"
 
 
 class ErrorV2(BaseModel):
@@ -222,8 +224,7 @@ def decoded(raw: bytes, encoding: str | None, limit: int) -> bytes:
     except zlib.error as exc:
         raise bad(f"the body is not {how} data: {exc}") from None
     if len(out) > limit:
-        raise HTTPProblem(413, f"body inflates past the limit of {limit} bytes (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; "
-                               "send the batch as several requests)")
+        raise HTTPProblem(413, f"body inflates past the limit of {limit} bytes ({BATCH_LIMIT})")
     return out
 
 
@@ -292,8 +293,9 @@ def wanted(outputs: Any) -> list[str]:
                   f"{' and '.join(f'{a} ({o})' for a, o in ALIASES.items())})")
     one = [ALIASES.get(n, n) for n in names]  # type: ignore[arg-type]
     for i, name in enumerate(names):  # each output once, as Triton asks too
-        prior = names[one.index(one[i])]
-        if one.index(one[i]) != i:
+        first = one.index(one[i])
+        if first != i:
+            prior = names[first]
             raise bad(f"output {name!r} is asked for twice: ask for each once" if prior == name else
                       f"outputs {prior!r} and {name!r} are one output, by MLServer's name and the app's: ask for one")
     for o in outputs:

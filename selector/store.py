@@ -1,8 +1,8 @@
 """Policy state and stored predictions in Redis.
 
 - ``cs:state:<app>:<context or __global__>``: a policy's JSON state. A new context starts from
-  the app's global state (Clipper 5.3). Updates are read-modify-write under WATCH/MULTI with
-  retry, so two learners updating one context never lose an update.
+  the app's global state (Clipper 5.3). Updates are read-modify-write with a compare-and-set
+  and retry, so two learners updating one context never lose an update.
 - ``cs:pred:<query_id>``: the per-model predictions and the answer of a query, with a TTL, for
   the feedback join (feedback arrives seconds to minutes later).
 - ``cs:seen:<query_id>``: the (state key, model) pairs a query's feedback was applied to, with
@@ -28,6 +28,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -48,6 +49,48 @@ def seen_key(query_id: str) -> str:
     return f"cs:seen:{query_id}"
 
 
+UNREAD = object()  # a state key this process has neither read nor written
+
+# ``observe_once``'s write, done only when the state is still what the learner computed from and
+# none of the (state, model) pairs was had yet; else it answers with what is there.
+# KEYS: state, seen, contexts, global state. ARGV: "unread" | "value" | "absent", the value
+# computed from, the new value, the state's TTL (0: none), seen's TTL, the context ("": none),
+# now, then the seen members to add. Answers {1, contexts count} or {0, state, global, seen}.
+OBSERVE = """
+local current = redis.call('GET', KEYS[1])
+local fresh = (ARGV[1] == 'value' and current == ARGV[2]) or (ARGV[1] == 'absent' and not current)
+for i = 8, #ARGV do
+  if not fresh then break end
+  fresh = redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0
+end
+if not fresh then
+  return {0, current, redis.call('GET', KEYS[4]), redis.call('SMEMBERS', KEYS[2])}
+end
+if ARGV[4] ~= '0' then
+  redis.call('SET', KEYS[1], ARGV[3], 'EX', ARGV[4])
+else
+  redis.call('SET', KEYS[1], ARGV[3])
+end
+redis.call('SADD', KEYS[2], unpack(ARGV, 8))
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+if ARGV[6] == '' then
+  return {1, 0}
+end
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[6])
+return {1, redis.call('ZCARD', KEYS[3])}
+"""
+
+
+def _seeded(raw: Any, seed: bytes | None, context: str | None) -> State | None:
+    """A state read as ``raw``; a context's state never written starts from the app's global
+    one (``seed``) with a count of its own (Clipper 5.3)."""
+    if raw:
+        return json.loads(raw)
+    if context and seed:
+        return dict(json.loads(seed), n_observed=0)
+    return None
+
+
 class StateStore:
     def __init__(self, client: redis.Redis, predictions_ttl_s: int = 3600, remember: int = 100_000,
                  context_ttl_s: int = 30 * 86400, max_contexts: int = 100_000) -> None:
@@ -58,6 +101,15 @@ class StateStore:
         # (app, context) -> (when it was read or learnt here, its state), least recent first
         self._memory: OrderedDict[tuple[str, str | None], tuple[float, State | None]] = OrderedDict()
         self._remember = remember  # (app, context) states kept for ``recall``
+        # state key -> its value as this process last read or wrote it: what ``observe_once``
+        # compares against, least recent first
+        self._written: OrderedDict[str, bytes] = OrderedDict()
+
+    @cached_property
+    def _observe(self) -> Any:
+        """``OBSERVE``, sent by its digest once Redis has it (redis-py loads it again after a
+        restart of Redis)."""
+        return self.redis.register_script(OBSERVE)
 
     def load(self, app: str, context: str | None) -> State | None:
         """The context's state, else the app's global state, else None; one round trip."""
@@ -122,79 +174,57 @@ class StateStore:
             out[pair] = copy.deepcopy(state)
         return out
 
-    def update(self, app: str, context: str | None, fn: Callable[[State | None], State]) -> State:
-        """Apply ``fn`` to the current state atomically (optimistic: WATCH, MULTI, retry on conflict).
-
-        A context seeded from the global state starts its own ``n_observed`` count at 0.
-        """
-        key = state_key(app, context)
-        glob = state_key(app, None)
-        result: dict[str, State] = {}
-
-        def txn(pipe: Any) -> None:
-            raw = pipe.get(key)
-            current = json.loads(raw) if raw else None
-            if current is None and context:
-                seed = pipe.get(glob)  # a new context starts from what the app has learned
-                if seed:
-                    current = dict(json.loads(seed), n_observed=0)
-            new = fn(current)
-            pipe.multi()
-            pipe.set(key, json.dumps(new))
-            result["state"] = new
-
-        self.redis.transaction(txn, key)
-        self._keep({(app, context or None): result["state"]})  # this process sees its own update at once
-        return result["state"]
-
     def observe_once(self, app: str, context: str | None, query_id: str, models: Iterable[str],
                      fn: Callable[[State | None, list[str]], State]) -> list[str]:
         """Apply ``fn(state, models)`` for the ``models`` whose feedback for ``query_id`` this
         state has not had yet, atomically with marking them had; returns those models (empty:
         a repeat, nothing changed). A context's state gets the context TTL and joins the app's
-        capped set of contexts."""
+        capped set of contexts.
+
+        A compare-and-set (``OBSERVE``): the state this process last read or wrote is taken as
+        the current one, so a learner alone on a state writes in one round trip; when another
+        wrote since, Redis answers with what is there and the update is made again on that.
+        """
         key, glob, seen = state_key(app, context), state_key(app, None), seen_key(query_id)
         models = list(models)
-        result: dict[str, Any] = {"applied": []}
-
-        def txn(pipe: Any) -> None:
-            had = {m.decode() if isinstance(m, bytes) else m for m in pipe.smembers(seen)}
+        current, seed, had = self._written.get(key, UNREAD), None, set[str]()
+        while True:
             todo = [m for m in models if f"{key}|{m}" not in had]
-            result["applied"] = todo
             if not todo:
-                return
-            raw = pipe.get(key)
-            current = json.loads(raw) if raw else None
-            if current is None and context:
-                seed = pipe.get(glob)
-                if seed:
-                    current = dict(json.loads(seed), n_observed=0)
-            new = fn(current, todo)
-            result["state"] = new
-            pipe.multi()
-            pipe.set(key, json.dumps(new), ex=self.context_ttl_s if context else None)
-            pipe.sadd(seen, *(f"{key}|{m}" for m in todo))
-            pipe.expire(seen, self.ttl_s)
-            if context:
-                pipe.zadd(contexts_key(app), {context: time.time()})
+                return []
+            new = None if current is UNREAD else fn(_seeded(current, seed, context), todo)
+            mode = "unread" if current is UNREAD else "value" if current else "absent"
+            reply = self._observe(keys=[key, seen, contexts_key(app), glob], args=[
+                mode, current if isinstance(current, bytes) else b"", b"" if new is None else json.dumps(new),
+                self.context_ttl_s if context else 0, self.ttl_s, context or "", time.time(),
+                *(f"{key}|{m}" for m in todo)])
+            if reply[0] == 1:
+                break
+            _, current, seed, members = reply  # another wrote since, or never read here: what is there
+            had = {m.decode() if isinstance(m, bytes) else m for m in members}
+            if current:
+                self._remember_written(key, current)
+        self._remember_written(key, json.dumps(new).encode())
+        self._keep({(app, context or None): new})  # this process sees its own update at once
+        if context and int(reply[1]) > self.max_contexts:
+            self._cap_contexts(app, int(reply[1]) - self.max_contexts)
+        return todo
 
-        self.redis.transaction(txn, key, seen)
-        if result["applied"]:
-            self._keep({(app, context or None): result["state"]})  # this process sees its own update at once
-            if context:
-                self._cap_contexts(app)
-        return result["applied"]
+    def _remember_written(self, key: str, raw: bytes) -> None:
+        written = self._written
+        written[key] = raw
+        written.move_to_end(key)
+        while len(written) > self._remember:
+            written.popitem(last=False)
 
-    def _cap_contexts(self, app: str) -> None:
-        """Delete the least recently updated contexts past ``max_contexts``."""
-        ckey = contexts_key(app)
-        excess = int(self.redis.zcard(ckey)) - self.max_contexts
-        if excess <= 0:
-            return
-        oldest = self.redis.zpopmin(ckey, excess)
+    def _cap_contexts(self, app: str, excess: int) -> None:
+        """Delete the ``excess`` least recently updated contexts."""
+        oldest = self.redis.zpopmin(contexts_key(app), excess)
         names = [c.decode() if isinstance(c, bytes) else c for c, _ in oldest]
         if names:
             self.redis.delete(*(state_key(app, c) for c in names))
+        for name in names:
+            self._written.pop(state_key(app, name), None)
 
     def save_predictions(self, query_id: str, record: dict[str, Any]) -> None:
         self.redis.set(pred_key(query_id), json.dumps(record), ex=self.ttl_s)

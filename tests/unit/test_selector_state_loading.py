@@ -232,40 +232,20 @@ def test_a_state_learnt_in_this_process_is_fresh_at_once(monkeypatch: Any) -> No
     clock = Clock()
     monkeypatch.setattr(store_mod.time, "monotonic", clock)
 
-    class TxnRedis(FakeRedis):
-        """``transaction`` runs the body once on a pipe that reads and writes this fake."""
+    class ScriptRedis(FakeRedis):
+        """``observe_once``'s script, as Redis runs it when nobody else writes: a state never
+        read is answered with what is there; else the new state is set."""
 
-        def transaction(self, body: Any, *keys: str) -> None:
-            fake = self
+        def register_script(self, source: str) -> Any:
+            def observe(keys: list[str], args: list[Any]) -> list[Any]:
+                if args[0] == "unread":
+                    return [0, self.data.get(keys[0]), self.data.get(keys[3]), []]
+                self.data[keys[0]] = args[2].encode()
+                return [1, 1]
 
-            class Pipe:
-                def get(self, key: str) -> bytes | None:
-                    return fake.data.get(key)
+            return observe
 
-                def smembers(self, key: str) -> set[bytes]:
-                    return set()
-
-                def multi(self) -> None:
-                    pass
-
-                def set(self, key: str, value: str, ex: int | None = None) -> None:
-                    fake.data[key] = value.encode()
-
-                def sadd(self, *a: Any) -> None:
-                    pass
-
-                def expire(self, *a: Any) -> None:
-                    pass
-
-                def zadd(self, *a: Any) -> None:
-                    pass
-
-            body(Pipe())
-
-        def zcard(self, key: str) -> int:
-            return 0
-
-    store = StateStore(TxnRedis())
+    store = StateStore(ScriptRedis())
     assert store.fresh([("app", None)], 0.25) is None  # never read
     applied = store.observe_once("app", None, "q1", ["m1"], lambda state, models: {"n_observed": 1})
     assert applied == ["m1"]
@@ -273,7 +253,7 @@ def test_a_state_learnt_in_this_process_is_fresh_at_once(monkeypatch: Any) -> No
     assert store.fresh([("app", None)], 0) is None  # a window of 0 always asks Redis
     clock.now += 0.3
     assert store.fresh([("app", None)], 0.25) is None
-    store.update("app", "c1", lambda state: {"n_observed": 2})
+    store.observe_once("app", "c1", "q2", ["m1"], lambda state, models: {"n_observed": 2})
     assert store.fresh([("app", "c1")], 0.25) == {("app", "c1"): {"n_observed": 2}}
     assert store.fresh([("app", "c1"), ("app", None)], 0.25) is None  # the global one is old
 

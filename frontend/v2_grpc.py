@@ -22,7 +22,7 @@ from frontend.gateway_http import HTTPProblem, key_allowed, key_apps, key_of
 from frontend.settings import GatewaySettings
 from frontend.state import GatewayState
 from frontend.v2 import app_ready, infer, model_metadata, server_metadata, server_ready, unversioned
-from frontend.v2_messages import (ONE_INPUT, Parsed, bad, checked_input, examples, predict_request, read_rows,
+from frontend.v2_messages import (INPUTS, Parsed, bad, checked_input, columns, examples, predict_request, read_rows,
                                   wanted)
 from frontend.v2_proto import MESSAGES, METHODS, SERVICE, STREAM
 from registry.spec import TensorSpec
@@ -69,25 +69,30 @@ _NUMPY = {"BOOL": "?", "INT64": "<i8", "FP32": "<f4", "FP64": "<f8"}  # the outp
 
 
 def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) -> Parsed:
-    """A ``ModelInferRequest`` -> what it asks, read as an HTTP infer is: its one input from
-    ``raw_input_contents`` (tritonclient's way) or from its typed ``contents``."""
-    if len(request.inputs) != 1:
-        raise bad(ONE_INPUT)
-    tensor = request.inputs[0]
-    shape, datatype = list(tensor.shape), tensor.datatype
-    shape, spec = checked_input(shape, datatype, spec)
-    if request.raw_input_contents:
-        if tensor.HasField("contents"):
-            raise bad("the input has both contents and raw_input_contents: send its values in one of them")
-        if len(request.raw_input_contents) != 1:
-            raise bad(f"raw_input_contents holds {len(request.raw_input_contents)} tensors, and there is one input")
-        rows = read_rows(shape, datatype, spec, blob=request.raw_input_contents[0])
-    elif datatype not in CONTENTS:
-        raise bad(f"{datatype} has no typed contents field: send it in raw_input_contents")
-    elif datatype == "BYTES":
-        rows = read_rows(shape, datatype, spec, blob=packed(list(tensor.contents.bytes_contents)))
-    else:
-        rows = read_rows(shape, datatype, spec, values=list(getattr(tensor.contents, CONTENTS[datatype])))
+    """A ``ModelInferRequest`` -> what it asks, read as an HTTP infer is: each input from
+    ``raw_input_contents`` (tritonclient's way) or from its typed ``contents``; several inputs
+    are the columns of a table."""
+    inputs, raw = request.inputs, request.raw_input_contents
+    if not inputs:
+        raise bad(INPUTS)
+    if raw and len(raw) != len(inputs):
+        raise bad(f"raw_input_contents holds {len(raw)} tensors, and there are {len(inputs)} inputs")
+
+    def read(i: int, spec: TensorSpec | None) -> np.ndarray:
+        tensor = inputs[i]
+        shape, datatype = list(tensor.shape), tensor.datatype
+        shape, spec = checked_input(shape, datatype, spec)
+        if raw:
+            if tensor.HasField("contents"):
+                raise bad("the input has both contents and raw_input_contents: send its values in one of them")
+            return read_rows(shape, datatype, spec, blob=raw[i])
+        if datatype not in CONTENTS:
+            raise bad(f"{datatype} has no typed contents field: send it in raw_input_contents")
+        if datatype == "BYTES":
+            return read_rows(shape, datatype, spec, blob=packed(list(tensor.contents.bytes_contents)))
+        return read_rows(shape, datatype, spec, values=list(getattr(tensor.contents, CONTENTS[datatype])))
+
+    rows = read(0, spec) if len(inputs) == 1 else columns([t.name for t in inputs], spec, read)
     params = {k: _value(v) for k, v in request.parameters.items() if k in ("context", "slo_ms")}
     asked = wanted([{"name": o.name, "parameters": {k: _value(v) for k, v in o.parameters.items()}}
                     for o in request.outputs]) if request.outputs else []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,8 +66,8 @@ Parsed = tuple[PredictRequest, list[Tensor], str | None, list[str]]
 def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, header_length: int | None = None
                 ) -> Parsed:
     """An infer body -> what it asks (``Parsed``). ``header_length``: the binary data extension's
-    JSON length (``Inference-Header-Content-Length``), the input's raw bytes after it, as Triton's
-    clients send by default. HTTPProblem 400 says why not, or 413 for an example no record could
+    JSON length (``Inference-Header-Content-Length``), the inputs' raw bytes after it, as Triton's
+    clients send by default. Several inputs are the columns of a table (``columns``). HTTPProblem 400 says why not, or 413 for an example no record could
     carry."""
     if header_length is not None and not 0 < header_length <= len(raw):
         raise bad(f"Inference-Header-Content-Length {header_length} is not within the body's {len(raw)} bytes")
@@ -74,21 +75,17 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object with `inputs`")
     tensors = body.get("inputs")
-    if not isinstance(tensors, list) or len(tensors) != 1 or not isinstance(tensors[0], dict):
-        raise bad(ONE_INPUT)
-    tensor = tensors[0]
-    shape, datatype = tensor.get("shape"), tensor.get("datatype")
-    shape, spec = checked_input(sent := shape, datatype, spec)
-    binary = (tensor.get("parameters") or {}).get("binary_data_size") if isinstance(tensor.get("parameters"), dict) \
-        else None
-    if binary is not None:
-        blob = raw[header_length or len(raw):]
-        if type(binary) is not int or binary != len(blob):
-            what = "is not a number of bytes" if type(binary) is not int else f"is not the {len(blob)} bytes"
-            raise bad(f"binary_data_size {binary!r} {what} after the JSON header")
-        rows = read_rows(shape, datatype, spec, blob=blob)
-    else:
-        rows = read_rows(shape, datatype, spec, values=_flat(tensor.get("data"), sent))
+    if not isinstance(tensors, list) or not tensors or not all(isinstance(t, dict) for t in tensors):
+        raise bad(INPUTS)
+    blobs = _binary(tensors, raw[header_length or len(raw):])
+
+    def read(i: int, spec: TensorSpec | None) -> np.ndarray:
+        shape, spec = checked_input(sent := tensors[i].get("shape"), tensors[i].get("datatype"), spec)
+        if blobs[i] is not None:
+            return read_rows(shape, tensors[i]["datatype"], spec, blob=blobs[i])
+        return read_rows(shape, tensors[i]["datatype"], spec, values=_flat(tensors[i].get("data"), sent))
+
+    rows = read(0, spec) if len(tensors) == 1 else columns([t.get("name") for t in tensors], spec, read)
     rid = body.get("id")
     if rid is not None and not isinstance(rid, str):
         raise bad("`id` must be a string")
@@ -96,7 +93,36 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
         wanted(body.get("outputs"))
 
 
-ONE_INPUT = "`inputs` must hold one tensor: an app's models take one input, with the batch as its first dimension"
+INPUTS = ("`inputs` must hold one tensor, with the batch as its first dimension (an app's models take one input), "
+          "or one tensor per column of a table, as MLServer's pandas content type sends")
+
+
+def columns(names: list[Any], spec: TensorSpec | None, read: Callable[[int, TensorSpec | None], np.ndarray]
+            ) -> np.ndarray:
+    """Several inputs as the columns of one table, in the order sent, as MLServer's pandas
+    content type sends a DataFrame: each example is the model's vector of one value per input.
+    ``read(i, spec)`` reads input i as a batch of ``spec`` (one value per example)."""
+    count = len(names)
+    if spec is not None and spec.shape != (count,):
+        raise bad(f"{count} inputs are read as the columns of a table, and the model takes {list(spec.shape)} per "
+                  f"example, not [{count}]: send one tensor with the batch first")
+    cols: list[np.ndarray] = []
+    for i, name in enumerate(names):
+        try:
+            col = read(i, None if spec is None else TensorSpec(spec.dtype, ()))
+        except HTTPProblem as exc:
+            raise bad(f"input {i} ({str(name)[:64]!r}), a column of the table: {exc.detail}") from None
+        if spec is None and col.ndim > 1:  # [n, 1], with no app's input to say so: one value per row
+            if col[0].size != 1:
+                raise bad(f"input {i} ({str(name)[:64]!r}), a column of the table, holds {col[0].size} values per "
+                          f"row, not one")
+            col = col.reshape(len(col))
+        if cols and (len(col) != len(cols[0]) or col.dtype != cols[0].dtype):
+            what = f"{len(col)} rows, and input 0 has {len(cols[0])}" if len(col) != len(cols[0]) else \
+                f"datatype {col.dtype}, and input 0 has {cols[0].dtype} (the app declares no input to convert to)"
+            raise bad(f"input {i} ({str(name)[:64]!r}), a column of the table, has {what}")
+        cols.append(col)
+    return np.stack(cols, axis=1)
 
 
 def checked_input(shape: Any, datatype: Any, spec: TensorSpec | None) -> tuple[list[int], TensorSpec]:
@@ -225,6 +251,28 @@ def decoded(raw: bytes, encoding: str | None, limit: int) -> bytes:
         raise bad(f"the body is not {how} data: {exc}") from None
     if len(out) > limit:
         raise HTTPProblem(413, f"body inflates past the limit of {limit} bytes ({BATCH_LIMIT})")
+    return out
+
+
+def _binary(tensors: list[dict[str, Any]], blob: bytes) -> list[bytes | None]:
+    """Each input's raw bytes under the binary data extension, cut from ``blob`` (what follows the
+    JSON header) in the order of the inputs, by their ``binary_data_size``; None for an input
+    whose values are in its ``data``."""
+    sizes = [t["parameters"].get("binary_data_size") if isinstance(t.get("parameters"), dict) else None
+             for t in tensors]
+    given = [n for n in sizes if n is not None]
+    if not given:
+        return [None] * len(tensors)
+    wrong = next((n for n in given if type(n) is not int or n < 0), None)
+    if wrong is not None or sum(given) != len(blob):
+        shown, what = (repr(wrong)[:32], "is not a number of bytes") if wrong is not None else \
+            (" + ".join(map(str, given)), f"is not the {len(blob)} bytes")
+        raise bad(f"binary_data_size {shown} {what} after the JSON header")
+    out: list[bytes | None] = []
+    at = 0
+    for n in sizes:
+        out.append(None if n is None else blob[at:at + n])
+        at += n or 0
     return out
 
 

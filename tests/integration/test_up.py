@@ -104,6 +104,19 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         images.set_data_from_numpy(x[1602:1606])
         labels = v2.infer(app, [images]).as_numpy("output")
         assert labels.tolist() == digits_logreg().predict(x[1602:1606]).tolist()
+        # a table of one input per pixel, as MLServer's pandas codec sends it, and as Triton's
+        # client sends several inputs (raw bytes after the JSON)
+        table = {"parameters": {"content_type": "pd"},
+                 "inputs": [{"name": f"px{j}", "shape": [2], "datatype": "FP64", "data": x[1620:1622, j].tolist()}
+                            for j in range(64)]}
+        got = httpx.post(f"http://127.0.0.1:{port}/v2/models/{app}/infer", json=table, timeout=30)
+        assert got.status_code == 200, got.text
+        assert got.json()["outputs"][0]["data"] == digits_logreg().predict(x[1620:1622]).tolist()
+        pixels = [triton.InferInput(f"px{j}", [2, 1], "FP32") for j in range(64)]
+        for j, column in enumerate(pixels):
+            column.set_data_from_numpy(x[1622:1624, j:j + 1])
+        labels = v2.infer(app, pixels).as_numpy("output")
+        assert labels.tolist() == digits_logreg().predict(x[1622:1624]).tolist()
         # and over gRPC, on the port up says
         import tritonclient.grpc as triton_grpc
 

@@ -89,7 +89,7 @@ def test_a_bad_tensor_is_a_400_with_the_reason_and_nothing_is_asked(change: dict
 
 @pytest.mark.parametrize(("body", "status", "reason"), [
     ({"inputs": []}, 400, "`inputs` must hold one tensor"),
-    ({"inputs": [{}, {}]}, 400, "`inputs` must hold one tensor"),
+    ({"inputs": [{}, {}]}, 400, "2 inputs are read as the columns of a table, and the model takes [2, 3] per example"),
     ({"inputs": [{"shape": [1, 2, 3], "datatype": "FP32", "data": [0] * 6}], "parameters": {"slo_ms": -1}}, 400,
      "parameters: slo_ms"),
     ({"inputs": [{"shape": [1, 2, 3], "datatype": "FP32", "data": [0] * 6}], "outputs": [{"name": "logits"}]}, 400,

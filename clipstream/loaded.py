@@ -60,3 +60,24 @@ def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float)
             failed = (at, f"model {model} version {version} replica {replica} did not load: "
                           f"{said.get('reason') or 'see its worker log'}")
     return failed[1] if failed else f"model {model}: no worker has said it has the model loaded"
+
+
+def rollout(fields: Mapping[bytes | str, bytes | str], version: str | None, replicas: int, now_s: float,
+            since_s: float) -> tuple[list[int], str | None]:
+    """How far ``version`` of a model is loaded on its ``replicas``: the replicas whose word says
+    loaded within ``FRESH_S``, and the reason of a replica that said it failed to load since
+    ``since_s`` (None: none did)."""
+    loaded: list[int] = []
+    failed: tuple[float, str] | None = None
+    for replica in range(replicas):
+        raw = fields.get(field_of(version, replica)) or fields.get(field_of(version, replica).encode())
+        try:
+            said = json.loads(raw) if raw else None
+            at, ok = (float(said["at"]), bool(said["loaded"])) if said else (0.0, False)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if ok and now_s - at <= FRESH_S:
+            loaded.append(replica)
+        elif said and not ok and at >= since_s and (failed is None or at > failed[0]):
+            failed = (at, f"replica {replica} did not load it: {said.get('reason') or 'see its worker log'}")
+    return loaded, failed[1] if failed else None

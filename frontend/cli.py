@@ -17,7 +17,7 @@ from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.redisclient import REDIS_AWAY, forget_app, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
-from frontend.serving import not_loaded, served, serving, serving_text, weights
+from frontend.serving import not_loaded, served, serving, serving_text, wait_loaded, weights
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.groups import name_clash
 from registry.labels import join_problem
@@ -41,6 +41,12 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return run
+
+
+WAIT = click.option(
+    "--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+    help="then wait until every replica's worker has the version loaded (exit 1 when one fails to "
+         "load it, or after SECONDS)")
 
 
 def _settings() -> Settings:
@@ -102,8 +108,9 @@ def register_app(name: str, policy: str | None, slo_ms: float | None, default_ou
               help="the version's name (default: one more than the model's highest; 1 for a new model)")
 @click.option("--replicas", type=click.IntRange(min=1, max=MAX_REPLICAS), default=None,
               help="replicas to run (default: the model's current number; 1 for a new model)")
+@WAIT
 @_friendly
-def deploy_model(name: str, path: str, version: str | None, replicas: int | None) -> None:
+def deploy_model(name: str, path: str, version: str | None, replicas: int | None, wait: float | None) -> None:
     """Deploy a model version from a folder holding model.yaml.
 
     PATH is a local folder, a URL (s3://...), or a location inside CLIPSTREAM_MODEL_REPOSITORY
@@ -133,6 +140,8 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
     if instead is not None and current is not None and current.version != version:
         click.echo(f"version {current.version} never served (its batches still went to version {instead}): "
                    f"retired, so `clipstream rollback {name}` skips it")
+    if wait is not None:
+        wait_loaded(settings, name, version, wait)
 
 
 def _served_instead(settings: Settings, current: ModelConfig | None) -> str | None:
@@ -303,21 +312,27 @@ def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> M
 @click.command("set-replicas")
 @click.argument("model")
 @click.argument("replicas", type=click.IntRange(min=1, max=MAX_REPLICAS))
+@WAIT
 @_friendly
-def set_replicas(model: str, replicas: int) -> None:
+def set_replicas(model: str, replicas: int, wait: float | None) -> None:
     """Change a model's number of replicas (the batcher spreads batches over them)."""
-    _rewrite_model(model, lambda m: replace(m, replicas=replicas))
+    m = _rewrite_model(model, lambda m: replace(m, replicas=replicas))
     click.echo(f"model {model}: {replicas} replica{'s' if replicas != 1 else ''}")
+    if wait is not None:
+        wait_loaded(_settings(), model, m.version, wait)
 
 
 @click.command("rollback")
 @click.argument("model")
+@WAIT
 @_friendly
-def rollback(model: str) -> None:
+def rollback(model: str, wait: float | None) -> None:
     """Go back to the model's previous version."""
 
     m = _rewrite_model(model, rolled_back)
     click.echo(f"model {model} rolled back to version {m.version}")
+    if wait is not None:
+        wait_loaded(_settings(), model, m.version, wait)
 
 
 @click.command("inspect")

@@ -1,7 +1,8 @@
 """What ``inspect`` shows beside the registry: the version each replica's batches carry now,
-whether a replica has each model loaded, and each app's learnt weights. Each is read from where
-the pipeline keeps it (the last record of each batches partition, the workers' word and the
-policy state in Redis), not from the registry, which says only what is wanted."""
+whether a replica has each model loaded, and each app's learnt weights; and ``--wait``'s watch
+of a version loading. Each is read from where the pipeline keeps it (the last record of each
+batches partition, the workers' word and the policy state in Redis), not from the registry,
+which says only what is wanted."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import click
 from confluent_kafka import KafkaException
 
 from clipstream.loaded import key_of as loaded_key
-from clipstream.loaded import unready
+from clipstream.errors import ClipstreamError
+from clipstream.loaded import rollout, unready
 from clipstream.redisclient import REDIS_AWAY, policy_state_key, sync_client
 from clipstream.settings import Settings
 from clipstream.weights import policy_weights
-from registry.topic import RegistryView
+from registry.topic import RegistryView, read_view
 from topics.catalogue import Catalogue
 from topics.tail import served_versions
 
@@ -102,3 +104,43 @@ def _shares(value: bytes | str, versions: dict[str, str]) -> dict[str, float]:
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
     return {m: round(w, 4) for m, w in shares.items()}
+
+
+def wait_loaded(settings: Settings, model: str, version: str, timeout_s: float) -> None:
+    """``--wait``: until every replica that serves ``model`` (its group's, for a member) says it
+    has ``version`` loaded, saying how far it got every few seconds; a ClipstreamError when a
+    replica says it failed to load it, or at the timeout."""
+    since = time.time() - 1.0
+    served = read_view(settings).served()
+    config = served.get(model) or next((g for g in served.values() if model in getattr(g, "member_versions", {})),
+                                       None)
+    if config is None:
+        raise ClipstreamError(f"model {model} is not in the registry any more: nothing to wait for")
+    key, replicas = loaded_key(settings.topic_prefix, model), config.replicas
+    deadline, told = time.monotonic() + timeout_s, 0.0
+    client = sync_client(settings)
+    try:
+        while True:
+            try:
+                ready, failed = rollout(client.hgetall(key), version, replicas, time.time(), since)
+            except REDIS_AWAY as exc:
+                ready, failed = [], None
+                click.echo(f"waiting: Redis did not answer ({exc}); asking again", err=True)
+            if failed is not None:
+                raise ClipstreamError(
+                    f"model {model} version {version}: {failed}. Batches stay with the version that serves; "
+                    f"deploy a fixed folder as a new version, or `clipstream rollback {model}`")
+            if len(ready) == replicas:
+                click.echo(f"model {model} version {version}: loaded on {replicas} of {replicas} replicas")
+                return
+            if time.monotonic() >= deadline:
+                raise ClipstreamError(
+                    f"model {model} version {version}: loaded on {len(ready)} of {replicas} replicas after "
+                    f"{timeout_s:g} s. Workers are started by `clipstream up` (its output says what each does); "
+                    f"`clipstream inspect` shows what serves")
+            if time.monotonic() - told >= 5.0:
+                told = time.monotonic()
+                click.echo(f"waiting: model {model} version {version} loaded on {len(ready)} of {replicas} replicas")
+            time.sleep(0.5)
+    finally:
+        client.close()

@@ -178,12 +178,22 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             lines_of = {line.split(":")[0]: line for line in shown.splitlines()}
             assert "NOT LOADED: model broken version 1 replica 0 did not load" in lines_of["model broken"], shown
             assert "NOT LOADED" not in lines_of["model logreg"], shown  # its replica has it loaded
+            # a deploy that waits for its version is told it failed, and why
+            broken = make_python_model(models, "broken", BROKEN, labels=list(range(10)), version="2")
+            failed = subprocess.run([sys.executable, "-m", "clipstream.cli", "deploy-model", "broken", str(broken),
+                                     "--wait", "120"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+            assert failed.returncode == 1 and "model broken version 2 deployed" in failed.stdout, failed
+            assert "error: model broken version 2: replica 0 did not load it: " in failed.stderr, failed.stderr
+            assert "weights.bin" in failed.stderr and "clipstream rollback broken" in failed.stderr, failed.stderr
             _cli("remove-app", "brokenapp", env=env)
             _cli("remove-model", "broken", env=env)
 
         # a model deployed and linked to the running app is asked without restarting anything
         sevens = make_python_model(models, "sevens", SEVENS, labels=list(range(10)))
-        _cli("deploy-model", "sevens", str(sevens), env=env)
+        deployed = subprocess.run([sys.executable, "-m", "clipstream.cli", "deploy-model", "sevens", str(sevens),
+                                   "--wait", "180"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+        assert deployed.returncode == 0 and "model sevens version 1: loaded on 1 of 1 replicas" in deployed.stdout, \
+            deployed
         _cli("link", app, "sevens", env=env)
 
         def answered_by_sevens() -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from clipstream.loaded import FRESH_S, commands, unready, word
+from clipstream.loaded import FRESH_S, commands, rollout, unready, word
 from tests.unit.test_gateway_http import FakeBus, make_app
 
 NOW = 1_000_000.0
@@ -77,3 +77,15 @@ def test_a_default_for_a_model_not_loaded_says_why_and_cuts_no_admission() -> No
         "FileNotFoundError: weights.bin"}
     assert 'clipstream_gateway_admission_cuts_total{cause="late"}' not in metrics
     assert 'clipstream_gateway_defaults_total{source="not_loaded"} 11.0' in metrics
+
+
+def test_a_rollout_counts_the_new_versions_fresh_replicas_and_the_failures_since_it_began() -> None:
+    fields = {b"2:0": word(True, NOW - 1), b"2:1": word(True, NOW - FRESH_S - 1), b"1:1": word(True, NOW - 1),
+              b"2:2": word(False, NOW - 60, "an earlier attempt")}
+    assert rollout(fields, "2", 3, NOW, since_s=NOW - 10) == ([0], None)  # 1 is stale, 2 failed before
+    fields[b"2:1"] = word(True, NOW)
+    fields[b"2:2"] = word(False, NOW - 2, "ImportError: xgb")
+    assert rollout(fields, "2", 3, NOW, since_s=NOW - 10) == ([0, 1], "replica 2 did not load it: ImportError: xgb")
+    fields[b"2:2"] = word(True, NOW)  # loaded after all, when its worker was restarted
+    assert rollout(fields, "2", 3, NOW, since_s=NOW - 10) == ([0, 1, 2], None)
+    assert rollout({"2:0": b"not json"}, "2", 1, NOW, since_s=NOW - 10) == ([], None)

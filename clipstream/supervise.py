@@ -17,7 +17,6 @@ and import its libraries on a busy machine (docs/design/0062).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipstream.backoff import Backoff
+from clipstream.endings import drop_spare, send_signal, tail, terminate, why_it_died
 from clipstream.errors import ClipstreamError
 from clipstream.spare import SPARE_ENV, WAITING_LINE, end_spare
 from topics.stage import ALERT_PREFIX, HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, NOTE_PREFIX, read_heartbeat, relayed
@@ -244,7 +244,7 @@ class Supervisor:
                 self._keep_spare(stage, now)
                 continue
             if stage.next_start == 0.0:
-                why = _why_it_died(stage, stage.proc.returncode)
+                why = why_it_died(stage, stage.proc.returncode)
                 served = max(0.0, now - stage.hung_for_s - stage.ready_at) if stage.ready_at else 0.0
                 delay = stage.backoff.next_delay(served)
                 stage.next_start = now + delay
@@ -298,7 +298,7 @@ class Supervisor:
         """A live stage: SIGKILL it if its SIGTERM grace is over; SIGTERM it if it hung."""
         if stage.kill_at:
             if now >= stage.kill_at:
-                _signal(stage, signal.SIGKILL)
+                send_signal(stage, signal.SIGKILL)
             return
         if not self.heartbeat_timeout_s:
             return
@@ -313,8 +313,8 @@ class Supervisor:
             stage.kill_at = now + self.kill_grace_s
             self.report(f"stage {stage.name} is {stage.hung}; stopping it (SIGTERM, "
                         f"SIGKILL after {self.kill_grace_s:g}s)")
-            _signal(stage, signal.SIGTERM)
-            _signal(stage, signal.SIGCONT)  # a stopped stage acts on its SIGTERM (as systemd does)
+            send_signal(stage, signal.SIGTERM)
+            send_signal(stage, signal.SIGCONT)  # a stopped stage acts on its SIGTERM (as systemd does)
 
     def release(self, name: str) -> Stage | None:
         """Take a stage out of the supervisor's care without stopping it (a worker of a replaced
@@ -324,7 +324,7 @@ class Supervisor:
             if stage is not None:
                 stage.removed = True  # under the lock, so a ``check`` under way does not restart it
         if stage is not None:
-            _drop_spare(stage)
+            drop_spare(stage)
         return stage
 
     def adopt(self, stage: Stage, restart: bool = True) -> None:
@@ -339,76 +339,12 @@ class Supervisor:
             stage = self.stages.pop(name, None)
         if stage is not None:
             stage.removed = True  # ``check`` must not restart it
-            _terminate([stage])
+            terminate([stage])
 
     def stop_all(self, first: tuple[str, ...] = ()) -> None:
         """Stop every stage; those named with a prefix in ``first`` first, so that the callers
         they hold are answered while the stages behind them still serve."""
         self._stopping = True
         stages = list(self.stages.values())
-        _terminate([s for s in stages if s.name.startswith(first)] if first else [])
-        _terminate([s for s in stages if not (first and s.name.startswith(first))])
-
-
-def _drop_spare(stage: Stage) -> None:
-    spare, stage.spare_proc = stage.spare_proc, None
-    if spare is not None:
-        end_spare(spare)
-
-
-def _terminate(stages: list[Stage], grace_s: float = 10.0) -> None:
-    for s in stages:
-        _drop_spare(s)
-    live = [s for s in stages if s.proc is not None and s.proc.poll() is None]
-    for s in live:
-        _signal(s, signal.SIGTERM)
-        _signal(s, signal.SIGCONT)  # a stopped stage acts on its SIGTERM
-    deadline = time.monotonic() + grace_s
-    for s in live:
-        assert s.proc is not None
-        try:
-            s.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal(s, signal.SIGKILL)
-            s.proc.wait(5)
-
-
-def _signal(stage: Stage, sig: signal.Signals) -> None:
-    assert stage.proc is not None
-    try:
-        os.killpg(stage.proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _why_it_died(stage: Stage, code: int) -> str:
-    """A restart line's reason: the hang, the signal, or the exit code with the stage's last
-    ``error:`` line, which says what to do (a warning Python prints as it exits may follow it),
-    else the last line it wrote (only this process's lines)."""
-    if stage.hung:
-        return stage.hung
-    if code < 0:
-        return f"exit code {code}, {_signame(-code)}"
-    written = tail(stage.log_path, lines=20, start=stage.log_from).splitlines()
-    errors = [line for line in written if line.startswith("error:")]
-    last = (errors or written or [""])[-1].strip()
-    if len(last) > 600:  # a traceback's repr, say: its start and its end, where what to do is said
-        last = f"{last[:300]} ... {last[-300:]}"
-    return f"exit code {code}" + (f": {last}" if last and code > 0 else "")
-
-
-def _signame(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def tail(path: Path, lines: int = 15, start: int = 0) -> str:
-    """The last ``lines`` lines of a log from byte ``start`` on: one process's, not earlier runs'."""
-    try:
-        with open(path, "rb") as log:
-            log.seek(start)
-            return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+        terminate([s for s in stages if s.name.startswith(first)] if first else [])
+        terminate([s for s in stages if not (first and s.name.startswith(first))])

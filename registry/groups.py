@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from registry.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from registry.topic import ModelConfig
+    from registry.view import ModelConfig
 
 
 def group_version(members: dict[str, str]) -> str:

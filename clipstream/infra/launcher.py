@@ -30,15 +30,16 @@ from clipstream.infra import kafka as kafka_mod
 from clipstream.infra import redis as redis_mod
 from clipstream.infra.ports import (  # noqa: F401 (pick_free_ports, port_is_free: re-exported)
     kafka_port_names,
+    last_ports,
     pick_free_ports,
     plan_ports,
     port_is_free,
+    remember_ports,
 )
 from clipstream.infra.stopping import terminate
 from clipstream.settings import Settings
 
 STATE_FILE = "infra.json"
-LAST_PORTS_FILE = "free-ports.json"  # the ports the last --free-ports start chose, taken again
 COMPONENTS = ("kafka", "redis")
 STOP_GRACE_S = {"kafka": 20.0, "redis": 5.0}  # a broker's controlled shutdown takes seconds
 
@@ -286,9 +287,9 @@ def _plan(settings: Settings, state_dir: Path, free_ports: bool, brokers: int | 
         del state["redis"]  # forget a dead one; a fresh one takes its place
     need_kafka, need_redis = "kafka" not in state, "redis" not in state
     size = brokers or 1
-    ports = plan_ports(settings, free_ports, need_kafka, need_redis, size, last=_last_ports(state_dir))
+    ports = plan_ports(settings, free_ports, need_kafka, need_redis, size, last=last_ports(state_dir))
     if free_ports:
-        _remember_ports(state_dir, ports)
+        remember_ports(state_dir, ports)
     plan = _Plan(state_dir, state, revive, need_kafka, need_redis, size, ports, die_with_parent)
     if need_redis:
         require_binary("redis-server", redis_mod.REDIS_HINT)
@@ -296,19 +297,6 @@ def _plan(settings: Settings, state_dir: Path, free_ports: bool, brokers: int | 
         plan.java = require_binary("java", kafka_mod.JAVA_HINT)
         plan.libs = kafka_mod.fetch_jars(settings, progress)
     return plan
-
-
-def _last_ports(state_dir: Path) -> dict[str, int]:
-    try:
-        data = json.loads((state_dir / LAST_PORTS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
-
-
-def _remember_ports(state_dir: Path, ports: dict[str, int]) -> None:
-    """Keep the free ports chosen now, beside those of components still running on theirs."""
-    (state_dir / LAST_PORTS_FILE).write_text(json.dumps({**_last_ports(state_dir), **ports}, indent=1, sort_keys=True))
 
 
 def _start_redis(plan: _Plan, progress: Progress) -> None:

@@ -7,12 +7,16 @@ A Kafka of n nodes takes a (client, controller) pair per node: "kafka"/"controll
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from clipstream.errors import InfraError
 from clipstream.infra import cluster
 from clipstream.settings import Settings
+
+LAST_PORTS_FILE = "free-ports.json"  # in the state dir
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -112,3 +116,17 @@ def plan_ports(
                 f"pass --free-ports, or choose another port with {option}"
             )
     return ports
+
+
+def last_ports(state_dir: Path) -> dict[str, int]:
+    """The free ports the last ``--free-ports`` start chose (``LAST_PORTS_FILE``), taken again."""
+    try:
+        data = json.loads((state_dir / LAST_PORTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
+
+
+def remember_ports(state_dir: Path, ports: dict[str, int]) -> None:
+    """Keep the free ports chosen now, beside those of components still running on theirs."""
+    (state_dir / LAST_PORTS_FILE).write_text(json.dumps({**last_ports(state_dir), **ports}, indent=1, sort_keys=True))

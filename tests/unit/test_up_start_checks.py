@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import clipstream.front_ports as ports
 import clipstream.up as up_module
 from clipstream.errors import ClipstreamError
 from clipstream.pipeline import Pipeline, stage_argv
@@ -75,24 +76,24 @@ def test_a_taken_gateway_port_fails_at_once_in_one_line(monkeypatch: pytest.Monk
 def test_free_ports_moves_the_gateway_off_a_taken_default_port(monkeypatch: pytest.MonkeyPatch, taken: int) -> None:
     monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_PORT", str(taken))
-    port = up_module._gateway_port(None, free_ports=True)
+    port = ports.choose_http_port(None, free_ports=True)
     assert port is not None and port != taken
-    assert up_module.bind_once(HOST, port) == port  # free indeed
+    assert ports.bind_once(HOST, port) == port  # free indeed
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_PORT", "80a")
     with pytest.raises(ClipstreamError, match=r"CLIPSTREAM_GATEWAY_PORT='80a' is not a port.*--gateway-port P"):
-        up_module._gateway_port(None, free_ports=False)
+        ports.choose_http_port(None, free_ports=False)
 
 
 def test_the_check_leaves_the_port_to_gateways_that_share_it_and_sees_another_ups(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
-    port = up_module.bind_once(HOST, 0)
-    assert up_module._gateway_port(port, free_ports=False) == port
+    port = ports.bind_once(HOST, 0)
+    assert ports.choose_http_port(port, free_ports=False) == port
     # CLIPSTREAM_UP_GATEWAYS=2: both bind the port after the check (SO_REUSEPORT), as the gateways do
     first, second = shared_socket(HOST, port, 8), shared_socket(HOST, port, 8)
     try:  # another up's gateways, sharing the port among themselves, hold it against this one
-        with pytest.raises(up_module.GatewayPortTaken, match=f"port {port} on {HOST} is in use"):
-            up_module._gateway_port(port, free_ports=False)
+        with pytest.raises(ports.GatewayPortTaken, match=f"port {port} on {HOST} is in use"):
+            ports.choose_http_port(port, free_ports=False)
     finally:
         first.close()
         second.close()
@@ -217,16 +218,16 @@ def test_the_grpc_port_is_off_unless_asked_and_checked_before_anything_starts(
         monkeypatch: pytest.MonkeyPatch, taken: int) -> None:
     monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
     monkeypatch.delenv("CLIPSTREAM_GATEWAY_GRPC_PORT", raising=False)
-    assert up_module._grpc_port(None, free_ports=False) is None
-    chosen = up_module._grpc_port(0, free_ports=False)  # one free port, which every gateway then shares
-    assert chosen is not None and chosen > 0 and up_module.bind_once(HOST, chosen) == chosen
+    assert ports.choose_grpc_port(None, free_ports=False) is None
+    chosen = ports.choose_grpc_port(0, free_ports=False)  # one free port, which every gateway then shares
+    assert chosen is not None and chosen > 0 and ports.bind_once(HOST, chosen) == chosen
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_GRPC_PORT", str(taken))
-    with pytest.raises(up_module.GatewayPortTaken, match=f"gRPC port {taken} on {HOST} is in use.*--grpc-port P"):
-        up_module._grpc_port(None, free_ports=False)
-    moved = up_module._grpc_port(None, free_ports=True)
+    with pytest.raises(ports.GatewayPortTaken, match=f"gRPC port {taken} on {HOST} is in use.*--grpc-port P"):
+        ports.choose_grpc_port(None, free_ports=False)
+    moved = ports.choose_grpc_port(None, free_ports=True)
     assert moved is not None and moved != taken
-    with pytest.raises(up_module.GatewayPortTaken, match="--grpc-port P"):
-        up_module._grpc_port(taken, free_ports=True)  # a port asked for is kept, or fails: never moved
+    with pytest.raises(ports.GatewayPortTaken, match="--grpc-port P"):
+        ports.choose_grpc_port(taken, free_ports=True)  # a port asked for is kept, or fails: never moved
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_GRPC_PORT", "x1")
     with pytest.raises(ClipstreamError, match=r"CLIPSTREAM_GATEWAY_GRPC_PORT='x1' is not a port.*--grpc-port P"):
-        up_module._grpc_port(None, free_ports=False)
+        ports.choose_grpc_port(None, free_ports=False)

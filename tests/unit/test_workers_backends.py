@@ -362,3 +362,21 @@ def test_an_sklearn_model_that_does_not_fit_its_model_yaml_is_refused_saying_wha
                                             "input": {"dtype": "float32", "shape": [64]}, "output": {"kind": "label"}})
     with pytest.raises(ModelError, match="cannot load .*model.joblib with joblib"):
         load_model(load_spec(tmp_path / "d" / "1"))
+
+
+def test_an_estimator_fitted_on_named_columns_takes_them_in_order_without_a_warning_per_batch(tmp_path: Path) -> None:
+    import warnings
+
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = digits()
+    fitted = LogisticRegression(max_iter=2000).fit(x[:300, :4], y[:300] % 2)
+    fitted.feature_names_in_ = np.array(["age", "income", "score", "visits"], dtype=object)  # as a DataFrame leaves it
+    model = load_model(load_spec(_joblib_model(tmp_path, "t", fitted, "class_scores", [0, 1], shape=[4])))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", append=True)  # after the model's own filters: shown every time
+        np.testing.assert_allclose(model.predict_batch(x[:5, :4]), fitted.predict_proba(x[:5, :4]), rtol=1e-6)
+    assert not [w for w in caught if "feature names" in str(w.message)], [str(w.message) for w in caught]
+    with pytest.raises(ConfigError, match=r"fitted on 4 columns \(\['age', 'income', 'score', 'visits'\]\), and "
+                                          r"input.shape \[3\] gives 3 values per example: set shape: \[4\]"):
+        load_model(load_spec(_joblib_model(tmp_path / "narrow", "t", fitted, "class_scores", [0, 1], shape=[3])))

@@ -9,6 +9,7 @@ folder is trusted as code is.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,11 @@ import numpy as np
 from clipstream.errors import ConfigError, ModelError
 from registry.spec import ModelSpec
 from schemas.tensor import VARIABLE
+
+
+# what scikit-learn says on every call of an estimator fitted on a DataFrame and given an array:
+# clipstream gives arrays, whose values are the columns in the order fitted (docs/design/0120)
+NAMELESS_INPUT = "X does not have valid feature names"
 
 
 class SklearnModel:
@@ -50,11 +56,24 @@ class SklearnModel:
         self.spec, self.device = spec, "cpu"
         # a text input of one element (skl2onnx's [1]) goes to a vectorizer as a list of strings
         self._flat = spec.input.dtype in VARIABLE and int(np.prod(spec.input.shape)) == 1
+        columns = getattr(self.estimator, "feature_names_in_", None)
+        if columns is not None:
+            _same_width(spec, name, [str(c) for c in columns])
+            warnings.filterwarnings("ignore", message=NAMELESS_INPUT, category=UserWarning)
 
     def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
         n = len(inputs)
         x = inputs.reshape(n) if self._flat else inputs.reshape(n, -1) if inputs.ndim > 2 else inputs
         return np.asarray(self._predict(x))
+
+
+def _same_width(spec: ModelSpec, name: str, columns: list[str]) -> None:
+    """An estimator fitted on named columns takes as many values per example, in that order."""
+    width = int(np.prod(spec.input.shape))
+    if width != len(columns):
+        raise ConfigError(f"{spec.path}/model.yaml: the {name} was fitted on {len(columns)} columns ({columns[:4]}"
+                          f"{'...' if len(columns) > 4 else ''}), and input.shape {list(spec.input.shape)} gives "
+                          f"{width} values per example: set shape: [{len(columns)}], the columns in that order")
 
 
 def _same_labels(spec: ModelSpec, classes: list[Any]) -> None:

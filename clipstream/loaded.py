@@ -42,9 +42,11 @@ def commands(topic_prefix: str, model: str, version: str | None, replica: int, s
     return [("HSET", key, field, said), ("EXPIRE", key, str(KEEP_S))]
 
 
-def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float) -> str | None:
+def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float,
+            version: str | None = None) -> str | None:
     """None when a replica of ``model`` said it has it loaded within ``FRESH_S``; else why the
-    model cannot answer: the latest failure to load, or that no worker has said it loaded."""
+    model cannot answer: the latest failure to load (of ``version``, the registry's, when given:
+    an earlier version's failure explains nothing now), or that no worker has said it loaded."""
     failed: tuple[float, str] | None = None
     for name, raw in fields.items():
         try:
@@ -55,9 +57,9 @@ def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float)
         where = name.decode() if isinstance(name, bytes) else name
         if loaded and now_s - at <= FRESH_S:
             return None
-        if not loaded and (failed is None or at > failed[0]):
-            version, _, replica = where.rpartition(":")
-            failed = (at, f"model {model} version {version} replica {replica} did not load: "
+        said_version, _, replica = where.rpartition(":")
+        if not loaded and version in (None, said_version) and (failed is None or at > failed[0]):
+            failed = (at, f"model {model} version {said_version} replica {replica} did not load: "
                           f"{said.get('reason') or 'see its worker log'}")
     return failed[1] if failed else f"model {model}: no worker has said it has the model loaded"
 

@@ -75,7 +75,7 @@ def not_loaded(settings: Settings, view: RegistryView) -> dict[str, str | None]:
     finally:
         client.close()
     now = time.time()
-    return {name: unready(name, fields, now) for name, fields in zip(names, said)}
+    return {name: unready(name, fields, now, view.models[name].version) for name, fields in zip(names, said)}
 
 
 def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float]]:

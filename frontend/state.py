@@ -298,7 +298,8 @@ class GatewayState:
     async def _read_loaded(self, model: str) -> str | None:
         assert self.loaded is not None
         try:
-            why = unready(model, await self.loaded(model), time())
+            config = self.registry.view().model(model) if self.registry is not None else None
+            why = unready(model, await self.loaded(model), time(), config.version if config is not None else None)
         except REDIS_AWAY:
             why = None
         finally:

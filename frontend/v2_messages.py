@@ -67,8 +67,8 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
                 ) -> Parsed:
     """An infer body -> what it asks (``Parsed``). ``header_length``: the binary data extension's
     JSON length (``Inference-Header-Content-Length``), the inputs' raw bytes after it, as Triton's
-    clients send by default. Several inputs are the columns of a table (``columns``). HTTPProblem 400 says why not, or 413 for an example no record could
-    carry."""
+    clients send by default. Several inputs are the columns of a table (``columns``).
+    HTTPProblem 400 says why not, or 413 for an example no record could carry."""
     if header_length is not None and not 0 < header_length <= len(raw):
         raise bad(f"Inference-Header-Content-Length {header_length} is not within the body's {len(raw)} bytes")
     body = parse_json(raw[:header_length] if header_length is not None else raw)
@@ -263,11 +263,12 @@ def _binary(tensors: list[dict[str, Any]], blob: bytes) -> list[bytes | None]:
     given = [n for n in sizes if n is not None]
     if not given:
         return [None] * len(tensors)
-    wrong = next((n for n in given if type(n) is not int or n < 0), None)
-    if wrong is not None or sum(given) != len(blob):
-        shown, what = (repr(wrong)[:32], "is not a number of bytes") if wrong is not None else \
-            (" + ".join(map(str, given)), f"is not the {len(blob)} bytes")
-        raise bad(f"binary_data_size {shown} {what} after the JSON header")
+    wrong = next((i for i, n in enumerate(sizes) if n is not None and (type(n) is not int or n < 0)), None)
+    if wrong is not None:
+        name = str(tensors[wrong].get("name"))[:64]
+        raise bad(f"binary_data_size {repr(sizes[wrong])[:32]} of input {wrong} ({name!r}) is not a number of bytes")
+    if sum(given) != len(blob):
+        raise bad(f"binary_data_size {' + '.join(map(str, given))} is not the {len(blob)} bytes after the JSON header")
     out: list[bytes | None] = []
     at = 0
     for n in sizes:

@@ -53,6 +53,9 @@ def test_columns_sent_as_raw_bytes_after_the_json_header() -> None:
     score["parameters"] = {"binary_data_size": 8}
     with pytest.raises(HTTPProblem, match=r"binary_data_size 16 \+ 8 is not the 32 bytes after the JSON header"):
         rows_of(body, header=blob)
+    score["parameters"] = {"binary_data_size": -8}
+    with pytest.raises(HTTPProblem, match=r"binary_data_size -8 of input 2 \('score'\) is not a number of bytes"):
+        rows_of(body, header=blob)
 
 
 def test_columns_without_an_apps_input_must_share_one_datatype() -> None:

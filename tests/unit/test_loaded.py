@@ -89,3 +89,10 @@ def test_a_rollout_counts_the_new_versions_fresh_replicas_and_the_failures_since
     fields[b"2:2"] = word(True, NOW)  # loaded after all, when its worker was restarted
     assert rollout(fields, "2", 3, NOW, since_s=NOW - 10) == ([0, 1, 2], None)
     assert rollout({"2:0": b"not json"}, "2", 1, NOW, since_s=NOW - 10) == ([], None)
+
+
+def test_an_earlier_versions_failure_explains_nothing_once_the_registry_moved_on() -> None:
+    fields = {"4:0": word(False, NOW - 5, "ImportError: gone"), "1:0": word(True, NOW - FRESH_S - 1)}
+    assert unready("m", fields, NOW) == "model m version 4 replica 0 did not load: ImportError: gone"
+    assert unready("m", fields, NOW, "1") == "model m: no worker has said it has the model loaded"
+    assert unready("m", fields, NOW, "4") == "model m version 4 replica 0 did not load: ImportError: gone"

@@ -108,19 +108,19 @@ def columns(names: list[Any], spec: TensorSpec | None, read: Callable[[int, Tens
                   f"example, not [{count}]: send one tensor with the batch first")
     cols: list[np.ndarray] = []
     for i, name in enumerate(names):
+        where = f"input {i} ({str(name)[:64]!r}), a column of the table"
         try:
             col = read(i, None if spec is None else TensorSpec(spec.dtype, ()))
         except HTTPProblem as exc:
-            raise bad(f"input {i} ({str(name)[:64]!r}), a column of the table: {exc.detail}") from None
+            raise bad(f"{where}: {exc.detail}") from None
         if spec is None and col.ndim > 1:  # [n, 1], with no app's input to say so: one value per row
             if col[0].size != 1:
-                raise bad(f"input {i} ({str(name)[:64]!r}), a column of the table, holds {col[0].size} values per "
-                          f"row, not one")
+                raise bad(f"{where}, holds {col[0].size} values per row, not one")
             col = col.reshape(len(col))
         if cols and (len(col) != len(cols[0]) or col.dtype != cols[0].dtype):
             what = f"{len(col)} rows, and input 0 has {len(cols[0])}" if len(col) != len(cols[0]) else \
                 f"datatype {col.dtype}, and input 0 has {cols[0].dtype} (the app declares no input to convert to)"
-            raise bad(f"input {i} ({str(name)[:64]!r}), a column of the table, has {what}")
+            raise bad(f"{where}, has {what}")
         cols.append(col)
     return np.stack(cols, axis=1)
 

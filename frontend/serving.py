@@ -128,16 +128,16 @@ def wait_loaded(settings: Settings, model: str, version: str, timeout_s: float) 
                 click.echo(f"waiting: Redis did not answer ({exc}); asking again", err=True)
             if failed is not None:
                 raise ClipstreamError(
-                    f"model {model} version {version}: {failed}. Batches stay with the version that serves; "
-                    f"deploy a fixed folder as a new version, or `clipstream rollback {model}`")
+                    f"model {model} version {version}: {failed}. The version that served before, if one did, "
+                    f"keeps its batches; deploy a fixed folder as a new version, or `clipstream rollback {model}`")
             if len(ready) == replicas:
                 click.echo(f"model {model} version {version}: loaded on {replicas} of {replicas} replicas")
                 return
             if time.monotonic() >= deadline:
                 raise ClipstreamError(
                     f"model {model} version {version}: loaded on {len(ready)} of {replicas} replicas after "
-                    f"{timeout_s:g} s. Workers are started by `clipstream up` (its output says what each does); "
-                    f"`clipstream inspect` shows what serves")
+                    f"{timeout_s:g} s. Is `clipstream up` running? It starts each version's workers, and its "
+                    f"output says what each does; `clipstream inspect` shows what serves")
             if time.monotonic() - told >= 5.0:
                 told = time.monotonic()
                 click.echo(f"waiting: model {model} version {version} loaded on {len(ready)} of {replicas} replicas")

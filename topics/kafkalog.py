@@ -33,6 +33,10 @@ FOLD_WINDOW_S = 60.0
 # kinds remembered at most: the oldest are forgotten first (a forgotten kind shows again)
 FOLD_MAX_KINDS = 512
 
+# lines of a broker still settling after its start, which librdkafka retries by itself: the first
+# is held back as if already shown, so only one that lasts a whole window is seen
+SETTLING = ("Coordinator load in progress",)
+
 # librdkafka names the client in each line ("rdkafka#producer-3"); every client of a stage sees
 # the same broker go away, and one line says so
 _CLIENT = re.compile(r"\[[^\]\s]*#(?:producer|consumer)-\d+\] ?")
@@ -62,8 +66,8 @@ class _Kind:
 class RepeatFold(logging.Filter):
     """Lets the first line of each kind through (``fold_key``), then at most one per
     ``window_s``; a line let through after some were held back says how many, as
-    ``(repeated K times in Ts)``. Thread-safe: each client's lines come on the thread that
-    serves it."""
+    ``(repeated K times in Ts)``. A ``SETTLING`` line is held back from the first. Thread-safe:
+    each client's lines come on the thread that serves it."""
 
     def __init__(self, window_s: float = FOLD_WINDOW_S, max_kinds: int = FOLD_MAX_KINDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -82,6 +86,9 @@ class RepeatFold(logging.Filter):
         now = self._clock()
         with self._lock:
             kind = self._kinds.get(key)
+            if kind is None and any(s in text for s in SETTLING):
+                self._kinds[key] = _Kind(now, folded=1)
+                return False
             if kind is not None and now - kind.shown_at < self.window_s:
                 kind.folded += 1
                 return False

@@ -110,3 +110,14 @@ def test_a_client_with_no_broker_logs_one_line_per_kind(caplog: pytest.LogCaptur
     admin.poll(0)
     refused = [r for r in caplog.records if "Connection refused" in r.getMessage()]
     assert len(refused) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_a_settling_broker_is_seen_only_when_it_settles_for_a_whole_window() -> None:
+    clock = Clock()
+    fold = RepeatFold(window_s=60.0, clock=clock)
+    pid = ("[thrd:main]: Failed to acquire idempotence PID from broker 127.0.0.1:9092/1: Broker: Coordinator load "
+           "in progress: retrying")
+    assert not fold.filter(line(text=pid)) and not fold.filter(line(text=pid))  # a broker just started
+    clock.now += 61.0
+    record = line(text=pid)
+    assert fold.filter(record) and record.getMessage().endswith("(repeated 2 times in 61s)")  # still, a minute on

@@ -8,6 +8,8 @@ Poisson load posts distinct inputs to ``POST /v1/apps/{app}/predict`` (``bench.l
 
 For each system:
 
+- the cores each process takes with no load at all (idle: polls, heartbeats, the broker's own
+  work), which every second costs whatever the rate;
 - CPU per query at 100 and 300 q/s: utime + stime from /proc of every process (broker JVM,
   Redis, gateway, both selectors, batcher, worker, ``up``; every process of MLServer or Ray)
   over the step, divided by the queries sent, per process; for clipstream also the requests
@@ -32,6 +34,7 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,10 +120,23 @@ def step(t: Target, rate: float, seconds: float, seed: int, warmup_s: float = 1.
     return s
 
 
+def idle(t: Target, seconds: float) -> dict[str, Any]:
+    """The cores each process takes with no query at all (polls, heartbeats, the broker's own
+    work): what every second costs whatever the rate, spread over the queries of that second."""
+    procs = t.processes()
+    c0 = cpu_snapshot(procs)
+    time.sleep(seconds)
+    spent = cpu_delta(c0, cpu_snapshot(procs))
+    cores = {k: round(v / seconds, 4) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    say(f"  {t.name} idle: {sum(cores.values()):.3f} cores {cores}")
+    return {"seconds": seconds, "cores": cores, "total_cores": round(sum(cores.values()), 4)}
+
+
 def measure(t: Target, quick: bool, seed0: int) -> dict[str, Any]:
-    """CPU per query at 100 and 300 q/s, then the search for the highest rate within the SLO."""
+    """The idle cores; CPU per query at 100 and 300 q/s; the search for the highest rate within
+    the SLO."""
     cpu_s = 6.0 if quick else 10.0
-    out: dict[str, Any] = {"cpu": {}}
+    out: dict[str, Any] = {"idle": idle(t, cpu_s), "cpu": {}}
     for i, rate in enumerate(CPU_RATES):
         out["cpu"][f"{rate:g}"] = step(t, rate, cpu_s + 1.0, seed0 + i, warmup_s=1.0)
     out["light_p50_ms"] = out["cpu"]["100"]["latency_ms"]["p50"]

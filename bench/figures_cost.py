@@ -27,6 +27,11 @@ def cost_cpu(rate: str, target: float, machine: bool = False) -> Callable[[dict[
         trips = c.get("kafka_requests_per_query")
         if trips:
             also += f"; {sum(trips.values()):.1f} Kafka requests per query"
+        still = r["systems"]["clipstream"].get("idle")  # reports from before it was measured have none
+        if still:
+            top = max(still["cores"].items(), key=lambda kv: kv[1])
+            also += (f"; idle, the pipeline takes {still['total_cores']:.3f} cores ({top[0]} {top[1]:.3f}) = "
+                     f"{still['total_cores'] * 1e6 / float(rate):,.0f} µs per query at {rate} q/s")
         cold = r.get("machine", {}).get("cold_start_us") if machine else None
         if cold:
             also += (f"; on this machine a record's encode + decode costs {cold['warm']:.0f} µs back to back, "

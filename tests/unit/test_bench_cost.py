@@ -64,7 +64,11 @@ def test_the_summary_and_the_figures_rows_judge_each_target() -> None:
     slow["summary"] = summarize(slow["systems"])
     assert cost_cpu("300", 1000)(slow)[1] != "yes"
     assert cost_vs_mlserver(slow)[1] != "yes" and slow["summary"]["vs_mlserver"] == 1.0
-    assert "kafka" in cost_cpu("300", 1000)(slow)[0]
+    assert "kafka" in cost_cpu("300", 1000)(slow)[0] and "idle" not in cost_cpu("300", 1000)(slow)[0]
+    slow["systems"]["clipstream"]["idle"] = {"seconds": 10.0, "cores": {"kafka": 0.025, "selector": 0.02},
+                                             "total_cores": 0.045}
+    assert "idle, the pipeline takes 0.045 cores (kafka 0.025) = 450 µs per query at 100 q/s" in \
+        cost_cpu("100", 1500)(slow)[0]
 
 
 def test_ray_serve_is_reported_beside_mlserver_without_changing_the_target() -> None:

@@ -124,12 +124,16 @@ def idle(t: Target, seconds: float) -> dict[str, Any]:
     """The cores each process takes with no query at all (polls, heartbeats, the broker's own
     work): what every second costs whatever the rate, spread over the queries of that second."""
     procs = t.processes()
-    c0 = cpu_snapshot(procs)
+    c0, (k0, _) = cpu_snapshot(procs), trips.snapshot(procs, t.broker_port)
     time.sleep(seconds)
     spent = cpu_delta(c0, cpu_snapshot(procs))
+    k1, _ = trips.snapshot(procs, t.broker_port)
     cores = {k: round(v / seconds, 4) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
-    say(f"  {t.name} idle: {sum(cores.values()):.3f} cores {cores}")
-    return {"seconds": seconds, "cores": cores, "total_cores": round(sum(cores.values()), 4)}
+    asks = trips.per_query(k0, k1, 1)  # per step: divided by the seconds below
+    asks = {k: round(v / seconds, 1) for k, v in asks.items()} if asks else None
+    say(f"  {t.name} idle: {sum(cores.values()):.3f} cores {cores}" + (f"; Kafka requests/s {asks}" if asks else ""))
+    return {"seconds": seconds, "cores": cores, "total_cores": round(sum(cores.values()), 4),
+            "kafka_requests_per_s": asks}
 
 
 def measure(t: Target, quick: bool, seed0: int) -> dict[str, Any]:

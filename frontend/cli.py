@@ -348,7 +348,8 @@ def inspect_registry(as_json: bool) -> None:
     unloaded = not_loaded(settings, view)
     learnt = weights(settings, view)
     data = {
-        "apps": {n: {**asdict(a), "weights": learnt.get(n)} for n, a in view.apps.items()},
+        "apps": {n: {**asdict(a), "weights": learnt[n][0] if n in learnt else None,
+                     "feedbacks_learnt": learnt[n][1] if n in learnt else None} for n, a in view.apps.items()},
         "models": {
             n: {
                 "version": m.version,
@@ -377,7 +378,8 @@ def inspect_registry(as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2, default=str))
         return
     for n, a in data["apps"].items():
-        shares = " weights: " + " ".join(f"{m}={w:.2f}" for m, w in a["weights"].items()) if a["weights"] else ""
+        shares = " weights: " + " ".join(f"{m}={w:.2f}" for m, w in a["weights"].items()) \
+            + f" (from {a['feedbacks_learnt']} feedbacks)" if a["weights"] else ""
         click.echo(f"app {n}: policy={a['policy']} slo_ms={a['slo_ms']:g} models={list(a['models'])}{shares}")
     for n, m in data["models"].items():
         shape = f" input={m['input']['dtype']}{m['input']['shape']}" if m["input"] else ""

@@ -78,9 +78,10 @@ def not_loaded(settings: Settings, view: RegistryView) -> dict[str, str | None]:
     return {name: unready(name, fields, now, view.models[name].version) for name, fields in zip(names, said)}
 
 
-def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float]]:
-    """App -> model -> its share of the app's global policy weight, for the apps that have
-    learnt any (Exp3, Exp4); {} with a warning when Redis does not answer."""
+def weights(settings: Settings, view: RegistryView) -> dict[str, tuple[dict[str, float], int]]:
+    """App -> (model -> its share of the app's global policy weight, the feedbacks it was learnt
+    from), for the apps that have learnt any (Exp3, Exp4); {} with a warning when Redis does
+    not answer."""
     apps = [name for name, app in view.apps.items() if app.policy != "single" and app.models]
     if not apps:
         return {}
@@ -93,17 +94,20 @@ def weights(settings: Settings, view: RegistryView) -> dict[str, dict[str, float
     finally:
         client.close()
     versions = {name: m.version for name, m in view.models.items()}
-    return {app: shares for app, value in zip(apps, raw) if value and (shares := _shares(value, versions))}
+    return {app: learnt for app, value in zip(apps, raw) if value and (learnt := _shares(value, versions))[0]}
 
 
-def _shares(value: bytes | str, versions: dict[str, str]) -> dict[str, float]:
+def _shares(value: bytes | str, versions: dict[str, str]) -> tuple[dict[str, float], int]:
     """Each model's share of a stored Exp3/Exp4 state, weighed as the version ``versions``
-    names (the state may hold another's, the last that learnt); {} for another policy's."""
+    names (the state may hold another's, the last that learnt), and its count of feedbacks;
+    ({}, 0) for another policy's."""
     try:
-        shares = policy_weights(json.loads(value), versions)
+        state = json.loads(value)
+        shares = policy_weights(state, versions)
+        observed = int(state.get("n_observed") or 0)
     except (ValueError, KeyError, TypeError, AttributeError):
-        return {}
-    return {m: round(w, 4) for m, w in shares.items()}
+        return {}, 0
+    return {m: round(w, 4) for m, w in shares.items()}, observed
 
 
 def wait_loaded(settings: Settings, model: str, version: str, timeout_s: float) -> None:

@@ -243,9 +243,10 @@ def test_inspect_shows_each_apps_learnt_weights_and_each_models_knobs(monkeypatc
     fake.redis["cs:state:digits:__global__"] = json.dumps(
         {"policy": "exp4", "models": ["m", "n"], "log_w": [0.0, -math.log(3)], "n_observed": 9}).encode()
     shown = CliRunner().invoke(main, ["inspect"]).output
-    assert "weights: m=0.75 n=0.25" in shown and "max_batch_size=8 batch_delay_ms=20" in shown, shown
+    assert "weights: m=0.75 n=0.25 (from 9 feedbacks)" in shown and "max_batch_size=8 batch_delay_ms=20" in shown, shown
     as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
     assert as_json["apps"]["digits"]["weights"] == {"m": 0.75, "n": 0.25}
+    assert as_json["apps"]["digits"]["feedbacks_learnt"] == 9
     # the state was last taught by version 2 of m; version 1 serves again (rolled back)
     fake.redis["cs:state:digits:__global__"] = json.dumps(
         {"policy": "exp4", "models": ["m", "n"], "log_w": [-10.0, 0.0], "versions": {"m": "2"},

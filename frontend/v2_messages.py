@@ -285,8 +285,9 @@ def _fits(shape: list[int], datatype: str, spec: TensorSpec) -> None:
     """The tensor's shape is a batch of the model's, of a datatype whose values it takes: the
     model's own, or a number of the same kind (JSON numbers have no width)."""
     if tuple(shape[1:]) != spec.shape:
+        also = " (or [n, 1])" if not spec.shape else ""  # one value per example: MLServer sends [n, 1]
         raise bad(f"input shape {shape} is not a batch of the model's {list(spec.shape)}: expected "
-                   f"{['n', *spec.shape]}".replace("'n'", "n"))
+                  f"{['n', *spec.shape]}{also}".replace("'n'", "n"))
     given, takes = _DTYPE_OF[datatype], spec.dtype
     if datatype == "BYTES" or takes in ("string", "bytes"):
         ok = datatype == DATATYPES[takes]

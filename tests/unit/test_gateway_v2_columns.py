@@ -79,6 +79,14 @@ def test_a_table_the_model_cannot_take_is_a_400_naming_the_column(table: dict[st
     assert err.value.status == 400 and reason in err.value.detail, err.value.detail
 
 
+def test_a_column_of_several_values_per_row_is_told_what_a_column_holds() -> None:
+    body = pandas_body(TABLE, lambda n: [n, 2])
+    body["inputs"][0]["data"] = [1, 2, 3, 4]
+    with pytest.raises(HTTPProblem, match=r"input 0 \('age'\), a column of the table: input shape \[2, 2\] is not a "
+                                          r"batch of the model's \[\]: expected \[n\] \(or \[n, 1\]\)"):
+        rows_of(body)
+
+
 def test_columns_over_grpc_raw_or_typed() -> None:
     raw = MESSAGES["ModelInferRequest"](model_name="t")
     for name, values in TABLE.items():

@@ -42,6 +42,15 @@ def commands(topic_prefix: str, model: str, version: str | None, replica: int, s
     return [("HSET", key, field, said), ("EXPIRE", key, str(KEEP_S))]
 
 
+def _read(raw: bytes | str | None) -> tuple[float, bool, str] | None:
+    """A replica's word (``word``) as (when, loaded, why not); None for none or one unreadable."""
+    try:
+        said = json.loads(raw) if raw else None
+        return (float(said["at"]), bool(said["loaded"]), said.get("reason") or "see its worker log") if said else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float,
             version: str | None = None) -> str | None:
     """None when a replica of ``model`` said it has it loaded within ``FRESH_S``; else why the
@@ -49,18 +58,15 @@ def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float,
     an earlier version's failure explains nothing now), or that no worker has said it loaded."""
     failed: tuple[float, str] | None = None
     for name, raw in fields.items():
-        try:
-            said = json.loads(raw)
-            at, loaded = float(said["at"]), bool(said["loaded"])
-        except (ValueError, KeyError, TypeError):
+        said = _read(raw)
+        if said is None:
             continue
-        where = name.decode() if isinstance(name, bytes) else name
+        at, loaded, why = said
         if loaded and now_s - at <= FRESH_S:
             return None
-        said_version, _, replica = where.rpartition(":")
+        said_version, _, replica = (name.decode() if isinstance(name, bytes) else name).rpartition(":")
         if not loaded and version in (None, said_version) and (failed is None or at > failed[0]):
-            failed = (at, f"model {model} version {said_version} replica {replica} did not load: "
-                          f"{said.get('reason') or 'see its worker log'}")
+            failed = (at, f"model {model} version {said_version} replica {replica} did not load: {why}")
     return failed[1] if failed else f"model {model}: no worker has said it has the model loaded"
 
 
@@ -72,14 +78,13 @@ def rollout(fields: Mapping[bytes | str, bytes | str], version: str | None, repl
     loaded: list[int] = []
     failed: tuple[float, str] | None = None
     for replica in range(replicas):
-        raw = fields.get(field_of(version, replica)) or fields.get(field_of(version, replica).encode())
-        try:
-            said = json.loads(raw) if raw else None
-            at, ok = (float(said["at"]), bool(said["loaded"])) if said else (0.0, False)
-        except (ValueError, KeyError, TypeError):
+        field = field_of(version, replica)
+        said = _read(fields.get(field) or fields.get(field.encode()))
+        if said is None:
             continue
+        at, ok, why = said
         if ok and now_s - at <= FRESH_S:
             loaded.append(replica)
-        elif said and not ok and at >= since_s and (failed is None or at > failed[0]):
-            failed = (at, f"replica {replica} did not load it: {said.get('reason') or 'see its worker log'}")
+        elif not ok and at >= since_s and (failed is None or at > failed[0]):
+            failed = (at, f"replica {replica} did not load it: {why}")
     return loaded, failed[1] if failed else None

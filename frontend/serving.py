@@ -115,9 +115,8 @@ def wait_loaded(settings: Settings, model: str, version: str, timeout_s: float) 
     has ``version`` loaded, saying how far it got every few seconds; a ClipstreamError when a
     replica says it failed to load it, or at the timeout."""
     since = time.time() - 1.0
-    served = read_view(settings).served()
-    config = served.get(model) or next((g for g in served.values() if model in getattr(g, "member_versions", {})),
-                                       None)
+    view = read_view(settings)
+    config = view.served().get(view.models[model].group or model) if model in view.models else None
     if config is None:
         raise ClipstreamError(f"model {model} is not in the registry any more: nothing to wait for")
     key, replicas = loaded_key(settings.topic_prefix, model), config.replicas

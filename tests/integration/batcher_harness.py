@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -136,7 +137,12 @@ class Wire:
     def close(self) -> None:
         self.producer.flush(10)
         for c in self.consumers.values():
-            c.close()
+            # librdkafka's close has no timeout and was once seen never to return: a test's
+            # teardown waits for it a bounded time, then goes on (pytest-timeout's alarm cannot
+            # interrupt a call inside librdkafka)
+            closing = threading.Thread(target=c.close, daemon=True)
+            closing.start()
+            closing.join(30)
 
 
 @pytest.fixture

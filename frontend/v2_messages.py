@@ -268,13 +268,29 @@ def _binary(tensors: list[dict[str, Any]], blob: bytes) -> list[bytes | None]:
         name = str(tensors[wrong].get("name"))[:64]
         raise bad(f"binary_data_size {repr(sizes[wrong])[:32]} of input {wrong} ({name!r}) is not a number of bytes")
     if sum(given) != len(blob):
-        raise bad(f"binary_data_size {' + '.join(map(str, given))} is not the {len(blob)} bytes after the JSON header")
+        raise bad(f"binary_data_size {' + '.join(map(str, given))} is not the {len(blob)} bytes after the JSON header"
+                  + _misfit(tensors, sizes))
     out: list[bytes | None] = []
     at = 0
     for n in sizes:
         out.append(None if n is None else blob[at:at + n])
         at += n or 0
     return out
+
+
+def _misfit(tensors: list[dict[str, Any]], sizes: list[Any]) -> str:
+    """Where sizes do not add up: the first input whose size is not what its shape and
+    datatype take ('' when every one fits, or none can be told: BYTES, or a shape not yet checked)."""
+    for i, (t, n) in enumerate(zip(tensors, sizes)):
+        shape, datatype = t.get("shape"), t.get("datatype")
+        if n is None or datatype not in _DTYPE_OF or datatype == "BYTES" or not isinstance(shape, list) \
+                or not all(type(d) is int and d >= 0 for d in shape):
+            continue
+        takes = math.prod(shape) * np.dtype(_DTYPE_OF[datatype]).itemsize
+        if n != takes:
+            name = str(t.get("name"))[:64]
+            return f"; input {i} ({name!r}) of shape {shape} and {datatype} takes {takes} bytes, not {n}"
+    return ""
 
 
 def bad(reason: str) -> HTTPProblem:

@@ -51,7 +51,8 @@ def test_columns_sent_as_raw_bytes_after_the_json_header() -> None:
     score["parameters"] = {"binary_data_size": 16}  # height stays in its JSON data
     np.testing.assert_array_equal(rows_of(body, header=blob), WANT)
     score["parameters"] = {"binary_data_size": 8}
-    with pytest.raises(HTTPProblem, match=r"binary_data_size 16 \+ 8 is not the 32 bytes after the JSON header"):
+    with pytest.raises(HTTPProblem, match=r"binary_data_size 16 \+ 8 is not the 32 bytes after the JSON header; "
+                       r"input 2 \('score'\) of shape \[2\] and FP64 takes 16 bytes, not 8$"):
         rows_of(body, header=blob)
     score["parameters"] = {"binary_data_size": -8}
     with pytest.raises(HTTPProblem, match=r"binary_data_size -8 of input 2 \('score'\) is not a number of bytes"):

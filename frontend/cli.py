@@ -386,8 +386,10 @@ def inspect_registry(as_json: bool) -> None:
         knobs = "".join(f" {k}={m[k]:g}" for k in ("latency_objective_ms", "max_batch_size", "batch_delay_ms")
                         if m[k] is not None)
         click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}{knobs}"
-                   + (f" group={m['group']}" if m["group"] else serving_text(m["version"], m["replicas"], m["serving"]))
+                   + (f" group={m['group']}" if m["group"] else
+                      serving_text(m["version"], m["replicas"], m["serving"], running=not m["not_loaded"]))
                    + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else ""))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"
-                   + serving_text(g["version"], g["replicas"], g["serving"]))
+                   + serving_text(g["version"], g["replicas"], g["serving"],
+                                  running=any(not data["models"][m]["not_loaded"] for m in g["models"])))

@@ -44,13 +44,18 @@ def served(settings: Settings, name: str, replicas: int) -> dict[int, str | None
         return None
 
 
-def serving_text(version: str | None, replicas: int, now: dict[int, str | None] | None) -> str:
-    """`` serving=...`` for ``inspect``'s line, saying which replicas wait for a first batch."""
+def serving_text(version: str | None, replicas: int, now: dict[int, str | None] | None,
+                 running: bool = True) -> str:
+    """`` serving=...`` for ``inspect``'s line, saying which replicas wait for a first batch.
+    Not ``running`` (no worker of it has said it is loaded): the batches are history, so the
+    text is ``last served=`` and says nothing of what is on its way."""
     if now is None:
         return ""
     versions = sorted({v or "-" for v in now.values()})
     if not versions:
         return " serving=none (no batch sent yet)"
+    if not running:
+        return " last served=" + ",".join(versions)
     text = " serving=" + ",".join(versions)
     if versions != [version or "-"]:
         text += f" (not yet version {version}: its workers are not ready, see `clipstream up`'s output)"

@@ -198,6 +198,10 @@ def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) 
     from schemas import Batch, encode
     from topics.catalogue import Catalogue
 
+    import time
+
+    from clipstream.loaded import key_of, word
+
     fake = NoKafka(RegistryView(models={"m": _model(version="2", replicas=2)})).install(monkeypatch)
     topic = Catalogue.from_settings(Settings()).batches("m").name
 
@@ -205,6 +209,10 @@ def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) 
         return encode(Batch(batch_id="b-1", model="m", version=version, replica=replica, created_us=1, items=[]))
 
     fake.tails[topic] = {0: batch("1", 0), 1: batch("1", 1), 2: batch("3", 2)}  # 2: a removed replica
+    # no worker has said it is loaded (no `up` running): the last batches are history
+    shown = CliRunner().invoke(main, ["inspect"]).output
+    assert " last served=1 NOT LOADED: model m: no worker has said" in shown and "not yet" not in shown, shown
+    fake.hashes = {key_of(Settings().topic_prefix, "m"): {b"1:0": word(True, time.time()).encode()}}
     shown = CliRunner().invoke(main, ["inspect"])
     assert shown.exit_code == 0 and "serving=1 (not yet version 2: its workers are not ready" in shown.output
     fake.tails[topic] = {0: batch("2", 0), 1: batch("1", 1)}  # moving: one partition handed over
@@ -221,6 +229,9 @@ def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) 
 def test_inspect_does_not_take_a_retired_replica_for_one_that_serves(monkeypatch: pytest.MonkeyPatch) -> None:
     """Scaled back up to two replicas: partition 1's last record is the retirement of the
     replica an earlier scale-down removed, so the new replica has served nothing yet."""
+    import time
+
+    from clipstream.loaded import key_of, word
     from schemas import Batch, encode
     from topics.catalogue import Catalogue
     from topics.markers import RETIRE_PREFIX, handover
@@ -229,6 +240,7 @@ def test_inspect_does_not_take_a_retired_replica_for_one_that_serves(monkeypatch
     topic = Catalogue.from_settings(Settings()).batches("m").name
     live = encode(Batch(batch_id="b-1", model="m", version="2", replica=0, created_us=1, items=[]))
     fake.tails[topic] = {0: live, 1: encode(handover("m", "2", 1, f"{RETIRE_PREFIX}b-1", 1))}
+    fake.hashes = {key_of(Settings().topic_prefix, "m"): {b"2:0": word(True, time.time()).encode()}}
     shown = CliRunner().invoke(main, ["inspect"]).output
     assert "serving=2 (replica 1: no batch yet, its worker may still be starting)" in shown, shown
     assert json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)["models"]["m"]["serving"] == {"0": "2"}

@@ -28,9 +28,11 @@ def field_of(version: str | None, replica: int) -> str:
     return f"{version or '-'}:{replica}"
 
 
-def word(loaded: bool, now_s: float, reason: str | None = None) -> str:
-    """A replica's word: loaded or not (and why), and when it said so."""
-    return json.dumps({"loaded": loaded, "at": round(now_s, 3), **({"reason": reason[:300]} if reason else {})})
+def word(loaded: bool, now_s: float, reason: str | None = None, device: str | None = None) -> str:
+    """A replica's word: loaded or not (and why), when it said so, and the device it runs the
+    model on (``cpu``, ``cuda``), which ``inspect`` shows."""
+    return json.dumps({"loaded": loaded, "at": round(now_s, 3), **({"reason": reason[:300]} if reason else {}),
+                       **({"device": device} if device else {})})
 
 
 def commands(topic_prefix: str, model: str, version: str | None, replica: int, said: str | None
@@ -42,11 +44,16 @@ def commands(topic_prefix: str, model: str, version: str | None, replica: int, s
     return [("HSET", key, field, said), ("EXPIRE", key, str(KEEP_S))]
 
 
-def _read(raw: bytes | str | None) -> tuple[float, bool, str] | None:
-    """A replica's word (``word``) as (when, loaded, why not); None for none or one unreadable."""
+def _read(raw: bytes | str | None) -> tuple[float, bool, str, str | None] | None:
+    """A replica's word (``word``) as (when, loaded, why not, device); None for none or one
+    unreadable."""
     try:
         said = json.loads(raw) if raw else None
-        return (float(said["at"]), bool(said["loaded"]), said.get("reason") or "see its worker log") if said else None
+        if not said:
+            return None
+        device = said.get("device")
+        return (float(said["at"]), bool(said["loaded"]), said.get("reason") or "see its worker log",
+                str(device) if device else None)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -61,7 +68,7 @@ def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float,
         said = _read(raw)
         if said is None:
             continue
-        at, loaded, why = said
+        at, loaded, why, _ = said
         if loaded and now_s - at <= FRESH_S:
             return None
         said_version, _, replica = (name.decode() if isinstance(name, bytes) else name).rpartition(":")
@@ -82,9 +89,22 @@ def rollout(fields: Mapping[bytes | str, bytes | str], version: str | None, repl
         said = _read(fields.get(field) or fields.get(field.encode()))
         if said is None:
             continue
-        at, ok, why = said
+        at, ok, why, _ = said
         if ok and now_s - at <= FRESH_S:
             loaded.append(replica)
         elif not ok and at >= since_s and (failed is None or at > failed[0]):
             failed = (at, f"replica {replica} did not load it: {why}")
     return loaded, failed[1] if failed else None
+
+
+def devices(fields: Mapping[bytes | str, bytes | str], version: str | None, now_s: float) -> list[str]:
+    """The devices that the replicas having ``version`` loaded (within ``FRESH_S``) run it on,
+    each once and sorted; a word from a worker that named none counts as none."""
+    found: set[str] = set()
+    for name, raw in fields.items():
+        said = _read(raw)
+        field = name.decode() if isinstance(name, bytes) else name
+        if said is not None and said[1] and said[3] and now_s - said[0] <= FRESH_S \
+                and field.rpartition(":")[0] == (version or "-"):
+            found.add(said[3])
+    return sorted(found)

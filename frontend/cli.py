@@ -345,7 +345,7 @@ def inspect_registry(as_json: bool) -> None:
     settings = _settings()
     view = read_view(settings)
     now = serving(settings, view)
-    unloaded = not_loaded(settings, view)
+    unloaded, on = not_loaded(settings, view)
     learnt = weights(settings, view)
     data = {
         "apps": {n: {**asdict(a), "weights": learnt[n][0] if n in learnt else None,
@@ -367,6 +367,7 @@ def inspect_registry(as_json: bool) -> None:
                 "batch_delay_ms": m.batch_delay_ms,
                 "serving": now.get(m.group or n),
                 "not_loaded": unloaded.get(n),
+                "devices": on.get(n, []),
             }
             for n, m in view.models.items()
         },
@@ -388,6 +389,7 @@ def inspect_registry(as_json: bool) -> None:
         click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}{knobs}"
                    + (f" group={m['group']}" if m["group"] else
                       serving_text(m["version"], m["replicas"], m["serving"], running=not m["not_loaded"]))
+                   + (f" device={','.join(m['devices'])}" if m["devices"] else "")
                    + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else ""))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException
 
 from clipstream.loaded import key_of as loaded_key
 from clipstream.errors import ClipstreamError
-from clipstream.loaded import rollout, unready
+from clipstream.loaded import devices, rollout, unready
 from clipstream.redisclient import REDIS_AWAY, policy_state_key, sync_client
 from clipstream.settings import Settings
 from clipstream.weights import policy_weights
@@ -65,22 +65,24 @@ def serving_text(version: str | None, replicas: int, now: dict[int, str | None] 
     return text
 
 
-def not_loaded(settings: Settings, view: RegistryView) -> dict[str, str | None]:
+def not_loaded(settings: Settings, view: RegistryView) -> tuple[dict[str, str | None], dict[str, list[str]]]:
     """Model -> why no replica has it loaded (``clipstream.loaded``), None for one that a replica
-    has; {} with a warning when Redis does not answer."""
+    has; and model -> the devices its replicas run the registry's version on. Both {} with a
+    warning when Redis does not answer."""
     names = sorted(view.models)
     if not names:
-        return {}
+        return {}, {}
     client = sync_client(settings)
     try:
         said = [client.hgetall(loaded_key(settings.topic_prefix, name)) for name in names]
     except REDIS_AWAY as exc:
         click.echo(f"warning: Redis did not answer ({exc}): whether the models are loaded is not shown", err=True)
-        return {}
+        return {}, {}
     finally:
         client.close()
     now = time.time()
-    return {name: unready(name, fields, now, view.models[name].version) for name, fields in zip(names, said)}
+    return ({name: unready(name, fields, now, view.models[name].version) for name, fields in zip(names, said)},
+            {name: devices(fields, view.models[name].version, now) for name, fields in zip(names, said)})
 
 
 def weights(settings: Settings, view: RegistryView) -> dict[str, tuple[dict[str, float], int]]:

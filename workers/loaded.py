@@ -14,27 +14,29 @@ from clipstream.settings import Settings
 from workers.group import GroupModel
 
 Served = Sequence[tuple[str, str | None]]  # (model, version): a group worker serves each member
+OnDevice = Sequence[tuple[str, str | None, str]]  # (model, version, the device it runs on)
 
 
-def served_by(name: str, version: str | None, model: Any) -> list[tuple[str, str | None]]:
+def served_by(name: str, version: str | None, model: Any) -> list[tuple[str, str | None, str]]:
     if isinstance(model, GroupModel):
-        return [(m.name, m.version) for m in model.members]
-    return [(name, version)]
+        return [(m.name, m.version, m.model.device) for m in model.members]
+    return [(name, version, model.device)]
 
 
 class LoadedWord:
     """The word of a serving worker, sent on its connection that waits for no replies."""
 
-    def __init__(self, settings: Settings, served: Served, replica: int) -> None:
+    def __init__(self, settings: Settings, served: OnDevice, replica: int) -> None:
         self.prefix, self.served, self.replica = settings.topic_prefix, served, replica
         self.said_at = 0.0
 
     def say(self, writes: UnansweredWrites, loaded: bool = True) -> None:
         """Loaded (again, every ``REFRESH_S``: ``due``), or taken back (``loaded`` False)."""
-        said = word(True, time.time()) if loaded else None
+        now = time.time()
         try:
-            writes.send([c for name, version in self.served
-                         for c in commands(self.prefix, name, version, self.replica, said)])
+            writes.send([c for name, version, device in self.served
+                         for c in commands(self.prefix, name, version, self.replica,
+                                           word(True, now, device=device) if loaded else None)])
             self.said_at = time.monotonic()
         except REDIS_AWAY:
             pass  # said again at the next refresh; until then readiness reads the last word

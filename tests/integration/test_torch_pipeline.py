@@ -1,10 +1,12 @@
 """A torch model served end to end by `clipstream up`: the worker stage puts it on the device
-``auto`` picks (CUDA where a usable GPU exists, else the CPU), says which in its ready line,
-and the gateway's answers are the model's own, whichever device ran it."""
+``auto`` picks (CUDA where a usable GPU exists, else the CPU) and says which, in its ready line
+and through ``inspect``; the gateway's answers are the model's own, whichever device ran it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 import warnings
 from pathlib import Path
@@ -53,6 +55,9 @@ def test_a_torch_model_runs_on_the_device_auto_picks_and_answers_as_it_does_alon
         device = "cuda" if cuda_usable() else "cpu"
         line = wait_until(lambda: _worker_ready_line(state), 30, "the worker's ready line")
         assert line.endswith(f"device {device}"), line
+        shown = subprocess.run([sys.executable, "-m", "clipstream.cli", "inspect"], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=120, check=True).stdout
+        assert f" device={device}" in next(s for s in shown.splitlines() if s.startswith("model mlp:")), shown
 
         alone = load_model(load_spec(folder), device="cpu")
         x, _ = digits()

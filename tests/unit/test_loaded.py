@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from clipstream.loaded import FRESH_S, commands, rollout, unready, word
+from clipstream.loaded import FRESH_S, commands, devices, rollout, unready, word
 from tests.unit.test_gateway_http import FakeBus, make_app
 
 NOW = 1_000_000.0
@@ -28,6 +28,17 @@ def test_a_failure_to_load_is_the_reason_and_the_latest_one_is_given() -> None:
     assert unready("m", stale, NOW) == "model m: no worker has said it has the model loaded"
     assert unready("m", {}, NOW) == "model m: no worker has said it has the model loaded"
     assert unready("m", {"1:0": b"not json"}, NOW) == "model m: no worker has said it has the model loaded"
+
+
+def test_the_devices_are_those_of_the_fresh_replicas_that_have_the_version_loaded() -> None:
+    fields = {b"2:0": word(True, NOW - 5, device="cuda"), b"2:1": word(True, NOW - 5, device="cpu"),
+              b"2:2": word(True, NOW - 5, device="cuda"), b"2:3": word(True, NOW - FRESH_S - 1, device="tpu"),
+              b"1:0": word(True, NOW - 5, device="npu"), b"2:4": word(False, NOW - 5, "OOM", device="xpu"),
+              b"2:5": word(True, NOW - 5)}  # a worker that names no device
+    assert devices(fields, "2", NOW) == ["cpu", "cuda"]
+    assert devices(fields, "1", NOW) == ["npu"]
+    assert devices({"-:0": word(True, NOW, device="cpu")}, None, NOW) == ["cpu"]
+    assert devices(fields, "3", NOW) == []
 
 
 def test_the_commands_keep_one_field_per_version_and_replica() -> None:

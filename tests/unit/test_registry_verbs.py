@@ -391,10 +391,13 @@ def test_inspect_says_which_models_no_replica_has_loaded_and_why(monkeypatch: py
     fake = NoKafka(view).install(monkeypatch)
     prefix = Settings().topic_prefix
     fake.hashes = {key_of(prefix, "m"): {b"1:0": word(False, time.time(), "ImportError: no module xgb").encode()},
-                   key_of(prefix, "ok"): {b"1:0": word(True, time.time()).encode()}}
+                   key_of(prefix, "ok"): {b"1:0": word(True, time.time(), device="cuda").encode(),
+                                          b"1:1": word(True, time.time(), device="cpu").encode()}}
     shown = CliRunner().invoke(main, ["inspect"])
     lines = {line.split(":")[0]: line for line in shown.output.splitlines()}
     assert lines["model m"].endswith("NOT LOADED: model m version 1 replica 0 did not load: ImportError: no module xgb")
-    assert "NOT LOADED" not in lines["model ok"], shown.output
+    assert "NOT LOADED" not in lines["model ok"] and lines["model ok"].endswith(" device=cpu,cuda"), shown.output
+    assert "device=" not in lines["model m"]
     as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
     assert as_json["models"]["ok"]["not_loaded"] is None and "xgb" in as_json["models"]["m"]["not_loaded"]
+    assert as_json["models"]["ok"]["devices"] == ["cpu", "cuda"] and as_json["models"]["m"]["devices"] == []

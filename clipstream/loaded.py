@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import NamedTuple
 
 KEY_PREFIX = "cs:loaded:"
 REFRESH_S = 10.0
@@ -44,16 +45,24 @@ def commands(topic_prefix: str, model: str, version: str | None, replica: int, s
     return [("HSET", key, field, said), ("EXPIRE", key, str(KEEP_S))]
 
 
-def _read(raw: bytes | str | None) -> tuple[float, bool, str, str | None] | None:
-    """A replica's word (``word``) as (when, loaded, why not, device); None for none or one
-    unreadable."""
+class Said(NamedTuple):
+    """A replica's word, read back."""
+
+    at: float
+    loaded: bool
+    why: str  # why it is not loaded
+    device: str | None
+
+
+def _read(raw: bytes | str | None) -> Said | None:
+    """A replica's word (``word``); None for none or one unreadable."""
     try:
         said = json.loads(raw) if raw else None
         if not said:
             return None
         device = said.get("device")
-        return (float(said["at"]), bool(said["loaded"]), said.get("reason") or "see its worker log",
-                str(device) if device else None)
+        return Said(float(said["at"]), bool(said["loaded"]), said.get("reason") or "see its worker log",
+                    str(device) if device else None)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -104,7 +113,7 @@ def devices(fields: Mapping[bytes | str, bytes | str], version: str | None, now_
     for name, raw in fields.items():
         said = _read(raw)
         field = name.decode() if isinstance(name, bytes) else name
-        if said is not None and said[1] and said[3] and now_s - said[0] <= FRESH_S \
+        if said is not None and said.loaded and said.device and now_s - said.at <= FRESH_S \
                 and field.rpartition(":")[0] == (version or "-"):
-            found.add(said[3])
+            found.add(said.device)
     return sorted(found)

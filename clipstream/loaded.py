@@ -82,7 +82,8 @@ def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float,
             return None
         said_version, _, replica = (name.decode() if isinstance(name, bytes) else name).rpartition(":")
         if not loaded and version in (None, said_version) and (failed is None or at > failed[0]):
-            failed = (at, f"model {model} version {said_version} replica {replica} did not load: {why}")
+            ago = f", {now_s - at:.0f} s ago" if now_s - at > FRESH_S else ""  # no worker may run now
+            failed = (at, f"model {model} version {said_version} replica {replica} did not load{ago}: {why}")
     return failed[1] if failed else f"model {model}: no worker has said it has the model loaded"
 
 
@@ -106,14 +107,13 @@ def rollout(fields: Mapping[bytes | str, bytes | str], version: str | None, repl
     return loaded, failed[1] if failed else None
 
 
-def devices(fields: Mapping[bytes | str, bytes | str], version: str | None, now_s: float) -> list[str]:
-    """The devices that the replicas having ``version`` loaded (within ``FRESH_S``) run it on,
-    each once and sorted; a word from a worker that named none counts as none."""
+def devices(fields: Mapping[bytes | str, bytes | str], now_s: float) -> list[str]:
+    """The devices that the replicas having a version loaded now (within ``FRESH_S``) run it on,
+    each once and sorted: during a rollout, the old version's and the new one's; a word from a
+    worker that named none counts as none."""
     found: set[str] = set()
-    for name, raw in fields.items():
+    for raw in fields.values():
         said = _read(raw)
-        field = name.decode() if isinstance(name, bytes) else name
-        if said is not None and said.loaded and said.device and now_s - said.at <= FRESH_S \
-                and field.rpartition(":")[0] == (version or "-"):
+        if said is not None and said.loaded and said.device and now_s - said.at <= FRESH_S:
             found.add(said.device)
     return sorted(found)

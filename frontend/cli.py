@@ -17,7 +17,7 @@ from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.redisclient import REDIS_AWAY, forget_app, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
-from frontend.serving import not_loaded, served, serving, serving_text, wait_loaded, weights
+from frontend.serving import loaded_state, served, serving, serving_text, wait_loaded, weights
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.groups import name_clash
 from registry.labels import join_problem
@@ -345,7 +345,7 @@ def inspect_registry(as_json: bool) -> None:
     settings = _settings()
     view = read_view(settings)
     now = serving(settings, view)
-    unloaded, on = not_loaded(settings, view)
+    said = loaded_state(settings, view)
     learnt = weights(settings, view)
     data = {
         "apps": {n: {**asdict(a), "weights": learnt[n][0] if n in learnt else None,
@@ -366,8 +366,10 @@ def inspect_registry(as_json: bool) -> None:
                 "max_batch_size": m.max_batch_size,
                 "batch_delay_ms": m.batch_delay_ms,
                 "serving": now.get(m.group or n),
-                "not_loaded": unloaded.get(n),
-                "devices": on.get(n, []),
+                "running": said[n].why_not is None if n in said else None,
+                "not_loaded": said[n].why_not if n in said else None,
+                "failed_to_load": said[n].failed if n in said else None,
+                "devices": said[n].devices if n in said else [],
             }
             for n, m in view.models.items()
         },
@@ -388,10 +390,11 @@ def inspect_registry(as_json: bool) -> None:
                         if m[k] is not None)
         click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}{knobs}"
                    + (f" group={m['group']}" if m["group"] else
-                      serving_text(m["version"], m["replicas"], m["serving"], running=not m["not_loaded"]))
+                      serving_text(m["version"], m["replicas"], m["serving"], running=m["running"] is not False))
                    + (f" device={','.join(m['devices'])}" if m["devices"] else "")
-                   + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else ""))
+                   + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else
+                      f" VERSION {m['version']} FAILED TO LOAD: {m['failed_to_load']}" if m["failed_to_load"] else ""))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"
                    + serving_text(g["version"], g["replicas"], g["serving"],
-                                  running=any(not data["models"][m]["not_loaded"] for m in g["models"])))
+                                  running=any(data["models"][m]["running"] is not False for m in g["models"])))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 import click
 from confluent_kafka import KafkaException
@@ -65,24 +66,35 @@ def serving_text(version: str | None, replicas: int, now: dict[int, str | None] 
     return text
 
 
-def not_loaded(settings: Settings, view: RegistryView) -> tuple[dict[str, str | None], dict[str, list[str]]]:
-    """Model -> why no replica has it loaded (``clipstream.loaded``), None for one that a replica
-    has; and model -> the devices its replicas run the registry's version on. Both {} with a
-    warning when Redis does not answer."""
+@dataclass(frozen=True)
+class Loaded:
+    """What a model's workers say (``clipstream.loaded``), as ``inspect`` shows it."""
+
+    why_not: str | None  # why no replica can answer; None: one has a version loaded now
+    failed: str | None  # why a replica did not load the registry's version; None: none said so
+    devices: list[str]  # where the replicas that have a version loaded run it
+
+
+def loaded_state(settings: Settings, view: RegistryView) -> dict[str, Loaded]:
+    """Model -> its workers' word; {} with a warning when Redis does not answer."""
     names = sorted(view.models)
     if not names:
-        return {}, {}
+        return {}
     client = sync_client(settings)
     try:
         said = [client.hgetall(loaded_key(settings.topic_prefix, name)) for name in names]
     except REDIS_AWAY as exc:
         click.echo(f"warning: Redis did not answer ({exc}): whether the models are loaded is not shown", err=True)
-        return {}, {}
+        return {}
     finally:
         client.close()
     now = time.time()
-    return ({name: unready(name, fields, now, view.models[name].version) for name, fields in zip(names, said)},
-            {name: devices(fields, view.models[name].version, now) for name, fields in zip(names, said)})
+    out = {}
+    for name, fields in zip(names, said):
+        m = view.models[name]
+        out[name] = Loaded(unready(name, fields, now, m.version),
+                           rollout(fields, m.version, m.replicas, now, since_s=0.0)[1], devices(fields, now))
+    return out
 
 
 def weights(settings: Settings, view: RegistryView) -> dict[str, tuple[dict[str, float], int]]:

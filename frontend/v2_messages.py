@@ -268,8 +268,8 @@ def _binary(tensors: list[dict[str, Any]], blob: bytes) -> list[bytes | None]:
         name = str(tensors[wrong].get("name"))[:64]
         raise bad(f"binary_data_size {repr(sizes[wrong])[:32]} of input {wrong} ({name!r}) is not a number of bytes")
     if sum(given) != len(blob):
-        raise bad(f"binary_data_size {' + '.join(map(str, given))} is not the {len(blob)} bytes after the JSON header"
-                  + _misfit(tensors, sizes))
+        told = " + ".join(map(str, given)) if len(given) <= 8 else f"of {len(given)} inputs, {sum(given)} in all,"
+        raise bad(f"binary_data_size {told} is not the {len(blob)} bytes after the JSON header" + _misfit(tensors, sizes))
     out: list[bytes | None] = []
     at = 0
     for n in sizes:

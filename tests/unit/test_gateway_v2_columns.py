@@ -54,6 +54,12 @@ def test_columns_sent_as_raw_bytes_after_the_json_header() -> None:
     with pytest.raises(HTTPProblem, match=r"binary_data_size 16 \+ 8 is not the 32 bytes after the JSON header; "
                        r"input 2 \('score'\) of shape \[2\] and FP64 takes 16 bytes, not 8$"):
         rows_of(body, header=blob)
+    many = {"inputs": [{"name": f"px{j}", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
+                       for j in range(64)]}
+    many["inputs"][7]["parameters"]["binary_data_size"] = 4  # a table's 64 columns: the sizes are summed up
+    with pytest.raises(HTTPProblem, match=r"^binary_data_size of 64 inputs, 508 in all, is not the 512 bytes after "
+                                          r"the JSON header; input 7 \('px7'\) of shape \[2\] and FP32 takes 8 bytes, not 4$"):
+        rows_of(many, header=bytes(512), spec=None)
     score["parameters"] = {"binary_data_size": -8}
     with pytest.raises(HTTPProblem, match=r"binary_data_size -8 of input 2 \('score'\) is not a number of bytes"):
         rows_of(body, header=blob)

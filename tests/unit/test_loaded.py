@@ -24,21 +24,22 @@ def test_a_fresh_loaded_replica_makes_the_model_ready_whatever_else_failed() -> 
 def test_a_failure_to_load_is_the_reason_and_the_latest_one_is_given() -> None:
     fields = {"1:0": word(False, NOW - 50, "old reason"), "1:1": word(False, NOW - 2, "ValueError: bad shape")}
     assert unready("m", fields, NOW) == "model m version 1 replica 1 did not load: ValueError: bad shape"
+    old = {"1:0": word(False, NOW - 95, "ValueError: bad shape")}  # said long ago: its age is given
+    assert unready("m", old, NOW) == "model m version 1 replica 0 did not load, 95 s ago: ValueError: bad shape"
     stale = {"1:0": word(True, NOW - FRESH_S - 1)}  # a worker killed outright: its word runs out
     assert unready("m", stale, NOW) == "model m: no worker has said it has the model loaded"
     assert unready("m", {}, NOW) == "model m: no worker has said it has the model loaded"
     assert unready("m", {"1:0": b"not json"}, NOW) == "model m: no worker has said it has the model loaded"
 
 
-def test_the_devices_are_those_of_the_fresh_replicas_that_have_the_version_loaded() -> None:
+def test_the_devices_are_those_of_the_fresh_replicas_that_have_a_version_loaded() -> None:
     fields = {b"2:0": word(True, NOW - 5, device="cuda"), b"2:1": word(True, NOW - 5, device="cpu"),
               b"2:2": word(True, NOW - 5, device="cuda"), b"2:3": word(True, NOW - FRESH_S - 1, device="tpu"),
               b"1:0": word(True, NOW - 5, device="npu"), b"2:4": word(False, NOW - 5, "OOM", device="xpu"),
               b"2:5": word(True, NOW - 5)}  # a worker that names no device
-    assert devices(fields, "2", NOW) == ["cpu", "cuda"]
-    assert devices(fields, "1", NOW) == ["npu"]
-    assert devices({"-:0": word(True, NOW, device="cpu")}, None, NOW) == ["cpu"]
-    assert devices(fields, "3", NOW) == []
+    assert devices(fields, NOW) == ["cpu", "cuda", "npu"]  # version 1 still serves beside version 2
+    assert devices({"-:0": word(True, NOW, device="cpu")}, NOW) == ["cpu"]
+    assert devices({"2:0": word(True, NOW - FRESH_S - 1, device="cpu")}, NOW) == []
 
 
 def test_the_commands_keep_one_field_per_version_and_replica() -> None:

@@ -3,8 +3,6 @@ an update of an app keeps what was not given, and an app file's misspelt key is 
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +16,6 @@ from registry.appfile import apply_file, load_app_file
 from registry.topic import AppConfig, ModelConfig, RegistryView
 from registry.versions import check_version, history, next_version, rolled_back, unpinned_version
 from tests.unit.test_cli_input_errors import NoKafka, _model_dir, _one_line_error
-
 
 def _model(version: str = "1", location: str = "/models/m/1", **kw: object) -> ModelConfig:
     return ModelConfig(name="m", version=version, path=Path(location), location=location, **kw)  # type: ignore[arg-type]
@@ -179,94 +176,6 @@ def test_an_app_files_missing_model_folder_is_named_with_where_paths_start(tmp_p
         load_app_file(tmp_path / "app.yaml")
 
 
-def test_inspect_shows_each_models_input(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A Kafka client builds its Tensor from the model's input: inspect names it, so the user
-    need not open model.yaml."""
-    from registry.spec import load_spec
-
-    spec = load_spec(_model_dir(tmp_path))
-    NoKafka(RegistryView(models={"m": _model(spec=spec)})).install(monkeypatch)
-    shown = CliRunner().invoke(main, ["inspect"])
-    assert shown.exit_code == 0 and f"input={spec.input.dtype}{list(spec.input.shape)}" in shown.output, shown.output
-    as_json = CliRunner().invoke(main, ["inspect", "--json"])
-    assert '"dtype": "%s"' % spec.input.dtype in as_json.output
-
-
-def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The registry names version 2 at once; batches go to it once its workers are ready. Until
-    then the last batch on each partition still carries version 1, and inspect says so."""
-    from schemas import Batch, encode
-    from topics.catalogue import Catalogue
-
-    import time
-
-    from clipstream.loaded import key_of, word
-
-    fake = NoKafka(RegistryView(models={"m": _model(version="2", replicas=2)})).install(monkeypatch)
-    topic = Catalogue.from_settings(Settings()).batches("m").name
-
-    def batch(version: str, replica: int) -> bytes:
-        return encode(Batch(batch_id="b-1", model="m", version=version, replica=replica, created_us=1, items=[]))
-
-    fake.tails[topic] = {0: batch("1", 0), 1: batch("1", 1), 2: batch("3", 2)}  # 2: a removed replica
-    # no worker has said it is loaded (no `up` running): the last batches are history
-    shown = CliRunner().invoke(main, ["inspect"]).output
-    assert " last served=1 NOT LOADED: model m: no worker has said" in shown and "not yet" not in shown, shown
-    fake.hashes = {key_of(Settings().topic_prefix, "m"): {b"1:0": word(True, time.time()).encode()}}
-    shown = CliRunner().invoke(main, ["inspect"])
-    assert shown.exit_code == 0 and "serving=1 (not yet version 2: its workers are not ready" in shown.output
-    fake.tails[topic] = {0: batch("2", 0), 1: batch("1", 1)}  # moving: one partition handed over
-    assert "serving=1,2 (not yet version 2" in CliRunner().invoke(main, ["inspect"]).output
-    fake.tails[topic] = {0: batch("2", 0), 1: batch("2", 1)}
-    shown = CliRunner().invoke(main, ["inspect"])
-    assert "serving=2" in shown.output and "not yet" not in shown.output
-    as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
-    assert as_json["models"]["m"]["serving"] == {"0": "2", "1": "2"}
-    fake.tails.clear()
-    assert "serving=none (no batch sent yet)" in CliRunner().invoke(main, ["inspect"]).output
-
-
-def test_inspect_does_not_take_a_retired_replica_for_one_that_serves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Scaled back up to two replicas: partition 1's last record is the retirement of the
-    replica an earlier scale-down removed, so the new replica has served nothing yet."""
-    import time
-
-    from clipstream.loaded import key_of, word
-    from schemas import Batch, encode
-    from topics.catalogue import Catalogue
-    from topics.markers import RETIRE_PREFIX, handover
-
-    fake = NoKafka(RegistryView(models={"m": _model(version="2", replicas=2)})).install(monkeypatch)
-    topic = Catalogue.from_settings(Settings()).batches("m").name
-    live = encode(Batch(batch_id="b-1", model="m", version="2", replica=0, created_us=1, items=[]))
-    fake.tails[topic] = {0: live, 1: encode(handover("m", "2", 1, f"{RETIRE_PREFIX}b-1", 1))}
-    fake.hashes = {key_of(Settings().topic_prefix, "m"): {b"2:0": word(True, time.time()).encode()}}
-    shown = CliRunner().invoke(main, ["inspect"]).output
-    assert "serving=2 (replica 1: no batch yet, its worker may still be starting)" in shown, shown
-    assert json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)["models"]["m"]["serving"] == {"0": "2"}
-
-
-def test_inspect_shows_each_apps_learnt_weights_and_each_models_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from registry.topic import AppConfig
-
-    app = AppConfig(name="digits", policy="exp4", slo_ms=50, default_output=None, models=("m", "n"))
-    model = replace(_model(), max_batch_size=8, batch_delay_ms=20.0)
-    fake = NoKafka(RegistryView(apps={"digits": app}, models={"m": model})).install(monkeypatch)
-    fake.redis["cs:state:digits:__global__"] = json.dumps(
-        {"policy": "exp4", "models": ["m", "n"], "log_w": [0.0, -math.log(3)], "n_observed": 9}).encode()
-    shown = CliRunner().invoke(main, ["inspect"]).output
-    assert "weights: m=0.75 n=0.25 (from 9 feedbacks)" in shown and "max_batch_size=8 batch_delay_ms=20" in shown, shown
-    as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
-    assert as_json["apps"]["digits"]["weights"] == {"m": 0.75, "n": 0.25}
-    assert as_json["apps"]["digits"]["feedbacks_learnt"] == 9
-    # the state was last taught by version 2 of m; version 1 serves again (rolled back)
-    fake.redis["cs:state:digits:__global__"] = json.dumps(
-        {"policy": "exp4", "models": ["m", "n"], "log_w": [-10.0, 0.0], "versions": {"m": "2"},
-         "left": {"m@1": math.log(3)}}).encode()
-    assert "weights: m=0.75 n=0.25" in CliRunner().invoke(main, ["inspect"]).output
-    assert as_json["models"]["m"]["max_batch_size"] == 8 and as_json["models"]["m"]["latency_objective_ms"] is None
-
-
 def test_topics_create_refuses_replicas_without_a_model() -> None:
     result = CliRunner().invoke(main, ["topics", "create", "--replicas", "3"])
     assert result.exit_code == 2 and "name the model with --model" in result.output
@@ -380,24 +289,3 @@ def test_an_app_file_linking_models_of_other_inputs_or_answers_is_refused(tmp_pa
             load_app_file(tmp_path / "bad.yaml")
     (tmp_path / "ok.yaml").write_text(f"apps:\n  - {{name: both, models: [text, mood]}}\nmodels:\n{models}")
     assert load_app_file(tmp_path / "ok.yaml").apps[0]["models"] == ["text", "mood"]  # classes by scores or label
-
-
-def test_inspect_says_which_models_no_replica_has_loaded_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
-    from clipstream.loaded import key_of, word
-
-    view = RegistryView(models={"m": _model(), "ok": _model()})
-    fake = NoKafka(view).install(monkeypatch)
-    prefix = Settings().topic_prefix
-    fake.hashes = {key_of(prefix, "m"): {b"1:0": word(False, time.time(), "ImportError: no module xgb").encode()},
-                   key_of(prefix, "ok"): {b"1:0": word(True, time.time(), device="cuda").encode(),
-                                          b"1:1": word(True, time.time(), device="cpu").encode()}}
-    shown = CliRunner().invoke(main, ["inspect"])
-    lines = {line.split(":")[0]: line for line in shown.output.splitlines()}
-    assert lines["model m"].endswith("NOT LOADED: model m version 1 replica 0 did not load: ImportError: no module xgb")
-    assert "NOT LOADED" not in lines["model ok"] and lines["model ok"].endswith(" device=cpu,cuda"), shown.output
-    assert "device=" not in lines["model m"]
-    as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
-    assert as_json["models"]["ok"]["not_loaded"] is None and "xgb" in as_json["models"]["m"]["not_loaded"]
-    assert as_json["models"]["ok"]["devices"] == ["cpu", "cuda"] and as_json["models"]["m"]["devices"] == []

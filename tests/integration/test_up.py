@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -178,6 +179,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
             lines_of = {line.split(":")[0]: line for line in shown.splitlines()}
             assert "NOT LOADED: model broken version 1 replica 0 did not load" in lines_of["model broken"], shown
             assert "NOT LOADED" not in lines_of["model logreg"], shown  # its replica has it loaded
+            assert re.search(r" device=(cpu|cuda)\b", lines_of["model logreg"]), shown  # and says where
             # a deploy that waits for its version is told it failed, and why
             broken = make_python_model(models, "broken", BROKEN, labels=list(range(10)), version="2")
             failed = subprocess.run([sys.executable, "-m", "clipstream.cli", "deploy-model", "broken", str(broken),

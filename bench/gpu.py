@@ -4,7 +4,8 @@ the simulated accelerator sleeps.
 ``bench.cost``, ``bench.scaling`` and ``bench.efficiency`` stand a python class that sleeps
 Clockwork's ResNet-50 batch latencies (``bench.accel_model``) in for a GPU, so that they run
 on any machine. Where a GPU exists this benchmark checks that stand-in: torchvision's
-ResNet-50, traced to TorchScript with random weights (the time does not depend on them), is
+ResNet-50 with random weights (the time does not depend on them), traced to TorchScript and
+exported with ``torch.export`` (the torch backend's two formats, timed one after the other), is
 written to a model folder and loaded by ``workers.backends.load_model`` with ``device: auto``,
 as a worker loads it. Each batch size of the table is timed through ``predict_batch``, so the
 copy of the inputs to the device and of the scores back is included, as a worker pays it.
@@ -34,23 +35,32 @@ from bench.stats import percentile
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 NAME = "gpu"
+FORMATS = {"torchscript": "model.pt", "export": "model.pt2"}  # the torch backend's two files
 
 
-def resnet50_folder(root: Path) -> Path:
-    """A model folder holding a traced ResNet-50 (3x224x224 float32 in, 1,000 class scores out)."""
+def resnet50_folder(root: Path, fmt: str = "torchscript") -> Path:
+    """A model folder holding a ResNet-50 (3x224x224 float32 in, 1,000 class scores out), traced
+    to TorchScript or exported with ``torch.export`` and a dynamic batch axis (``fmt``)."""
     import torch
     import torchvision
 
     from clipstream.testing.models import write_model_yaml
 
-    folder = root / "resnet50" / "1"
+    folder = root / f"resnet50-{fmt}" / "1"
     folder.mkdir(parents=True)
     net = torchvision.models.resnet50(weights=None).eval()
-    with torch.inference_mode(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(torch.jit.trace(net, torch.zeros(1, 3, 224, 224)), str(folder / "model.pt"))
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if fmt == "export":
+            batch = torch.export.Dim("batch", min=1, max=1024)
+            program = torch.export.export(net, (torch.zeros(2, 3, 224, 224),), dynamic_shapes=({0: batch},))
+            torch.export.save(program, str(folder / FORMATS[fmt]))
+        else:
+            with torch.inference_mode():
+                torch.jit.save(torch.jit.trace(net, torch.zeros(1, 3, 224, 224)), str(folder / FORMATS[fmt]))
     return write_model_yaml(folder, {
-        "backend": "torch", "file": "model.pt",
+        "backend": "torch", "file": FORMATS[fmt],
         "input": {"dtype": "float32", "shape": [3, 224, 224]},
         "output": {"kind": "class_scores", "labels": list(range(1000))},
     })
@@ -87,9 +97,9 @@ def time_batches(model: Any, repeats: int, warm: int = 10, busy_s: float = 2.0) 
 def plot(report: dict[str, Any], out_dir: Path) -> None:
     fig, axes = figure(1, 1, size=(6.5, 4.5))
     ax = axes[0][0]
-    rows = report["batches"]
-    xs = [int(b) for b in rows]
-    ax.plot(xs, [rows[b]["p50_ms"] for b in rows], "o-", label=f"ResNet-50, torch backend ({report['device']})")
+    for fmt, rows in report.get("formats", {"torchscript": report["batches"]}).items():
+        xs = [int(b) for b in rows]
+        ax.plot(xs, [rows[b]["p50_ms"] for b in rows], "o-", label=f"ResNet-50, {fmt} ({report['device']})")
     ax.plot(list(CLOCKWORK_MS), list(CLOCKWORK_MS.values()), "s--", label="simulated accelerator (Clockwork)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
@@ -116,15 +126,21 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any] |
     from registry.spec import load_spec
     from workers.backends import load_model
 
+    device = torch.cuda.get_device_name(0)
+    formats: dict[str, dict[int, dict[str, float]]] = {}
+    on: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        say("gpu: ResNet-50 through the torch backend, device auto")
-        model = load_model(load_spec(resnet50_folder(Path(tmp))), device="auto")
-        device = torch.cuda.get_device_name(0)
-        say(f"gpu: on {model.device} ({device}), torch {torch.__version__}")
-        batches = time_batches(model, args.repeats)
-    report = {"machine": machine_info(), "device": device, "backend_device": model.device,
-              "torch": torch.__version__, "repeats": args.repeats, "batches": batches,
-              "clockwork_ms": CLOCKWORK_MS}
+        for fmt in FORMATS:
+            say(f"gpu: ResNet-50 as {fmt} ({FORMATS[fmt]}) through the torch backend, device auto")
+            model = load_model(load_spec(resnet50_folder(Path(tmp), fmt)), device="auto")
+            on[fmt] = model.device
+            say(f"gpu: on {model.device} ({device}), torch {torch.__version__}")
+            formats[fmt] = time_batches(model, args.repeats)
+            del model
+            torch.cuda.empty_cache()
+    report = {"machine": machine_info(), "device": device, "backend_device": on["torchscript"],
+              "torch": torch.__version__, "repeats": args.repeats, "batches": formats["torchscript"],
+              "formats": formats, "clockwork_ms": CLOCKWORK_MS}
     write_json(NAME, report, out_dir)
     plot(report, out_dir)
     return report

@@ -190,6 +190,8 @@ class _Run:
             self.supervisor.stop_all(first=("gateway",))  # the callers in flight are answered
         if self.started_infra:
             launcher.down(self.settings)
+            say("stopped Kafka and Redis too, as this up started them: `clipstream infra up` before `up` "
+                "keeps them, and the registry readable by inspect, after `up` stops")
         say("stopped")
 
 

@@ -231,3 +231,19 @@ def test_the_grpc_port_is_off_unless_asked_and_checked_before_anything_starts(
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_GRPC_PORT", "x1")
     with pytest.raises(ClipstreamError, match=r"CLIPSTREAM_GATEWAY_GRPC_PORT='x1' is not a port.*--grpc-port P"):
         ports.choose_grpc_port(None, free_ports=False)
+
+
+def test_stopping_says_the_infrastructure_went_too_only_when_up_started_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Once ``up`` stops the Kafka it started, ``inspect`` has nothing to read: the last lines
+    say so, and how to keep them."""
+    from clipstream.settings import Settings
+
+    downs: list[Settings] = []
+    monkeypatch.setattr(up_module.launcher, "down", downs.append)
+    up_module._Run(Settings(), started_infra=False).clean_up()
+    assert capsys.readouterr().err == "stopping...\nstopped\n" and not downs
+    up_module._Run(Settings(), started_infra=True).clean_up()
+    said = capsys.readouterr().err.splitlines()
+    assert len(downs) == 1 and said[0] == "stopping..." and said[-1] == "stopped"
+    assert said[1].startswith("stopped Kafka and Redis too") and "`clipstream infra up` before `up`" in said[1]

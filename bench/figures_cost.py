@@ -123,10 +123,9 @@ def ensemble_wide(r: dict[str, Any]) -> Result:
 
 
 def gpu(r: dict[str, Any]) -> Result:
-    b, table = get(r, "batches"), get(r, "clockwork_ms")
+    b, table, export = get(r, "formats", "torchscript"), get(r, "clockwork_ms"), get(r, "formats").get("export")
     ks = [k for k in ("1", "4", "16", "32") if k in b]
     sim = [k for k in ks if k in table]
-    export = r.get("formats", {}).get("export")  # reports before both formats were timed lack it
     also = f"; as torch.export p50 {j([get(export, k, 'p50_ms') for k in ks], ms)} ms" if export else ""
     return (f"{get(r, 'device')}, backend on {get(r, 'backend_device')}: TorchScript p50 "
             f"{j([get(b, k, 'p50_ms') for k in ks], ms)} ms at batch {' / '.join(ks)}{also}; the simulated "

@@ -97,7 +97,7 @@ def time_batches(model: Any, repeats: int, warm: int = 10, busy_s: float = 2.0) 
 def plot(report: dict[str, Any], out_dir: Path) -> None:
     fig, axes = figure(1, 1, size=(6.5, 4.5))
     ax = axes[0][0]
-    for fmt, rows in report.get("formats", {"torchscript": report["batches"]}).items():
+    for fmt, rows in report["formats"].items():
         xs = [int(b) for b in rows]
         ax.plot(xs, [rows[b]["p50_ms"] for b in rows], "o-", label=f"ResNet-50, {fmt} ({report['device']})")
     ax.plot(list(CLOCKWORK_MS), list(CLOCKWORK_MS.values()), "s--", label="simulated accelerator (Clockwork)")
@@ -128,19 +128,17 @@ def main(argv: list[str] | None = None, out_dir: Path = OUT) -> dict[str, Any] |
 
     device = torch.cuda.get_device_name(0)
     formats: dict[str, dict[int, dict[str, float]]] = {}
-    on: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         for fmt in FORMATS:
             say(f"gpu: ResNet-50 as {fmt} ({FORMATS[fmt]}) through the torch backend, device auto")
             model = load_model(load_spec(resnet50_folder(Path(tmp), fmt)), device="auto")
-            on[fmt] = model.device
+            backend_device = model.device  # device auto: the same for both formats
             say(f"gpu: on {model.device} ({device}), torch {torch.__version__}")
             formats[fmt] = time_batches(model, args.repeats)
             del model
             torch.cuda.empty_cache()
-    report = {"machine": machine_info(), "device": device, "backend_device": on["torchscript"],
-              "torch": torch.__version__, "repeats": args.repeats, "batches": formats["torchscript"],
-              "formats": formats, "clockwork_ms": CLOCKWORK_MS}
+    report = {"machine": machine_info(), "device": device, "backend_device": backend_device,
+              "torch": torch.__version__, "repeats": args.repeats, "formats": formats, "clockwork_ms": CLOCKWORK_MS}
     write_json(NAME, report, out_dir)
     plot(report, out_dir)
     return report

@@ -77,13 +77,12 @@ def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float,
         said = _read(raw)
         if said is None:
             continue
-        at, loaded, why, _ = said
-        if loaded and now_s - at <= FRESH_S:
+        if said.loaded and now_s - said.at <= FRESH_S:
             return None
         said_version, _, replica = (name.decode() if isinstance(name, bytes) else name).rpartition(":")
-        if not loaded and version in (None, said_version) and (failed is None or at > failed[0]):
-            ago = f", {now_s - at:.0f} s ago" if now_s - at > FRESH_S else ""  # no worker may run now
-            failed = (at, f"model {model} version {said_version} replica {replica} did not load{ago}: {why}")
+        if not said.loaded and version in (None, said_version) and (failed is None or said.at > failed[0]):
+            ago = f", {now_s - said.at:.0f} s ago" if now_s - said.at > FRESH_S else ""  # no worker may run now
+            failed = (said.at, f"model {model} version {said_version} replica {replica} did not load{ago}: {said.why}")
     return failed[1] if failed else f"model {model}: no worker has said it has the model loaded"
 
 
@@ -99,11 +98,10 @@ def rollout(fields: Mapping[bytes | str, bytes | str], version: str | None, repl
         said = _read(fields.get(field) or fields.get(field.encode()))
         if said is None:
             continue
-        at, ok, why, _ = said
-        if ok and now_s - at <= FRESH_S:
+        if said.loaded and now_s - said.at <= FRESH_S:
             loaded.append(replica)
-        elif not ok and at >= since_s and (failed is None or at > failed[0]):
-            failed = (at, f"replica {replica} did not load it: {why}")
+        elif not said.loaded and said.at >= since_s and (failed is None or said.at > failed[0]):
+            failed = (said.at, f"replica {replica} did not load it: {said.why}")
     return loaded, failed[1] if failed else None
 
 

@@ -239,16 +239,16 @@ def test_the_wide_machines_ensemble_row_is_not_judged_and_says_when_the_search_r
 
 
 def test_the_gpu_row_sets_the_real_model_beside_the_simulated_one(tmp_path: Path) -> None:
-    _write(tmp_path, "gpu", {"device": "NVIDIA H200", "backend_device": "cuda",
-                             "batches": {b: {"p50_ms": p} for b, p in (("1", 2.0), ("4", 2.4), ("16", 3.9), ("32", 7.6))},
+    torchscript = {b: {"p50_ms": p} for b, p in (("1", 2.0), ("4", 2.4), ("16", 3.9), ("32", 7.6))}
+    _write(tmp_path, "gpu", {"device": "NVIDIA H200", "backend_device": "cuda", "formats": {"torchscript": torchscript},
                              "clockwork_ms": {"1": 2.61, "4": 5.61, "16": 15.67}})
     row = _row(tmp_path, "GPU: a real ResNet-50")
     assert row.met == NONE
     assert row.measured == ("NVIDIA H200, backend on cuda: TorchScript p50 2.00 / 2.40 / 3.90 / 7.60 ms at batch "
                             "1 / 4 / 16 / 32; the simulated accelerator sleeps 2.61 / 5.61 / 15.7 ms at batch 1 / 4 / 16")
     _write(tmp_path, "gpu", {"device": "NVIDIA H200", "backend_device": "cuda",
-                             "batches": {b: {"p50_ms": p} for b, p in (("1", 2.0), ("4", 2.4), ("16", 3.9), ("32", 7.6))},
-                             "formats": {"export": {b: {"p50_ms": p} for b, p in (("1", 1.5), ("4", 1.7), ("16", 3.1),
+                             "formats": {"torchscript": torchscript,
+                                         "export": {b: {"p50_ms": p} for b, p in (("1", 1.5), ("4", 1.7), ("16", 3.1),
                                                                                    ("32", 6.0))}},
                              "clockwork_ms": {"1": 2.61, "4": 5.61, "16": 15.67}})
     assert _row(tmp_path, "GPU: a real ResNet-50").measured == (

@@ -17,7 +17,7 @@ from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.redisclient import REDIS_AWAY, forget_app, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
-from frontend.serving import loaded_state, served, serving, serving_text, wait_loaded, weights
+from frontend.serving import loaded_everywhere, loaded_state, served, serving, serving_text, wait_loaded, weights
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.groups import name_clash
 from registry.labels import join_problem
@@ -370,6 +370,7 @@ def inspect_registry(as_json: bool) -> None:
                 "not_loaded": said[n].why_not if n in said else None,
                 "failed_to_load": said[n].failed if n in said else None,
                 "devices": said[n].devices if n in said else [],
+                "loaded_replicas": said[n].replicas if n in said else None,
             }
             for n, m in view.models.items()
         },
@@ -390,11 +391,13 @@ def inspect_registry(as_json: bool) -> None:
                         if m[k] is not None)
         click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}{knobs}"
                    + (f" group={m['group']}" if m["group"] else
-                      serving_text(m["version"], m["replicas"], m["serving"], running=m["running"] is not False))
+                      serving_text(m["version"], m["replicas"], m["serving"], running=m["running"] is not False,
+                                   loaded=m["loaded_replicas"] or ()))
                    + (f" device={','.join(m['devices'])}" if m["devices"] else "")
                    + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else
                       f" VERSION {m['version']} FAILED TO LOAD: {m['failed_to_load']}" if m["failed_to_load"] else ""))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"
                    + serving_text(g["version"], g["replicas"], g["serving"],
-                                  running=any(data["models"][m]["running"] is not False for m in g["models"])))
+                                  running=any(data["models"][m]["running"] is not False for m in g["models"]),
+                                  loaded=loaded_everywhere([data["models"][m]["loaded_replicas"] for m in g["models"]])))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import click
@@ -46,8 +47,9 @@ def served(settings: Settings, name: str, replicas: int) -> dict[int, str | None
 
 
 def serving_text(version: str | None, replicas: int, now: dict[int, str | None] | None,
-                 running: bool = True) -> str:
-    """`` serving=...`` for ``inspect``'s line, saying which replicas wait for a first batch.
+                 running: bool = True, loaded: Collection[int] = ()) -> str:
+    """`` serving=...`` for ``inspect``'s line, saying which replicas wait for a first batch:
+    those in ``loaded`` (their worker said it has the version loaded) only wait for traffic.
     Not ``running`` (no worker of it has said it is loaded): the batches are history, so the
     text is ``last served=`` and says nothing of what is on its way."""
     if now is None:
@@ -60,10 +62,19 @@ def serving_text(version: str | None, replicas: int, now: dict[int, str | None] 
     text = " serving=" + ",".join(versions)
     if versions != [version or "-"]:
         text += f" (not yet version {version}: its workers are not ready, see `clipstream up`'s output)"
-    idle = [str(r) for r in range(replicas) if r not in now]
-    if idle:
-        text += f" (replica {', '.join(idle)}: no batch yet, its worker may still be starting)"
+    idle = [r for r in range(replicas) if r not in now]
+    ready = [str(r) for r in idle if r in loaded]
+    starting = [str(r) for r in idle if r not in loaded]
+    if ready:
+        text += f" (replica {', '.join(ready)}: loaded, no batch sent to it yet)"
+    if starting:
+        text += f" (replica {', '.join(starting)}: no batch yet, its worker may still be starting)"
     return text
+
+
+def loaded_everywhere(replicas: list[list[int] | None]) -> set[int]:
+    """A group's replicas that have every member model loaded."""
+    return set.intersection(*(set(r or ()) for r in replicas)) if replicas else set()
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class Loaded:
     why_not: str | None  # why no replica can answer; None: one has a version loaded now
     failed: str | None  # why a replica did not load the registry's version; None: none said so
     devices: list[str]  # where the replicas that have a version loaded run it
+    replicas: list[int]  # the replicas that have the registry's version loaded now
 
 
 def loaded_state(settings: Settings, view: RegistryView) -> dict[str, Loaded]:
@@ -92,8 +104,8 @@ def loaded_state(settings: Settings, view: RegistryView) -> dict[str, Loaded]:
     out = {}
     for name, fields in zip(names, said):
         m = view.models[name]
-        out[name] = Loaded(unready(name, fields, now, m.version),
-                           rollout(fields, m.version, m.replicas, now, since_s=0.0)[1], devices(fields, now))
+        ready, failed = rollout(fields, m.version, m.replicas, now, since_s=0.0)
+        out[name] = Loaded(unready(name, fields, now, m.version), failed, devices(fields, now), ready)
     return out
 
 

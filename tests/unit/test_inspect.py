@@ -85,6 +85,38 @@ def test_inspect_does_not_take_a_retired_replica_for_one_that_serves(monkeypatch
     assert json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)["models"]["m"]["serving"] == {"0": "2"}
 
 
+def test_inspect_tells_a_loaded_replica_waiting_for_traffic_from_one_still_starting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after a scale-up to three replicas, only replica 0 has had a batch: replica 1 says
+    it has the version loaded and waits only for traffic; replica 2 has said nothing. A group's
+    replica counts as loaded when every member model has it loaded."""
+    import time
+
+    from clipstream.loaded import key_of, word
+    from registry.groups import groups_of
+    from schemas import Batch, encode
+    from topics.catalogue import Catalogue
+
+    members = {n: replace(_model(version="2", replicas=3), name=n, group="g") for n in ("a", "b")}
+    view = RegistryView(models={"m": _model(version="2", replicas=3), **members}, groups=groups_of(members))
+    fake = NoKafka(view).install(monkeypatch)
+    catalogue = Catalogue.from_settings(Settings())
+    for name, version in (("m", "2"), ("g", view.groups["g"].version)):
+        fake.tails[catalogue.batches(name).name] = {0: encode(Batch(batch_id="b-1", model=name, version=version,
+                                                                   replica=0, created_us=1, items=[]))}
+    loaded = word(True, time.time()).encode()
+    prefix = Settings().topic_prefix
+    fake.hashes = {key_of(prefix, "m"): {b"2:0": loaded, b"2:1": loaded},
+                   key_of(prefix, "a"): {b"2:0": loaded, b"2:1": loaded, b"2:2": loaded},
+                   key_of(prefix, "b"): {b"2:0": loaded, b"2:1": loaded}}
+    lines = {line.split(":")[0]: line for line in CliRunner().invoke(main, ["inspect"]).output.splitlines()}
+    for name, version in (("model m", "2"), ("group g", view.groups["g"].version)):
+        assert lines[name].endswith(f"serving={version} (replica 1: loaded, no batch sent to it yet) (replica 2: no batch yet, "
+                                    "its worker may still be starting)"), lines[name]
+    as_json = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)
+    assert as_json["models"]["m"]["loaded_replicas"] == [0, 1] and as_json["models"]["a"]["loaded_replicas"] == [0, 1, 2]
+
+
 def test_inspect_shows_each_apps_learnt_weights_and_each_models_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     from registry.topic import AppConfig
 

@@ -7,6 +7,7 @@ Sub-commands live beside the stage they run and are imported only when called, s
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -61,10 +62,32 @@ class LazyGroup(click.Group):
         return getattr(module, attr, None)
 
 
+# commands that start or watch the local Kafka and Redis themselves
+OWN_INFRA = frozenset({"up", "infra"})
+
+
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="clipstream")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """clipstream: Clipper-style prediction serving on Apache Kafka."""
+    if ctx.invoked_subcommand not in OWN_INFRA:
+        use_recorded_infra()
+
+
+def use_recorded_infra() -> None:
+    """With neither CLIPSTREAM_KAFKA_BOOTSTRAP nor CLIPSTREAM_REDIS_URL set, point this command
+    at the Kafka and Redis that ``infra up`` or ``up`` started and recorded in the state dir,
+    as ``up`` itself does: after ``--free-ports`` they are not where the defaults say."""
+    from clipstream.infra.launcher import recorded_env
+    from clipstream.settings import Settings
+
+    try:
+        settings = Settings()
+    except ValueError:  # the command names the bad value itself
+        return
+    if not settings.model_fields_set & {"kafka_bootstrap", "redis_url"}:
+        os.environ.update(recorded_env(settings))
 
 
 def run() -> None:

@@ -139,3 +139,24 @@ def test_subprocesses_inherit_the_session_infra(
     assert out == [infra.kafka_bootstrap, infra.redis_url]
     assert settings.kafka_bootstrap == infra.kafka_bootstrap
     assert settings.topic_prefix.startswith("t") and settings.topic_prefix.endswith(".")
+
+
+def test_a_command_finds_the_kafka_and_redis_recorded_in_the_state_dir(
+    infra: launcher.InfraStatus, settings: Settings
+) -> None:
+    """After `infra up --free-ports`, `CLIPSTREAM_STATE_DIR` alone leads a registry verb and
+    `inspect` to that Kafka and Redis, as `up` finds them; a Kafka named on purpose is kept."""
+    if infra.state_dir is None:
+        pytest.skip("the session's Kafka and Redis were given by the environment, not started here")
+    env = {k: v for k, v in os.environ.items() if k not in ("CLIPSTREAM_KAFKA_BOOTSTRAP", "CLIPSTREAM_REDIS_URL")}
+    env.update(CLIPSTREAM_STATE_DIR=str(infra.state_dir), CLIPSTREAM_TOPIC_PREFIX=settings.topic_prefix)
+    cli = [sys.executable, "-m", "clipstream.cli"]
+    made = subprocess.run([*cli, "register-app", "found", "--slo-ms", "40"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert made.returncode == 0, made.stderr
+    shown = subprocess.run([*cli, "inspect"], capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0 and "app found: policy=" in shown.stdout, shown.stdout + shown.stderr
+    assert "Redis did not answer" not in shown.stderr
+    env["CLIPSTREAM_KAFKA_BOOTSTRAP"] = "127.0.0.1:1"
+    named = subprocess.run([*cli, "inspect"], capture_output=True, text=True, env=env, timeout=120)
+    assert named.returncode != 0 and "127.0.0.1:1" in named.stdout + named.stderr

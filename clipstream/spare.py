@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # not imported at run time: every stage imports this module
 
 SPARE_ENV = "CLIPSTREAM_SPARE"
 WAITING_LINE = b"spare: waiting"  # what a spare prints once its imports are done
+SPARE_TITLE = "clipstream-spare: "  # before a waiting spare's command line, as ps shows it
 
 
 def wait_if_spare(prepare: Callable[[], object] = lambda: None) -> None:
@@ -24,9 +25,14 @@ def wait_if_spare(prepare: Callable[[], object] = lambda: None) -> None:
     if os.environ.pop(SPARE_ENV, None) is None:
         return
     prepare()
+    from setproctitle import getproctitle, setproctitle
+
+    own = getproctitle()
+    setproctitle(SPARE_TITLE + own)  # ps tells the waiting spare from the stage it stands in for
     print(WAITING_LINE.decode(), flush=True)
     if not sys.stdin.readline():
         sys.exit(0)
+    setproctitle(own)
 
 
 def end_spare(spare: subprocess.Popen[bytes]) -> None:

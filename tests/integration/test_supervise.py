@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from clipstream.spare import SPARE_TITLE
 from clipstream.supervise import CHECK_S, Stage, Supervisor
 from clipstream.testing.procs import wait_until
 from topics.stage import read_heartbeat
@@ -230,6 +231,11 @@ def _took(report: str) -> float:
     return float(report.removeprefix("child is ready again, ").removesuffix("s after its restart"))
 
 
+def _shown(pid: int) -> str:
+    """A process's command line as ps shows it."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
 def test_a_spare_takes_a_killed_stages_place_without_its_slow_start(tmp_path, running) -> None:
     script, spares = tmp_path / "slow_child.py", tmp_path / "spares"
     script.write_text(SLOW_CHILD)
@@ -241,11 +247,16 @@ def test_a_spare_takes_a_killed_stages_place_without_its_slow_start(tmp_path, ru
     wait_until(lambda: any(spares.iterdir()), RESTART_BOUND_S, "the spare to finish its imports")
     spare_pid = int(next(spares.iterdir()).name)
     assert stage.proc is not None and stage.proc.pid != spare_pid
+    # ps tells the waiting spare from the stage, and the spare that took the place from a spare
+    wait_until(lambda: _shown(spare_pid).startswith(SPARE_TITLE), RESTART_BOUND_S, "the spare's title in ps")
+    assert str(script) in _shown(spare_pid) and not _shown(stage.proc.pid).startswith(SPARE_TITLE)
 
     old = stage.proc.pid
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
     assert stage.proc is not None and stage.proc.pid == spare_pid, "the spare took the stage's place"
+    wait_until(lambda: not _shown(spare_pid).startswith(SPARE_TITLE), RESTART_BOUND_S, "the stage's own title")
+    assert str(script) in _shown(spare_pid)
     # a fresh process needs SLOW_START_S before it can even be ready
     assert _took(r.reports[-1]) < SLOW_START_S, r.reports
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clipstream.infra import proc_stat_fields
+from clipstream.spare import SPARE_TITLE
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -281,7 +282,10 @@ def descendants(root: int) -> list[int]:
 
 
 def label_of(argv: list[str]) -> str:
-    """A short name for a pipeline process from its command line."""
+    """A short name for a pipeline process from its command line. A spare (or a stage that
+    was one) shows a title set as one string, split here; a waiting spare counts as its stage."""
+    if len(argv) == 1 and " " in argv[0]:
+        argv = argv[0].removeprefix(SPARE_TITLE).split()
     if not argv:
         return "?"
     exe = Path(argv[0]).name

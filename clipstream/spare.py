@@ -25,10 +25,15 @@ def wait_if_spare(prepare: Callable[[], object] = lambda: None) -> None:
     if os.environ.pop(SPARE_ENV, None) is None:
         return
     prepare()
+    # ps tells the waiting spare from the stage it stands in for. SPT_NOENV (read at the first
+    # call): /proc/<pid>/environ, which the fault suite reads, stays whole, so the title must fit
+    # where the command line was: it names the arguments, not the interpreter.
+    os.environ["SPT_NOENV"] = "1"
     from setproctitle import getproctitle, setproctitle
 
     own = getproctitle()
-    setproctitle(SPARE_TITLE + own)  # ps tells the waiting spare from the stage it stands in for
+    setproctitle(SPARE_TITLE + own.split(" ", 1)[-1])
+    del os.environ["SPT_NOENV"]
     print(WAITING_LINE.decode(), flush=True)
     if not sys.stdin.readline():
         sys.exit(0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clipstream.spare import SPARE_TITLE
+from clipstream.spare import SPARE_ENV, SPARE_TITLE
 from clipstream.supervise import CHECK_S, Stage, Supervisor
 from clipstream.testing.procs import wait_until
 from topics.stage import read_heartbeat
@@ -250,6 +250,7 @@ def test_a_spare_takes_a_killed_stages_place_without_its_slow_start(tmp_path, ru
     # ps tells the waiting spare from the stage, and the spare that took the place from a spare
     wait_until(lambda: _shown(spare_pid).startswith(SPARE_TITLE), RESTART_BOUND_S, "the spare's title in ps")
     assert str(script) in _shown(spare_pid) and not _shown(stage.proc.pid).startswith(SPARE_TITLE)
+    assert SPARE_ENV.encode() in Path(f"/proc/{spare_pid}/environ").read_bytes(), "the environment stays whole"
 
     old = stage.proc.pid
     os.kill(old, signal.SIGKILL)

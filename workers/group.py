@@ -170,11 +170,14 @@ def warm(model: Served, batches: bool = True) -> None:
     for each in [m.model for m in model.members] if isinstance(model, GroupModel) else [model]:
         try:
             first = warm_up(each)
-        except Exception as exc:  # its own error, named as its example's when it has one
-            if each.spec.example is None:
-                raise
-            raise ModelError(f"it fails on its model.yaml example {each.spec.example!r}: {type(exc).__name__}: "
-                             f"{one_line(exc)}") from exc
+        except Exception as exc:  # its own error, named as its example's (or the zeros') input
+            if each.spec.example is not None:
+                raise ModelError(f"it fails on its model.yaml example {each.spec.example!r}: {type(exc).__name__}: "
+                                 f"{one_line(exc)}") from exc
+            shape = each.spec.input
+            raise ModelError(f"it fails on one input of zeros shaped as its model.yaml's `input:` ({shape.dtype} "
+                             f"{list(shape.shape)}): {type(exc).__name__}: {one_line(exc)}. Check that `input:` is "
+                             "what the model takes, or give an `example:` file of one real input") from exc
         if first is None:  # text or bytes with no `example:` in its model.yaml: nothing real to try
             continue
         if batches:

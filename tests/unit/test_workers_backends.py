@@ -356,6 +356,13 @@ def test_an_sklearn_model_that_does_not_fit_its_model_yaml_is_refused_saying_wha
     named = LogisticRegression(max_iter=2000).fit(x[:100], np.where(y[:100] > 4, "high", "low"))
     with pytest.raises(ConfigError, match="classes are named .* use kind: class_scores with those names as labels"):
         load_model(load_spec(_joblib_model(tmp_path, "c", named, "label")))
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    unnamed = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)).fit(x[:100, :4], y[:100] % 3)
+    with pytest.raises(ConfigError, match=r"the Pipeline was fitted on 4 features, and input.shape \[5\] gives 5 "
+                                          r"values per example: set shape: \[4\]"):
+        load_model(load_spec(_joblib_model(tmp_path, "e", unnamed, "class_scores", [0, 1, 2], shape=[5])))
     (tmp_path / "d" / "1").mkdir(parents=True)
     (tmp_path / "d" / "1" / "model.joblib").write_bytes(b"not a joblib file")
     write_model_yaml(tmp_path / "d" / "1", {"backend": "sklearn", "file": "model.joblib",

@@ -60,6 +60,8 @@ class SklearnModel:
         if columns is not None:
             _same_width(spec, name, [str(c) for c in columns])
             warnings.filterwarnings("ignore", message=NAMELESS_INPUT, category=UserWarning)
+        elif isinstance(fitted := getattr(self.estimator, "n_features_in_", None), int) and not self._flat:
+            _same_width(spec, name, [f"feature {i}" for i in range(fitted)], "features")
 
     def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
         n = len(inputs)
@@ -67,13 +69,15 @@ class SklearnModel:
         return np.asarray(self._predict(x))
 
 
-def _same_width(spec: ModelSpec, name: str, columns: list[str]) -> None:
-    """An estimator fitted on named columns takes as many values per example, in that order."""
+def _same_width(spec: ModelSpec, name: str, columns: list[str], what: str = "columns") -> None:
+    """An estimator fitted on named columns (or on ``n_features_in_`` unnamed features) takes as
+    many values per example, in that order."""
     width = int(np.prod(spec.input.shape))
     if width != len(columns):
-        raise ConfigError(f"{spec.path}/model.yaml: the {name} was fitted on {len(columns)} columns ({columns[:4]}"
-                          f"{'...' if len(columns) > 4 else ''}), and input.shape {list(spec.input.shape)} gives "
-                          f"{width} values per example: set shape: [{len(columns)}], the columns in that order")
+        named = f" ({columns[:4]}{'...' if len(columns) > 4 else ''})" if what == "columns" else ""
+        raise ConfigError(f"{spec.path}/model.yaml: the {name} was fitted on {len(columns)} {what}{named}, and "
+                          f"input.shape {list(spec.input.shape)} gives {width} values per example: set shape: "
+                          f"[{len(columns)}], the {what} in that order")
 
 
 def _same_labels(spec: ModelSpec, classes: list[Any]) -> None:

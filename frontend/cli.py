@@ -23,9 +23,10 @@ from registry.groups import name_clash
 from registry.labels import join_problem
 from registry.limits import MAX_APP_SLO_MS, MAX_REPLICAS
 from registry.repository import Repository, is_url
+from registry.spec import ModelSpec
 from registry.topic import (NEW_APP_POLICY, NEW_APP_SLO_MS, AppConfig, ModelConfig, RegistryView, RegistryWriter,
                             read_view)
-from registry.versions import check_version, history, next_version, rolled_back
+from registry.versions import check_contract, check_version, history, next_version, rolled_back
 from topics.admin import ensure_model_topics
 
 
@@ -119,7 +120,7 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
     """
 
     settings = _settings()
-    location = _location(Repository.from_settings(settings), path)
+    location, spec = _location(Repository.from_settings(settings), path)
     view = read_view(settings)
     current = view.model(name)
     clash = name_clash(view, {name: current.group if current is not None else None})
@@ -127,6 +128,7 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
         raise ConfigError(clash)
     version = version if version is not None else next_version(current)
     check_version(current, version, location, "--version N")
+    check_contract(current, version, spec)
     instead = _served_instead(settings, current)
     kept: dict[str, Any] = history(current, version, never_served=instead is not None)
     if current is not None:  # the model's group and batching knobs stay
@@ -164,8 +166,9 @@ def deployed_replicas(asked: int | None, current: ModelConfig | None) -> int:
     return current.replicas if current is not None else 1
 
 
-def _location(repository: Repository, path: str) -> str:
-    """The registry location of what ``deploy-model`` names, once its model.yaml checks out."""
+def _location(repository: Repository, path: str) -> tuple[str, ModelSpec]:
+    """The registry location of what ``deploy-model`` names, and its model.yaml, which is read
+    here so that a wrong one fails the command, not a worker."""
     if Path(path).is_dir():
         location = repository.location_of(Path(path))
     elif Path(path).exists():
@@ -176,8 +179,7 @@ def _location(repository: Repository, path: str) -> str:
         )
     else:
         location = repository.location_of(path) if is_url(path) else path
-    repository.read_spec(location)  # fail here, not in a worker, when model.yaml is wrong
-    return location
+    return location, repository.read_spec(location)
 
 
 @click.command("link")

@@ -23,7 +23,7 @@ from registry.labels import join_problem
 from registry.limits import check_knob, check_replicas, check_slo
 from registry.spec import ModelSpec, TensorSpec, load_spec
 from registry.topic import NEW_APP_POLICY, NEW_APP_SLO_MS, RegistryView, RegistryWriter, read_view
-from registry.versions import check_version, history, unpinned_version
+from registry.versions import check_contract, check_version, history, unpinned_version
 from topics.admin import ensure_model_topics
 from topics.catalogue import check_name
 
@@ -38,6 +38,7 @@ _APP_KEYS = ("name", "policy", "slo_ms", "default_output", "policy_config", "mod
 class AppFile:
     apps: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
+    specs: dict[str, ModelSpec] = field(default_factory=dict)  # model -> its model.yaml, as read
 
 
 def check_policy(policy: object, what: str = "policy") -> str:
@@ -113,7 +114,7 @@ def load_app_file(path: str | Path, repository: Repository | None = None) -> App
             problem = join_problem(view, app["models"][:k], model)
             if problem is not None:
                 raise ConfigError(f"{path}: app {app['name']} links model {model}, but {problem}")
-    return AppFile(apps=apps, models=models)
+    return AppFile(apps=apps, models=models, specs=specs)
 
 
 def _model_entry(path: Path, i: int, m: Any, repository: Repository,
@@ -200,6 +201,7 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
         raise ConfigError(f"{path}: {clash}")
     for m in spec.models:  # all checked before anything is written
         check_version(view.model(m["name"]), m["version"], m["path"], f"`version:` in {path}")
+        check_contract(view.model(m["name"]), m["version"], spec.specs.get(m["name"]))
     with RegistryWriter(settings) as writer:
         for m in spec.models:
             m = {**m, **history(view.model(m["name"]), m["version"])}

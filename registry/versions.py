@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from clipstream.errors import ClipstreamError, ConfigError
+from registry.spec import ModelSpec
 from registry.topic import ModelConfig
 
 
@@ -95,3 +96,31 @@ def check_version(current: ModelConfig | None, version: str, location: str, how:
             f"model {current.name} version {version} is deployed from {recorded}, not {location}: "
             f"give the new folder a new version ({how}), so that rollback can still return to "
             f"version {version}")
+
+
+def check_contract(current: ModelConfig | None, version: str, spec: ModelSpec | None) -> None:
+    """Refuse a new version whose input, output kind or labels differ from the model's version
+    in the registry: the gateway checks queries, and the selector reads answers, by the
+    registry's spec, while the earlier version still serves until the new one is ready
+    (docs/design/0124). Nothing to compare (a new model, the same version, a spec that cannot
+    be read): no check."""
+    if current is None or current.spec is None or spec is None or version == current.version:
+        return
+    old, new = current.spec, spec
+    differences = []
+    if (old.input.dtype, tuple(old.input.shape)) != (new.input.dtype, tuple(new.input.shape)):
+        differences.append(f"takes {new.input.dtype} {list(new.input.shape)} where version {current.version} takes "
+                           f"{old.input.dtype} {list(old.input.shape)}")
+    if old.output.kind != new.output.kind:
+        differences.append(f"answers {new.output.kind} where version {current.version} answers {old.output.kind}")
+    elif [str(x) for x in old.output.labels or ()] != [str(x) for x in new.output.labels or ()]:
+        differences.append(f"has labels {list(new.output.labels or ())} where version {current.version} has "
+                           f"{list(old.output.labels or ())}")
+    if differences:
+        name = current.name
+        raise ConfigError(
+            f"model {name} version {version} {'; and '.join(differences)}: every version of a model keeps its "
+            f"input and its output's kind and labels, which its callers rely on. Fix version {version}'s "
+            f"model.yaml, or serve the changed model under a new name (`clipstream deploy-model {name}-new PATH`, "
+            f"`clipstream link APP {name}-new`, then `clipstream link APP {name} --unlink`)")
+

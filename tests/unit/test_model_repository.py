@@ -137,9 +137,9 @@ def test_deploy_model_takes_a_folder_a_url_or_a_repository_location(tmp_path: Pa
 
     folder = make_profile_model(tmp_path / "repo", "sim", "2")
     repo = Repository(str(tmp_path / "repo"), tmp_path / "cache")
-    assert _location(repo, str(folder)) == "sim/2"
-    assert _location(repo, "sim/2") == "sim/2"
+    assert _location(repo, str(folder))[0] == "sim/2"
+    assert _location(repo, "sim/2")[0] == "sim/2"
     root = _memory_copy(folder)
-    assert _location(Repository(root, tmp_path / "cache"), f"{root}/sim/2") == "sim/2"
+    assert _location(Repository(root, tmp_path / "cache"), f"{root}/sim/2")[0] == "sim/2"
     with pytest.raises(ClipstreamError, match="no folder .*set CLIPSTREAM_MODEL_REPOSITORY"):
         _location(Repository(None), str(tmp_path / "nope"))

@@ -15,7 +15,7 @@ from clipstream.settings import Settings
 from registry.appfile import apply_file, load_app_file
 from registry.topic import AppConfig, ModelConfig, RegistryView
 from registry.versions import check_version, history, next_version, rolled_back, unpinned_version
-from tests.unit.test_cli_input_errors import NoKafka, _model_dir, _one_line_error
+from tests.unit.test_cli_input_errors import MODEL_YAML, NoKafka, _model_dir, _one_line_error
 
 def _model(version: str = "1", location: str = "/models/m/1", **kw: object) -> ModelConfig:
     return ModelConfig(name="m", version=version, path=Path(location), location=location, **kw)  # type: ignore[arg-type]
@@ -96,6 +96,36 @@ def test_deploy_model_refuses_another_folder_for_the_deployed_version(
     result = CliRunner().invoke(main, ["deploy-model", "m", str(_model_dir(tmp_path)), "--version", "1"])
     _one_line_error(result, 1, "model m version 1 is deployed from /models/m/1", "--version N")
     assert fake.writes == [] and fake.topics == []
+
+
+def test_a_version_that_changes_the_models_input_or_labels_is_refused_before_anything_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Version 1 takes float32 [4] and answers labels [0, 1]: a version 2 that takes [5], or
+    answers other labels, would be checked and read by them while version 1 still serves, so
+    `deploy-model` and `apply` refuse it, naming the difference and the way out. The same
+    contract in another folder deploys."""
+    from registry.spec import load_spec
+
+    same = _model_dir(tmp_path)
+    current = _model("1", "/models/m/1", spec=load_spec(same))
+    wider = tmp_path / "wider" / "2"
+    wider.mkdir(parents=True)
+    (wider / "model.yaml").write_text(MODEL_YAML.replace("shape: [4]", "shape: [5]"))
+    fake, result = _deployed(monkeypatch, RegistryView(models={"m": current}), "m", str(wider))
+    _one_line_error(result, 1, "model m version 2 takes float32 [5] where version 1 takes float32 [4]",
+                    "serve the changed model under a new name", "clipstream link APP m --unlink")
+    assert fake.writes == [] and fake.topics == []
+    named = tmp_path / "named" / "2"
+    named.mkdir(parents=True)
+    (named / "model.yaml").write_text(MODEL_YAML.replace("labels: [0, 1]", "labels: [cat, dog]"))
+    fake, result = _deployed(monkeypatch, RegistryView(models={"m": current}), "m", str(named))
+    _one_line_error(result, 1, "model m version 2 has labels ['cat', 'dog'] where version 1 has [0, 1]")
+    (tmp_path / "app.yaml").write_text("models:\n  - {name: m, path: wider/2}\n")
+    with pytest.raises(ConfigError, match=r"model m version 2 takes float32 \[5\] where version 1 takes float32 \[4\]"):
+        apply_file(Settings(), tmp_path / "app.yaml", RegistryView(models={"m": current}))  # before any write
+    fake, result = _deployed(monkeypatch, RegistryView(models={"m": current}), "m", str(same), "--version", "2")
+    assert result.exit_code == 0 and "model m version 2 deployed" in result.output, result.output  # type: ignore[attr-defined]
 
 
 def test_a_version_that_never_served_is_retired_when_another_is_deployed(

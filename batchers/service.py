@@ -43,7 +43,7 @@ from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, enc
 from topics.catalogue import Catalogue
 from topics.emitter import Emitter
 from topics.intake import Record
-from topics.markers import marker_version
+from topics.markers import FAILED_PREFIX, marker_version
 from topics.sizes import RECORD_ALLOWANCE, item_bytes, too_large_input
 
 log = logging.getLogger("clipstream.batcher")
@@ -274,6 +274,14 @@ class BatcherService(Outputs, FanOut, Follow):
                     self.switch.mark_ready(version, stats.replica, stats.created_us)
                     self._maybe_switch(now)
                     self._maybe_grow(now)
+                    continue
+                version = marker_version(stats, FAILED_PREFIX)
+                if version is not None:  # a worker could not load ``version``: its batches stay
+                    if version == self.switch.target and not self.switch.failed():
+                        log.warning("batcher %s: replica %d could not load version %s; its batches stay on version "
+                                    "%s (deploy a fixed version, or `clipstream rollback`)", self.model.name,
+                                    stats.replica, version, self.switch.current)
+                    self.switch.mark_failed(version, stats.created_us)
                     continue
                 keys += self.core.on_stats(stats, now)
             except Exception as exc:  # undecodable, or one the batcher cannot use: the rest still count

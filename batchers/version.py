@@ -38,7 +38,9 @@ class VersionSwitch:
 
     It moves once every replica of the new version has a marker made since the registry named
     it, or after ``timeout_us`` without them: a worker that never gets ready (or one too old to
-    write markers) must not pin the old version for ever.
+    write markers) must not pin the old version for ever. A worker that said it could not load
+    the new version (a failure marker) does: the old version serves on until every replica is
+    ready after all, or the registry names another version.
     """
 
     current: str | None
@@ -47,6 +49,7 @@ class VersionSwitch:
     target_replicas: int = 0
     since_us: int = 0
     _marks: dict[tuple[str, int], int] = field(default_factory=dict)  # (version, replica) -> made at
+    _failed: dict[str, int] = field(default_factory=dict)  # version -> when a replica last said it failed to load
     # more replicas of the current version: the new ones, from ``grow_from`` up to ``grow_to``,
     # get batches once their workers say they are ready too (0: no growth waits)
     grow_from: int = 0
@@ -85,6 +88,14 @@ class VersionSwitch:
         key = (version, replica)
         self._marks[key] = max(made_us, self._marks.get(key, made_us))
 
+    def mark_failed(self, version: str, made_us: int) -> None:
+        self._failed[version] = max(made_us, self._failed.get(version, made_us))
+
+    def failed(self) -> bool:
+        """A replica of the target version said, since the registry named it, that it could not
+        load it."""
+        return self.target is not None and self._failed.get(self.target, 0) >= self.since_us - MARKER_LEAD_US
+
     def missing(self) -> list[int]:
         """Replicas of the target version that have not said they are ready (since it was named)."""
         if self.target is None:
@@ -98,7 +109,7 @@ class VersionSwitch:
             return None
         if not self.missing():
             return "ready"
-        return "timeout" if now_us - self.since_us >= self.timeout_us else None
+        return "timeout" if now_us - self.since_us >= self.timeout_us and not self.failed() else None
 
     def switch(self) -> str | None:
         """Move to the target; returns the version left. Its workers are told to leave, so

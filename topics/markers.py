@@ -4,7 +4,8 @@ Both are ordinary records of their topic's schema (the Avro schemas stay as they
 
 - a **readiness marker** on ``batch-stats.<model>``: a ``BatchStats`` with no batch, written by
   a worker once its version's model is loaded and warm, so the batcher knows it may move the
-  model's batches to that version;
+  model's batches to that version; a **failure marker**, written by a worker that could not
+  load its version, tells the batcher never to move them there for want of markers;
 - a **handover** on ``batches.<model>``: a ``Batch`` with no items, stamped with the version the
   batcher moves to, sent to each partition; read after every batch of the old version there,
   it tells the old version's worker that nothing more is coming for it. A handover whose id
@@ -19,6 +20,7 @@ from __future__ import annotations
 from schemas import Batch, BatchStats
 
 READY_PREFIX = "ready/"
+FAILED_PREFIX = "failed/"
 RETIRE_PREFIX = "retire/"
 HANDOVER_PREFIX = "handover-"
 
@@ -29,10 +31,17 @@ def ready_marker(model: str, version: str, replica: int, worker_id: str, now_us:
                       service_us=0, queue_wait_us=0, errors=0, worker_id=worker_id, created_us=now_us)
 
 
-def marker_version(stats: BatchStats) -> str | None:
-    """The version a readiness marker announces; None for an ordinary batch report."""
-    if stats.batch_size == 0 and stats.batch_id.startswith(READY_PREFIX):
-        return stats.batch_id[len(READY_PREFIX):]
+def failed_marker(model: str, version: str, replica: int, worker_id: str, now_us: int) -> BatchStats:
+    """A worker's "version ``version`` of ``model``, replica ``replica``, could not load"."""
+    return BatchStats(batch_id=FAILED_PREFIX + version, model=model, replica=replica, batch_size=0,
+                      service_us=0, queue_wait_us=0, errors=1, worker_id=worker_id, created_us=now_us)
+
+
+def marker_version(stats: BatchStats, prefix: str = READY_PREFIX) -> str | None:
+    """The version a readiness marker (or, with ``FAILED_PREFIX``, a failure marker) announces;
+    None for an ordinary batch report or the other marker."""
+    if stats.batch_size == 0 and stats.batch_id.startswith(prefix):
+        return stats.batch_id[len(prefix):]
     return None
 
 

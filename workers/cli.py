@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import click
@@ -24,7 +25,7 @@ from registry.topic import ModelConfig, RegistryFollower
 from topics.stage import exit_code
 from workers.backends import BatchModel, load_model
 from workers.group import GroupModel, Member
-from workers.loaded import say_not_loaded
+from workers.loaded import say_not_loaded, tell_batcher_not_loaded
 from workers.settings import WorkerSettings
 from workers.worker import Worker
 
@@ -144,9 +145,16 @@ def worker(
         running = Worker(settings, model, name, version=version, replica=replica, replicas=replicas,
                          worker_settings=ws, own_version_only=own_version_only, batches=not single)
         running.run()
-    except ClipstreamError as exc:
-        if running is None or not running.ready_us:  # it never served: readiness says why (clipstream.loaded)
+    except Exception as exc:
+        served_once = running is not None and bool(running.ready_us)
+        if served_once and not isinstance(exc, ClipstreamError):
+            raise
+        if not served_once:  # it never served: readiness says why (clipstream.loaded), and the batcher stays
             say_not_loaded(settings, served, replica, one_line(exc))
+            if own_version_only and version is not None:
+                tell_batcher_not_loaded(settings, name, version, replica)
+            if not isinstance(exc, ClipstreamError):  # not one of ours: where it came from is in the log
+                traceback.print_exc()
         click.echo(f"error: worker {name} replica {replica}: {one_line(exc)}", err=True)
         sys.exit(1)
     sys.exit(exit_code())

@@ -61,3 +61,23 @@ def say_not_loaded(settings: Settings, served: Served, replica: int, reason: str
             client.close()
     except REDIS_AWAY:
         pass
+
+
+def tell_batcher_not_loaded(settings: Settings, name: str, version: str, replica: int) -> None:
+    """A deployed worker that could not load ``version`` of ``name`` (a model or group) says so
+    on its ``batch-stats`` topic, so the batcher keeps the batches on the version that serves
+    (``batchers.version``); best effort, as the reason is in Redis and the log already."""
+    import socket
+
+    from schemas import encode
+    from topics.catalogue import Catalogue
+    from topics.emitter import Emitter
+    from topics.markers import failed_marker
+
+    marker = failed_marker(name, version, replica, f"{socket.gethostname()}:{name}.{replica}", int(time.time() * 1e6))
+    emitter = Emitter(settings, name=f"worker {name}.{replica}")
+    try:
+        emitter.send(Catalogue.from_settings(settings).batch_stats(name).name, encode(marker))
+    finally:
+        emitter.close(timeout_s=5.0)
+

@@ -130,7 +130,8 @@ class _Stalled:
         return bool(before) and sent - before[-1] < 3 and len(given_up) >= 5
 
 
-def _up_one_model_app(settings: Any, tmp_path: Path, app: str, slo_ms: float) -> tuple[UpProcess, dict[str, str], int]:
+def _up_one_model_app(settings: Any, tmp_path: Path, app: str, slo_ms: float,
+                      **extra_env: str) -> tuple[UpProcess, dict[str, str], int]:
     """`clipstream up` of one `single` app over model flip, version 1 (in tmp_path/models)."""
     (tmp_path / "app.yaml").write_text(yaml.safe_dump({
         "apps": [{"name": app, "policy": "single", "slo_ms": slo_ms, "default_output": -1, "models": ["flip"]}],
@@ -139,7 +140,7 @@ def _up_one_model_app(settings: Any, tmp_path: Path, app: str, slo_ms: float) ->
     port = pick_free_ports(1)[0]
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
            "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"), "CLIPSTREAM_UP_SELECTORS": "1",
-           "CLIPSTREAM_UP_WARM_UP_S": "3"}
+           "CLIPSTREAM_UP_WARM_UP_S": "3", **extra_env}
     return UpProcess(tmp_path / "app.yaml", port, env, ROOT), env, port
 
 
@@ -260,6 +261,45 @@ def test_a_rollback_from_a_slow_version_is_answered_by_the_model_again(settings:
         _stop(up.proc)
     assert not load.errors, load.errors[:5]
     assert set(load.outputs_since(settled)) == {1}, load.outputs_since(settled)
+
+
+NO_LOAD = '''
+class Model:
+    """A version whose weights are missing: it never loads."""
+    def __init__(self, path, config):
+        raise RuntimeError("weights.bin is missing")
+'''
+
+
+def test_a_version_that_cannot_load_never_takes_the_batches_even_after_the_switch_timeout(
+        settings: Any, tmp_path: Path) -> None:
+    """Version 2's worker fails to load it, and says so to the batcher (a failure marker). The
+    batcher's wait for version 2's ready markers times out after 5 s here, and still keeps the
+    batches on version 1: every query after that is answered by version 1, none by a default."""
+    app = f"noload{uuid.uuid4().hex[:6]}"
+    models = tmp_path / "models"
+    make_python_model(models, "flip", ANSWERS.format(label=1, load_s=0), labels=[0, 1, 2], version="1")
+    make_python_model(models, "flip", NO_LOAD, labels=[0, 1, 2], version="2")
+    up, env, port = _up_one_model_app(settings, tmp_path, app, 500, CLIPSTREAM_BATCHER_VERSION_SWITCH_TIMEOUT_S="5")
+    load = Load(f"http://127.0.0.1:{port}", app)
+    try:
+        _begin(up, load)
+        _cli("deploy-model", "flip", str(models / "flip" / "2"), "--version", "2", env=env)
+        deployed = time.monotonic()
+        log = next((tmp_path / "state" / "up").glob("gateway-*")) / "batchers-flip.log"
+        wait_until(lambda: log.exists() and "could not load version 2; its batches stay on version 1"
+                   in log.read_text(), 120, "the batcher to hear that version 2 did not load")
+        wait_until(lambda: time.monotonic() > deployed + 15, 30, "the switch timeout to pass")
+        late = time.monotonic()
+        wait_until(lambda: len(load.answers_since(late)) >= 20, 30, "answers after the timeout")
+        version, serving = _serving(env)
+    finally:
+        load.halt()
+        _stop(up.proc)
+    assert not load.errors, load.errors[:5]
+    after = load.answers_since(late)
+    assert [r for r in after if r["default"]] == [] and {r["output"] for r in after} == {1}, after[:3]
+    assert (version, serving) == ("2", {"1"})
 
 
 def test_a_batcher_begun_again_during_a_version_change_keeps_sending_to_the_version_that_serves(

@@ -66,6 +66,31 @@ def test_a_deploy_undone_before_it_was_ready_moves_nothing_and_a_timeout_moves_a
     assert sw.due(229 * S) is None and sw.due(230 * S) == "timeout"
 
 
+def test_a_version_a_worker_could_not_load_never_takes_the_batches_for_want_of_markers() -> None:
+    """Version 2's replica said it failed to load: the timeout no longer moves the batches to
+    it; a ready marker from every replica still does, and another version times out as before.
+    A failure said for an earlier attempt of the same version does not count."""
+    sw = VersionSwitch("1", timeout_us=30 * S)
+    sw.mark_failed("2", 100 * S - MARKER_LEAD_US - S)  # an earlier attempt at version 2
+    sw.want("2", 2, now_us=100 * S)
+    assert not sw.failed() and sw.due(130 * S) == "timeout"
+    sw.mark_failed("2", 105 * S)
+    assert sw.failed() and sw.due(130 * S) is None and sw.due(1000 * S) is None and sw.current == "1"
+    sw.mark_ready("2", 0, 1001 * S)
+    sw.mark_ready("2", 1, 1002 * S)  # both replicas loaded it after all (a restart)
+    assert sw.due(1002 * S) == "ready"
+    sw.want("3", 1, now_us=2000 * S)  # another version: its own failures only
+    assert not sw.failed() and sw.due(2030 * S) == "timeout"
+
+
+def test_a_failure_marker_is_an_ordinary_report_that_no_batch_is_credited_for() -> None:
+    from topics.markers import FAILED_PREFIX, failed_marker
+
+    marker = decode_as(BatchStats, encode(failed_marker("m", "2", 1, "host:m.1", 5)))
+    assert marker_version(marker, FAILED_PREFIX) == "2" and marker_version(marker) is None
+    assert marker_version(ready_marker("m", "2", 1, "host:m.1", 5), FAILED_PREFIX) is None
+
+
 def test_markers_and_handovers_are_ordinary_records_of_their_topics() -> None:
     marker = decode_as(BatchStats, encode(ready_marker("m", "2", 1, "host:1:m.1", 5)))
     assert marker_version(marker) == "2" and marker.replica == 1 and marker.batch_size == 0

@@ -139,7 +139,9 @@ class Codec:
             self.resolver(fp)
             schema = self._by_fingerprint.get(fp)
         if schema is None:
-            raise DecodeError(f"unknown schema fingerprint {fp:016x} (header bytes {bytes(data[:HEADER_LEN]).hex()})")
+            raise DecodeError(f"unknown schema fingerprint {fp:016x} (header bytes {bytes(data[:HEADER_LEN]).hex()}): "
+                              "write the fingerprint of a clipstream schema's canonical form, with Tensor's "
+                              "definition inlined (docs/KAFKA_CLIENTS.md lists each record's first 10 bytes)")
         return schema
 
     @staticmethod

@@ -147,7 +147,7 @@ class Client:
 
     def predict(
         self,
-        app: str | None = None,
+        app: Any = None,
         input: Any = _MISSING,
         context: str | None = None,
         slo_ms: float | None = None,
@@ -155,15 +155,18 @@ class Client:
     ) -> dict[str, Any]:
         """The answer as the gateway's JSON (``output``, ``confidence``, ``default``, ...).
 
-        ``predict("digits", x)``, or ``predict(input=x)`` with the client's default app.
+        ``predict("digits", x)``, or ``predict(x)`` (``predict(input=x)``) with the client's
+        default app: with one, a lone argument is the input, as an input is always needed.
         ``binary``: send a numpy ``input`` as its raw bytes, which must then be of the model's
         dtype (``GET /v1/apps/{app}`` says which); an image goes at its own size, not three
         times it as JSON numbers. A ``str`` input goes as its UTF-8, for a model of one ``string``
         or ``bytes`` element (a document, an encoded image); a ``bytes`` input always goes so.
         Raises a ``GatewayError`` subclass on 4xx/5xx (the reason is the gateway's).
         """
+        if input is _MISSING and app is not None and self.app:
+            app, input = None, app
         if input is _MISSING:
-            raise TypeError("predict() needs an input")
+            raise TypeError("predict() needs an input: predict(APP, INPUT), or predict(INPUT) with Client(url, app=APP)")
         app = self._app(app)
         fields: dict[str, Any] = {k: v for k, v in (("context", context), ("slo_ms", slo_ms)) if v is not None}
         if binary or isinstance(input, (bytes, bytearray, memoryview)):  # JSON has no bytes: their raw body

@@ -84,6 +84,10 @@ def test_default_app_of_the_client(bus):
     with TestClient(make_app(bus)) as http:
         c = Client(app="pets", http=http)
         assert c.predict(input=GOOD)["output"] == "dog"
+        assert c.predict(GOOD)["output"] == "dog"  # a lone argument is the input
+        assert c.predict("pets", GOOD)["output"] == "dog"
+        with pytest.raises(TypeError, match=r"predict\(APP, INPUT\), or predict\(INPUT\) with Client\(url, app=APP\)"):
+            Client(http=http).predict(GOOD)  # no default app: the one argument is an app, and the input is missing
         c.feedback("q-1", "cat")
         assert bus.feedback[-1][0].app == "pets"
 

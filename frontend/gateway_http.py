@@ -240,6 +240,8 @@ async def _send_json(send: Any, status: int, body: dict[str, Any], headers: Mapp
 # what a caller or an operator can do about a body over the limit
 BODY_LIMIT_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; a large input goes at its own size as raw bytes, "
                    "Content-Type: application/octet-stream)")
+RAW_BODY_LIMIT_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES: the gateway's operator raises it, and "
+                       "CLIPSTREAM_MAX_RECORD_BYTES with it, for raw inputs this large)")
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None = None, *, hint: str = BODY_LIMIT_HINT,
@@ -251,6 +253,8 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     A body over the limit is read to its end and dropped (up to ``DRAIN_BYTES``, within the
     same deadline) before the 413 goes out: a server that closes on unread bytes resets the
     connection, and the caller, still sending, never reads the answer."""
+    if hint is BODY_LIMIT_HINT and request.headers.get("content-type", "").startswith("application/octet-stream"):
+        hint = RAW_BODY_LIMIT_HINT  # already raw bytes: only the limit can change
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity") and not inflates:
         raise HTTPProblem(415, f"Content-Encoding {encoding[:32]!r} is not taken here: send the body uncompressed")

@@ -240,6 +240,9 @@ def test_body_over_the_limit_is_413_declared_or_streamed():
         r = c.post("/v1/apps/pets/predict", json=big)
         assert r.status_code == 413  # and what to do: raise the limit, or send the input's raw bytes
         assert "CLIPSTREAM_GATEWAY_MAX_BODY_BYTES" in r.json()["detail"] and "application/octet-stream" in r.text
+        raw = c.post("/v1/apps/pets/predict", content=b"\0" * 200, headers={"content-type": "application/octet-stream"})
+        assert raw.status_code == 413 and "octet-stream" not in raw.json()["detail"], raw.text  # raw already
+        assert "CLIPSTREAM_MAX_RECORD_BYTES with it" in raw.json()["detail"]
         # no Content-Length (chunked): the actual bytes are counted
         chunks = (b'{"input": [[1,2,3],[4,5,6]], "pad": "' + b"x" * 50 for _ in range(3))
         r = c.post("/v1/apps/pets/predict", content=chunks)

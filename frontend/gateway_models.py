@@ -8,6 +8,7 @@ something its caller did not send.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -24,9 +25,10 @@ MAX_CONTEXT_CHARS = 256  # a context names a policy state in Redis: a key, not a
 
 
 class PredictRequest(BaseModel):
-    """``{"input": [...], "context": "user-42", "slo_ms": 50}``; only ``input`` is required."""
+    """``{"input": [...], "context": "user-42", "slo_ms": 50}``; only ``input`` is required. Any
+    other field is refused: a misspelt ``slo_ms`` would otherwise be dropped without a word."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     input: Any = Field(description="One example: a number or nested lists matching the model's input shape "
                        "(strings, for a model of dtype string or bytes).")
@@ -106,12 +108,18 @@ class ErrorBody(BaseModel):
     detail: str
 
 
-def validation_reason(exc: ValidationError) -> str:
-    """One line from pydantic's errors: ``slo_ms: Input should be greater than 0``."""
+def validation_reason(exc: ValidationError, known: tuple[str, ...] = ()) -> str:
+    """One line from pydantic's errors: ``slo_ms: Input should be greater than 0``; a field
+    not among ``known`` is named with the nearest known one."""
     parts = []
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"{loc}: {err.get('msg')}")
+        if err.get("type") == "extra_forbidden" and known:
+            near = difflib.get_close_matches(loc, known, n=1, cutoff=0.5)
+            parts.append(f"{loc}: not a field of this body{f' (did you mean {near[0]!r}?)' if near else ''}; "
+                         f"it holds {', '.join(known)}")
+        else:
+            parts.append(f"{loc}: {err.get('msg')}")
     return "; ".join(parts)
 
 

@@ -50,7 +50,7 @@ def _checked(body: Any, read: Callable[[PredictRequest], Any], max_record_bytes:
     try:
         req = PredictRequest.model_validate(body)
     except ValidationError as exc:
-        raise HTTPProblem(422, validation_reason(exc)) from None
+        raise HTTPProblem(422, validation_reason(exc, tuple(PredictRequest.model_fields))) from None
     try:
         tensor = Tensor.of(read(req))  # encoded once: its size is checked, then it is sent
     except InputError as exc:

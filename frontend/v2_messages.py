@@ -164,9 +164,11 @@ def read_rows(shape: list[int], datatype: str, spec: TensorSpec, *, values: list
 
 
 def predict_request(params: dict[str, Any]) -> PredictRequest:
-    """The request's ``context`` and ``slo_ms``, checked as a predict's are."""
+    """The request's ``context`` and ``slo_ms``, checked as a predict's are; its other
+    parameters (a Triton client's ``binary_data_output``, say) are not clipstream's."""
     try:
-        return PredictRequest.model_validate({"input": None, **params})
+        return PredictRequest.model_validate({"input": None, **{k: params[k] for k in ("context", "slo_ms")
+                                                                  if k in params}})
     except ValidationError as exc:
         raise bad(f"parameters: {validation_reason(exc)}") from None
 

@@ -105,6 +105,19 @@ def test_feedback_label_of_the_wrong_type_is_422() -> None:
     assert len(bus.feedback) == 2
 
 
+def test_a_misspelt_field_of_a_predict_body_is_a_422_naming_the_field_meant() -> None:
+    """`slo` for `slo_ms` is refused, not dropped with the app's SLO used instead; nothing is
+    sent for it, and the right body is answered."""
+    bus = FakeBus(answer)
+    with TestClient(make_app(bus)) as c:
+        r = c.post("/v1/apps/pets/predict", json={"input": GOOD, "slo": 5})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == ("slo: not a field of this body (did you mean 'slo_ms'?); it holds input, "
+                                      "context, slo_ms")
+        assert bus.queries == [] and bus.requests == []
+        assert c.post("/v1/apps/pets/predict", json={"input": GOOD, "slo_ms": 500}).status_code == 200
+
+
 def test_feedback_for_a_query_with_no_stored_predictions_is_202_with_the_reason() -> None:
     app = make_app(FakeBus(answer))
     known = {"q-known"}

@@ -10,10 +10,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -90,6 +90,16 @@ class Settings(BaseSettings):
     model_repository: str | None = None
 
 
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism")
+    @classmethod
+    def _one_kafka_knows(cls, value: str | None, info: Any) -> str | None:
+        """A value librdkafka would refuse, refused here with the ones it takes, not as a
+        traceback from the first client."""
+        known = KAFKA_CHOICES[info.field_name]
+        if value is not None and value.upper() not in known:
+            raise ValueError(f"{value!r} is not one of {', '.join(known)}")
+        return value
+
     @model_validator(mode="after")
     def _password_out_of_the_url(self) -> "Settings":
         url, password = split_url_password(self.redis_url)
@@ -144,6 +154,25 @@ def get_settings(**overrides: object) -> Settings:
 T = TypeVar("T")
 
 
+KAFKA_CHOICES = {"kafka_security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+                 "kafka_sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")}
+SECRET_WORDS = ("key", "password", "secret", "token")  # a setting named so is never printed, nor what is under it
+
+
+def _shown_setting(title: str, loc: tuple[Any, ...], value: Any) -> str:
+    """A bad setting as an error names it: its name and value, but neither for a secret (an
+    API key is also the name of its entry in ``app_keys``), a Redis URL with its password
+    hidden, and only the settings' name for a check across several (its value holds them all)."""
+    if not loc:
+        return title
+    name = str(loc[0])
+    if any(word in name for word in SECRET_WORDS):
+        return f"{name} (its value not shown)"
+    if name == "redis_url" and isinstance(value, str):
+        return f"{name} = {redacted_url(value)!r}"
+    return f"{'.'.join(str(part) for part in loc)} = {value!r}"
+
+
 def settings_or_exit(make: Callable[[], T]) -> T:
     """``make()`` for a stage's command: a bad ``CLIPSTREAM_*`` value (pydantic names it in a
     ValueError) ends the process with that message and exit code 2, not a traceback."""
@@ -151,9 +180,8 @@ def settings_or_exit(make: Callable[[], T]) -> T:
         return make()
     except ValidationError as exc:  # one line per bad value, not pydantic's four
         for err in exc.errors():
-            field = ".".join(str(part) for part in err["loc"]) or exc.title
-            print(f"error: setting {field} = {err.get('input')!r}: {err['msg']}; fix the CLIPSTREAM_* variable "
-                  f"that sets it", file=sys.stderr, flush=True)
+            print(f"error: setting {_shown_setting(exc.title, err['loc'], err.get('input'))}: {err['msg']}; fix the "
+                  "CLIPSTREAM_* variable that sets it", file=sys.stderr, flush=True)
         sys.exit(2)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -18,3 +18,24 @@ def test_bad_setting_is_named_and_exits_2(args: list[str], env: dict[str, str], 
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and name in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"CLIPSTREAM_GATEWAY_API_KEYS": "LEAKME-1", "CLIPSTREAM_GATEWAY_APP_KEYS": '{"LEAKME-2": ["digits"]}',
+      "CLIPSTREAM_GATEWAY_TLS_CERT": "/tmp/cert.pem"}, "TLS_CERT and CLIPSTREAM_GATEWAY_TLS_KEY go together"),
+    ({"CLIPSTREAM_GATEWAY_APP_KEYS": '{"LEAKME-3": "digits"}'}, "setting app_keys (its value not shown)"),
+    ({"CLIPSTREAM_REDIS_URL": "redis://:LEAKME-4@127.0.0.1:x/0"}, "Port could not be cast to integer"),
+])
+def test_a_bad_setting_never_prints_a_secret(env: dict[str, str], said: str) -> None:
+    """An API key is both a value and, in app_keys, the name of an entry; a check across
+    several settings is given all of them: none of it is printed."""
+    result = CliRunner().invoke(main, ["gateway"], env=env)
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "LEAKME" not in result.output, result.output
+
+
+def test_a_kafka_setting_librdkafka_would_refuse_is_one_line_naming_the_choices() -> None:
+    result = CliRunner().invoke(main, ["inspect"], env={"CLIPSTREAM_KAFKA_SECURITY_PROTOCOL": "bogus"})
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "kafka_security_protocol = 'bogus': Value error, 'bogus' is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, " \
+           "SASL_SSL" in result.output, result.output

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from clipstream.infra import PARENT_ENV, die_with
 from clipstream.spare import wait_if_spare
 
 # command name -> "module:attribute" of a click command or group
@@ -92,7 +93,10 @@ def use_recorded_infra() -> None:
 
 def run() -> None:
     """``main``; a spare of ``up``'s supervisor first imports its command, then waits to be
-    told to go on (``clipstream.spare``)."""
+    told to go on (``clipstream.spare``). A stage of ``up`` ends when that ``up`` does."""
+    parent = os.environ.pop(PARENT_ENV, None)  # not for the processes this one starts
+    if parent is not None and parent.isdigit():
+        die_with(int(parent))
     if len(sys.argv) > 1:
         wait_if_spare(lambda: main.get_command(click.Context(main), sys.argv[1]))
     main()

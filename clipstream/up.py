@@ -6,7 +6,8 @@ registry, so a model deployed or linked later (or given more replicas) gets its 
 without a restart. A new version of a model (``deploy-model``, ``rollback``) gets its own
 workers beside the old version's, which serve until the batcher moves the model's batches to
 the new ones, once they are loaded and warm (docs/design/0021).
-Ctrl-C or SIGTERM stops everything it started, the infrastructure too.
+Ctrl-C, SIGTERM or SIGHUP stops everything it started, the infrastructure too. Killed outright,
+it takes its stages with it (``clipstream.infra.die_with``); Kafka and Redis then run on.
 
 The batchers of all models run in one process by default (``CLIPSTREAM_UP_BATCHERS=shared``),
 as Clipper keeps every model's batching queue in one process: each model still has its own
@@ -34,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clipstream.errors import ClipstreamError, InfraError
 from clipstream.front_ports import GATEWAY_DEFAULTS, choose_grpc_port, choose_http_port, gateway_url
-from clipstream.infra import launcher
+from clipstream.infra import PARENT_ENV, launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
 from clipstream.pipeline import Pipeline, gateway_stages, say, stage_argv
@@ -104,7 +105,7 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
     except ClipstreamError as exc:
         say(f"error: {exc}")
         raise SystemExit(1) from None
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: its terminal closed
         signal.signal(sig, run.on_signal)
     try:
         run.settings, run.started_infra = _ensure_infra(run.settings, free_ports)
@@ -169,7 +170,7 @@ class _Run:
     follower: RegistryFollower | None = None
 
     def on_signal(self, *_: Any) -> None:
-        """SIGINT/SIGTERM: once serving, only ask ``watch`` to stop; while still starting, also
+        """SIGINT/SIGTERM/SIGHUP: once serving, only ask ``watch`` to stop; while still starting, also
         interrupt whatever waits, so that ``finally`` cleans up."""
         self.stop.set()
         if self.supervisor is not None:
@@ -205,6 +206,7 @@ def _stage_env(settings: Settings, gateway_port: int | None) -> dict[str, str]:
         **settings.secret_env(),  # the URL's password moved to CLIPSTREAM_REDIS_PASSWORD
         "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix,
         "PYTHONUNBUFFERED": "1",
+        PARENT_ENV: str(os.getpid()),  # a stage ends with this up, even one killed outright
     }
     if gateway_port is not None:
         env["CLIPSTREAM_GATEWAY_PORT"] = str(gateway_port)

@@ -73,6 +73,19 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# the pid of the ``up`` that started this stage: the stage ends with it (``die_with``)
+PARENT_ENV = "CLIPSTREAM_STAGE_OF"
+
+
+def die_with(parent: int) -> None:
+    """Ask Linux to SIGTERM this process when ``parent``, which started it, ends, even by
+    SIGKILL: a stage left behind would hold its port and answer every query with a default.
+    Set here, after exec, so no Python runs between fork and exec in a threaded parent."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it ended before prctl took effect
+        raise SystemExit(f"the clipstream up (pid {parent}) that started this stage has ended")
 
 
 def _die_with_parent_hook() -> Callable[[], None] | None:

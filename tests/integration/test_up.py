@@ -264,6 +264,17 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
     wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")
 
 
+def test_an_up_killed_outright_takes_its_stages_with_it(settings, tmp_path):
+    """SIGKILL gives `up` no chance to stop its stages: each ends by itself (Linux tells it
+    its parent is gone), rather than holding the gateway's port and answering defaults."""
+    proc, _ = _starting(settings, tmp_path)
+    stages = [pid for pid in _ours(settings.topic_prefix, spares=True) if pid != proc.pid]
+    assert len(stages) >= 5, stages
+    proc.kill()
+    proc.wait(30)
+    wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 60, "every stage of the killed up to exit")
+
+
 BROKEN = '''
 class Model:
     """Its weights are missing: it never loads."""
@@ -298,8 +309,9 @@ def _one_model_app(settings: Any, tmp_path: Path, model: str, code: str) -> dict
             "PYTHONUNBUFFERED": "1"}
 
 
-def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(settings, tmp_path):
-    """The reader of `up`'s output (a terminal, a benchmark) may be gone when it is stopped."""
+def _starting(settings: Any, tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """`up` of a model that takes a minute to load, once its five stages have started; its
+    output so far."""
     env = _one_model_app(settings, tmp_path, "slow", SLOW_TO_LOAD)
     proc = subprocess.Popen(
         [sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"),
@@ -313,8 +325,16 @@ def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(sett
         if line.startswith("starting "):
             break
     wait_until(lambda: len(_ours(settings.topic_prefix)) >= 6, 60, "up and its five stages to start")
+    return proc, seen
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP: the terminal that ran it closed
+def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(settings, tmp_path, sig):
+    """The reader of `up`'s output (a terminal, a benchmark) may be gone when it is stopped."""
+    proc, seen = _starting(settings, tmp_path)
+    assert proc.stdout is not None
     proc.stdout.close()  # nobody reads `up` any more
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:
@@ -323,6 +343,17 @@ def test_sigterm_while_starting_stops_every_stage_even_with_its_output_gone(sett
     # stopped while starting: `up`'s code for an interrupted start (130), not a crash (1) on the closed pipe
     assert proc.returncode == 130, "\n".join(seen)
     wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")
+
+
+def test_an_up_killed_outright_takes_its_stages_with_it(settings, tmp_path):
+    """SIGKILL gives `up` no chance to stop its stages: each ends by itself (Linux tells it
+    its parent is gone), rather than holding the gateway's port and answering defaults."""
+    proc, _ = _starting(settings, tmp_path)
+    stages = [pid for pid in _ours(settings.topic_prefix, spares=True) if pid != proc.pid]
+    assert len(stages) >= 5, stages
+    proc.kill()
+    proc.wait(30)
+    wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 60, "every stage of the killed up to exit")
 
 
 BROKEN = '''

@@ -32,7 +32,7 @@ COMMANDS: dict[str, str] = {
     "rollback": "frontend.cli:rollback",
     "remove-model": "frontend.cli:remove_model",
     "remove-app": "frontend.cli:remove_app",
-    "inspect": "frontend.cli:inspect_registry",
+    "inspect": "frontend.inspect_cli:inspect_registry",
     "up": "clipstream.up:up",
 }
 

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import frontend.cli as registry_cli
+import frontend.inspect_cli as inspect_cli
 import frontend.serving as serving
 import topics.tail as tail
 from clipstream.cli import main
@@ -96,6 +97,7 @@ class NoKafka:
         monkeypatch.setattr(serving, "sync_client", lambda settings: Redis())
         monkeypatch.setattr(registry_cli, "RegistryWriter", Writer)
         monkeypatch.setattr(registry_cli, "read_view", read_view)
+        monkeypatch.setattr(inspect_cli, "read_view", read_view)
         monkeypatch.setattr(registry_cli, "ensure_model_topics", ensure_model_topics)
         return self
 

@@ -128,6 +128,21 @@ def test_a_version_that_changes_the_models_input_or_labels_is_refused_before_any
     assert result.exit_code == 0 and "model m version 2 deployed" in result.output, result.output  # type: ignore[attr-defined]
 
 
+def test_set_replicas_of_a_group_sets_every_members_and_the_groups_topics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batcher's alert names a group as the thing to give replicas to: each member gets
+    them, as they are served together, and the group's topics get the partitions."""
+    from registry.groups import groups_of
+
+    members = {n: replace(_model("1", f"/models/{n}/1"), name=n, group="g") for n in ("a", "b")}
+    fake = NoKafka(RegistryView(models=members, groups=groups_of(members))).install(monkeypatch)
+    result = CliRunner().invoke(main, ["set-replicas", "g", "3"])
+    assert result.exit_code == 0 and "group g: 3 replicas" in result.output, result.output
+    assert sorted((args[0], args[3]) for verb, args in fake.writes if verb == "model") == [("a", 3), ("b", 3)]
+    assert ("g", 3) in fake.topics
+    unknown = CliRunner().invoke(main, ["set-replicas", "nope", "2"])
+    _one_line_error(unknown, 1, "no model 'nope' in the registry")
+
+
 def test_a_version_that_never_served_is_retired_when_another_is_deployed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

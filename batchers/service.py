@@ -214,8 +214,9 @@ class BatcherService(Outputs, FanOut, Follow):
             hits, misses = await self._look_up(arrived)
             for p in misses:
                 self.core.admit(p)
-            if hits:
-                self.counts["cached"] += len(hits)
+            if hits:  # a request counts once, and only when every model it asks was a hit (a group's)
+                missed = {id(p.request) for p in misses}
+                self.counts["cached"] += len({id(p.request) for p, _ in hits} - missed)
                 self._emit(hits)
             if misses:
                 self.wake.set()
@@ -319,7 +320,7 @@ class BatcherService(Outputs, FanOut, Follow):
                     for p in served]
             out += self._expired(expired, now)
         if out:
-            self.counts["cached"] += sum(1 for _, p in out if p.status == "cached")
+            self.counts["cached"] += len({id(p.request) for p, pred in out if pred.status == "cached"})
             self._emit(out)
         self.wake.set()  # requests sent back to the queue
 

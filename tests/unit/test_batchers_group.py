@@ -98,6 +98,8 @@ def test_members_that_hit_the_cache_are_answered_and_the_batch_asks_only_the_oth
         producer.reports[:1] = []  # only the cached answer is acknowledged: the batch's part is open
         producer.deliver()
         assert offsets.take() == []
+        # one request, part of it batched: not counted as answered from the cache
+        assert (svc.counts["requests"], svc.counts["cached"], svc.counts["batched"]) == (1, 0, 1), svc.counts
 
     asyncio.run(run())
 
@@ -114,6 +116,7 @@ def test_a_request_every_member_answers_from_the_cache_makes_no_batch() -> None:
         assert sorted(p.model for p in decode_as(Predictions, value).items) == ["a", "c"]
         producer.deliver()
         assert [tp.offset for tp in offsets.take()] == [1]
+        assert (svc.counts["requests"], svc.counts["cached"]) == (1, 1), svc.counts  # once, not per member
 
     asyncio.run(run())
 

@@ -143,8 +143,9 @@ def _model_entry(path: Path, i: int, m: Any, repository: Repository,
         "name": m["name"],
         "version": str(m["version"]) if m.get("version") is not None else None,  # None: ``unpinned_version``
         "path": location,
-        "replicas": check_replicas(int(_number(m.get("replicas", 1), f"{path}: models[{i}].replicas", integer=True)),
-                                   f"{path}: models[{i}].replicas"),
+        # None: the registry's count (``set-replicas``'), or 1 for a new model (``apply_file``)
+        "replicas": check_replicas(int(_number(m["replicas"], f"{path}: models[{i}].replicas", integer=True)),
+                                   f"{path}: models[{i}].replicas") if m.get("replicas") is not None else None,
         **{k: check_knob(k, _number(m[k], f"{path}: models[{i}].{k}", integer=k == "max_batch_size"),
                          f"{path}: models[{i}].{k}")
            for k in _MODEL_KNOBS if m.get(k) is not None},
@@ -196,6 +197,9 @@ def apply_file(settings: Settings, path: str | Path, view: RegistryView | None =
     for m in spec.models:
         if m["version"] is None:
             m["version"], m["path"] = unpinned_version(view.model(m["name"]), m["path"])
+        if m["replicas"] is None:  # unnamed: what `set-replicas` last set stays
+            current = view.model(m["name"])
+            m["replicas"] = current.replicas if current is not None else 1
     clash = name_clash(view, {m["name"]: m.get("group") for m in spec.models})
     if clash is not None:
         raise ConfigError(f"{path}: {clash}")

@@ -291,7 +291,7 @@ def test_applying_a_file_without_versions_again_keeps_what_deploy_model_set(
 
     folder = str(_model_dir(tmp_path).resolve())
     (tmp_path / "app.yaml").write_text("models:\n" + MODEL_ENTRY % "")  # no `version:`
-    deployed = _model("2", "/elsewhere/m/2", previous_versions=("1",), previous_paths=(folder,))
+    deployed = _model("2", "/elsewhere/m/2", previous_versions=("1",), previous_paths=(folder,), replicas=3)
     written: list[dict[str, object]] = []
 
     class Writer:
@@ -313,6 +313,14 @@ def test_applying_a_file_without_versions_again_keeps_what_deploy_model_set(
     ((record),) = written
     assert (record["version"], record["path"]) == ("2", "/elsewhere/m/2")
     assert record["previous_versions"] == ["1"]  # a rollback still returns to the file's folder
+    assert record["replicas"] == 3  # what `set-replicas` set stays, as the file names no count
+    (tmp_path / "app.yaml").write_text("models:\n" + MODEL_ENTRY % ", replicas: 2")
+    apply_file(Settings(), tmp_path / "app.yaml", RegistryView(models={"m": deployed}))
+    assert written[-1]["replicas"] == 2  # a count the file names is applied
+    apply_file(Settings(), tmp_path / "app.yaml", RegistryView())  # a new model
+    (tmp_path / "app.yaml").write_text("models:\n" + MODEL_ENTRY % "")
+    apply_file(Settings(), tmp_path / "app.yaml", RegistryView())
+    assert written[-1]["replicas"] == 1
 
 
 def test_an_app_file_linking_models_of_other_inputs_or_answers_is_refused(tmp_path: Path) -> None:

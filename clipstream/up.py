@@ -42,7 +42,8 @@ from clipstream.pipeline import Pipeline, gateway_stages, say, stage_argv
 from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
 from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Supervisor
 from clipstream.warmup import warm_up
-from registry.appfile import apply_file
+from registry.appfile import apply_file, load_app_file
+from registry.repository import Repository
 from registry.topic import RegistryFollower
 from topics.catalogue import REQUEST_PARTITIONS
 from topics.client import common_config
@@ -102,6 +103,7 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
     try:  # before anything is applied or started: a taken port would fail only once all else is up
         gateway_port = choose_http_port(gateway_port, free_ports)
         grpc_port = choose_grpc_port(grpc_port, free_ports)
+        load_app_file(path, Repository.from_settings(run.settings))  # and a wrong file before Kafka starts
     except ClipstreamError as exc:
         say(f"error: {exc}")
         raise SystemExit(1) from None

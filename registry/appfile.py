@@ -162,7 +162,8 @@ def _app_entry(path: Path, i: int, a: Any, names: set[str]) -> dict[str, Any]:
     linked = _list(a.get("models"), f"{path}: apps[{i}].models")
     for m in linked:
         if not isinstance(m, str) or m not in names:
-            raise ConfigError(f"{path}: app {a['name']} links model {m!r}, not under `models:`")
+            raise ConfigError(f"{path}: app {a['name']} links model {m!r}, not under `models:`: add it there with "
+                              f"its path, or drop it from the app's models and run `clipstream link {a['name']} {m}`")
     policy_config = a.get("policy_config") or {}
     if not isinstance(policy_config, dict):
         raise ConfigError(f"{path}: apps[{i}].policy_config must be a mapping of names to numbers, "

@@ -73,6 +73,16 @@ def test_a_taken_gateway_port_fails_at_once_in_one_line(monkeypatch: pytest.Monk
     assert "Traceback" not in result.output + asked.output and not (tmp_path / "state").exists()
 
 
+def test_a_wrong_app_file_fails_before_kafka_and_redis_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A misspelt key is named at once: nothing is started, and so nothing has to be stopped."""
+    _nothing_may_start(monkeypatch)
+    (tmp_path / "app.yaml").write_text("apps:\n  - {name: a, polcy: single, models: []}\nmodels: []\n")
+    result = CliRunner().invoke(up_module.up, ["-f", str(tmp_path / "app.yaml"), "--free-ports",
+                                               "--state-dir", str(tmp_path / "state")])
+    assert result.exit_code == 1 and "did you mean `policy`" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "state").exists()
+
+
 def test_free_ports_moves_the_gateway_off_a_taken_default_port(monkeypatch: pytest.MonkeyPatch, taken: int) -> None:
     monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_PORT", str(taken))

@@ -131,8 +131,11 @@ class Codec:
     def _schema_of(self, data: bytes) -> RecordSchema:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
-        if len(data) < HEADER_LEN or bytes(data[:2]) != MAGIC:
+        if bytes(data[:2]) != MAGIC:
             raise DecodeError("not an Avro single-object record (missing C3 01 marker)")
+        if len(data) < HEADER_LEN:
+            raise DecodeError(f"an Avro single-object record cut short: {len(data)} bytes, and its header alone is "
+                              f"{HEADER_LEN} (C3 01 and the schema's 8-byte fingerprint)")
         fp = struct.unpack_from("<Q", data, 2)[0]
         schema = self._by_fingerprint.get(fp)
         if schema is None and self.resolver is not None:

@@ -160,8 +160,10 @@ def secure_broker(port: int | None, user: str, state_dir: Path | None) -> None:
     """Run a one-node broker with a SASL_SSL listener (SCRAM-SHA-512, a CA made now) until Ctrl-C.
 
     The password is CLIPSTREAM_KAFKA_SASL_PASSWORD when set, else a random one written to a
-    file only the owner reads; it is never printed. Prints the variables a stage needs."""
+    file only the owner reads; it is never printed. Prints the variables a stage needs. Its
+    folder (the CA's key, the password, the broker's data) goes when the broker stops."""
     import secrets
+    import shutil
     import socket
     import tempfile
     import time
@@ -196,12 +198,16 @@ def secure_broker(port: int | None, user: str, state_dir: Path | None) -> None:
         click.echo(f"export {key}={value}")
     click.echo(f"ready: secure broker {broker.bootstrap} (state in {folder}); Ctrl-C stops it", err=True)
     click.echo(NO_REDIS_NOTE, err=True)
+    crashed = False
     try:
         while broker.process.poll() is None:  # SIGTERM ends us, and the broker with us
             time.sleep(0.5)
+        crashed = True
         click.echo(f"error: the broker exited; its log: {broker.files.log}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         pass
     finally:
         broker.stop()
+        if not crashed:  # its CA key and password served this broker alone; a crash keeps its log
+            shutil.rmtree(folder, ignore_errors=True)

@@ -44,8 +44,9 @@ def broker(infra: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sec
     """The broker as a user starts it: ``clipstream infra up --secure``, in the foreground, with
     the password from the environment; the exports it prints say where it is and what to trust."""
     env = dict(os.environ, CLIPSTREAM_KAFKA_SASL_PASSWORD=PASSWORD, PYTHONUNBUFFERED="1")
+    state = tmp_path_factory.mktemp("secure")
     proc = subprocess.Popen([sys.executable, "-m", "clipstream.cli", "infra", "up", "--secure", "--kafka-port",
-                             str(_free_port()), "--state-dir", str(tmp_path_factory.mktemp("secure"))],
+                             str(_free_port()), "--state-dir", str(state)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     exports: dict[str, str] = {}
@@ -64,6 +65,7 @@ def broker(infra: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sec
     yield b
     proc.send_signal(signal.SIGINT)  # it stops its broker on the way out
     proc.wait(30)
+    assert not list(state.glob("secure-*")), "its CA key and password are left behind"  # useless to any other
 
 
 def _refused(conf: dict[str, Any]) -> bool:

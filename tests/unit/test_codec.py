@@ -152,6 +152,13 @@ def test_garbage_is_a_decode_error(data):
         decode(data)
 
 
+def test_a_record_cut_short_after_its_marker_says_so():
+    with pytest.raises(DecodeError, match="cut short: 5 bytes, and its header alone is 10"):
+        decode(MAGIC + b"\x01\x02\x03")
+    with pytest.raises(DecodeError, match="missing C3 01 marker"):
+        decode(b"\x00\x01")
+
+
 def test_unknown_fingerprint():
     with pytest.raises(DecodeError, match="unknown schema fingerprint 0000000000003039 "
                                           r"\(header bytes c3013930000000000000\): .*Tensor's definition inlined "

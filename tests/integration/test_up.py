@@ -264,17 +264,6 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
     wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")
 
 
-def test_an_up_killed_outright_takes_its_stages_with_it(settings, tmp_path):
-    """SIGKILL gives `up` no chance to stop its stages: each ends by itself (Linux tells it
-    its parent is gone), rather than holding the gateway's port and answering defaults."""
-    proc, _ = _starting(settings, tmp_path)
-    stages = [pid for pid in _ours(settings.topic_prefix, spares=True) if pid != proc.pid]
-    assert len(stages) >= 5, stages
-    proc.kill()
-    proc.wait(30)
-    wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 60, "every stage of the killed up to exit")
-
-
 BROKEN = '''
 class Model:
     """Its weights are missing: it never loads."""

@@ -21,8 +21,8 @@ Samples = dict[str, list[tuple[tuple[str, ...], float]]]
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "clipstream_batcher_requests": ("Model requests accepted, by model.", ("model",)),
     "clipstream_batcher_cache_hits": ("Requests answered from the prediction cache, by model.", ("model",)),
-    "clipstream_batcher_cache_misses": ("Requests not answered from the cache (sent to a model), by model.",
-                                        ("model",)),
+    "clipstream_batcher_cache_misses": ("Requests sent to a model in a batch, not answered from the cache, by model "
+                                        "(hits over hits plus misses: the cache's share).", ("model",)),
     "clipstream_batcher_expired": ("Requests dropped in the queue: their deadline could not be met, by model.",
                                    ("model",)),
     "clipstream_batcher_forwarded": ("Requests of an ensemble's record passed on to the topic of a model this process "
@@ -46,7 +46,7 @@ def read(services: Mapping[str, Any]) -> tuple[Samples, Samples]:
         counts = svc.counts
         counters["clipstream_batcher_requests"].append(((model,), counts["requests"]))
         counters["clipstream_batcher_cache_hits"].append(((model,), counts["cached"]))
-        counters["clipstream_batcher_cache_misses"].append(((model,), max(0, counts["requests"] - counts["cached"])))
+        counters["clipstream_batcher_cache_misses"].append(((model,), counts["batched"]))  # each its own count: never falls
         counters["clipstream_batcher_expired"].append(((model,), counts["expired"]))
         counters["clipstream_batcher_forwarded"].append(((model,), counts["forwarded"]))
         gauges["clipstream_batcher_queue_depth"].append(((model,), len(svc.core.queue)))

@@ -211,8 +211,9 @@ def _models(w: _Window, row: Row) -> None:
         row["batch_size"][f"{model}.{replica} limit"] = v
     row["queue"] = {m: v for (m,), v in sorted(w.gauge("clipstream_batcher_queue_depth", "model").items())}
     hits = w.delta("clipstream_batcher_cache_hits_total", "model")
-    requests = w.delta("clipstream_batcher_requests_total", "model")
-    row["cache"] = {m: (hits.get((m,), 0.0) / n if n else None) for (m,), n in sorted(requests.items())}
+    misses = w.delta("clipstream_batcher_cache_misses_total", "model")
+    looked_up = {m: hits.get(m, 0.0) + misses.get(m, 0.0) for m in {*hits, *misses}}
+    row["cache"] = {m: (hits.get((m,), 0.0) / n if n else None) for (m,), n in sorted(looked_up.items())}
     weights = w.gauge("clipstream_policy_weight", "app", "model")
     row["weights"] = {f"{app}: {model}": v for (app, model), v in sorted(weights.items())}
     sums = w.delta("clipstream_stage_latency_seconds_sum", "segment")

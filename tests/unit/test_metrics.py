@@ -57,6 +57,7 @@ def scrape(answers: float, batches: float, items: float, limit: float, hits: flo
         f'clipstream_batcher_aimd_limit{{model="m",replica="0"}} {limit}',
         f'clipstream_batcher_cache_hits_total{{model="m"}} {hits}',
         f'clipstream_batcher_requests_total{{model="m"}} {requests}',
+        f'clipstream_batcher_cache_misses_total{{model="m"}} {requests - hits}',
         f'clipstream_policy_weight{{app="d",model="m"}} {weight}',
         f'clipstream_stage_latency_seconds_sum{{segment="device"}} {answers * 0.002}',
         f'clipstream_stage_latency_seconds_count{{segment="device"}} {answers}',
@@ -224,7 +225,7 @@ def test_selector_reads_its_reply_budget_at_scrape_time():
 
 def test_batcher_families_are_read_from_its_counts_at_scrape_time():
     replica = {"replica": 0, "max_batch_size": 12, "in_flight": 1, "batches": 4, "items": 30, "suspect": False}
-    svc = SimpleNamespace(counts={"requests": 40, "cached": 10, "expired": 2, "forwarded": 5},
+    svc = SimpleNamespace(counts={"requests": 40, "cached": 10, "batched": 30, "expired": 2, "forwarded": 5},
                           core=SimpleNamespace(queue=[1, 2, 3], dispatcher=SimpleNamespace(stats=lambda: [replica])))
     s = samples(render(batcher_registry(lambda: {"m": svc})).decode())
     assert s[("clipstream_batcher_cache_hits_total", (("model", "m"),))] == 10
@@ -236,6 +237,8 @@ def test_batcher_families_are_read_from_its_counts_at_scrape_time():
     svc.counts["cached"] = 11  # read again at the next scrape, not counted twice on the hot path
     s = samples(render(batcher_registry(lambda: {"m": svc})).decode())
     assert s[("clipstream_batcher_cache_hits_total", (("model", "m"),))] == 11
+    # a hit counted after its request (the lookup came later) leaves the misses where they were
+    assert s[("clipstream_batcher_cache_misses_total", (("model", "m"),))] == 30
 
 
 def test_up_gives_each_stage_one_port_for_life_and_writes_file_sd(tmp_path):

@@ -144,6 +144,7 @@ class Selector(PolicyStates, Replies):
             self._refuse(msg, ev, str(exc))
             return
         trace = dict(ev.trace)
+        trace.setdefault("produced", ev.created_us)  # a Kafka client's query with no stamp: timed from its making
         trace["dispatched"] = now
         asked = Asked(ev.app, ev.deadline_us, ev.reply_topic, ev.reply_partition, query.context, trace,
                       query=query, state=state, partition=msg.partition())

@@ -192,3 +192,28 @@ def test_the_selector_learns_the_crossing_from_each_query_it_reads() -> None:
     assert budget.us == 25_000
     sel.handle([query("q1", produced=received - 1_000)], received_us=received)
     assert sel.join.get("q1").deadline_us == received + slo - 25_000
+
+
+def test_a_query_with_no_produced_stamp_is_timed_from_its_making_and_teaches_the_budget_nothing() -> None:
+    """A Kafka client's query with an empty trace (docs/KAFKA_CLIENTS.md): its requests carry
+    `produced` = its `created_us`, which the answer's latency is timed from, while the reply
+    budget, which needs the trip's own time, learns nothing from it."""
+    from clipstream.clock import now_us
+    from clipstream.settings import get_settings
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    requests = FakeProducer()
+    budget = ReplyBudget(3_000, 50_000, quantile=0.5, window=16, every=1)
+    sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=FakeProducer())  # type: ignore[arg-type]
+    sel._model_topics.add("m1")
+    created = now_us() - 40_000  # made 40 ms ago: far more than any trip the budget knows
+    ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
+                    created_us=created, deadline_us=created + 1_000_000)
+    sel.handle([Msg(encode(ev), cat.queries.name)])
+    (topic, value), = requests.sent
+    assert decode_as(ModelRequest, value).trace["produced"] == created
+    assert budget.us == 3_000  # no crossing observed

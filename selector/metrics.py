@@ -73,8 +73,11 @@ class SelectorMetrics:
         self._global_seen: set[str] = set()  # apps with a query in no context lately dispatched
         r.register(GaugesAtScrape(
             {WEIGHT: ("Each model's share of the app's policy weight (Exp3/Exp4): its global weights, those "
-                      "of queries with no context, from the last such query dispatched (the last query's "
-                      "context until one comes).", ("app", "model"))}, self._weights))
+                      "of queries with no context, as this selector last read or learnt them (the last query's "
+                      "context until it has).", ("app", "model"))}, self._weights))
+        # app -> its global state as the process knows it now (the store's memory, which the
+        # learner's writes reach too); None: what the last dispatch used
+        self.global_state: Callable[[str], Mapping[str, Any] | None] | None = None
         self._app: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._defaults_by: dict[tuple[str, str], Any] = {}
         self._stragglers_by: dict[tuple[str, str], Any] = {}
@@ -139,8 +142,9 @@ class SelectorMetrics:
         _count(self._not_asked, self._not_asked_by, app, models)
 
     def _weights(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+        known = self.global_state
         return {WEIGHT: [((app, model), w) for app, state in list(self.latest_state.items())
-                         for model, w in policy_weights(state).items()]}
+                         for model, w in policy_weights((known(app) if known else None) or state).items()]}
 
 
 def _count(family: Family, children: dict[tuple[str, str], Any], app: str, models: Iterable[str]) -> None:

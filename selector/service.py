@@ -97,6 +97,8 @@ class Selector(PolicyStates, Replies):
         self.save = save or store.save_predictions
         self.metrics = SelectorMetrics()
         self.metrics.reply_budget(lambda: self.reply_budget.us)
+        # the weights gauge follows what the learner (sharing the store) has taught since
+        self.metrics.global_state = lambda app: store.recall([(app, None)])[(app, None)]
 
     # -- dispatch: select -----------------------------------------------------------
     def dispatch(self, msg: Any, ev: QueryEvent | None = None,

@@ -292,8 +292,9 @@ def _dead_letters() -> dict[str, list[tuple[tuple[str, ...], float]]]:
 
 
 REGISTRY.register(GaugesAtScrape(
-    {"clipstream_dead_letters": ("Dead letters this process wrote, by stage and reason (the reason's words "
-                                 "before its first colon).", ("stage", "reason"))},
+    {"clipstream_dead_letters": ("Dead letters this process wrote, by stage and reason (at most the first four "
+                                 "words before the reason's first colon, without quoted values: "
+                                 "`clipstream deadletters` gives each whole).", ("stage", "reason"))},
     _dead_letters, kind=CounterMetricFamily))
 
 

@@ -5,7 +5,9 @@ librdkafka's statistics, dead letters, and the gateway's dashboard routes behind
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -213,6 +215,20 @@ def test_selector_counts_answers_defaults_stragglers_stage_times_and_weights():
     for segment, _, _ in SEGMENTS:
         assert s[("clipstream_stage_latency_seconds_count", (("segment", segment),))] == 1, segment
     assert s[("clipstream_stage_latency_seconds_sum", (("segment", "device"),))] == pytest.approx(0.003)
+
+
+def test_the_weights_gauge_shows_what_was_learnt_since_the_last_dispatch():
+    """Feedback comes after its queries: the learner's newer global state (the store's memory,
+    which the selector shares) is what a scrape shows; until there is one, the dispatch's."""
+    m = SelectorMetrics()
+    m.dispatched("d", {"models": ["a", "b"], "log_w": [0.0, 0.0]})
+    learnt: dict[str, Any] = {}
+    m.global_state = learnt.get
+    s = samples(render(m.registry).decode())
+    assert s[("clipstream_policy_weight", (("app", "d"), ("model", "a")))] == 0.5
+    learnt["d"] = {"models": ["a", "b"], "log_w": [0.0, -math.log(3)]}  # taught by feedback since
+    s = samples(render(m.registry).decode())
+    assert s[("clipstream_policy_weight", (("app", "d"), ("model", "a")))] == pytest.approx(0.75)
 
 
 def test_selector_reads_its_reply_budget_at_scrape_time():

@@ -200,7 +200,7 @@ class ResponseReader:
 
     def __init__(self, settings: Settings | None = None, bootstrap: str | None = None,
                  topic: str | None = None, from_beginning: bool = False, seen_capacity: int = 100_000) -> None:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         settings = settings or get_settings()
         if bootstrap:
@@ -208,7 +208,13 @@ class ResponseReader:
         self.topic = topic or Catalogue.from_settings(settings).responses.name
         self._consumer = Consumer(consumer_config(
             settings, f"responses-{uuid.uuid4().hex}", **{"enable.auto.commit": False}))
-        meta = self._consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        try:
+            meta = self._consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        except KafkaException as exc:  # no broker answered: said as the Producer says it
+            self._consumer.close()
+            raise InfraError(f"Kafka at {settings.kafka_bootstrap} did not answer ({exc.args[0]}): check "
+                             "CLIPSTREAM_KAFKA_BOOTSTRAP (or bootstrap=), or start Kafka with "
+                             "`clipstream infra up`") from None
         if meta is None or meta.error is not None:
             self._consumer.close()
             raise InfraError(f"topic {self.topic} does not exist")

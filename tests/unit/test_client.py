@@ -339,3 +339,13 @@ def test_an_input_json_cannot_carry_is_an_input_error_before_anything_is_sent(cl
     with pytest.raises(InputError, match="binary=True sends a numpy array's own bytes: pass an array of the model's"):
         client.predict("pets", GOOD, binary=True)  # a list has no dtype to send
     assert bus.queries == []
+
+
+def test_a_response_reader_with_no_kafka_raises_the_clipstream_error_the_readme_promises() -> None:
+    """As the Producer does: one InfraError naming where it looked and what to do, not
+    librdkafka's exception."""
+    from clipstream.errors import InfraError
+    from frontend.producer import ResponseReader
+
+    with pytest.raises(InfraError, match=r"Kafka at 127.0.0.1:1 did not answer .*check CLIPSTREAM_KAFKA_BOOTSTRAP"):
+        ResponseReader(bootstrap="127.0.0.1:1")

@@ -80,15 +80,19 @@ def use_recorded_infra() -> None:
     """With neither CLIPSTREAM_KAFKA_BOOTSTRAP nor CLIPSTREAM_REDIS_URL set, point this command
     at the Kafka and Redis that ``infra up`` or ``up`` started and recorded in the state dir,
     as ``up`` itself does: after ``--free-ports`` they are not where the defaults say."""
-    from clipstream.infra.launcher import recorded_env
+    from clipstream.infra.launcher import status
     from clipstream.settings import Settings
 
     try:
         settings = Settings()
     except ValueError:  # the command names the bad value itself
         return
-    if not settings.model_fields_set & {"kafka_bootstrap", "redis_url"}:
-        os.environ.update(recorded_env(settings))
+    if settings.model_fields_set & {"kafka_bootstrap", "redis_url"}:
+        return
+    found = status(settings)  # each only while it runs
+    alive = {"CLIPSTREAM_KAFKA_BOOTSTRAP": any(node.running for node in found.kafka_nodes),
+             "CLIPSTREAM_REDIS_URL": found.redis_running}
+    os.environ.update({var: value for var, value in found.env().items() if alive[var]})
 
 
 def run() -> None:

@@ -191,16 +191,6 @@ def status(settings: Settings) -> InfraStatus:
     return _status_from(settings, state_dir, load_state(state_dir))
 
 
-def recorded_env(settings: Settings) -> dict[str, str]:
-    """The variables that point another command at the Kafka and Redis recorded in the state
-    dir, each only while it runs: {} when neither does."""
-    found = status(settings)
-    env = found.env()
-    alive = {"CLIPSTREAM_KAFKA_BOOTSTRAP": any(node.running for node in found.kafka_nodes),
-             "CLIPSTREAM_REDIS_URL": found.redis_running}
-    return {var: value for var, value in env.items() if alive[var]}
-
-
 def _recorded_kafka(state: dict[str, Entry], brokers: int | None, state_dir: Path) -> list[Entry]:
     """Check the recorded Kafka against the size asked for; return its dead nodes to restart.
 

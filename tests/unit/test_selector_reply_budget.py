@@ -99,17 +99,9 @@ def test_a_cutoff_answered_late_teaches_the_budget_its_lateness_too(monkeypatch:
     only answers made at the cutoff, which the budget is for, teach it."""
     import selector.service
     from clipstream.clock import now_us
-    from clipstream.settings import get_settings
 
-    settings = get_settings()
-    cat = Catalogue.from_settings(settings)
-    app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
-    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
-    replies = FakeProducer()
-    budget = ReplyBudget(3_000, 50_000, quantile=0.5, window=16, every=1)
-    sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
-                   cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
-    sel._model_topics.add("m1")
+    budget, replies = ReplyBudget(3_000, 50_000, quantile=0.5, window=16, every=1), FakeProducer()
+    sel, cat = _one_model_selector(budget, FakeProducer(), replies)
     created = now_us()
     deadline = created + 1_000_000
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
@@ -199,17 +191,9 @@ def test_a_query_with_no_produced_stamp_is_timed_from_its_making_and_teaches_the
     `produced` = its `created_us`, which the answer's latency is timed from, while the reply
     budget, which needs the trip's own time, learns nothing from it."""
     from clipstream.clock import now_us
-    from clipstream.settings import get_settings
 
-    settings = get_settings()
-    cat = Catalogue.from_settings(settings)
-    app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
-    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
-    requests = FakeProducer()
-    budget = ReplyBudget(3_000, 50_000, quantile=0.5, window=16, every=1)
-    sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
-                   cat, settings, reply_budget=budget, reply_producer=FakeProducer())  # type: ignore[arg-type]
-    sel._model_topics.add("m1")
+    budget, requests = ReplyBudget(3_000, 50_000, quantile=0.5, window=16, every=1), FakeProducer()
+    sel, cat = _one_model_selector(budget, requests, FakeProducer())
     created = now_us() - 40_000  # made 40 ms ago: far more than any trip the budget knows
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
                     created_us=created, deadline_us=created + 1_000_000)
@@ -217,3 +201,18 @@ def test_a_query_with_no_produced_stamp_is_timed_from_its_making_and_teaches_the
     (topic, value), = requests.sent
     assert decode_as(ModelRequest, value).trace["produced"] == created
     assert budget.us == 3_000  # no crossing observed
+
+
+def _one_model_selector(budget: ReplyBudget, requests: FakeProducer, replies: FakeProducer) -> tuple[Selector, Catalogue]:
+    """A selector of one `single` app over model m1, with ``budget``, sending to the fakes."""
+    from clipstream.settings import get_settings
+
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
+    sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
+    sel._model_topics.add("m1")
+    return sel, cat
+

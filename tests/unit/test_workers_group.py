@@ -392,24 +392,3 @@ def test_a_model_of_bytes_is_tried_at_its_start_on_its_example_only(tmp_path: Pa
     (folder / "sample.img").write_bytes(b"PNG")
     with pytest.raises(ModelError, match="it fails on its model.yaml example 'sample.img': ValueError: not an image"):
         warm(load_model(load_spec(folder)))
-
-
-def test_a_model_that_fails_on_zeros_of_its_declared_input_says_to_check_input(tmp_path: Path) -> None:
-    """Declared with one value more than it takes, and no example: the start fails with a
-    ModelError naming the input it was tried on, which the worker says as its reason, not with
-    the model's own traceback."""
-    from clipstream.errors import ModelError
-
-    class FourValues:
-        def __init__(self, path, config):  # noqa: ANN001
-            pass
-
-        def predict_batch(self, rows):  # noqa: ANN001
-            if rows.shape[1] != 4:
-                raise ValueError(f"X has {rows.shape[1]} features, but the scaler is expecting 4")
-            return rows.sum(axis=1)
-
-    folder = make_python_model(tmp_path, "four", FourValues, kind="regression", dtype="float32", shape=(5,))
-    with pytest.raises(ModelError, match=r"fails on one input of zeros shaped as its model.yaml's `input:` \(float32 "
-                                         r"\[5\]\): ValueError: X has 5 features, .* Check that `input:`"):
-        warm(load_model(load_spec(folder)))

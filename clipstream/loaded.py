@@ -54,7 +54,7 @@ class Said(NamedTuple):
     device: str | None
 
 
-def _read(raw: bytes | str | None) -> Said | None:
+def read_word(raw: bytes | str | None) -> Said | None:
     """A replica's word (``word``); None for none or one unreadable."""
     try:
         said = json.loads(raw) if raw else None
@@ -74,7 +74,7 @@ def unready(model: str, fields: Mapping[bytes | str, bytes | str], now_s: float,
     an earlier version's failure explains nothing now), or that no worker has said it loaded."""
     failed: tuple[float, str] | None = None
     for name, raw in fields.items():
-        said = _read(raw)
+        said = read_word(raw)
         if said is None:
             continue
         if said.loaded and now_s - said.at <= FRESH_S:
@@ -95,7 +95,7 @@ def rollout(fields: Mapping[bytes | str, bytes | str], version: str | None, repl
     failed: tuple[float, str] | None = None
     for replica in range(replicas):
         field = field_of(version, replica)
-        said = _read(fields.get(field) or fields.get(field.encode()))
+        said = read_word(fields.get(field) or fields.get(field.encode()))
         if said is None:
             continue
         if said.loaded and now_s - said.at <= FRESH_S:
@@ -111,7 +111,7 @@ def devices(fields: Mapping[bytes | str, bytes | str], now_s: float) -> list[str
     worker that named none counts as none."""
     found: set[str] = set()
     for raw in fields.values():
-        said = _read(raw)
+        said = read_word(raw)
         if said is not None and said.loaded and said.device and now_s - said.at <= FRESH_S:
             found.add(said.device)
     return sorted(found)

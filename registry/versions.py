@@ -121,6 +121,7 @@ def check_contract(current: ModelConfig | None, version: str, spec: ModelSpec | 
         raise ConfigError(
             f"model {name} version {version} {'; and '.join(differences)}: every version of a model keeps its "
             f"input and its output's kind and labels, which its callers rely on. Fix version {version}'s "
-            f"model.yaml, or serve the changed model under a new name (`clipstream deploy-model {name}-new PATH`, "
-            f"`clipstream link APP {name}-new`, then `clipstream link APP {name} --unlink`)")
+            f"model.yaml, or serve the changed model under a new name: in the app file, a `models:` entry "
+            f"named (say) {name}-new with this folder, and the app's `models:` naming it instead of {name}; "
+            f"then `clipstream apply -f FILE`, which moves the app's links at once")
 

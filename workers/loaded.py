@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from clipstream.loaded import REFRESH_S, commands, word
+from clipstream.loaded import FRESH_S, REFRESH_S, commands, field_of, key_of, read_word, word
 from clipstream.redisclient import REDIS_AWAY, UnansweredWrites, sync_client
 from clipstream.settings import Settings
 from workers.group import GroupModel
@@ -47,13 +47,19 @@ class LoadedWord:
 
 def say_not_loaded(settings: Settings, served: Served, replica: int, reason: str) -> None:
     """A worker that could not load its model says why before it exits (best effort: Redis
-    away, the reason is still in its log)."""
-    said = word(False, time.time(), reason)
+    away, the reason is still in its log). A group's worker speaks for every member, but not
+    over a member version that another worker of the same replica says it has loaded now: a
+    group's new worker shares the unchanged members' versions with the one that serves."""
+    now = time.time()
+    said = word(False, now, reason)
     try:
         client = sync_client(settings)
         try:
             pipe = client.pipeline(transaction=False)
             for name, version in served:
+                held = read_word(client.hget(key_of(settings.topic_prefix, name), field_of(version, replica)))
+                if held is not None and held.loaded and now - held.at <= FRESH_S:
+                    continue
                 for command in commands(settings.topic_prefix, name, version, replica, said):
                     pipe.execute_command(*command)
             pipe.execute()

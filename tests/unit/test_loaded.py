@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from clipstream.loaded import FRESH_S, commands, devices, rollout, unready, word
+from clipstream.loaded import FRESH_S, commands, devices, key_of, rollout, unready, word
 from tests.unit.test_gateway_http import FakeBus, make_app
 
 NOW = 1_000_000.0
@@ -108,3 +110,38 @@ def test_an_earlier_versions_failure_explains_nothing_once_the_registry_moved_on
     assert unready("m", fields, NOW) == "model m version 4 replica 0 did not load: ImportError: gone"
     assert unready("m", fields, NOW, "1") == "model m: no worker has said it has the model loaded"
     assert unready("m", fields, NOW, "4") == "model m version 4 replica 0 did not load: ImportError: gone"
+
+
+def test_a_groups_failed_worker_leaves_the_word_of_a_member_another_worker_serves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 2 of member a failed to load in the group's new worker, which also holds member
+    b's unchanged version 1. The worker that serves says b 1 is loaded on replica 1: that word
+    stays, or readiness would say b is down while it answers. a's failure is said."""
+    import workers.loaded as worker_loaded
+    from clipstream.settings import Settings
+
+    now = time.time()
+    prefix = Settings().topic_prefix
+    hashes = {key_of(prefix, "b"): {"1:1": word(True, now - 2)}}
+
+    class Redis:
+        def hget(self, key: str, field: str) -> str | None:
+            return hashes.get(key, {}).get(field)
+
+        def pipeline(self, transaction: bool = True) -> Any:
+            return self
+
+        def execute_command(self, *command: str) -> None:
+            if command[0] == "HSET":
+                hashes.setdefault(command[1], {})[command[2]] = command[3]
+
+        def execute(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(worker_loaded, "sync_client", lambda settings: Redis())
+    worker_loaded.say_not_loaded(Settings(), [("a", "2"), ("b", "1")], 1, "a: weights.bin is missing")
+    assert unready("b", hashes[key_of(prefix, "b")], time.time()) is None
+    assert "weights.bin" in (unready("a", hashes[key_of(prefix, "a")], time.time(), "2") or "")

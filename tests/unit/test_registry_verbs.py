@@ -114,7 +114,7 @@ def test_a_version_that_changes_the_models_input_or_labels_is_refused_before_any
     (wider / "model.yaml").write_text(MODEL_YAML.replace("shape: [4]", "shape: [5]"))
     fake, result = _deployed(monkeypatch, RegistryView(models={"m": current}), "m", str(wider))
     _one_line_error(result, 1, "model m version 2 takes float32 [5] where version 1 takes float32 [4]",
-                    "serve the changed model under a new name", "clipstream link APP m --unlink")
+                    "serve the changed model under a new name", "`clipstream apply -f FILE`")
     assert fake.writes == [] and fake.topics == []
     named = tmp_path / "named" / "2"
     named.mkdir(parents=True)

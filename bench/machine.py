@@ -284,8 +284,10 @@ def descendants(root: int) -> list[int]:
 def label_of(argv: list[str]) -> str:
     """A short name for a pipeline process from its command line. A spare (or a stage that
     was one) shows a title set as one string, split here; a waiting spare counts as its stage."""
-    if len(argv) == 1 and " " in argv[0]:
-        argv = argv[0].removeprefix(SPARE_TITLE).split()
+    if len(argv) == 1 and argv[0].startswith(SPARE_TITLE):  # its arguments, after ``-m clipstream.cli``
+        argv = ["python", "-m", "clipstream.cli", *argv[0].removeprefix(SPARE_TITLE).split()]
+    elif len(argv) == 1 and " " in argv[0]:
+        argv = argv[0].split()
     if not argv:
         return "?"
     exe = Path(argv[0]).name

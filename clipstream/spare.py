@@ -26,18 +26,20 @@ def wait_if_spare(prepare: Callable[[], object] = lambda: None) -> None:
         return
     prepare()
     # ps tells the waiting spare from the stage it stands in for. SPT_NOENV (read at the first
-    # call): /proc/<pid>/environ, which the fault suite reads, stays whole, so the title must fit
-    # where the command line was: it names the arguments, not the interpreter.
+    # call): /proc/<pid>/environ, which the fault suite reads, stays whole, so a title must fit
+    # in less than where the command line was: the spare's leaves out the interpreter and
+    # ``-m clipstream.cli``, the stage's the interpreter's folder.
     os.environ["SPT_NOENV"] = "1"
-    from setproctitle import getproctitle, setproctitle
+    from setproctitle import setproctitle
 
-    own = getproctitle()
-    setproctitle(SPARE_TITLE + own.split(" ", 1)[-1])
+    argv = list(sys.orig_argv)
+    args = argv[3:] if argv[1:3] == ["-m", "clipstream.cli"] else argv[1:]
+    setproctitle(SPARE_TITLE + " ".join(args))
     del os.environ["SPT_NOENV"]
     print(WAITING_LINE.decode(), flush=True)
     if not sys.stdin.readline():
         sys.exit(0)
-    setproctitle(own)
+    setproctitle(" ".join([os.path.basename(argv[0]), *argv[1:]]))
 
 
 def end_spare(spare: subprocess.Popen[bytes]) -> None:

@@ -250,6 +250,7 @@ def test_a_spare_takes_a_killed_stages_place_without_its_slow_start(tmp_path, ru
     # ps tells the waiting spare from the stage, and the spare that took the place from a spare
     wait_until(lambda: _shown(spare_pid).startswith(SPARE_TITLE), RESTART_BOUND_S, "the spare's title in ps")
     assert str(script) in _shown(spare_pid) and not _shown(stage.proc.pid).startswith(SPARE_TITLE)
+    assert _shown(spare_pid).rstrip().endswith(str(spares)), _shown(spare_pid)  # whole, to its last argument
     assert SPARE_ENV.encode() in Path(f"/proc/{spare_pid}/environ").read_bytes(), "the environment stays whole"
 
     old = stage.proc.pid
@@ -257,7 +258,7 @@ def test_a_spare_takes_a_killed_stages_place_without_its_slow_start(tmp_path, ru
     wait_until(lambda: _restarted(stage, old), RESTART_BOUND_S, "the killed stage to be restarted")
     assert stage.proc is not None and stage.proc.pid == spare_pid, "the spare took the stage's place"
     wait_until(lambda: not _shown(spare_pid).startswith(SPARE_TITLE), RESTART_BOUND_S, "the stage's own title")
-    assert str(script) in _shown(spare_pid)
+    assert str(script) in _shown(spare_pid) and _shown(spare_pid).rstrip().endswith(str(spares)), _shown(spare_pid)
     # a fresh process needs SLOW_START_S before it can even be ready
     assert _took(r.reports[-1]) < SLOW_START_S, r.reports
 

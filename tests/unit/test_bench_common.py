@@ -21,8 +21,8 @@ def test_labels_of_pipeline_processes() -> None:
     assert label_of(["/usr/bin/java", "-cp", "x", "kafka.Kafka", "server.properties"]) == "kafka"
     assert label_of(["/usr/bin/redis-server", "127.0.0.1:6379"]) == "redis"
     # a spare's title (clipstream.spare) is one string: waiting, and after it took the place
-    assert label_of(["clipstream-spare: -m clipstream.cli worker --model m --replica 1"]) == "worker-m-1"
-    assert label_of([f"{py} -m clipstream.cli batcher --model m"]) == "batcher-m"
+    assert label_of(["clipstream-spare: worker --model m --replica 1"]) == "worker-m-1"
+    assert label_of(["python -m clipstream.cli batcher --model m"]) == "batcher-m"
 
 
 def test_device_bound_from_the_latency_table() -> None:

@@ -18,6 +18,7 @@ KEY_PREFIX = "cs:loaded:"
 REFRESH_S = 10.0
 FRESH_S = 3 * REFRESH_S
 KEEP_S = 3600  # a model nobody serves any more: its key goes
+REASON_CHARS = 600  # a reason longer than this is cut, and says so
 
 
 def key_of(topic_prefix: str, model: str) -> str:
@@ -32,7 +33,8 @@ def field_of(version: str | None, replica: int) -> str:
 def word(loaded: bool, now_s: float, reason: str | None = None, device: str | None = None) -> str:
     """A replica's word: loaded or not (and why), when it said so, and the device it runs the
     model on (``cpu``, ``cuda``), which ``inspect`` shows."""
-    return json.dumps({"loaded": loaded, "at": round(now_s, 3), **({"reason": reason[:300]} if reason else {}),
+    cut = reason if reason is None or len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 4] + " ..."
+    return json.dumps({"loaded": loaded, "at": round(now_s, 3), **({"reason": cut} if cut else {}),
                        **({"device": device} if device else {})})
 
 

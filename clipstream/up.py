@@ -294,7 +294,9 @@ def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool]
         return settings, False
     _refuse_to_replace(settings, kafka_ok, redis_ok)
     status = launcher.status(settings)
-    if status.running:
+    if status.running:  # left by an `infra up`, or by an `up` that was killed: it stops them not
+        click.echo(f"using the Kafka and Redis recorded in {status.state_dir}, which this up did not start "
+                   f"(`clipstream infra down --state-dir {status.state_dir}` stops them)")
         return settings.model_copy(update=status_settings(status)), False
     click.echo("starting Kafka and Redis ...")
     status = launcher.up(settings, free_ports=free_ports, progress=lambda m: click.echo(m))

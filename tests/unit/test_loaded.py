@@ -49,7 +49,7 @@ def test_the_commands_keep_one_field_per_version_and_replica() -> None:
     assert commands("t.", "m", "3", 1, said) == [("HSET", "cs:loaded:t.m", "3:1", said),
                                                 ("EXPIRE", "cs:loaded:t.m", "3600")]
     assert commands("t.", "m", None, 0, None) == [("HDEL", "cs:loaded:t.m", "-:0")]
-    assert json.loads(word(False, NOW, "x" * 500))["reason"] == "x" * 300
+    assert json.loads(word(False, NOW, "x" * 500))["reason"] == "x" * 500  # under REASON_CHARS: whole
 
 
 @pytest.mark.parametrize("fields, status, reason", [
@@ -145,3 +145,12 @@ def test_a_groups_failed_worker_leaves_the_word_of_a_member_another_worker_serve
     worker_loaded.say_not_loaded(Settings(), [("a", "2"), ("b", "1")], 1, "a: weights.bin is missing")
     assert unready("b", hashes[key_of(prefix, "b")], time.time()) is None
     assert "weights.bin" in (unready("a", hashes[key_of(prefix, "a")], time.time(), "2") or "")
+
+
+def test_a_long_reason_is_cut_and_says_it_was() -> None:
+    from clipstream.loaded import REASON_CHARS
+
+    long = "model.yaml: " + "word " * 200
+    said = json.loads(word(False, NOW, long))["reason"]
+    assert len(said) == REASON_CHARS and said.endswith(" ...") and said.startswith("model.yaml: word")
+    assert json.loads(word(False, NOW, "short"))["reason"] == "short"

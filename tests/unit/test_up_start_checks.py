@@ -190,6 +190,27 @@ def test_a_kafka_or_redis_named_on_purpose_is_never_swapped_for_a_local_one(
     assert asked and asked[0]["bootstrap.servers"] == Settings().kafka_bootstrap
 
 
+def test_up_says_when_it_uses_a_kafka_and_redis_it_did_not_start(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Left by an `infra up`, or by an `up` killed outright: used, and said, with how to stop them,
+    as this up's Ctrl-C will not."""
+    from clipstream.infra.launcher import InfraStatus
+    from clipstream.settings import Settings
+
+    for var in ("CLIPSTREAM_KAFKA_BOOTSTRAP", "CLIPSTREAM_REDIS_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(up_module, "kafka_answers", lambda bootstrap, config: False)
+    monkeypatch.setattr(up_module, "_redis_answers", lambda settings: False)
+    monkeypatch.setattr(up_module.launcher, "up", lambda *a, **k: pytest.fail("a second Kafka and Redis were started"))
+    recorded = InfraStatus("127.0.0.1:40001", "redis://127.0.0.1:40002/0", kafka_running=True, redis_running=True,
+                           state_dir=Path("/s"))
+    monkeypatch.setattr(up_module.launcher, "status", lambda settings: recorded)
+    settings, started = up_module._ensure_infra(Settings(), free_ports=True)
+    assert not started and settings.kafka_bootstrap == "127.0.0.1:40001"
+    assert "using the Kafka and Redis recorded in /s, which this up did not start (`clipstream infra down " \
+           "--state-dir /s` stops them)" in capsys.readouterr().out
+
+
 def test_a_secured_kafka_is_asked_with_its_security_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     from clipstream.settings import Settings
 

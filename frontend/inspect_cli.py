@@ -71,7 +71,7 @@ def inspect_registry(as_json: bool) -> None:
         click.echo(f"model {n}: version={m['version']} replicas={m['replicas']} backend={m['backend']}{shape}{knobs}"
                    + (f" group={m['group']}" if m["group"] else
                       serving_text(m["version"], m["replicas"], m["serving"], running=m["running"] is not False,
-                                   loaded=m["loaded_replicas"] or ()))
+                                   loaded=m["loaded_replicas"] or (), failed=m["failed_to_load"] is not None))
                    + (f" device={','.join(m['devices'])}" if m["devices"] else "")
                    + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else
                       f" VERSION {m['version']} FAILED TO LOAD: {m['failed_to_load']}" if m["failed_to_load"] else ""))

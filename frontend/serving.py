@@ -47,7 +47,7 @@ def served(settings: Settings, name: str, replicas: int) -> dict[int, str | None
 
 
 def serving_text(version: str | None, replicas: int, now: dict[int, str | None] | None,
-                 running: bool = True, loaded: Collection[int] = ()) -> str:
+                 running: bool = True, loaded: Collection[int] = (), failed: bool = False) -> str:
     """`` serving=...`` for ``inspect``'s line, saying which replicas wait for a first batch:
     those in ``loaded`` (their worker said it has the version loaded) only wait for traffic.
     Not ``running`` (no worker of it has said it is loaded): the batches are history, so the
@@ -60,7 +60,9 @@ def serving_text(version: str | None, replicas: int, now: dict[int, str | None] 
     if not running:
         return " last served=" + ",".join(versions)
     text = " serving=" + ",".join(versions)
-    if versions != [version or "-"]:
+    if versions != [version or "-"] and failed:  # the line's end says why
+        text += f" (version {version} did not load)"
+    elif versions != [version or "-"]:
         text += f" (not yet version {version}: its workers are not ready, see `clipstream up`'s output)"
     idle = [r for r in range(replicas) if r not in now]
     ready = [str(r) for r in idle if r in loaded]

@@ -175,3 +175,10 @@ def test_inspect_names_a_new_versions_failure_to_load_while_the_old_one_serves(m
     model = json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)["models"]["m"]
     assert model["running"] is True and model["not_loaded"] is None and "no usable CUDA" in model["failed_to_load"]
     assert model["devices"] == ["cpu"]
+    from schemas import Batch, encode
+    from topics.catalogue import Catalogue
+
+    fake.tails[Catalogue.from_settings(Settings()).batches("m").name] = {
+        0: encode(Batch(batch_id="b-1", model="m", version="1", replica=0, created_us=1, items=[]))}
+    line = CliRunner().invoke(main, ["inspect"]).output.strip()  # version 1's batches: not "waiting" for 2
+    assert " serving=1 (version 2 did not load) device=cpu VERSION 2 FAILED TO LOAD" in line and "not yet" not in line

@@ -90,6 +90,14 @@ class Settings(BaseSettings):
     model_repository: str | None = None
 
 
+    @field_validator("redis_url")
+    @classmethod
+    def _a_redis_url(cls, value: str) -> str:
+        """A URL redis-py takes, refused here rather than as a traceback from the first client."""
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("a Redis URL starts redis://, rediss:// or unix:// (redis://HOST:6379/0)")
+        return value
+
     @field_validator("kafka_security_protocol", "kafka_sasl_mechanism")
     @classmethod
     def _one_kafka_knows(cls, value: str | None, info: Any) -> str | None:

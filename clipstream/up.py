@@ -34,7 +34,11 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clipstream.errors import ClipstreamError, InfraError
+from batchers.settings import BatcherSettings
 from clipstream.front_ports import GATEWAY_DEFAULTS, choose_grpc_port, choose_http_port, gateway_url
+from frontend.settings import GatewaySettings
+from selector.settings import SelectorSettings
+from workers.settings import WorkerSettings
 from clipstream.infra import PARENT_ENV, launcher
 from clipstream.infra.kafka import kafka_answers
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
@@ -100,6 +104,8 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     run = _Run(settings_or_exit(lambda: get_settings(**overrides)))
     up_settings = settings_or_exit(UpSettings)
+    for stage_settings in STAGE_SETTINGS:  # a stage's bad CLIPSTREAM_* value stops up before anything starts
+        settings_or_exit(stage_settings)
     try:  # before anything is applied or started: a taken port would fail only once all else is up
         gateway_port = choose_http_port(gateway_port, free_ports)
         grpc_port = choose_grpc_port(grpc_port, free_ports)
@@ -156,6 +162,9 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
         raise SystemExit(130) from None
     finally:
         run.clean_up()
+
+
+STAGE_SETTINGS = (GatewaySettings, SelectorSettings, BatcherSettings, WorkerSettings)
 
 
 @dataclass

@@ -39,3 +39,10 @@ def test_a_kafka_setting_librdkafka_would_refuse_is_one_line_naming_the_choices(
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "kafka_security_protocol = 'bogus': Value error, 'bogus' is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, " \
            "SASL_SSL" in result.output, result.output
+
+
+def test_a_redis_url_redis_py_would_refuse_is_one_line() -> None:
+    result = CliRunner().invoke(main, ["inspect"], env={"CLIPSTREAM_REDIS_URL": "foo"})
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "redis_url = 'foo': Value error, a Redis URL starts redis://, rediss:// or unix://" in result.output
+

@@ -83,6 +83,19 @@ def test_a_wrong_app_file_fails_before_kafka_and_redis_start(monkeypatch: pytest
     assert "Traceback" not in result.output and not (tmp_path / "state").exists()
 
 
+def test_a_stages_bad_setting_stops_up_before_anything_starts(monkeypatch: pytest.MonkeyPatch, app_file: Path,
+                                                                tmp_path: Path) -> None:
+    """A gateway certificate without its key would fail the gateway once Kafka, Redis and every
+    other stage were up: it fails up at once, with the setting named and no secret shown."""
+    _nothing_may_start(monkeypatch)
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_TLS_CERT", str(tmp_path / "cert.pem"))
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_API_KEYS", "LEAKME")
+    result = CliRunner().invoke(up_module.up, ["-f", str(app_file), "--free-ports", "--state-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2 and "TLS_CERT and CLIPSTREAM_GATEWAY_TLS_KEY go together" in result.output, \
+        result.output
+    assert "LEAKME" not in result.output and not (tmp_path / "s").exists()
+
+
 def test_free_ports_moves_the_gateway_off_a_taken_default_port(monkeypatch: pytest.MonkeyPatch, taken: int) -> None:
     monkeypatch.delenv("CLIPSTREAM_GATEWAY_HOST", raising=False)
     monkeypatch.setenv("CLIPSTREAM_GATEWAY_PORT", str(taken))

@@ -65,6 +65,7 @@ class LazyGroup(click.Group):
 
 # commands that start or watch the local Kafka and Redis themselves
 OWN_INFRA = frozenset({"up", "infra"})
+STAGES = frozenset({"gateway", "selector", "batcher", "worker"})
 
 
 @click.group(cls=LazyGroup)
@@ -73,10 +74,10 @@ OWN_INFRA = frozenset({"up", "infra"})
 def main(ctx: click.Context) -> None:
     """clipstream: Clipper-style prediction serving on Apache Kafka."""
     if ctx.invoked_subcommand not in OWN_INFRA:
-        use_recorded_infra()
+        use_recorded_infra(warn=ctx.invoked_subcommand not in STAGES)
 
 
-def use_recorded_infra() -> None:
+def use_recorded_infra(warn: bool = True) -> None:
     """With neither CLIPSTREAM_KAFKA_BOOTSTRAP nor CLIPSTREAM_REDIS_URL set, point this command
     at the Kafka and Redis that ``infra up`` or ``up`` started and recorded in the state dir,
     as ``up`` itself does: after ``--free-ports`` they are not where the defaults say."""
@@ -87,11 +88,18 @@ def use_recorded_infra() -> None:
         settings = Settings()
     except ValueError:  # the command names the bad value itself
         return
+    named = warn and "state_dir" in settings.model_fields_set  # a stage of up gets its settings from up
     if settings.model_fields_set & {"kafka_bootstrap", "redis_url"}:
+        if named:  # not quietly: the state dir was meant to say where they are
+            click.echo("warning: CLIPSTREAM_STATE_DIR is not read for Kafka and Redis, as CLIPSTREAM_KAFKA_BOOTSTRAP "
+                       "or CLIPSTREAM_REDIS_URL is set: set both, or neither", err=True)
         return
     found = status(settings)  # each only while it runs
     alive = {"CLIPSTREAM_KAFKA_BOOTSTRAP": any(node.running for node in found.kafka_nodes),
              "CLIPSTREAM_REDIS_URL": found.redis_running}
+    if named and not any(alive.values()):
+        click.echo(f"warning: no Kafka or Redis recorded in CLIPSTREAM_STATE_DIR={settings.state_dir} runs (see "
+                   f"`clipstream infra status`): using {settings.kafka_bootstrap} and the other defaults", err=True)
     os.environ.update({var: value for var, value in found.env().items() if alive[var]})
 
 

@@ -160,3 +160,17 @@ def test_a_command_finds_the_kafka_and_redis_recorded_in_the_state_dir(
     env["CLIPSTREAM_KAFKA_BOOTSTRAP"] = "127.0.0.1:1"
     named = subprocess.run([*cli, "inspect"], capture_output=True, text=True, env=env, timeout=120)
     assert named.returncode != 0 and "127.0.0.1:1" in named.stdout + named.stderr
+
+
+def test_a_state_dir_that_leads_nowhere_is_said(tmp_path: Path) -> None:
+    """A mistyped CLIPSTREAM_STATE_DIR, or one set beside a named Kafka or Redis, is not passed
+    over in silence: the command says which Kafka it went to instead."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CLIPSTREAM_KAFKA_BOOTSTRAP", "CLIPSTREAM_REDIS_URL")}
+    env.update(CLIPSTREAM_STATE_DIR=str(tmp_path / "nothing-here"), CLIPSTREAM_TOPIC_PREFIX="t-nowhere.")
+    cli = [sys.executable, "-m", "clipstream.cli", "inspect"]
+    alone = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
+    assert f"warning: no Kafka or Redis recorded in CLIPSTREAM_STATE_DIR={tmp_path / 'nothing-here'} runs" \
+        in alone.stderr, alone.stderr
+    beside = subprocess.run(cli, capture_output=True, text=True, env={**env, "CLIPSTREAM_REDIS_URL": "redis://127.0.0.1:1/0"},
+                            timeout=120)
+    assert "warning: CLIPSTREAM_STATE_DIR is not read for Kafka and Redis" in beside.stderr, beside.stderr

@@ -38,7 +38,7 @@ async def feedback(state: GatewayState, app_name: str, request: Request) -> dict
     try:
         req = FeedbackRequest.model_validate(body)
     except ValidationError as exc:
-        raise HTTPProblem(422, validation_reason(exc)) from None
+        raise HTTPProblem(422, validation_reason(exc, tuple(FeedbackRequest.model_fields))) from None
     if req.label is None and req.reward is None:
         raise HTTPProblem(422, "feedback needs a `label` or a `reward` (in [0, 1])")
     problem = label_problem(req.label, *state.outputs(cfg))

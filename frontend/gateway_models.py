@@ -39,9 +39,10 @@ class PredictRequest(BaseModel):
 
 
 class FeedbackRequest(BaseModel):
-    """``{"query_id": "...", "label": <as output>}`` or ``{"query_id": "...", "reward": 0.7}``."""
+    """``{"query_id": "...", "label": <as output>}`` or ``{"query_id": "...", "reward": 0.7}``. Any
+    other field is refused, so a misspelt ``label`` is named rather than taken for a missing one."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     query_id: StrictStr = Field(min_length=1, max_length=256)
     label: Label | None = None

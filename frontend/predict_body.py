@@ -5,6 +5,7 @@ could carry. Apart from the gateway's routes so both bodies share one set of che
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,6 +35,11 @@ def parse_binary(raw: bytes, params: Mapping[str, str], spec: TensorSpec | None,
                  max_record_bytes: int) -> tuple[PredictRequest, Tensor]:
     """An ``application/octet-stream`` body: one example's raw bytes (``inputs.input_of_bytes``),
     with ``context`` and ``slo_ms`` in the query string, checked as the JSON body's are."""
+    unknown = sorted(set(params) - {"context", "slo_ms"})
+    if unknown:  # a misspelt slo_ms would otherwise be dropped without a word
+        near = difflib.get_close_matches(unknown[0], ("context", "slo_ms"), n=1, cutoff=0.5)
+        raise HTTPProblem(422, f"?{unknown[0]}=: not a parameter of a raw-bytes predict"
+                               f"{f' (did you mean {near[0]!r}?)' if near else ''}; it takes context and slo_ms")
     fields: dict[str, Any] = {"input": None, **{k: params[k] for k in ("context", "slo_ms") if k in params}}
     if "slo_ms" in fields:
         try:

@@ -116,6 +116,14 @@ def test_a_misspelt_field_of_a_predict_body_is_a_422_naming_the_field_meant() ->
                                       "context, slo_ms")
         assert bus.queries == [] and bus.requests == []
         assert c.post("/v1/apps/pets/predict", json={"input": GOOD, "slo_ms": 500}).status_code == 200
+        sent = (len(bus.queries), len(bus.requests))
+        raw = c.post("/v1/apps/pets/predict?slo=5", content=b"\0" * 12, headers={"content-type": "application/octet-stream"})
+        assert raw.status_code == 422 and "?slo=: not a parameter of a raw-bytes predict (did you mean 'slo_ms'?)" \
+            in raw.json()["detail"], raw.text
+        fb = c.post("/v1/apps/pets/feedback", json={"query_id": "q", "lable": "cat"})
+        assert fb.status_code == 422 and fb.json()["detail"].startswith("lable: not a field of this body (did you mean "
+                                                                        "'label'?)"), fb.text
+        assert (len(bus.queries), len(bus.requests)) == sent and bus.feedback == []
 
 
 def test_feedback_for_a_query_with_no_stored_predictions_is_202_with_the_reason() -> None:

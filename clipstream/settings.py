@@ -7,6 +7,7 @@ Each stage keeps its own tuning knobs in its own small settings class (for examp
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -181,16 +182,27 @@ def _shown_setting(title: str, loc: tuple[Any, ...], value: Any) -> str:
     return f"{'.'.join(str(part) for part in loc)} = {value!r}"
 
 
-def settings_or_exit(make: Callable[[], T]) -> T:
+def settings_or_exit(make: Callable[[], T], env_prefix: str | None = None) -> T:
     """``make()`` for a stage's command: a bad ``CLIPSTREAM_*`` value (pydantic names it in a
-    ValueError) ends the process with that message and exit code 2, not a traceback."""
+    ValueError) ends the process with that message and exit code 2, not a traceback. The
+    variable is named by its settings' ``env_prefix`` (``make``'s, when it is the class)."""
+    config = getattr(make, "model_config", None) if isinstance(make, type) else None
+    prefix = env_prefix or (config.get("env_prefix") if config else None)  # to name the variable
     try:
         return make()
     except ValidationError as exc:  # one line per bad value, not pydantic's four
+        prefix = prefix or ("CLIPSTREAM_" if exc.title == "Settings" else None)
         for err in exc.errors():
-            print(f"error: setting {_shown_setting(exc.title, err['loc'], err.get('input'))}: {err['msg']}; fix the "
-                  "CLIPSTREAM_* variable that sets it", file=sys.stderr, flush=True)
+            loc = err["loc"]
+            var = f"{prefix}{str(loc[0]).upper()}" if prefix and loc else "the CLIPSTREAM_* variable that sets it"
+            print(f"error: setting {_shown_setting(exc.title, loc, err.get('input'))}: {err['msg']}; fix {var}",
+                  file=sys.stderr, flush=True)
         sys.exit(2)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+    except ValueError as exc:  # pydantic-settings could not parse a variable (JSON) before any check
+        field = re.search(r'field "(\w+)"', str(exc))
+        if prefix and field:
+            print(f"error: {prefix}{field.group(1).upper()} could not be read: a list or a mapping is written as JSON "
+                  "(its value not shown)", file=sys.stderr, flush=True)
+        else:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -21,7 +21,7 @@ from clipstream.errors import ClipstreamError
 from clipstream.settings import get_settings, settings_or_exit
 from frontend.gateway import create_app
 from frontend.http_protocol import stamped_protocol
-from frontend.settings import get_gateway_settings
+from frontend.settings import GatewaySettings, get_gateway_settings
 from topics.catalogue import Catalogue
 from topics.metrics import serve_metrics
 from topics.stage import announce_ready, beat_on_loop, exit_code
@@ -53,7 +53,7 @@ def gateway(
                           "max_inflight": max_inflight, "log_level": log_level}.items()
         if v is not None
     }
-    gw = settings_or_exit(lambda: get_gateway_settings(**overrides))
+    gw = settings_or_exit(lambda: get_gateway_settings(**overrides), GatewaySettings.model_config.get("env_prefix"))
     settings = settings_or_exit(get_settings)
     try:
 

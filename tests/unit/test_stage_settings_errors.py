@@ -46,3 +46,15 @@ def test_a_redis_url_redis_py_would_refuse_is_one_line() -> None:
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "redis_url = 'foo': Value error, a Redis URL starts redis://, rediss:// or unix://" in result.output
 
+
+def test_a_bad_setting_names_its_variable_and_a_json_one_that_does_not_parse_too() -> None:
+    bad = CliRunner().invoke(main, ["gateway"], env={"CLIPSTREAM_GATEWAY_APP_KEYS": '{"LEAKME-5": "digits"}'})
+    assert bad.exit_code == 2 and "fix CLIPSTREAM_GATEWAY_APP_KEYS" in bad.output and "LEAKME" not in bad.output, \
+        bad.output
+    unparsed = CliRunner().invoke(main, ["gateway"], env={"CLIPSTREAM_GATEWAY_APP_KEYS": '{"LEAKME-6": ["a"'})
+    assert unparsed.exit_code == 2 and "LEAKME" not in unparsed.output, unparsed.output
+    assert "error: CLIPSTREAM_GATEWAY_APP_KEYS could not be read: a list or a mapping is written as JSON" \
+        in unparsed.output, unparsed.output
+    worker = CliRunner().invoke(main, ["worker", "--model", "m"], env={"CLIPSTREAM_WORKER_THREADS": "many"})
+    assert "fix CLIPSTREAM_WORKER_THREADS" in worker.output, worker.output
+

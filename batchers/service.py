@@ -40,6 +40,7 @@ from clipstream.redisclient import REDIS_AWAY, RedisGuard, async_client, sync_cl
 from clipstream.settings import Settings
 from registry.spec import ModelSpec
 from schemas import BatchStats, ModelRequest, Prediction, Tensor, decode_as, encode
+from schemas.reasons import BAD_INPUT
 from topics.catalogue import Catalogue
 from topics.emitter import Emitter
 from topics.intake import Record
@@ -187,7 +188,7 @@ class BatcherService(Outputs, FanOut, Follow):
                 self.model.spec.input.check(array, finite=True)
         except (ClipstreamError, ValueError, TypeError) as exc:  # numpy's own errors on a hostile tensor too
             self.counts["errors"] += 1
-            reason = f"bad input for model {self.model.name}: {exc}"  # an ensemble's models each say so
+            reason = f"{BAD_INPUT}{self.model.name}: {exc}"  # an ensemble's models each say so
             # the record is on a model's topic: the app names whose caller sent it
             self.outbox.append(self._deadletter_record(f"{reason} (a query of app {request.app!r})", value,
                                                        where, request.query_id))

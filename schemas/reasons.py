@@ -14,5 +14,9 @@ EXPIRED_ON_ARRIVAL = "the deadline had passed before the query reached the selec
 # defaults that say the pipeline is behind
 BEHIND = frozenset({NOTHING_ARRIVED, NO_TIME_TO_ASK, EXPIRED_ON_ARRIVAL})
 
+# a batcher's refusal of a request's input (``Prediction.error``), then ``<model>: <why>``: the
+# caller's mistake, which the selector neither counts as the model's failure nor repeats per model
+BAD_INPUT = "bad input for model "
+
 # ``Prediction.status`` values that carry the model's output (a worker's, or the batcher's cache)
 OK_STATUSES = frozenset({"ok", "cached"})

@@ -99,3 +99,19 @@ def test_answered_ids_are_remembered_for_a_window_of_time_only() -> None:
     j.add("q50", "a", "ok", output=0)  # forgotten: unknown now, not late
     j.add("q95", "a", "ok", output=0)
     assert (j.unknown, j.late) == (1, 1)
+
+
+def test_an_input_every_model_refused_is_said_once_and_counted_as_no_models_failure() -> None:
+    """An ensemble's query with a NaN in it: each model's batcher refuses it with the same
+    reason. The default says it once, as the caller's input; a model's own failure among them
+    keeps every model's reason."""
+    from schemas.reasons import BAD_INPUT
+    from selector.join import Pending, why_default
+    from selector.metrics import default_reason
+
+    why = "input: NaN or infinity is not a number the model takes"
+    refused = Pending("q", ("a", "b"), 0, failed={m: f"{BAD_INPUT}{m}: {why}" for m in ("a", "b")})
+    assert why_default(refused) == f"every model refused the input: {why}"
+    assert default_reason(why_default(refused)) == "rejected"  # the caller's, as a dispatch refusal is
+    mixed = Pending("q", ("a", "b"), 0, failed={"a": f"{BAD_INPUT}a: {why}", "b": "model error: boom"})
+    assert why_default(mixed) == f"every model failed: a: {BAD_INPUT}a: {why}; b: model error: boom"

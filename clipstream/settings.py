@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -129,20 +129,28 @@ class Settings(BaseSettings):
 
 
 def split_url_password(url: str) -> tuple[str, str | None]:
-    """``url`` without its password, and the password (None when it has none)."""
+    """``url`` without its password, and the password (None when it has none): the one before
+    the host, or redis-py's ``?password=``."""
     try:
         parts = urlsplit(url)
         password = parts.password
+        port = parts.port
     except ValueError:
         return url, None
-    if password is None:
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    in_query = [v for k, v in query if k == "password"]
+    if password is None and not in_query:
         return url, None
     user = parts.username or ""
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    netloc = (f"{user}@" if user else "") + host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), password
+    netloc = (f"{user}@" if user else "") + host + (f":{port}" if port else "")
+    rest = urlencode([(k, v) for k, v in query if k != "password"])
+    out = urlunsplit((parts.scheme, netloc, parts.path, rest, parts.fragment))
+    if not netloc and url.startswith(f"{parts.scheme}://"):  # unix:///path keeps its form
+        out = f"{parts.scheme}://" + out[len(parts.scheme) + 1:]
+    return out, password or in_query[-1]
 
 
 def redacted_url(url: str, password: SecretStr | str | None = None) -> str:

@@ -29,6 +29,12 @@ def test_redaction_of_urls() -> None:
     assert redacted_url("redis://host:1/0") == "redis://host:1/0"
     assert split_url_password("redis://u:p@[::1]:6379/2") == ("redis://u@[::1]:6379/2", "p")
     assert split_url_password("unix:///tmp/redis.sock") == ("unix:///tmp/redis.sock", None)
+    # redis-py's own ?password= is a password too: moved out, and never printed
+    s = Settings(redis_url="redis://127.0.0.1:6379/0?password=s3cretQ&health_check_interval=2")
+    assert s.redis_url == "redis://127.0.0.1:6379/0?health_check_interval=2"
+    assert client_options(s)["password"] == "s3cretQ" and "s3cretQ" not in redacted_url(s.redis_url, s.redis_password)
+    assert "s3cretQ" not in redacted_url("unix:///tmp/r.sock?password=s3cretQ")
+    assert split_url_password("unix:///tmp/r.sock?password=x&db=2") == ("unix:///tmp/r.sock?db=2", "x")
 
 
 def test_the_redis_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

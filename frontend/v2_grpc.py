@@ -145,6 +145,10 @@ class _Unanswered(grpc.GenericRpcHandler):
         why = NOT_OFFERED.get(name, "clipstream answers the Open Inference Protocol's methods only")
 
         async def refuse(requests: Any, context: Any) -> None:
+            keyless = self.owner._refusal("ServerMetadata", None, context)  # a caller without a key hears that first
+            if keyless is not None:
+                self.owner.state.metrics.requests.inc("grpc-other", str(keyless.status))
+                await context.abort(CODES[keyless.status], keyless.detail)
             self.owner.state.metrics.requests.inc("grpc-other", "501")
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not offered: {why}")
 

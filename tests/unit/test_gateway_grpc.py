@@ -129,6 +129,10 @@ def test_api_keys_are_read_from_the_metadata(served: tuple[Any, FakeBus, Any]) -
     assert client.is_server_ready(headers={"authorization": "Bearer k2"})  # a per-app key reaches the server's
     result = client.infer("pets", [_input(ROWS)], headers={"authorization": "Bearer k1"})
     assert result.as_numpy("output").shape == (3,) and len(bus.queries) == 3
+    for headers, code in ((None, "UNAUTHENTICATED"), ({"authorization": "Bearer k1"}, "UNIMPLEMENTED")):
+        with pytest.raises(InferenceServerException) as err:  # a method not offered: the key comes first
+            client.get_model_config("pets", headers=headers)
+        assert err.value.status() == f"StatusCode.{code}", err.value.message()
 
 
 def test_typed_contents_are_read_as_the_raw_bytes_are() -> None:

@@ -134,13 +134,13 @@ def split_url_password(url: str) -> tuple[str, str | None]:
     try:
         parts = urlsplit(url)
         password = parts.password
-        port = parts.port
     except ValueError:
         return url, None
     query = parse_qsl(parts.query, keep_blank_values=True)
     in_query = [v for k, v in query if k == "password"]
     if password is None and not in_query:
         return url, None
+    port = parts.port  # not a number: a ValueError, which the settings' check reports without the URL
     user = parts.username or ""
     host = parts.hostname or ""
     if ":" in host:

@@ -55,9 +55,12 @@ def say_not_loaded(settings: Settings, served: Served, replica: int, reason: str
     try:
         client = sync_client(settings)
         try:
-            pipe = client.pipeline(transaction=False)
+            reads = client.pipeline(transaction=False)  # every member's word in one round trip
             for name, version in served:
-                held = read_word(client.hget(key_of(settings.topic_prefix, name), field_of(version, replica)))
+                reads.hget(key_of(settings.topic_prefix, name), field_of(version, replica))
+            pipe = client.pipeline(transaction=False)
+            for (name, version), raw in zip(served, reads.execute()):
+                held = read_word(raw)
                 if held is not None and held.loaded and now - held.at <= FRESH_S:
                     continue
                 for command in commands(settings.topic_prefix, name, version, replica, said):

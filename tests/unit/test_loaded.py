@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -124,19 +123,23 @@ def test_a_groups_failed_worker_leaves_the_word_of_a_member_another_worker_serve
     prefix = Settings().topic_prefix
     hashes = {key_of(prefix, "b"): {"1:1": word(True, now - 2)}}
 
-    class Redis:
-        def hget(self, key: str, field: str) -> str | None:
-            return hashes.get(key, {}).get(field)
+    class Pipe:
+        def __init__(self) -> None:
+            self.read: list[str | None] = []
 
-        def pipeline(self, transaction: bool = True) -> Any:
-            return self
+        def hget(self, key: str, field: str) -> None:
+            self.read.append(hashes.get(key, {}).get(field))
 
         def execute_command(self, *command: str) -> None:
             if command[0] == "HSET":
                 hashes.setdefault(command[1], {})[command[2]] = command[3]
 
-        def execute(self) -> None:
-            pass
+        def execute(self) -> list[str | None]:
+            return self.read
+
+    class Redis:
+        def pipeline(self, transaction: bool = True) -> Pipe:
+            return Pipe()
 
         def close(self) -> None:
             pass

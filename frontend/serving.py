@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import click
@@ -127,16 +127,18 @@ def weights(settings: Settings, view: RegistryView) -> dict[str, tuple[dict[str,
     finally:
         client.close()
     versions = {name: m.version for name, m in view.models.items()}
-    return {app: learnt for app, value in zip(apps, raw) if value and (learnt := _shares(value, versions))[0]}
+    return {app: learnt for app, value in zip(apps, raw)
+            if value and (learnt := _shares(value, versions, view.apps[app].models))[0]}
 
 
-def _shares(value: bytes | str, versions: dict[str, str]) -> tuple[dict[str, float], int]:
-    """Each model's share of a stored Exp3/Exp4 state, weighed as the version ``versions``
-    names (the state may hold another's, the last that learnt), and its count of feedbacks;
-    ({}, 0) for another policy's."""
+def _shares(value: bytes | str, versions: dict[str, str], linked: Sequence[str]) -> tuple[dict[str, float], int]:
+    """Each model's share of a stored Exp3/Exp4 state over the app's ``linked`` models, as the
+    selector weighs them: each as the version ``versions`` names (the state may hold another's,
+    the last that learnt), and a model linked or unlinked since the state was stored as the
+    selector aligns it. With the count of feedbacks; ({}, 0) for another policy's."""
     try:
         state = json.loads(value)
-        shares = policy_weights(state, versions)
+        shares = policy_weights(state, versions, linked)
         observed = int(state.get("n_observed") or 0)
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}, 0

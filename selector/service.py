@@ -97,8 +97,18 @@ class Selector(PolicyStates, Replies):
         self.save = save or store.save_predictions
         self.metrics = SelectorMetrics()
         self.metrics.reply_budget(lambda: self.reply_budget.us)
-        # the weights gauge follows what the learner (sharing the store) has taught since
-        self.metrics.global_state = lambda app: store.recall([(app, None)])[(app, None)]
+        self.metrics.global_state = self._global_state
+
+    def _global_state(self, name: str) -> State | None:
+        """The app's global weights as its next query with no context is selected with: what
+        the learner (sharing the store) has taught since, over the app's models and versions
+        now (a stored state may predate a link, an unlink or a rollout)."""
+        state = self.store.recall([(name, None)])[(name, None)]
+        try:
+            app, policy, _ = self.apps.get(name)
+        except ClipstreamError:  # gone from the registry: what was last known
+            return state
+        return None if state is None else align_state(policy, state, app.models, self.apps.versions(name))
 
     # -- dispatch: select -----------------------------------------------------------
     def dispatch(self, msg: Any, ev: QueryEvent | None = None,

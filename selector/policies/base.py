@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from clipstream.errors import ConfigError
-from clipstream.weights import left_key
+from clipstream.weights import for_models, keep_newest, left_key
 from selector.types import Feedback, Output, Query, State
 
 
@@ -91,14 +91,11 @@ def softmax(log_w: Sequence[float]) -> list[float]:
     return [e / total for e in ex]
 
 
-# the weights of this many versions left behind are kept per state, for a rollback to them
-KEEP_LEFT_VERSIONS = 16
-
-
 def align_state(policy: SelectionPolicy, state: State | None, models: Sequence[str],
                 versions: Mapping[str, str | None] | None = None) -> State:
-    """The state for the app's current models: a model linked since starts at the best weight
-    (so it is tried), an unlinked one is dropped; a user policy's own state is left alone.
+    """The state for the app's current models (``clipstream.weights.for_models``): a model
+    linked since starts at the best weight (so it is tried), or at its own when it was linked
+    before; a user policy's own state is left alone.
 
     ``versions``: the version of each model the weights are wanted for (those serving, or
     those that answered). Each version of a model has weights of its own: a version left keeps
@@ -111,11 +108,7 @@ def align_state(policy: SelectionPolicy, state: State | None, models: Sequence[s
     if "models" not in state or "log_w" not in state:
         return state
     if state["models"] != models:
-        old = dict(zip(state["models"], state["log_w"]))
-        top = max(old.values(), default=0.0)
-        state = dict(state)
-        state["models"] = models
-        state["log_w"] = [float(old.get(m, top)) for m in models]
+        state = for_models(state, models)
     return as_versions(state, versions)
 
 
@@ -138,7 +131,5 @@ def as_versions(state: State | None, versions: Mapping[str, str | None] | None) 
             left[left_key(model, was)] = log_w[i]
         log_w[i] = float(left.pop(left_key(model, version), log_w[i]))
         held[model] = version
-    while len(left) > KEEP_LEFT_VERSIONS:
-        left.pop(next(iter(left)))
-    out["versions"], out["left"], out["log_w"] = held, left, log_w
+    out["versions"], out["left"], out["log_w"] = held, keep_newest(left), log_w
     return out

@@ -138,6 +138,23 @@ def test_inspect_shows_each_apps_learnt_weights_and_each_models_knobs(monkeypatc
     assert as_json["models"]["m"]["max_batch_size"] == 8 and as_json["models"]["m"]["latency_objective_ms"] is None
 
 
+def test_inspect_shows_the_weights_over_the_models_the_app_links_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.topic import AppConfig
+
+    app = AppConfig(name="digits", policy="exp3", slo_ms=50, default_output=None, models=("m", "o"))
+    fake = NoKafka(RegistryView(apps={"digits": app}, models={"m": _model(), "o": _model()})).install(monkeypatch)
+    # stored before n was unlinked and o linked: the selector chooses between m and o now
+    fake.redis["cs:state:digits:__global__"] = json.dumps(
+        {"policy": "exp3", "models": ["m", "n"], "log_w": [0.0, -10.0], "n_observed": 5}).encode()
+    assert "weights: m=0.50 o=0.50 (from 5 feedbacks)" in CliRunner().invoke(main, ["inspect"]).output
+    # n linked again in place of o: it has its own weight back, as the selector gives it
+    fake.redis["cs:state:digits:__global__"] = json.dumps(
+        {"policy": "exp3", "models": ["m", "o"], "log_w": [0.0, 0.0], "left": {"n@-": -math.log(3)}}).encode()
+    linked_again = replace(app, models=("m", "n"))
+    fake.view = RegistryView(apps={"digits": linked_again}, models={"m": _model(), "n": _model()})
+    assert "weights: m=0.75 n=0.25" in CliRunner().invoke(main, ["inspect"]).output
+
+
 def test_inspect_says_which_models_no_replica_has_loaded_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 

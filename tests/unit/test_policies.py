@@ -162,12 +162,37 @@ def test_import_paths_outside_the_allow_list_are_refused_before_any_import() -> 
         get_policy("os:system", allowed=["os:system"])
 
 
-def test_align_state_adds_new_models_at_the_best_weight_and_drops_unlinked() -> None:
+def test_align_state_adds_new_models_at_the_best_weight_and_keeps_the_unlinked_ones_weight() -> None:
     p = Exp4()
     s = {"policy": "exp4", "models": ["a", "b"], "log_w": [0.0, -3.0], "n_observed": 4}
     s2 = align_state(p, s, ["b", "c"])
     assert s2["models"] == ["b", "c"] and s2["log_w"] == [-3.0, 0.0] and s2["n_observed"] == 4
+    assert s2["left"] == {"a@-": 0.0} and "left" not in s  # kept aside, not selected from
     assert align_state(p, None, ["x"]) == p.init(["x"])
+
+
+def test_a_model_linked_again_takes_back_the_weight_it_had_learnt() -> None:
+    p = Exp3({"gamma": 0.0})
+    s = align_state(p, None, ["good", "bad"], {"good": "1", "bad": "3"})
+    s["log_w"] = [0.0, -8.0]
+    unlinked = align_state(p, s, ["good"], {"good": "1"})
+    assert unlinked["models"] == ["good"] and unlinked["left"] == {"bad@3": -8.0}
+    back = align_state(p, unlinked, ["good", "bad"], {"good": "1", "bad": "3"})
+    assert back["log_w"] == [0.0, -8.0] and not back["left"]
+    assert p.select(back, Query("q", "a")) == ["good"]  # not a coin toss between the two again
+    # a new version of it starts where its model was, as a version does while linked
+    fixed = align_state(p, unlinked, ["good", "bad"], {"good": "1", "bad": "4"})
+    assert fixed["log_w"] == [0.0, -8.0] and fixed["left"] == {"bad@3": -8.0}
+    # the weights kept aside move with the others' frame: good's wrong answer (a loss of
+    # eta=0.1, chosen with p=1) brings bad 0.1 nearer to it
+    taught = p.observe(unlinked, Query("q", "a"), Feedback("q", label="y"), {"good": Output("n")})
+    assert taught["log_w"] == [0.0] and taught["left"]["bad@3"] == pytest.approx(-7.9)
+
+
+def test_a_model_never_linked_starts_at_the_best_weight_whatever_is_kept_aside() -> None:
+    p = Exp4()
+    s = align_state(p, {"policy": "exp4", "models": ["a", "b"], "log_w": [0.0, -5.0]}, ["a"])
+    assert align_state(p, s, ["a", "c"])["log_w"] == [0.0, 0.0]
 
 
 def test_apps_refuse_a_policy_once_until_its_record_changes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from clipstream.weights import KEEP_LEFT_VERSIONS
 from selector.policies import Exp4, align_state, as_versions
-from selector.policies.base import KEEP_LEFT_VERSIONS
 from selector.types import Feedback, Output, Query
 
 MODELS = ["good", "medium", "bad"]

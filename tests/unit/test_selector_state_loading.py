@@ -113,6 +113,21 @@ def test_group_loads_state_once_and_single_never(monkeypatch: Any) -> None:
                                            for t, _ in producer.sent)
 
 
+def test_the_weights_gauge_shows_the_models_the_app_links_now() -> None:
+    """The stored state still names a model unlinked since (m3): the gauge shows what the next
+    query is selected with, m1 and m2, as soon as the registry says so."""
+    from clipstream.settings import get_settings
+
+    r = FakeRedis({state_key("app", None): json.dumps({"policy": "exp3", "models": ["m1", "m3"],
+                                                       "log_w": [0.0, -10.0], "n_observed": 7})})
+    sel, _ = _selector(Exp3({}), r, get_settings())
+    sel.store.load_many([("app", None)])
+    sel.metrics.latest_state["app"] = None  # a query of the app was dispatched
+    shown = {s.labels["model"]: s.value for s in sel.metrics.registry.collect()
+             for s in s.samples if s.name == "clipstream_policy_weight"}
+    assert shown == {"m1": 0.5, "m2": 0.5}
+
+
 def test_answers_leave_on_their_own_producer() -> None:
     """Responses must not queue behind the ModelRequests of newer queries on one connection."""
     from clipstream.settings import get_settings

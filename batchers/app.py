@@ -262,8 +262,9 @@ def _say_if_saturated(saturation: Saturation, name: str, svc: BatcherService) ->
         alert("batcher", f"model {name}: {share:.0%} of its requests were given up or expired before their deadline "
                          f"over the last {saturation.window_s:g} s: its replicas cannot serve them in time; add "
                          f"replicas (clipstream set-replicas {name} N), or let its batches grow "
-                         "(latency_objective_ms, max_batch_size); unless no worker has the model loaded: "
-                         "`clipstream inspect` then says NOT LOADED, and why")
+                         "(latency_objective_ms, max_batch_size); if one call of the model takes longer than "
+                         "an app's SLO, neither helps: raise it (clipstream register-app APP --slo-ms N); "
+                         "unless no worker has the model loaded: `clipstream inspect` then says NOT LOADED, and why")
 
 
 def _or(value: Any, default: Any) -> Any:

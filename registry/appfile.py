@@ -160,10 +160,13 @@ def _app_entry(path: Path, i: int, a: Any, names: set[str]) -> dict[str, Any]:
     _known_keys(a, _APP_KEYS, f"{path}: apps[{i}] ({a['name']})")
     check_name("app", a["name"])
     linked = _list(a.get("models"), f"{path}: apps[{i}].models")
-    for m in linked:
-        if not isinstance(m, str) or m not in names:
-            raise ConfigError(f"{path}: app {a['name']} links model {m!r}, not under `models:`: add it there with "
-                              f"its path, or drop it from the app's models and run `clipstream link {a['name']} {m}`")
+    missing = [m for m in linked if not isinstance(m, str) or m not in names]
+    if missing:  # every one at once: a file with no `models:` lacks them all
+        them, it = ", ".join(map(repr, missing)), "it" if len(missing) == 1 else "them"
+        links = "; ".join(f"clipstream link {a['name']} {m}" for m in missing)
+        raise ConfigError(f"{path}: app {a['name']} links model{'s' * (len(missing) > 1)} {them}, not under "
+                          f"`models:`: add {it} there with {'its path' if it == 'it' else 'their paths'}, or drop "
+                          f"{it} from the app's models and run `{links}`")
     policy_config = a.get("policy_config") or {}
     if not isinstance(policy_config, dict):
         raise ConfigError(f"{path}: apps[{i}].policy_config must be a mapping of names to numbers, "

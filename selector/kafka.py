@@ -51,7 +51,7 @@ class Apps:
         if app is None:
             raise ConfigError(f"unknown app {name!r}")
         if not app.models:
-            raise ConfigError(f"app {name!r} has no linked models")
+            raise ConfigError(f"app {name!r} has no linked models: link one (clipstream link {name} MODEL)")
         outputs = app_outputs(view, app.models)
         signature = (app, outputs)
         with self._lock:

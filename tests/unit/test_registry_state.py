@@ -88,6 +88,17 @@ def test_bad_app_files(tmp_path, text, reason):
         load_app_file(f)
 
 
+def test_an_app_file_names_every_model_it_links_but_does_not_declare(tmp_path):
+    _model_dir(tmp_path, "good")
+    f = tmp_path / "app.yaml"
+    f.write_text("apps:\n  - {name: t1, models: [good, ghost, other]}\n"
+                 "models:\n  - {name: good, path: models/good/1}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_app_file(f)
+    assert "links models 'ghost', 'other', not under `models:`: add them there" in str(exc.value)
+    assert "clipstream link t1 ghost; clipstream link t1 other" in str(exc.value) and "good" not in str(exc.value)
+
+
 def test_a_record_of_the_wrong_type_is_a_decode_error_and_changes_nothing():
     state = RegistryState()
     state.apply("app:digits", _app())

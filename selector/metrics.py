@@ -71,13 +71,14 @@ class SelectorMetrics:
         self.stages = StageLatency(r)
         self.latest_state: dict[str, Mapping[str, Any] | None] = {}
         self._global_seen: set[str] = set()  # apps with a query in no context lately dispatched
+        # app -> its global state as the process knows it now (the store's memory, which the
+        # learner's writes reach too); None: what the last dispatch used. Set before the gauge
+        # is registered, which reads it at once.
+        self.global_state: Callable[[str], Mapping[str, Any] | None] | None = None
         r.register(GaugesAtScrape(
             {WEIGHT: ("Each model's share of the app's policy weight (Exp3/Exp4): its global weights, those "
                       "of queries with no context, as this selector last read or learnt them (the last query's "
                       "context until it has).", ("app", "model"))}, self._weights))
-        # app -> its global state as the process knows it now (the store's memory, which the
-        # learner's writes reach too); None: what the last dispatch used
-        self.global_state: Callable[[str], Mapping[str, Any] | None] | None = None
         self._app: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._defaults_by: dict[tuple[str, str], Any] = {}
         self._stragglers_by: dict[tuple[str, str], Any] = {}

@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from frontend.dashboard.series import Series, merge, parse
+from frontend.dashboard.series import Continuity, Scrape, Series, merge, parse
 from frontend.metrics import GatewayMetrics
 from topics.metrics import GaugesAtScrape, MetricsSettings
 
@@ -74,6 +74,7 @@ class Scraper:
                  targets_file: str | None, every_s: float = 1.0) -> None:
         self.own, self.slos, self.targets_file, self.every_s = own, slos, targets_file, every_s
         self.series = Series()
+        self.continuity = Continuity()
         self.errors: dict[str, str] = {}
         self.lock = threading.Lock()
         self.asked = 0.0
@@ -101,16 +102,18 @@ class Scraper:
 
     def scrape_once(self) -> None:
         targets = read_targets(self.targets_file)
-        texts, errors = [], {}
+        scraped: dict[str, Scrape | None] = {}
+        errors: dict[str, str] = {}
         if not targets:
-            texts.append(parse(self.own()))
+            scraped[""] = parse(self.own())
         for target in targets:
             try:
                 with urllib.request.urlopen(target.url, timeout=min(1.0, self.every_s)) as answer:
-                    texts.append(parse(answer.read().decode()))
+                    scraped[target.name] = parse(answer.read().decode())
             except (OSError, ValueError) as exc:  # a stage restarting: its samples come back
+                scraped[target.name] = None
                 errors[target.name] = str(exc)
-        samples = merge(texts)
+        samples = merge(self.continuity.samples(scraped))
         try:
             slos = dict(self.slos())
         except Exception:

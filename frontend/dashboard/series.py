@@ -60,6 +60,47 @@ def merge(scrapes: Iterable[list[tuple[str, dict[str, str], float]]]) -> Samples
     return total
 
 
+Scrape = list[tuple[str, dict[str, str], float]]
+# the samples of a counter or a histogram: they only grow while their process lives
+_GROWING = ("_total", "_bucket", "_count", "_sum")
+
+
+class Continuity:
+    """Each stage's counters as one unbroken count across the scrapes it missed and its
+    restarts, as Prometheus' ``rate()`` reads each series on its own. Summed as they come, a
+    stage that does not answer one scrape (hung, restarting) drops its counters from the total,
+    and the next scrape shows them all again as one burst of work that never happened."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, Samples] = {}  # stage -> its latest scrape
+        self._offset: dict[str, Samples] = {}  # stage -> what its counters had before a restart
+
+    def samples(self, scraped: Mapping[str, Scrape | None]) -> list[Scrape]:
+        """Each stage's samples to merge: ``scraped`` maps every stage listed now to its scrape,
+        None for one that did not answer (its last counters stand, its gauges too)."""
+        out: list[Scrape] = []
+        for stage, scrape in scraped.items():
+            last = self._last.get(stage)
+            if scrape is not None:
+                now = {(name, tuple(sorted(labels.items()))): value for name, labels, value in scrape}
+                offset = self._offset.setdefault(stage, {})
+                for key, before in (last or {}).items():
+                    value = now.get(key)
+                    if key[0].endswith(_GROWING) and (value is None or value < before):  # restarted
+                        offset[key] = offset.get(key, 0.0) + before
+                self._last[stage] = last = now
+            if last is None:
+                continue
+            offset = self._offset.get(stage, {})
+            totals = {**dict.fromkeys(offset, 0.0), **last}
+            out.append([(name, dict(pairs), value + offset.get((name, pairs), 0.0))
+                        for (name, pairs), value in totals.items()])
+        for stage in set(self._last) - set(scraped):  # no longer listed: removed or retired
+            self._last.pop(stage, None)
+            self._offset.pop(stage, None)
+        return out
+
+
 def by(samples: Samples, name: str, *labels: str) -> dict[tuple[str, ...], float]:
     """``name``'s samples summed over every label but ``labels``, keyed by those labels' values."""
     out: dict[tuple[str, ...], float] = {}

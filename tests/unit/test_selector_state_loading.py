@@ -128,6 +128,14 @@ def test_the_weights_gauge_shows_the_models_the_app_links_now() -> None:
     assert shown == {"m1": 0.5, "m2": 0.5}
 
 
+def test_the_selectors_metrics_start_without_an_error(caplog: Any) -> None:
+    from selector.metrics import SelectorMetrics
+
+    with caplog.at_level("ERROR"):
+        SelectorMetrics()
+    assert not caplog.records, caplog.text
+
+
 def test_answers_leave_on_their_own_producer() -> None:
     """Responses must not queue behind the ModelRequests of newer queries on one connection."""
     from clipstream.settings import get_settings

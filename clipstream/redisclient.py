@@ -9,6 +9,7 @@ path does not pay the timeout again on every record.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from clipstream.weights import without_model
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -55,6 +58,35 @@ def forget_app(client: redis.Redis, app: str, chunk: int = 500) -> int:
             deleted += client.unlink(*keys)
             keys = []
     return deleted + (client.unlink(*keys) if keys else 0)
+
+
+def forget_model_weights(client: redis.Redis, model: str, chunk: int = 500) -> int:
+    """Take ``model`` out of every app's policy states (``clipstream.weights.without_model``);
+    the number of states changed. Each is rewritten only if no learner wrote it meanwhile
+    (WATCH), else read again, and keeps its expiry."""
+    changed = 0
+    for key in client.scan_iter(match=policy_state_key("*", "*"), count=chunk):
+        with client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    try:
+                        state = json.loads(raw) if raw else None
+                    except ValueError:  # not a state this code wrote: left as it is
+                        state = None
+                    new = without_model(state, model) if isinstance(state, dict) else None
+                    if new is None:
+                        pipe.unwatch()
+                        break
+                    pipe.multi()
+                    pipe.set(key, json.dumps(new), keepttl=True)
+                    pipe.execute()
+                    changed += 1
+                    break
+                except redis.WatchError:
+                    continue
+    return changed
 
 
 def stored_predictions_key(query_id: str) -> str:

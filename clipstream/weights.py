@@ -49,6 +49,27 @@ def for_models(state: Mapping[str, Any], models: Sequence[str]) -> dict[str, Any
     return out
 
 
+def without_model(state: Mapping[str, Any], model: str) -> dict[str, Any] | None:
+    """``state`` with nothing left of ``model``: its weight, the weights of its versions left,
+    the version it was held at; None when it held nothing of it. A model removed from the
+    registry starts its versions at 1 again when deployed anew, and must be learnt afresh."""
+    models, log_w = state.get("models"), state.get("log_w")
+    left, held = state.get("left") or {}, state.get("versions") or {}
+    linked = isinstance(models, list) and isinstance(log_w, list) and len(models) == len(log_w) and model in models
+    mine = [k for k in left if k.rpartition("@")[0] == model]
+    if not linked and not mine and model not in held:
+        return None
+    out = dict(state)
+    if linked:
+        keep = [i for i, m in enumerate(models) if m != model]  # type: ignore[union-attr]
+        out["models"], out["log_w"] = [models[i] for i in keep], [log_w[i] for i in keep]  # type: ignore[index]
+    if mine:
+        out["left"] = {k: w for k, w in left.items() if k not in mine}
+    if model in held:
+        out["versions"] = {m: v for m, v in held.items() if m != model}
+    return out
+
+
 def weight_as(state: Mapping[str, Any], i: int, model: str, version: str | None) -> float:
     """The log weight of ``models[i]`` as ``version``: its own, when the state holds that
     version (or says none); a version left's, kept under ``left``; else its own, as a version

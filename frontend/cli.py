@@ -14,7 +14,7 @@ import yaml
 
 from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
-from clipstream.redisclient import REDIS_AWAY, forget_app, sync_client
+from clipstream.redisclient import REDIS_AWAY, forget_app, forget_model_weights, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
 from frontend.serving import served, wait_loaded
 from registry.appfile import apply_file, check_default_output, check_policy
@@ -236,7 +236,7 @@ def remove_model(name: str, unlink: bool) -> None:
     for app in apps:
         left = [m for m in view.apps[app].models if m != name]
         click.echo(f"unlinked {name} from {app}" + ("" if left else
-                   f" (no model left: {app}'s queries are refused until one is linked)"))
+                   f" (no model left: {app}'s queries get its default output until one is linked)"))
     click.echo(f"model {name} removed")
     click.echo(_forget_cached(settings, name))
 
@@ -278,14 +278,18 @@ def linked_apps(view: RegistryView, name: str, unlink: bool) -> list[str]:
 
 
 def _forget_cached(settings: Settings, name: str) -> str:
-    """Delete the model's cached predictions; a Redis away is a warning, as the registry
-    change is done, naming the keys to delete before the model is deployed again."""
+    """Delete the model's cached predictions and its learnt weights in every app; a Redis away
+    is a warning, as the registry change is done, naming what to delete before the model is
+    deployed again."""
     try:
-        count = forget_model(sync_client(settings), name)
+        client = sync_client(settings)
+        count = forget_model(client, name)
+        states = forget_model_weights(client, name)
     except REDIS_AWAY as exc:
         return (f"warning: Redis at CLIPSTREAM_REDIS_URL did not answer ({exc}), so {name}'s cached predictions "
-                f"stay: delete the keys {KEY_PREFIX}{name}:* before deploying {name} again")
-    return f"{count} cached predictions of {name} deleted"
+                f"may stay (delete the keys {KEY_PREFIX}{name}:* before deploying {name} again), and the apps "
+                f"may keep their learnt weights for {name}")
+    return f"{count} cached predictions of {name} deleted; its learnt weights taken out of {states} policy states"
 
 
 def _rewrite_model(name: str, change: Callable[[ModelConfig], ModelConfig]) -> ModelConfig:

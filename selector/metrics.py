@@ -143,9 +143,15 @@ class SelectorMetrics:
         _count(self._not_asked, self._not_asked_by, app, models)
 
     def _weights(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
-        known = self.global_state
-        return {WEIGHT: [((app, model), w) for app, state in list(self.latest_state.items())
-                         for model, w in policy_weights((known(app) if known else None) or state).items()]}
+        """Each app's weights as the process knows them now, else as its last dispatch used
+        them; none for an app ``global_state`` gives ``{}``: one that selects nothing now."""
+        known, out = self.global_state, []
+        for app, state in list(self.latest_state.items()):
+            now = known(app) if known else None
+            if now == {}:
+                continue
+            out += [((app, model), w) for model, w in policy_weights(now or state).items()]
+        return {WEIGHT: out}
 
 
 def _count(family: Family, children: dict[tuple[str, str], Any], app: str, models: Iterable[str]) -> None:

@@ -102,12 +102,13 @@ class Selector(PolicyStates, Replies):
     def _global_state(self, name: str) -> State | None:
         """The app's global weights as its next query with no context is selected with: what
         the learner (sharing the store) has taught since, over the app's models and versions
-        now (a stored state may predate a link, an unlink or a rollout)."""
-        state = self.store.recall([(name, None)])[(name, None)]
+        now (a stored state may predate a link, an unlink or a rollout). ``{}`` for an app that
+        selects nothing now (removed, or with no model linked): it has no weights to show."""
         try:
             app, policy, _ = self.apps.get(name)
-        except ClipstreamError:  # gone from the registry: what was last known
-            return state
+        except ClipstreamError:
+            return {}
+        state = self.store.recall([(name, None)])[(name, None)]
         return None if state is None else align_state(policy, state, app.models, self.apps.versions(name))
 
     # -- dispatch: select -----------------------------------------------------------

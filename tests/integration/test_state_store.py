@@ -108,3 +108,28 @@ def test_a_learner_alone_writes_in_one_round_trip_and_survives_a_script_flush(in
         assert count(client, state_key(app, None)) == 12
     finally:
         client.close()
+
+
+def test_a_removed_model_is_taken_out_of_every_apps_states_and_learnt_afresh(redis_client: Any) -> None:
+    """``remove-model``: deployed again, its versions start at 1, and an old version 1's weight
+    (kept for a rollback) must not come back with the new model."""
+    from clipstream.redisclient import forget_model_weights, policy_state_key
+    from selector.policies import Exp3, align_state
+
+    tag = uuid.uuid4().hex[:6]
+    flip, app = f"flip{tag}", f"probe{tag}"
+    glob, ctx = policy_state_key(app, None), policy_state_key(app, "u1")
+    state = {"policy": "exp3", "models": ["good", flip], "log_w": [0.0, -9.0], "n_observed": 100,
+             "versions": {"good": "1", flip: "2"}, "left": {f"{flip}@1": 0.0, "good@0": -1.0}}
+    redis_client.set(glob, json.dumps(state))
+    redis_client.set(ctx, json.dumps({**state, "models": ["good"], "log_w": [0.0]}), ex=600)
+    redis_client.set(policy_state_key(f"other{tag}", None), json.dumps({"policy": "exp3", "models": ["x"], "log_w": [0.0]}))
+    assert forget_model_weights(redis_client, flip) == 2
+    after = json.loads(redis_client.get(glob))
+    assert after["models"] == ["good"] and after["log_w"] == [0.0] and after["n_observed"] == 100
+    assert after["left"] == {"good@0": -1.0} and after["versions"] == {"good": "1"}
+    assert 0 < redis_client.ttl(ctx) <= 600  # a context's state keeps its expiry
+    assert forget_model_weights(redis_client, flip) == 0  # nothing of it is left
+    # deployed again as version 1 and linked: it starts at the best weight, as a model never seen
+    again = align_state(Exp3(), after, ["good", flip], {"good": "1", flip: "1"})
+    assert again["log_w"] == [0.0, 0.0]

@@ -219,3 +219,15 @@ def test_apps_refuse_a_policy_once_until_its_record_changes(monkeypatch: pytest.
     assert built == ["subprocess:Popen"]  # refused once, remembered
     view = RegistryView(apps={"a": AppConfig("a", "exp3", 50.0, -1, {}, ("m",))}, models={})  # a new record
     assert isinstance(apps.get("a")[1], Exp3)
+
+
+def test_a_state_without_a_model_keeps_nothing_of_it_and_the_rest_as_it_was() -> None:
+    from clipstream.weights import without_model
+
+    s = {"policy": "exp4", "models": ["a", "b"], "log_w": [0.0, -2.0], "n_observed": 3,
+         "versions": {"a": "1", "b": "4"}, "left": {"b@3": -1.0, "a@0": -5.0, "bb@1": 0.0}}
+    out = without_model(s, "b")
+    assert out == {"policy": "exp4", "models": ["a"], "log_w": [0.0], "n_observed": 3,
+                   "versions": {"a": "1"}, "left": {"a@0": -5.0, "bb@1": 0.0}}
+    assert s["models"] == ["a", "b"]  # the state it came from is untouched
+    assert without_model(out, "b") is None and without_model({"policy": "mine"}, "b") is None

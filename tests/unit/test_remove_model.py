@@ -72,7 +72,7 @@ def test_unlink_removes_the_links_first_then_the_model_and_its_cache(monkeypatch
     result = CliRunner().invoke(main, ["remove-model", "m", "--unlink"])
     assert result.exit_code == 0, result.output
     assert fake.writes == [("delete", ("link:a:m",)), ("delete", ("link:b:m",)), ("delete", ("model:m",))]
-    assert "unlinked m from a (no model left: a's queries are refused until one is linked)" in result.output
+    assert "unlinked m from a (no model left: a's queries get its default output until one is linked)" in result.output
     assert "unlinked m from b\n" in result.output
     assert "model m removed" in result.output and "1 cached predictions of m deleted" in result.output
     assert keys.keys == {key_of("other", "1", "a" * 40)}
@@ -90,4 +90,5 @@ def test_a_redis_away_leaves_the_removal_done_and_names_the_keys_to_delete(monke
     assert result.exit_code == 0, result.output
     assert fake.writes == [("delete", ("model:m",))]
     assert "warning: Redis at CLIPSTREAM_REDIS_URL did not answer (Connection refused), so m's cached " \
-           "predictions stay: delete the keys cs:cache:m:* before deploying m again" in result.output
+           "predictions may stay (delete the keys cs:cache:m:* before deploying m again), and the apps may " \
+           "keep their learnt weights for m" in result.output

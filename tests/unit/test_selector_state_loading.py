@@ -126,6 +126,14 @@ def test_the_weights_gauge_shows_the_models_the_app_links_now() -> None:
     shown = {s.labels["model"]: s.value for s in sel.metrics.registry.collect()
              for s in s.samples if s.name == "clipstream_policy_weight"}
     assert shown == {"m1": 0.5, "m2": 0.5}
+    # the app removed (or left with no model): it selects nothing, and shows no weights
+    from clipstream.errors import ConfigError
+
+    def gone(name: str) -> Any:
+        raise ConfigError(f"unknown app {name!r}")
+
+    sel.apps.get = gone
+    assert not [s for s in sel.metrics.registry.collect() for s in s.samples if s.name == "clipstream_policy_weight"]
 
 
 def test_the_selectors_metrics_start_without_an_error(caplog: Any) -> None:

@@ -107,7 +107,7 @@ class Pipeline:
                         self._leave(stage, model or "", f"version {served.version} of {model} is ready")
                     else:  # a replica the registry removed: its batches are served, then it stops
                         self._leave(stage, model or "", f"the batches sent to it are served ({model} now has "
-                                    f"{served.replicas} replicas)")
+                                    f"{served.replicas} replica{'s' * (served.replicas != 1)})")
                 elif stage.startswith(("worker-", "batcher-")):
                     self.supervisor.remove(stage)
                     say(f"stopped {stage} (registry change)")  # as ``up`` says each start

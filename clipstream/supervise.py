@@ -41,6 +41,7 @@ SPARE_AFTER_S = 5.0
 ALERT = ALERT_PREFIX.encode()
 NOTE = NOTE_PREFIX.encode()
 HINT_EVERY_S = 60.0  # what to do about a stage that keeps dying: said at most this often
+RECENT_RESTART_S = 60.0  # an alert names the stages restarted this recently
 
 
 @dataclass
@@ -168,7 +169,8 @@ class Supervisor:
                 if raw.startswith(WAITING_LINE) and proc is stage.spare_proc:
                     stage.spare_waiting.set()
                 if raw.startswith(ALERT):  # meant for whoever runs up, not only for the log
-                    self.report(relayed(stage.name, raw[len(ALERT):].decode(errors="replace"), ALERT_PREFIX))
+                    said = relayed(stage.name, raw[len(ALERT):].decode(errors="replace"), ALERT_PREFIX)
+                    self.report(said + self._restarts_before())
                 elif raw.startswith(NOTE):
                     self.report(relayed(stage.name, raw[len(NOTE):].decode(errors="replace")))
                 if raw.startswith(b"ready:") and proc is stage.proc and not stage.ready.is_set():
@@ -182,6 +184,14 @@ class Supervisor:
                     stage.ready.set()
         proc.wait()  # its output ends as it exits: ``watch`` restarts it now, not at its next look
         self._wake.set()
+
+    def _restarts_before(self) -> str:
+        """What an alert should be read beside: the stages restarted lately. Requests given up
+        while a worker restarts look like a lack of capacity to the stage that counts them."""
+        now = time.monotonic()
+        names = sorted(s.name for s in list(self.stages.values()) if s.restarts and now - s.started_at <= RECENT_RESTART_S)
+        return (f" ({', '.join(names)} restarted in the last {RECENT_RESTART_S:g} s: more likely the cause than "
+                "a lack of capacity)") if names else ""
 
     def wait_ready(self, timeout_s: float, names: list[str] | None = None) -> None:
         """Block until the named stages (default all) are ready; a stage that exits is an error,

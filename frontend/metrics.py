@@ -116,11 +116,12 @@ class GatewayMetrics:
                 self.app_latency.child(name))
         return c
 
-    def refusals(self) -> dict[str, tuple[float, float]]:
-        """Per app seen: (queries, refused with 503) so far."""
+    def refusals(self, outcome: str = "refused") -> dict[str, tuple[float, float]]:
+        """Per app seen: (queries, those answered with ``outcome``: refused with 503, or
+        ``default``) so far."""
         sample = self.registry.get_sample_value
         return {app: (sample("clipstream_gateway_queries_total", {"app": app}) or 0.0,
-                      sample("clipstream_gateway_answers_total", {"app": app, "outcome": "refused"}) or 0.0)
+                      sample("clipstream_gateway_answers_total", {"app": app, "outcome": outcome}) or 0.0)
                 for app in list(self._per_app)}
 
     def expose(self) -> None:

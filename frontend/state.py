@@ -119,10 +119,18 @@ class GatewayState:
 
     async def watch_saturation(self, every_s: float = 2.0) -> None:
         """Say (``up`` prints it) when an app's queries are refused in numbers: the pipeline is
-        at its capacity for them, and the fix is more replicas or larger batches."""
-        saturation = Saturation()
+        at its capacity for them, and the fix is more replicas or larger batches. Also when its
+        callers get its default output in numbers, whatever the cause."""
+        saturation, defaults = Saturation(), Saturation()
         while True:
             await asyncio.sleep(every_s)
+            for app, (total, defaulted) in self.metrics.refusals("default").items():
+                share = defaults.check(app, monotonic(), total, defaulted)
+                if share is not None:
+                    alert("gateway", f"app {app}: {share:.0%} of its queries were answered with its default output "
+                                     f"over the last {defaults.window_s:g} s, not a prediction: each answer's "
+                                     "default_reason says why, the dashboard's outcomes how often; `clipstream "
+                                     "inspect` names a model that no worker has loaded")
             for app, (total, refused) in self.metrics.refusals().items():
                 share = saturation.check(app, monotonic(), total, refused)
                 if share is None:

@@ -231,14 +231,26 @@ def _answers(w: _Window, row: Row, slos: Mapping[str, float]) -> None:
         if outcome == "prediction":
             outcomes["prediction"] = v
     for (app, outcome), v in gateway_answers.items():
-        if app in straight and outcome in ("prediction", "default"):
-            key = "prediction" if outcome == "prediction" else "default: answered by the gateway"
-            outcomes[key] = outcomes.get(key, 0.0) + v
+        if app in straight and outcome == "prediction":
+            outcomes["prediction"] = outcomes.get("prediction", 0.0) + v
+    # the defaults the gateway itself gave, of every app: no selector counted them
+    for (source,), v in w.rate("clipstream_gateway_defaults_total", "source").items():
+        if source in GATEWAY_DEFAULTS:
+            outcomes[GATEWAY_DEFAULTS[source]] = v
     for (reason,), v in w.rate("clipstream_selector_defaults_total", "reason").items():
         outcomes[f"default: {reason}"] = v
     for (outcome,), v in w.rate("clipstream_gateway_answers_total", "outcome").items():
         if outcome == "refused":
             outcomes["refused (503)"] = v
+
+
+# the gateway's own defaults (``clipstream_gateway_defaults_total{source}``) as the outcomes
+# panel names them; ``selector`` is left out, as the selector's defaults are counted by reason
+GATEWAY_DEFAULTS = {
+    "gateway_timeout": "default: no answer reached the gateway by the deadline",
+    "not_loaded": "default: no worker has the model loaded",
+    "model": "default: the model failed or was late (one-model app)",
+}
 
 
 def _models(w: _Window, row: Row) -> None:

@@ -175,6 +175,23 @@ def test_a_restart_line_quotes_the_error_the_stage_exited_on(tmp_path, running) 
     assert "child: took its new batching knobs" in r.reports  # and so is a note
 
 
+def test_an_alert_after_a_restart_names_the_restarted_stage(tmp_path, running) -> None:
+    """Requests given up while a stage restarts read as a lack of capacity to whoever counts
+    them: the alert says what restarted, so nobody adds replicas for a crash."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    (tmp_path / "go").touch()
+    r = Running(tmp_path, heartbeat_timeout_s=0, backoff_first_s=0.05, backoff_max_s=0.2)
+    running.append(r)
+    r.start_child(script, str(tmp_path / "go"))
+    alerts = lambda: [line for line in r.reports if line.startswith("alert: child: ")]  # noqa: E731
+    wait_until(lambda: len(alerts()) >= 2, RESTART_BOUND_S, "an alert from the restarted child")
+    first, again = alerts()[:2]
+    assert first == "alert: child: its model fails on every call", first
+    assert again == ("alert: child: its model fails on every call (child restarted in the last 60 s: more "
+                     "likely the cause than a lack of capacity)"), again
+
+
 def test_a_stage_started_while_serving_says_when_it_is_ready(tmp_path, child, running) -> None:
     """A worker a registry change starts gets traffic once ready: up says when that is."""
     r = Running(tmp_path, heartbeat_timeout_s=0)

@@ -97,6 +97,9 @@ def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
             f'clipstream_gateway_answers_total{{app="d",outcome="prediction"}} {n}',
             f'clipstream_gateway_answers_total{{app="one",outcome="prediction"}} {2 * n}',
             f'clipstream_gateway_answers_total{{app="one",outcome="default"}} {n / 10}',
+            f'clipstream_gateway_defaults_total{{source="model"}} {n / 20}',
+            f'clipstream_gateway_defaults_total{{source="gateway_timeout"}} {n / 20}',
+            f'clipstream_gateway_defaults_total{{source="selector"}} {n}',
             f'clipstream_gateway_answers_total{{app="one",outcome="refused"}} {3 * n}',
             f'clipstream_gateway_query_seconds_bucket{{app="one",le="0.005"}} {2 * n}',
             f'clipstream_gateway_query_seconds_bucket{{app="one",le="+Inf"}} {2.1 * n}',
@@ -109,7 +112,10 @@ def test_an_app_the_selector_never_answers_is_shown_from_the_gateways_answers():
     assert row["throughput"] == {"d": pytest.approx(10.0), "one": pytest.approx(21.0)}
     assert row["outcomes"]["refused (503)"] == pytest.approx(30.0)
     assert row["outcomes"]["prediction"] == pytest.approx(10.0 + 20.0)
-    assert row["outcomes"]["default: answered by the gateway"] == pytest.approx(1.0)
+    # the gateway's own defaults, each by its cause; the selector's are counted by the selector
+    assert row["outcomes"]["default: the model failed or was late (one-model app)"] == pytest.approx(0.5)
+    assert row["outcomes"]["default: no answer reached the gateway by the deadline"] == pytest.approx(0.5)
+    assert not any("selector" in k for k in row["outcomes"]), row["outcomes"]
     assert 0 < row["latency"]["one p50"] <= 5.0 and row["latency"]["d p50"] <= 10.0
 
 

@@ -66,3 +66,34 @@ def test_a_batcher_says_when_it_gives_up_many_requests(capsys) -> None:
     said = capsys.readouterr().err
     assert said.startswith("alert: batcher: model strag: 58% of its requests were given up or expired"), said
     assert "clipstream set-replicas strag N" in said
+
+
+def test_the_gateway_says_when_an_apps_callers_get_its_default_in_numbers(monkeypatch, capsys) -> None:
+    import asyncio
+
+    import frontend.state as gateway_state
+    from tests.unit.test_gateway_http import FakeBus, answer, make_app
+
+    state = make_app(FakeBus(answer)).state.gateway
+    monkeypatch.setattr(gateway_state, "Saturation", lambda: Saturation(window_s=0.05, share=0.1, least=20))
+    queries, predictions, defaults, _, _ = state.metrics.app("pets")
+
+    async def run() -> str:
+        watch = asyncio.create_task(state.watch_saturation(every_s=0.01))
+        try:
+            await asyncio.sleep(0.03)  # the first window starts at nothing
+            queries.inc(100)
+            predictions.inc(75)
+            defaults.inc(25)
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                err = capsys.readouterr().err
+                if err:
+                    return err
+            return ""
+        finally:
+            watch.cancel()
+
+    said = asyncio.run(run())
+    assert said.startswith("alert: gateway: app pets: 25% of its queries were answered with its default output"), said
+    assert "refused" not in said  # no capacity alert: nothing was refused

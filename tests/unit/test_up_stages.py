@@ -128,7 +128,7 @@ def test_a_removed_replica_serves_what_was_sent_to_it_and_each_stop_is_said(caps
     # not stopped: it leaves once the batcher's retirement follows the batches sent to it
     assert sup.removed == [] and sorted(pipe.leaving) == ["worker-b-v3-1"]
     assert capsys.readouterr().err == ("worker-b-v3-1 serves until the batches sent to it are served "
-                                       "(b now has 1 replicas)\n")
+                                       "(b now has 1 replica)\n")
     pipe.leaving["worker-b-v3-1"].stage.proc.returncode = 0  # it stopped by itself
     pipe.retire()
     assert not pipe.leaving

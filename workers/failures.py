@@ -54,6 +54,7 @@ class Folding:
                  max_kinds: int = MAX_KINDS) -> None:
         self.every_s, self.clock, self.max_kinds = every_s, clock, max_kinds
         self._kinds: dict[Hashable, _Kind] = {}
+        self.folded = 0  # occurrences folded and not said yet, of every kind
 
     def offer(self, kind: Hashable) -> Say | None:
         """One occurrence of ``kind``: a ``Say`` when a line is due (the first of its kind, or the
@@ -69,18 +70,21 @@ class Folding:
             return Say(kind, True, 0, 0.0)
         if now - seen.said_at < self.every_s:
             seen.folded += 1
+            self.folded += 1
             return None
         say = Say(kind, False, seen.folded, now - seen.said_at)
+        self.folded -= seen.folded
         seen.said_at, seen.folded = now, 0
         return say
 
-    def unsaid(self) -> list[Say]:
-        """The kinds with folded occurrences not said yet (for a last word when stopping); they
-        count as said."""
+    def unsaid(self, older_than_s: float = 0.0) -> list[Say]:
+        """The kinds with folded occurrences not said yet whose last line is at least
+        ``older_than_s`` old (all: for a last word when stopping); they count as said."""
         now, due = self.clock(), []
         for kind, seen in self._kinds.items():
-            if seen.folded:
+            if seen.folded and now - seen.said_at >= older_than_s:
                 due.append(Say(kind, False, seen.folded, now - seen.said_at))
+                self.folded -= seen.folded
                 seen.said_at, seen.folded = now, 0
         return due
 
@@ -172,12 +176,22 @@ class ModelFailures:
     def folded(say: Say) -> str:
         """How many occurrences a line stands for beyond itself."""
         like = "of other kinds" if say.kind == OTHER else "like it"
-        return f" ({say.folded} more failures {like} in {say.over_s:.0f} s)"
+        return f" ({say.folded} more failure{'s' * (say.folded != 1)} {like} in {say.over_s:.0f} s)"
+
+    def tick(self) -> None:
+        """Say the failures folded since their kind's last line once ``every_s`` has passed,
+        though none of the kind came since: a model that failed in a burst and then stopped
+        failing is told in full now, not when the worker stops. Free while nothing is folded."""
+        if self.folding.folded:
+            self._say_folded(self.folding.every_s)
 
     def close(self) -> None:
         """Say how many failures were folded since their kind's last line (when stopping)."""
+        self._say_folded(0.0)
+
+    def _say_folded(self, older_than_s: float) -> None:
         with self._lock:
-            due = self.folding.unsaid()
+            due = self.folding.unsaid(older_than_s)
         for say in due:
             if say.kind == OTHER:
                 self.say(f"replica {self.replica}: model calls failed" + self.folded(say))

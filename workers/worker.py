@@ -173,6 +173,7 @@ class Worker(Outputs):
                 while msg is not None:  # a batch served on this thread may have read the next
                     msg = self.feed(msg)
                 self.housekeep()
+                self.failures.tick()
                 if self.word.due():
                     self.word.say(self.cache_writes)
                 if self.senders.since_us is not None:  # handed over by some batchers: the rest are waited for

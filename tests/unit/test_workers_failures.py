@@ -107,7 +107,24 @@ def test_model_failures_name_the_model_and_the_way_out_with_one_short_traceback(
     assert len(lines) == 3 and "ValueError: other" in lines[2]
     failures.failed("m", "4", "model error: ValueError: other", None)
     failures.close()  # stopping: what was folded since is said
-    assert lines[3].endswith("(1 more failures like it in 0 s)") and "ValueError: other" in lines[3]
+    assert lines[3].endswith("(1 more failure like it in 0 s)") and "ValueError: other" in lines[3]
+
+
+def test_failures_folded_in_a_burst_are_said_once_the_interval_passes_without_more() -> None:
+    clock, lines = Clock(), []
+    failures = ModelFailures(0, say=lines.append, clock=clock)
+    for _ in range(150):  # a burst, then the model answers again
+        failures.failed("m", "1", "model error: ValueError: bad row", None)
+        clock.now += 0.1
+    assert len(lines) == 1 and failures.folding.folded == 149
+    failures.tick()  # 15 s on: not yet
+    assert len(lines) == 1
+    clock.now += 15.0
+    failures.tick()
+    assert len(lines) == 2 and lines[1].endswith("(149 more failures like it in 30 s)"), lines
+    failures.tick()
+    failures.close()  # nothing left to say when stopping
+    assert len(lines) == 2 and failures.folding.folded == 0
 
 
 def test_a_model_failing_on_every_batch_is_logged_once_with_the_way_out(

@@ -17,7 +17,7 @@ from clipstream.errors import ClipstreamError
 from registry.outputs import answer_record, output_json, read_row, stored_answer
 from registry.topic import AppConfig
 from schemas import ModelRequest, Prediction, Response, Tensor
-from schemas.reasons import OK_STATUSES
+from schemas.reasons import OK_STATUSES, refused_input
 
 
 def direct_model(cfg: AppConfig, enabled: bool) -> str | None:
@@ -51,6 +51,8 @@ def answer_of(pred: Prediction, cfg: AppConfig, kind: str, labels: tuple[Any, ..
             output = output_json(value, scores)
             return record, stored_answer(cfg.name, context, output, {pred.model: output}, confidence=1.0,
                                          versions={pred.model: pred.version})
+    elif pred.error and (why := refused_input(pred.model, pred.error)) is not None:
+        reason = f"every model refused the input: {why}"  # the caller's, as the selector says it
     else:
         reason = f"every model failed: {pred.model}: {pred.error or pred.status}"
     return answer_record(pred.query_id, cfg.name, cfg.default_output, None, labels, 0.0, [], [pred.model],

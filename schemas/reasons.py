@@ -17,6 +17,16 @@ BEHIND = frozenset({NOTHING_ARRIVED, NO_TIME_TO_ASK, EXPIRED_ON_ARRIVAL})
 # a batcher's refusal of a request's input (``Prediction.error``), then ``<model>: <why>``: the
 # caller's mistake, which the selector neither counts as the model's failure nor repeats per model
 BAD_INPUT = "bad input for model "
+# a worker's, for an input its model refused (``clipstream.InputError``), then ``<why>``
+MODEL_BAD_INPUT = "bad input: "
+
+
+def refused_input(model: str, error: str) -> str | None:
+    """Why ``model``'s batcher or the model itself refused the caller's input, when its
+    prediction's ``error`` says so; None for any other failure (the model's own)."""
+    if error.startswith(BAD_INPUT):
+        return error.removeprefix(f"{BAD_INPUT}{model}: ") if error.startswith(f"{BAD_INPUT}{model}: ") else None
+    return error.removeprefix(MODEL_BAD_INPUT) if error.startswith(MODEL_BAD_INPUT) else None
 
 # ``Prediction.status`` values that carry the model's output (a worker's, or the batcher's cache)
 OK_STATUSES = frozenset({"ok", "cached"})

@@ -17,7 +17,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from schemas.reasons import BAD_INPUT, NO_TIME_TO_ASK, NOTHING_ARRIVED, OK_STATUSES
+from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED, OK_STATUSES, refused_input
 from selector.types import Output, Query, State
 
 
@@ -175,9 +175,8 @@ def why_default(pending: Pending) -> str:
     if all(pending.failed.get(m) == NOT_ASKED for m in pending.expected):
         return NO_TIME_TO_ASK
     if len(pending.failed) == len(pending.expected):
-        refused = {e.removeprefix(f"{BAD_INPUT}{m}: ") for m, e in pending.failed.items()
-                   if e.startswith(f"{BAD_INPUT}{m}: ")}
-        if len(refused) == 1 and all(e.startswith(BAD_INPUT) for e in pending.failed.values()):
+        refused = {refused_input(m, e) for m, e in pending.failed.items()}
+        if len(refused) == 1 and None not in refused:
             return f"every model refused the input: {refused.pop()}"  # said once, not once per model
         return "every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
     return NOTHING_ARRIVED

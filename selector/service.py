@@ -26,7 +26,7 @@ from clipstream.redisclient import RedisGuard
 from clipstream.settings import Settings
 from registry.outputs import stored_answer
 from schemas import ModelRequest, Predictions, QueryEvent, decode_as, encode
-from schemas.reasons import BAD_INPUT, EXPIRED_ON_ARRIVAL, OK_STATUSES
+from schemas.reasons import EXPIRED_ON_ARRIVAL, OK_STATUSES, refused_input
 from selector.checks import EMPTY_QUERY_ID, deadline_problem, reply_problem
 from selector.handover import Handover, QueryOffsets
 from selector.join import NOT_ASKED, Asked, JoinState, Pending, why_default
@@ -257,7 +257,7 @@ class Selector(PolicyStates, Replies):
         self.stats["stragglers"] += len(stragglers)
         if stragglers:
             self.metrics.stragglers(asked.app, stragglers)
-        failed = [m for m, e in pending.failed.items() if m not in pending.expired and not e.startswith(BAD_INPUT)]
+        failed = [m for m, e in pending.failed.items() if m not in pending.expired and refused_input(m, e) is None]
         if failed:  # a refused input is the caller's, not the model's
             self.metrics.failed(asked.app, failed)
         try:

@@ -19,6 +19,7 @@ from clipstream.clock import now_us
 from clipstream.errors import ClipstreamError, InputError, ModelError
 from registry.spec import ModelSpec, OutputSpec, not_finite
 from schemas import Batch, BatchItem, BatchStats, DeadLetter, Prediction, Predictions, Route, Tensor, encode, route_of
+from schemas.reasons import MODEL_BAD_INPUT
 from topics.catalogue import Catalogue
 from topics.deadletters import dead_letter_record
 from workers.backends import BatchModel
@@ -65,7 +66,7 @@ def output_rows(spec: OutputSpec, outputs: Any, n: int) -> list[np.ndarray]:
     return [np.asarray(out[i]) for i in range(n)]
 
 
-BAD_INPUT = "bad input: "  # a failure that is the caller's input's, not the model's
+BAD_INPUT = MODEL_BAD_INPUT  # a failure that is the caller's input's, not the model's
 
 
 def answer_tensor(row: np.ndarray) -> Tensor:

@@ -115,3 +115,21 @@ def test_an_input_every_model_refused_is_said_once_and_counted_as_no_models_fail
     assert default_reason(why_default(refused)) == "rejected"  # the caller's, as a dispatch refusal is
     mixed = Pending("q", ("a", "b"), 0, failed={"a": f"{BAD_INPUT}a: {why}", "b": "model error: boom"})
     assert why_default(mixed) == f"every model failed: a: {BAD_INPUT}a: {why}; b: model error: boom"
+    # a model that raised ``InputError`` refuses the input itself, as a batcher's check does
+    own = Pending("q", ("t",), 0, failed={"t": "bad input: the word bad"})
+    assert why_default(own) == "every model refused the input: the word bad"
+
+
+def test_a_one_model_apps_input_its_model_refused_is_said_as_the_callers() -> None:
+    from frontend.direct import answer_of
+    from registry.topic import AppConfig
+    from schemas import Prediction
+
+    cfg = AppConfig(name="t", policy="single", slo_ms=50.0, default_output=-1, models=("textlen",))
+    pred = Prediction(query_id="q", model="textlen", version="1", status="error",
+                      error="bad input: the word bad", output=None)
+    record, stored = answer_of(pred, cfg, "label", None, None, 2**62)
+    assert record.default_reason == "every model refused the input: the word bad" and stored is None
+    failed = answer_of(Prediction(query_id="q", model="textlen", version="1", status="error",
+                                  error="model error: RuntimeError: boom", output=None), cfg, "label", None, None, 2**62)
+    assert failed[0].default_reason == "every model failed: textlen: model error: RuntimeError: boom"

@@ -6,6 +6,7 @@ Sub-commands live beside the stage they run and are imported only when called, s
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -61,6 +62,16 @@ class LazyGroup(click.Group):
                 return None
             raise
         return getattr(module, attr, None)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, with the command meant for a misspelt one: click looks among the commands
+        it holds, and this group imports them only when asked."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and not ctx.resilient_parsing and self.get_command(ctx, name) is None:
+            close = difflib.get_close_matches(name, self.list_commands(ctx))
+            meant = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise click.UsageError(f"No such command {name!r}.{meant}", ctx)
+        return super().resolve_command(ctx, args)
 
 
 # commands that start or watch the local Kafka and Redis themselves

@@ -69,6 +69,7 @@ class Pipeline:
         self.leaving: dict[str, Leaving] = {}
         self.view: RegistryView | None = None  # the last one synced to
         self.app_file: str | None = None  # while ``up`` starts from it: where a failed worker is fixed
+        self._unserved: set[tuple[str, str, str]] = set()  # (model, version, why) said already
 
     def sync(self, view: RegistryView) -> list[str]:
         """Start what the registry asks for and is not running; stop what it no longer asks for.
@@ -81,6 +82,7 @@ class Pipeline:
         started: list[str] = []
         with self._lock:
             self.view = view
+            self._say_unserved(view)
             wanted = wanted_stages(view, self.shared_batcher, self.batcher_members)
             for stage, args in wanted.items():
                 if stage in self.supervisor.stages:
@@ -115,6 +117,19 @@ class Pipeline:
                     self.retiring.append(stage)
         self.retire()
         return started
+
+    def _say_unserved(self, view: RegistryView) -> None:
+        """A model whose folder this host cannot read gets no worker: said once per version and
+        reason, as nothing else would show it (its callers get defaults, ``inspect`` elsewhere
+        may read the folder well)."""
+        for name, model in view.models.items():
+            key = (name, model.version, model.spec_error or "")
+            if model.spec is not None or not model.spec_error or key in self._unserved:
+                continue
+            self._unserved.add(key)
+            say(f"alert: up: model {name} version {model.version} is not served, as this host cannot read it: "
+                f"{model.spec_error}; fix it here (a location in a model repository needs "
+                f"CLIPSTREAM_MODEL_REPOSITORY set for up as for deploy-model), or deploy it again")
 
     def hint(self, stage: Stage) -> str:
         """What to do about a stage that exited before it was ready, for ``Supervisor.wait_ready``:

@@ -73,7 +73,8 @@ def inspect_registry(as_json: bool) -> None:
                       serving_text(m["version"], m["replicas"], m["serving"], running=m["running"] is not False,
                                    loaded=m["loaded_replicas"] or (), failed=m["failed_to_load"] is not None))
                    + (f" device={','.join(m['devices'])}" if m["devices"] else "")
-                   + (f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else
+                   + (f" NOT SERVED: {m['error']}" if m["error"] else
+                      f" NOT LOADED: {m['not_loaded']}" if m["not_loaded"] else
                       f" VERSION {m['version']} FAILED TO LOAD: {m['failed_to_load']}" if m["failed_to_load"] else ""))
     for n, g in data["groups"].items():
         click.echo(f"group {n}: version={g['version']} replicas={g['replicas']} models={g['models']}"

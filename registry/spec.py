@@ -147,7 +147,7 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
     if serving:  # MLServer and Triton keep batching in the model's settings; here the app file does
         raise ConfigError(f"{path}: `{serving[0]}` is not read from model.yaml: how a model is served (replicas, "
                           f"max_batch_size, batch_delay_ms, latency_objective_ms) goes in its entry of the app "
-                          f"file, or `clipstream deploy-model` options")
+                          f"file, then `clipstream apply -f FILE` (replicas also: `clipstream set-replicas`)")
     for part, keys in (("input", ("dtype", "shape")), ("output", ("kind", "labels"))):
         extra = [k for k in (raw.get(part) or {}) if k not in keys] if isinstance(raw.get(part), dict) else []
         if extra:

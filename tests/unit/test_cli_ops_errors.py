@@ -211,3 +211,14 @@ def test_state_dir_help_names_the_real_default(command: str) -> None:
 
     text = " ".join(CliRunner().invoke(infra_cli.infra, [command, "--help"]).output.split())
     assert "~/.local/state/clipstream" in text
+
+
+def test_a_misspelt_command_is_told_the_one_meant() -> None:
+    from clipstream.cli import main
+
+    for typed, meant in (("inspekt", "'inspect'"), ("deadletter", "'deadletters'"), ("remove-modle", "'remove-model'")):
+        result = CliRunner().invoke(main, [typed])
+        assert result.exit_code == 2 and f"No such command {typed!r}. Did you mean {meant}" in result.output, result.output
+    unknown = CliRunner().invoke(main, ["zzz"])
+    assert unknown.exit_code == 2 and "No such command 'zzz'." in unknown.output and "Did you mean" not in unknown.output
+    assert CliRunner().invoke(main, ["--help"]).exit_code == 0

@@ -205,3 +205,19 @@ def test_a_group_gets_one_batcher_entry_and_its_own_workers_not_its_members() ->
     assert w[f"worker-g-v{gv}-1"] == ["worker", "--model", "g", "--version", gv, "--replica", "1", "--replicas", "2"]
     apart = wanted_stages(grouped, shared_batcher=False)  # a batcher per served unit: the group has one
     assert sorted(k for k in apart if k.startswith("batcher")) == ["batcher-c", "batcher-g"]
+
+
+def test_a_model_this_host_cannot_read_is_said_once_with_the_way_out(capsys: Any) -> None:
+    """A location in a model repository that `up` was not told of: no worker starts, and
+    nothing else would say why."""
+    sup = FakeSupervisor()
+    pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
+    unread = ModelConfig("repom", "1", Path("logreg/1"), spec=None,
+                         spec_error="logreg/1: a relative location needs CLIPSTREAM_MODEL_REPOSITORY")
+    v = RegistryView(models={**view(a="1").models, "repom": unread})
+    pipe.sync(v)
+    pipe.sync(v)  # said once
+    err = capsys.readouterr().err
+    assert err.count("alert: up: model repom version 1 is not served") == 1, err
+    assert "CLIPSTREAM_MODEL_REPOSITORY set for up as for deploy-model" in err
+    assert not any("repom" in s for s in sup.stages)

@@ -168,6 +168,7 @@ class Producer:
         if self._registry is None:
             self._registry = RegistryFollower(self.settings).start()
             self._registry.wait_ready(30.0)
+            self._warm()
         # a registry record written just before may reach the view a moment after wait_ready
         deadline = time.monotonic() + 2.0
         while (cfg := self._registry.view().apps.get(app)) is None:
@@ -175,6 +176,17 @@ class Producer:
                 raise ConfigError(f"unknown app {app!r} (not in the registry)")
             time.sleep(0.02)
         return cfg
+
+    def _warm(self) -> None:
+        """Fetch the queries topic's metadata, and so connect to its leader, before the first
+        query is stamped: otherwise that query's deadline pays for both, and a short SLO is
+        spent before it reaches the selector."""
+        from confluent_kafka import KafkaException
+
+        try:
+            self._producer.list_topics(self.queries_topic, timeout=5.0)
+        except KafkaException:  # the send says what is wrong, as without this
+            pass
 
     def _array(self, app: str, input: Any) -> np.ndarray:
         cfg = self._app_config(app)

@@ -207,6 +207,39 @@ class _Registry:
                                     "n": ModelConfig("n", "1", Path("/n"), spec=plain)})
 
 
+def test_the_producer_fetches_the_queries_topic_before_stamping_its_first_query(monkeypatch) -> None:
+    """A fresh producer's first record waits for metadata and a connection: paid before the
+    query's deadline starts, not out of it."""
+    import confluent_kafka
+
+    import frontend.producer as producer_module
+    from clipstream.settings import Settings
+
+    steps: list[str] = []
+
+    class Warmed(_KafkaProducer):
+        def list_topics(self, topic: str, timeout: float) -> None:
+            steps.append(f"metadata {topic}")
+
+        def produce(self, topic: str, value: bytes, key: bytes, on_delivery: object) -> None:
+            steps.append(f"produce {topic}")
+
+    class Registry(_Registry):
+        def start(self) -> Any:
+            return self
+
+        def wait_ready(self, timeout_s: float) -> None:
+            pass
+
+    monkeypatch.setattr(confluent_kafka, "Producer", Warmed)
+    monkeypatch.setattr(producer_module, "RegistryFollower", lambda settings: Registry())
+    monkeypatch.setattr(producer_module, "now_us", lambda: steps.append("stamped") or 0)
+    made = producer_module.Producer(settings=Settings(topic_prefix="t."))
+    made.send_query("pets", np.zeros(3, np.float32))
+    made.send_query("pets", np.zeros(3, np.float32))
+    assert steps == ["metadata t.queries", "stamped", "produce t.queries", "stamped", "produce t.queries"]
+
+
 def test_producer_casts_a_numpy_input_to_the_models_dtype_and_checks_its_shape(producer) -> None:
     from schemas import QueryEvent, decode_as
 

@@ -42,6 +42,7 @@ ALERT = ALERT_PREFIX.encode()
 NOTE = NOTE_PREFIX.encode()
 HINT_EVERY_S = 60.0  # what to do about a stage that keeps dying: said at most this often
 RECENT_RESTART_S = 60.0  # an alert names the stages restarted this recently
+CAPACITY_ADVICE = "add replicas"  # the alerts that blame capacity: a restart may explain them better
 
 
 @dataclass
@@ -170,7 +171,7 @@ class Supervisor:
                     stage.spare_waiting.set()
                 if raw.startswith(ALERT):  # meant for whoever runs up, not only for the log
                     said = relayed(stage.name, raw[len(ALERT):].decode(errors="replace"), ALERT_PREFIX)
-                    self.report(said + self._restarts_before())
+                    self.report(said + (self._restarts_before() if CAPACITY_ADVICE in said else ""))
                 elif raw.startswith(NOTE):
                     self.report(relayed(stage.name, raw[len(NOTE):].decode(errors="replace")))
                 if raw.startswith(b"ready:") and proc is stage.proc and not stage.ready.is_set():
@@ -186,8 +187,9 @@ class Supervisor:
         self._wake.set()
 
     def _restarts_before(self) -> str:
-        """What an alert should be read beside: the stages restarted lately. Requests given up
-        while a worker restarts look like a lack of capacity to the stage that counts them."""
+        """What an alert that blames capacity should be read beside: the stages restarted
+        lately. Requests given up while a worker restarts look like a lack of capacity to the
+        stage that counts them."""
         now = time.monotonic()
         names = sorted(s.name for s in list(self.stages.values()) if s.restarts and now - s.started_at <= RECENT_RESTART_S)
         return (f" ({', '.join(names)} restarted in the last {RECENT_RESTART_S:g} s: more likely the cause than "

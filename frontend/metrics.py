@@ -41,6 +41,16 @@ class Labelled:
         self.child(*values).observe(value)
 
 
+# who decided on a default (``clipstream_gateway_defaults_total{source}``), and where to look
+DEFAULT_CAUSES = {
+    "gateway_timeout": "no answer reached the gateway by the deadline: look for a stage restarting or hung and "
+                       "for Kafka's alerts in up's output",
+    "selector": "the selector gave the default: each answer's default_reason says why (docs/CONFIGURATION.md)",
+    "not_loaded": "no worker has a model loaded: `clipstream inspect` names it, and why",
+    "model": "the model failed or was late: its worker's alert says how",
+}
+
+
 class GatewayMetrics:
     """Requests by route and status, queries and answers per app, latency, defaults, refusals."""
 
@@ -123,6 +133,11 @@ class GatewayMetrics:
         return {app: (sample("clipstream_gateway_queries_total", {"app": app}) or 0.0,
                       sample("clipstream_gateway_answers_total", {"app": app, "outcome": outcome}) or 0.0)
                 for app in list(self._per_app)}
+
+    def default_sources(self) -> dict[str, float]:
+        """Defaults so far by who decided on them (``DEFAULT_CAUSES``' keys)."""
+        sample = self.registry.get_sample_value
+        return {s: sample("clipstream_gateway_defaults_total", {"source": s}) or 0.0 for s in DEFAULT_CAUSES}
 
     def expose(self) -> None:
         """Serve these on the process's metrics port too (``topics.metrics``)."""

@@ -21,7 +21,7 @@ from clipstream.saver import PredictionSaver
 from clipstream.settings import Settings
 from frontend.admission import AdmissionLimit, RecentTimes, verdict
 from frontend.gateway_http import HTTPProblem
-from frontend.metrics import GatewayMetrics
+from frontend.metrics import DEFAULT_CAUSES, GatewayMetrics
 from frontend.settings import GatewaySettings
 from registry.outputs import app_input, app_outputs
 from registry.spec import TensorSpec
@@ -121,16 +121,22 @@ class GatewayState:
         """Say (``up`` prints it) when an app's queries are refused in numbers: the pipeline is
         at its capacity for them, and the fix is more replicas or larger batches. Also when its
         callers get its default output in numbers, whatever the cause."""
-        saturation, defaults = Saturation(), Saturation()
+        saturation, defaults = Saturation(), Saturation(least=10)  # a default is worse news than a 503
+        sources: deque[tuple[float, dict[str, float]]] = deque()  # who decided the defaults, lately
         while True:
             await asyncio.sleep(every_s)
+            now = monotonic()
+            sources.append((now, self.metrics.default_sources()))
+            while now - sources[0][0] > defaults.window_s + every_s:
+                sources.popleft()
             for app, (total, defaulted) in self.metrics.refusals("default").items():
-                share = defaults.check(app, monotonic(), total, defaulted)
+                share = defaults.check(app, now, total, defaulted)
                 if share is not None:
+                    by = {s: n - sources[0][1].get(s, 0.0) for s, n in sources[-1][1].items()}
+                    cause = max(by, key=lambda s: by[s])
+                    why = f"; most of this gateway's defaults: {DEFAULT_CAUSES[cause]}" if by[cause] > 0 else ""
                     alert("gateway", f"app {app}: {share:.0%} of its queries were answered with its default output "
-                                     f"over the last {defaults.window_s:g} s, not a prediction: each answer's "
-                                     "default_reason says why, the dashboard's outcomes how often; `clipstream "
-                                     "inspect` names a model that no worker has loaded")
+                                     f"over the last {defaults.window_s:g} s, not a prediction{why}")
             for app, (total, refused) in self.metrics.refusals().items():
                 share = saturation.check(app, monotonic(), total, refused)
                 if share is None:

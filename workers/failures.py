@@ -158,7 +158,7 @@ class ModelFailures:
         line = self.line(model, version, what, group=group)
         if other and say.first:
             line += " (too many kinds of failure to count apart: further new ones are folded together)"
-        elif not say.first:
+        elif say.folded:  # a kind seen again after a quiet interval is said as it is
             line += self.folded(say)
         if say.first and exc is not None and not other:
             line += "\n" + short_traceback(exc)

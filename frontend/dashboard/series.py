@@ -32,7 +32,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("cache", "Cache hit rate per model", "share"),
     ("weights", "Policy weights per app (Exp3/Exp4)", "share"),
     ("breakdown", "Latency by stage (mean of recent queries)", "ms"),
-    ("stragglers", "Stragglers cut off, failed models and defaults", "per s"),
+    ("stragglers", "Stragglers, failed models, the selector's defaults by reason", "per s"),
     ("feedback", "Feedback per app, by what the learner did with it", "per s"),
     ("admission", "Gateway admission: limit, in flight, cuts/s by cause", "requests"),
 )
@@ -201,22 +201,22 @@ class _Window:
 
 
 def _answers(w: _Window, row: Row, slos: Mapping[str, float]) -> None:
-    """Throughput, latency and outcomes: the selector's counts, plus the gateway's for the apps
-    whose queries it sends to their model straight (a one-model app, docs/design/0083; the
-    selector then answers only those sent to Kafka by other clients), and for apps no selector
-    answered (none scraped)."""
-    answers = w.rate("clipstream_selector_answers_total", "app")
+    """Throughput, latency and outcomes as callers got them: the gateway's counts for the apps
+    it answers, the selector's for apps no gateway asked (Kafka clients alone). The selector
+    also answers queries whose caller the gateway has already answered by the deadline (a
+    backlog drained after an outage): counted beside the gateway's, they would draw answers
+    nobody received."""
     gateway_answers = w.rate("clipstream_gateway_answers_total", "app", "outcome")
-    straight = {app for (app,) in w.gauge("clipstream_gateway_direct_app", "app")}
-    straight |= {app for (app, _) in gateway_answers} - {app for (app,) in answers}
+    via_gateway = {app for (app, _) in gateway_answers}
+    answers: dict[tuple[str, ...], float] = {}
     for (app, outcome), v in gateway_answers.items():
-        if app in straight and outcome != "refused":  # a 503 is no answer: it has its own line below
+        if outcome != "refused":  # a 503 is no answer: it has its own line below
             answers[(app,)] = answers.get((app,), 0.0) + v
-    row["throughput"] = {app: v for (app,), v in answers.items()}
-    buckets = w.delta("clipstream_selector_answer_seconds_bucket", "app", "le")
-    for k, v in w.delta("clipstream_gateway_query_seconds_bucket", "app", "le").items():
-        if k[0] in straight:  # answers of their own: the buckets add up
-            buckets[k] = buckets.get(k, 0.0) + v
+    kafka_only = {k: v for k, v in w.rate("clipstream_selector_answers_total", "app").items() if k[0] not in via_gateway}
+    row["throughput"] = {app: v for (app,), v in {**answers, **kafka_only}.items()}
+    buckets = {k: v for k, v in w.delta("clipstream_selector_answer_seconds_bucket", "app", "le").items()
+               if k[0] not in via_gateway}
+    buckets.update(w.delta("clipstream_gateway_query_seconds_bucket", "app", "le"))
     per_app: dict[str, dict[float, float]] = {}
     for (app, le), v in buckets.items():
         per_app.setdefault(app, {})[float(le)] = v
@@ -227,26 +227,25 @@ def _answers(w: _Window, row: Row, slos: Mapping[str, float]) -> None:
         if app in slos:
             row["latency"][f"{app} SLO"] = float(slos[app])
     outcomes = row["outcomes"]
-    for (outcome,), v in w.rate("clipstream_selector_answers_total", "outcome").items():
-        if outcome == "prediction":
-            outcomes["prediction"] = v
     for (app, outcome), v in gateway_answers.items():
-        if app in straight and outcome == "prediction":
+        if outcome == "prediction":
             outcomes["prediction"] = outcomes.get("prediction", 0.0) + v
-    # the defaults the gateway itself gave, of every app: no selector counted them
     for (source,), v in w.rate("clipstream_gateway_defaults_total", "source").items():
         if source in GATEWAY_DEFAULTS:
             outcomes[GATEWAY_DEFAULTS[source]] = v
-    for (reason,), v in w.rate("clipstream_selector_defaults_total", "reason").items():
-        outcomes[f"default: {reason}"] = v
+    for (app, outcome), v in w.rate("clipstream_selector_answers_total", "app", "outcome").items():
+        if app not in via_gateway:  # Kafka clients': the selector's counts are the callers'
+            key = "prediction" if outcome == "prediction" else "default: decided by the selector"
+            outcomes[key] = outcomes.get(key, 0.0) + v
     for (outcome,), v in w.rate("clipstream_gateway_answers_total", "outcome").items():
         if outcome == "refused":
             outcomes["refused (503)"] = v
 
 
-# the gateway's own defaults (``clipstream_gateway_defaults_total{source}``) as the outcomes
-# panel names them; ``selector`` is left out, as the selector's defaults are counted by reason
+# the gateway's defaults (``clipstream_gateway_defaults_total{source}``) as the outcomes panel
+# names them: who decided on each; the selector's reasons are in the stragglers panel
 GATEWAY_DEFAULTS = {
+    "selector": "default: decided by the selector",
     "gateway_timeout": "default: no answer reached the gateway by the deadline",
     "not_loaded": "default: no worker has the model loaded",
     "model": "default: the model failed or was late (one-model app)",
@@ -281,8 +280,10 @@ def _cutoffs(w: _Window, row: Row) -> None:
         row["stragglers"][f"stragglers {app}: {model}"] = v
     for (app, model), v in sorted(w.rate("clipstream_selector_failed_total", "app", "model").items()):
         row["stragglers"][f"failed {app}: {model}"] = v
-    for (app,), v in sorted(w.rate("clipstream_selector_defaults_total", "app").items()):
-        row["stragglers"][f"defaults {app}"] = v
+    for (reason,), v in sorted(w.rate("clipstream_selector_defaults_total", "reason").items()):
+        row["stragglers"][f"selector defaults: {reason}"] = v
+    for (model,), v in sorted(w.rate("clipstream_worker_errors_total", "model").items()):
+        row["stragglers"][f"failed in the worker: {model}"] = v  # one-model apps' too, which no selector sees
     for (app, outcome), v in sorted(w.rate("clipstream_selector_feedback_total", "app", "outcome").items()):
         row["feedback"][f"{app} {outcome}"] = v
     for name, family in (("limit", "clipstream_gateway_admission_limit"),

@@ -152,6 +152,7 @@ while not os.path.exists(sys.argv[1]):
     time.sleep(0.01)
 print("note: child: took its new batching knobs", flush=True)
 print("alert: child: its model fails on every call", flush=True)
+print("alert: child: 40% given up: add replicas", flush=True)
 print("error: the model raised ValueError", flush=True)
 print("sys:1: RuntimeWarning: coroutine 'Model.predict_batch' was never awaited", flush=True)  # Python's, as it exits
 sys.exit(1)
@@ -185,10 +186,11 @@ def test_an_alert_after_a_restart_names_the_restarted_stage(tmp_path, running) -
     running.append(r)
     r.start_child(script, str(tmp_path / "go"))
     alerts = lambda: [line for line in r.reports if line.startswith("alert: child: ")]  # noqa: E731
-    wait_until(lambda: len(alerts()) >= 2, RESTART_BOUND_S, "an alert from the restarted child")
-    first, again = alerts()[:2]
-    assert first == "alert: child: its model fails on every call", first
-    assert again == ("alert: child: its model fails on every call (child restarted in the last 60 s: more "
+    wait_until(lambda: len(alerts()) >= 4, RESTART_BOUND_S, "the alerts of the restarted child")
+    first, capacity, failing, again = alerts()[:4]
+    assert (first, capacity) == ("alert: child: its model fails on every call", "alert: child: 40% given up: add replicas")
+    assert failing == first  # no capacity blamed: a restart explains nothing there
+    assert again == ("alert: child: 40% given up: add replicas (child restarted in the last 60 s: more "
                      "likely the cause than a lack of capacity)"), again
 
 

@@ -30,7 +30,7 @@ def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatc
     from tests.unit.test_gateway_http import FakeBus, answer, make_app
 
     state = make_app(FakeBus(answer)).state.gateway
-    monkeypatch.setattr(gateway_state, "Saturation", lambda: Saturation(window_s=0.05, share=0.1, least=20))
+    monkeypatch.setattr(gateway_state, "Saturation", lambda **kw: Saturation(window_s=0.05, share=0.1, least=20))
     queries, _, _, refused, _ = state.metrics.app("pets")
 
     async def run() -> str:
@@ -75,7 +75,7 @@ def test_the_gateway_says_when_an_apps_callers_get_its_default_in_numbers(monkey
     from tests.unit.test_gateway_http import FakeBus, answer, make_app
 
     state = make_app(FakeBus(answer)).state.gateway
-    monkeypatch.setattr(gateway_state, "Saturation", lambda: Saturation(window_s=0.05, share=0.1, least=20))
+    monkeypatch.setattr(gateway_state, "Saturation", lambda **kw: Saturation(window_s=0.05, share=0.1, least=20))
     queries, predictions, defaults, _, _ = state.metrics.app("pets")
 
     async def run() -> str:
@@ -85,6 +85,8 @@ def test_the_gateway_says_when_an_apps_callers_get_its_default_in_numbers(monkey
             queries.inc(100)
             predictions.inc(75)
             defaults.inc(25)
+            state.metrics.defaults.inc("not_loaded", by=20)
+            state.metrics.defaults.inc("selector", by=5)
             for _ in range(200):
                 await asyncio.sleep(0.01)
                 err = capsys.readouterr().err
@@ -97,3 +99,5 @@ def test_the_gateway_says_when_an_apps_callers_get_its_default_in_numbers(monkey
     said = asyncio.run(run())
     assert said.startswith("alert: gateway: app pets: 25% of its queries were answered with its default output"), said
     assert "refused" not in said  # no capacity alert: nothing was refused
+    assert said.rstrip().endswith("most of this gateway's defaults: no worker has a model loaded: `clipstream inspect` "
+                                  "names it, and why"), said

@@ -125,6 +125,11 @@ def test_failures_folded_in_a_burst_are_said_once_the_interval_passes_without_mo
     failures.tick()
     failures.close()  # nothing left to say when stopping
     assert len(lines) == 2 and failures.folding.folded == 0
+    clock.now += 200.0  # a new burst, minutes later: its first line folds nothing
+    failures.failed("m", "1", "model error: ValueError: bad row", None)
+    assert len(lines) == 3 and lines[2].endswith("bad row; its items are answered with errors. Roll it back "
+                                                 "(clipstream rollback m) or deploy a fixed version (clipstream "
+                                                 "deploy-model m PATH --version N)"), lines[2]
 
 
 def test_a_model_failing_on_every_batch_is_logged_once_with_the_way_out(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from topics.saturation import Saturation
 
 
@@ -23,7 +26,9 @@ def test_a_low_share_or_a_handful_says_nothing() -> None:
     assert s.check("a", 30, 1010, 60) is None  # nothing at all
 
 
-def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatch, capsys) -> None:
+def _gateway_says(monkeypatch: Any, capsys: Any, count: Callable[[Any], None]) -> str:
+    """What the gateway's watcher prints once ``count(state)`` has counted a window's queries
+    of app ``pets`` (its first window starts at nothing); "" if nothing within 2 s."""
     import asyncio
 
     import frontend.state as gateway_state
@@ -31,14 +36,13 @@ def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatc
 
     state = make_app(FakeBus(answer)).state.gateway
     monkeypatch.setattr(gateway_state, "Saturation", lambda **kw: Saturation(window_s=0.05, share=0.1, least=20))
-    queries, _, _, refused, _ = state.metrics.app("pets")
+    state.metrics.app("pets")  # counted from nothing: the watcher's first window starts there
 
     async def run() -> str:
         watch = asyncio.create_task(state.watch_saturation(every_s=0.01))
         try:
-            await asyncio.sleep(0.03)  # the first window starts at nothing
-            queries.inc(100)
-            refused.inc(40)
+            await asyncio.sleep(0.03)
+            count(state)
             for _ in range(200):
                 await asyncio.sleep(0.01)
                 err = capsys.readouterr().err
@@ -48,7 +52,16 @@ def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatc
         finally:
             watch.cancel()
 
-    said = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatch, capsys) -> None:
+    def count(state: Any) -> None:
+        queries, _, _, refused, _ = state.metrics.app("pets")
+        queries.inc(100)
+        refused.inc(40)
+
+    said = _gateway_says(monkeypatch, capsys, count)
     assert said.startswith("alert: gateway: app pets: 40% of its queries were refused (503)"), said
     assert "add replicas of m1 (clipstream set-replicas m1 N)" in said, said
 
@@ -69,34 +82,15 @@ def test_a_batcher_says_when_it_gives_up_many_requests(capsys) -> None:
 
 
 def test_the_gateway_says_when_an_apps_callers_get_its_default_in_numbers(monkeypatch, capsys) -> None:
-    import asyncio
+    def count(state: Any) -> None:
+        queries, predictions, defaults, _, _ = state.metrics.app("pets")
+        queries.inc(100)
+        predictions.inc(75)
+        defaults.inc(25)
+        state.metrics.defaults.inc("not_loaded", by=20)
+        state.metrics.defaults.inc("selector", by=5)
 
-    import frontend.state as gateway_state
-    from tests.unit.test_gateway_http import FakeBus, answer, make_app
-
-    state = make_app(FakeBus(answer)).state.gateway
-    monkeypatch.setattr(gateway_state, "Saturation", lambda **kw: Saturation(window_s=0.05, share=0.1, least=20))
-    queries, predictions, defaults, _, _ = state.metrics.app("pets")
-
-    async def run() -> str:
-        watch = asyncio.create_task(state.watch_saturation(every_s=0.01))
-        try:
-            await asyncio.sleep(0.03)  # the first window starts at nothing
-            queries.inc(100)
-            predictions.inc(75)
-            defaults.inc(25)
-            state.metrics.defaults.inc("not_loaded", by=20)
-            state.metrics.defaults.inc("selector", by=5)
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                err = capsys.readouterr().err
-                if err:
-                    return err
-            return ""
-        finally:
-            watch.cancel()
-
-    said = asyncio.run(run())
+    said = _gateway_says(monkeypatch, capsys, count)
     assert said.startswith("alert: gateway: app pets: 25% of its queries were answered with its default output"), said
     assert "refused" not in said  # no capacity alert: nothing was refused
     assert said.rstrip().endswith("most of this gateway's defaults: no worker has a model loaded: `clipstream inspect` "

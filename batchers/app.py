@@ -43,7 +43,7 @@ from topics.intake import Intake, Record
 from topics.membership import member_name, membership_config
 from topics.metrics import LAG, expose, serve_metrics
 from topics.saturation import Saturation
-from topics.stage import Task, alert, announce_ready, beat_on_loop, note, run_tasks
+from topics.stage import CAPACITY_ADVICE, Task, alert, announce_ready, beat_on_loop, note, run_tasks
 
 log = logging.getLogger("clipstream.batcher")
 
@@ -260,8 +260,8 @@ def _say_if_saturated(saturation: Saturation, name: str, svc: BatcherService) ->
     share = saturation.check(name, time.monotonic(), svc.counts["requests"], svc.counts["expired"])
     if share is not None:
         alert("batcher", f"model {name}: {share:.0%} of its requests were given up or expired before their deadline "
-                         f"over the last {saturation.window_s:g} s: its replicas cannot serve them in time; add "
-                         f"replicas (clipstream set-replicas {name} N), or let its batches grow "
+                         f"over the last {saturation.window_s:g} s: its replicas cannot serve them in time; "
+                         f"{CAPACITY_ADVICE} (clipstream set-replicas {name} N), or let its batches grow "
                          "(latency_objective_ms, max_batch_size); if one call of the model takes longer than "
                          "an app's SLO, neither helps: raise it (clipstream register-app APP --slo-ms N); "
                          "unless no worker has the model loaded: `clipstream inspect` then says NOT LOADED, and why")

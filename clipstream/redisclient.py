@@ -64,29 +64,27 @@ def forget_model_weights(client: redis.Redis, model: str, chunk: int = 500) -> i
     """Take ``model`` out of every app's policy states (``clipstream.weights.without_model``);
     the number of states changed. Each is rewritten only if no learner wrote it meanwhile
     (WATCH), else read again, and keeps its expiry."""
-    changed = 0
-    for key in client.scan_iter(match=policy_state_key("*", "*"), count=chunk):
-        with client.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    try:
-                        state = json.loads(raw) if raw else None
-                    except ValueError:  # not a state this code wrote: left as it is
-                        state = None
-                    new = without_model(state, model) if isinstance(state, dict) else None
-                    if new is None:
-                        pipe.unwatch()
-                        break
-                    pipe.multi()
-                    pipe.set(key, json.dumps(new), keepttl=True)
-                    pipe.execute()
-                    changed += 1
-                    break
-                except redis.WatchError:
-                    continue
-    return changed
+    def rewrite(key: Any) -> Callable[[Any], bool]:
+        def on(pipe: Any) -> bool:  # redis-py's ``transaction`` runs it again after a WatchError
+            new = _state_without(pipe.get(key), model)
+            if new is not None:
+                pipe.multi()
+                pipe.set(key, json.dumps(new), keepttl=True)
+            return new is not None
+        return on
+
+    return sum(client.transaction(rewrite(key), key, value_from_callable=True)
+               for key in client.scan_iter(match=policy_state_key("*", "*"), count=chunk))
+
+
+def _state_without(raw: bytes | None, model: str) -> dict[str, Any] | None:
+    """The stored state ``raw`` without ``model``; None when there is nothing to change (no
+    state, one holding nothing of it, or one this code did not write)."""
+    try:
+        state = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return without_model(state, model) if isinstance(state, dict) else None
 
 
 def stored_predictions_key(query_id: str) -> str:

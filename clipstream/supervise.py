@@ -29,7 +29,8 @@ from clipstream.backoff import Backoff
 from clipstream.endings import drop_spare, send_signal, tail, terminate, why_it_died
 from clipstream.errors import ClipstreamError
 from clipstream.spare import SPARE_ENV, WAITING_LINE, end_spare
-from topics.stage import ALERT_PREFIX, HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, NOTE_PREFIX, read_heartbeat, relayed
+from topics.stage import (ALERT_PREFIX, CAPACITY_ADVICE, HEARTBEAT_EVERY_S, HEARTBEAT_FILE_ENV, NOTE_PREFIX,
+                          read_heartbeat, relayed)
 
 Report = Callable[[str], None]
 MIN_HEARTBEAT_TIMEOUT_S = 2 * HEARTBEAT_EVERY_S  # a beat on time is up to one interval old
@@ -42,7 +43,6 @@ ALERT = ALERT_PREFIX.encode()
 NOTE = NOTE_PREFIX.encode()
 HINT_EVERY_S = 60.0  # what to do about a stage that keeps dying: said at most this often
 RECENT_RESTART_S = 60.0  # an alert names the stages restarted this recently
-CAPACITY_ADVICE = "add replicas"  # the alerts that blame capacity: a restart may explain them better
 
 
 @dataclass

@@ -126,7 +126,7 @@ class GatewayMetrics:
                 self.app_latency.child(name))
         return c
 
-    def refusals(self, outcome: str = "refused") -> dict[str, tuple[float, float]]:
+    def answered_as(self, outcome: str) -> dict[str, tuple[float, float]]:
         """Per app seen: (queries, those answered with ``outcome``: refused with 503, or
         ``default``) so far."""
         sample = self.registry.get_sample_value

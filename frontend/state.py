@@ -28,7 +28,7 @@ from registry.spec import TensorSpec
 from registry.topic import AppConfig, RegistryView
 from topics.catalogue import valid_name
 from topics.saturation import Saturation
-from topics.stage import alert
+from topics.stage import CAPACITY_ADVICE, alert
 from schemas import Feedback, ModelRequest, Prediction, QueryEvent, Response
 
 LAG_CUT_EVERY_US = 50_000  # the gateway's late loop cuts its admission limit at most this often
@@ -129,7 +129,7 @@ class GatewayState:
             sources.append((now, self.metrics.default_sources()))
             while now - sources[0][0] > defaults.window_s + every_s:
                 sources.popleft()
-            for app, (total, defaulted) in self.metrics.refusals("default").items():
+            for app, (total, defaulted) in self.metrics.answered_as("default").items():
                 share = defaults.check(app, now, total, defaulted)
                 if share is not None:
                     by = {s: n - sources[0][1].get(s, 0.0) for s, n in sources[-1][1].items()}
@@ -137,14 +137,14 @@ class GatewayState:
                     why = f"; most of this gateway's defaults: {DEFAULT_CAUSES[cause]}" if by[cause] > 0 else ""
                     alert("gateway", f"app {app}: {share:.0%} of its queries were answered with its default output "
                                      f"over the last {defaults.window_s:g} s, not a prediction{why}")
-            for app, (total, refused) in self.metrics.refusals().items():
+            for app, (total, refused) in self.metrics.answered_as("refused").items():
                 share = saturation.check(app, monotonic(), total, refused)
                 if share is None:
                     continue
                 view = self.registry.view() if self.registry is not None else None
                 models = list(view.apps[app].models) if view is not None and app in view.apps else []
                 alert("gateway", f"app {app}: {share:.0%} of its queries were refused (503) over the last "
-                                 f"{saturation.window_s:g} s: the pipeline is at its capacity for them; add replicas "
+                                 f"{saturation.window_s:g} s: the pipeline is at its capacity for them; {CAPACITY_ADVICE} "
                                  f"of {', '.join(models) or 'its models'} (clipstream set-replicas "
                                  f"{models[0] if models else 'MODEL'} N), or let their batches grow "
                                  "(latency_objective_ms, max_batch_size)")

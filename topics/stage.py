@@ -38,6 +38,8 @@ def ready_line(stage: str, detail: str = "") -> str:
 
 # a stage's line for whoever runs the pipeline, not only for its log: ``clipstream up`` shows it
 ALERT_PREFIX = "alert: "
+# the words of an alert that blames capacity: ``up`` adds the stages restarted lately to one
+CAPACITY_ADVICE = "add replicas"
 
 
 def alert(stage: str, msg: str) -> None:

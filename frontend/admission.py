@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from schemas.reasons import BEHIND
+from schemas.reasons import behind
 
 MIN_WINDOW = 8  # answers a cut is judged over, at the least (a limit's worth when larger)
 BAD_SHARE = 0.25  # the share of that window that must be bad for a cut
@@ -44,15 +44,15 @@ def verdict(answer: Mapping[str, Any], timed_out: bool, slo_ms: float, slow_frac
     """What an answer (the caller's JSON) says about load; None: nothing (a default for another
     reason than an empty pipeline, such as every model failing).
 
-    Late: no reply, a default because nothing arrived (or there was no time left to ask), or an
-    answer after the SLO. Slow: every model answered, but the pipeline took past
-    ``slow_fraction`` of the SLO, not counting the ``waited_ms`` the query waited for a slot in
-    the gateway (that wait is the limit's doing, not the pipeline's). Any other answer with
-    predictions in hand is on time, a straggler missing or not: the cutoff, not the load, set
-    its latency.
+    Late: no reply, a default because nothing arrived (no time left to ask, every model given up
+    as late by its batcher), or an answer after the SLO. Slow: every model answered, but the
+    pipeline took past ``slow_fraction`` of the SLO, not counting the ``waited_ms`` the query
+    waited for a slot in the gateway (that wait is the limit's doing, not the pipeline's). Any
+    other answer with predictions in hand is on time, a straggler missing or not: the cutoff,
+    not the load, set its latency.
     """
     if timed_out or answer["latency_ms"] > slo_ms or (
-            answer["default"] and answer.get("default_reason") in BEHIND):
+            answer["default"] and behind(answer.get("default_reason"))):
         return "late"
     if answer["default"]:
         return None

@@ -17,7 +17,7 @@ from clipstream.errors import ClipstreamError
 from registry.outputs import answer_record, output_json, read_row, stored_answer
 from registry.topic import AppConfig
 from schemas import ModelRequest, Prediction, Response, Tensor
-from schemas.reasons import OK_STATUSES, refused_input
+from schemas.reasons import MODELS_FAILED, MODELS_LATE, OK_STATUSES, refused_input
 
 
 def direct_model(cfg: AppConfig, enabled: bool) -> str | None:
@@ -44,7 +44,7 @@ def answer_of(pred: Prediction, cfg: AppConfig, kind: str, labels: tuple[Any, ..
         try:
             value, scores = read_row(pred.output, kind, labels)
         except ClipstreamError as exc:
-            reason = f"every model failed: {pred.model}: output not used: {exc}"
+            reason = f"{MODELS_FAILED}{pred.model}: output not used: {exc}"
         else:
             record = answer_record(pred.query_id, cfg.name, value, scores, labels, 1.0, [pred.model], [],
                                    deadline_us, pred.trace, now)
@@ -53,7 +53,7 @@ def answer_of(pred: Prediction, cfg: AppConfig, kind: str, labels: tuple[Any, ..
                                          versions={pred.model: pred.version})
     elif pred.error and (why := refused_input(pred.model, pred.error)) is not None:
         reason = f"every model refused the input: {why}"  # the caller's, as the selector says it
-    else:
-        reason = f"every model failed: {pred.model}: {pred.error or pred.status}"
+    else:  # an expired request was given up by its batcher: late, not broken
+        reason = f"{MODELS_LATE if pred.status == 'expired' else MODELS_FAILED}{pred.model}: {pred.error or pred.status}"
     return answer_record(pred.query_id, cfg.name, cfg.default_output, None, labels, 0.0, [], [pred.model],
                          deadline_us, pred.trace, now, reason), None

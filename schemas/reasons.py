@@ -11,8 +11,18 @@ NOTHING_ARRIVED = "no prediction arrived by the deadline"
 NO_TIME_TO_ASK = "too little time left to ask any model"
 # the query was out of time when the selector read it: no model was asked, as it queued too long
 EXPIRED_ON_ARRIVAL = "the deadline had passed before the query reached the selector"
+# then ``<model>: <why>`` per model: each model asked was given up by its batcher, queued past
+# the deadline or too slow for the time left. Late, not broken: capacity, not a rollback, helps
+MODELS_LATE = "every model was late: "
+# then ``<model>: <error>`` per model: at least one model asked answered with an error
+MODELS_FAILED = "every model failed: "
 # defaults that say the pipeline is behind
 BEHIND = frozenset({NOTHING_ARRIVED, NO_TIME_TO_ASK, EXPIRED_ON_ARRIVAL})
+
+
+def behind(reason: str | None) -> bool:
+    """Whether a default's ``reason`` says the pipeline is behind (the gateway admits fewer)."""
+    return reason is not None and (reason in BEHIND or reason.startswith(MODELS_LATE))
 
 # a batcher's refusal of a request's input (``Prediction.error``), then ``<model>: <why>``: the
 # caller's mistake, which the selector neither counts as the model's failure nor repeats per model

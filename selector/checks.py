@@ -39,11 +39,13 @@ def reply_problem(ev: QueryEvent, catalogue: Catalogue) -> str | None:
 
 
 def deadline_problem(ev: QueryEvent, app: AppConfig) -> str | None:
-    """Why a query's deadline is refused, or None: further from its creation than any SLO the
-    gateway or the producer lets a caller ask for (a slot in every stage is held that long).
-    An app registered with a longer SLO is asked with it when the caller names none, so that
-    one is allowed too (read only past the common bound: a comparison per query)."""
+    """Why a query's deadline is refused, or None: not after its creation, or further from it
+    than any SLO the gateway or the producer lets a caller ask for (a slot in every stage is
+    held that long). An app registered with a longer SLO is asked with it when the caller names
+    none, so that one is allowed too (read only past the common bound: a comparison per query)."""
     span = ev.deadline_us - ev.created_us
+    if span <= 0:  # no stage could ever serve it: a mistake of its sender's, not a backlog
+        return f"bad query: its deadline_us is not after its created_us ({span / 1000:g} ms from it)"
     if span <= MAX_SLO_US:
         return None
     longest = max(MAX_SLO_MS, float(app.slo_ms))

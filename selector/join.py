@@ -17,7 +17,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from schemas.reasons import NO_TIME_TO_ASK, NOTHING_ARRIVED, OK_STATUSES, refused_input
+from schemas.reasons import MODELS_FAILED, MODELS_LATE, NO_TIME_TO_ASK, NOTHING_ARRIVED, OK_STATUSES, refused_input
 from selector.types import Output, Query, State
 
 
@@ -178,5 +178,6 @@ def why_default(pending: Pending) -> str:
         refused = {refused_input(m, e) for m, e in pending.failed.items()}
         if len(refused) == 1 and None not in refused:
             return f"every model refused the input: {refused.pop()}"  # said once, not once per model
-        return "every model failed: " + "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
+        each = "; ".join(f"{m}: {e}" for m, e in pending.failed.items())
+        return (MODELS_LATE if pending.expired.issuperset(pending.failed) else MODELS_FAILED) + each
     return NOTHING_ARRIVED

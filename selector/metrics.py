@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from clipstream.clock import now_us
 from clipstream.weights import policy_weights
 from schemas import Response
-from schemas.reasons import EXPIRED_ON_ARRIVAL, NO_TIME_TO_ASK, NOTHING_ARRIVED
+from schemas.reasons import EXPIRED_ON_ARRIVAL, MODELS_FAILED, MODELS_LATE, NO_TIME_TO_ASK, NOTHING_ARRIVED
 from topics.metrics import LATENCY_BUCKETS, Family, GaugesAtScrape, StageLatency
 
 WEIGHT = "clipstream_policy_weight"
@@ -34,8 +34,10 @@ def default_reason(reason: str | None) -> str:
         return "no_time_to_ask"
     if reason == EXPIRED_ON_ARRIVAL:
         return "expired_on_arrival"
-    if reason.startswith("every model failed"):
+    if reason.startswith(MODELS_FAILED):
         return "models_failed"
+    if reason.startswith(MODELS_LATE):
+        return "models_late"
     if reason == "the policy selected no model":
         return "no_model_selected"
     if reason.startswith("the selector could not"):

@@ -133,3 +133,36 @@ def test_a_one_model_apps_input_its_model_refused_is_said_as_the_callers() -> No
     failed = answer_of(Prediction(query_id="q", model="textlen", version="1", status="error",
                                   error="model error: RuntimeError: boom", output=None), cfg, "label", None, None, 2**62)
     assert failed[0].default_reason == "every model failed: textlen: model error: RuntimeError: boom"
+
+
+def test_every_model_given_up_as_late_is_said_late_not_failed() -> None:
+    """Every model's batcher gave its request up (queued past the deadline, or too slow for the
+    time left): the default says late, which the gateway reads as behind and an operator as
+    capacity; one model's own error among them keeps the failure's words."""
+    from frontend.admission import verdict
+    from selector.join import Pending, why_default
+    from selector.metrics import default_reason
+
+    queued, hopeless = "deadline passed while queued in the batcher", "given up before its deadline: slow"
+    late = Pending("q", ("a", "b"), 0, failed={"a": queued, "b": hopeless}, expired={"a", "b"})
+    assert why_default(late) == f"every model was late: a: {queued}; b: {hopeless}"
+    assert default_reason(why_default(late)) == "models_late"
+    answer = {"latency_ms": 40.0, "default": True, "default_reason": why_default(late),
+              "models": {"answered": [], "missing": ["a", "b"]}}
+    assert verdict(answer, False, slo_ms=50.0, slow_fraction=0.8) == "late"
+    broken = Pending("q", ("a", "b"), 0, failed={"a": queued, "b": "model error: boom"}, expired={"a"})
+    assert why_default(broken) == f"every model failed: a: {queued}; b: model error: boom"
+    assert default_reason(why_default(broken)) == "models_failed"
+
+
+def test_a_one_model_apps_request_given_up_as_late_is_said_late() -> None:
+    from frontend.direct import answer_of
+    from registry.topic import AppConfig
+    from schemas import Prediction
+
+    cfg = AppConfig(name="t", policy="single", slo_ms=50.0, default_output=-1, models=("m",))
+    pred = Prediction(query_id="q", model="m", version="1", status="expired",
+                      error="deadline passed while queued in the batcher", output=None)
+    record, stored = answer_of(pred, cfg, "label", None, None, 2**62)
+    assert record.default_reason == "every model was late: m: deadline passed while queued in the batcher"
+    assert stored is None

@@ -145,6 +145,6 @@ def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, aske
     selector would store it (docs/design/0083)."""
     record, stored = answer_of(pred, cfg, *state.outputs(cfg), asked.req.context, asked.deadline)
     state.metrics.stages.observe(record.trace)
-    if stored is not None and state.saver is not None:
+    if state.saver is not None:
         state.saver.put(pred.query_id, stored)
     return record

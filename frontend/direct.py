@@ -36,10 +36,11 @@ def request_for(query_id: str, cfg: AppConfig, model: str, tensor: Tensor, creat
 
 
 def answer_of(pred: Prediction, cfg: AppConfig, kind: str, labels: tuple[Any, ...] | None,
-              context: str | None, deadline_us: int) -> tuple[Response, dict[str, Any] | None]:
+              context: str | None, deadline_us: int) -> tuple[Response, dict[str, Any]]:
     """The Response the selector's ``single`` policy would have made of ``pred``, and the record
-    to store for the feedback join (None for a default, as the selector stores none)."""
+    to store for the feedback join, as the selector stores it."""
     now = now_us()
+    gave_nothing = [pred.model]  # what a feedback on a default teaches as wrong
     if pred.status in OK_STATUSES and pred.output is not None:
         try:
             value, scores = read_row(pred.output, kind, labels)
@@ -53,7 +54,9 @@ def answer_of(pred: Prediction, cfg: AppConfig, kind: str, labels: tuple[Any, ..
                                          versions={pred.model: pred.version})
     elif pred.error and (why := refused_input(pred.model, pred.error)) is not None:
         reason = f"every model refused the input: {why}"  # the caller's, as the selector says it
+        gave_nothing = []  # the mistake was the caller's, not the model's
     else:  # an expired request was given up by its batcher: late, not broken
         reason = f"{MODELS_LATE if pred.status == 'expired' else MODELS_FAILED}{pred.model}: {pred.error or pred.status}"
-    return answer_record(pred.query_id, cfg.name, cfg.default_output, None, labels, 0.0, [], [pred.model],
-                         deadline_us, pred.trace, now, reason), None
+    return (answer_record(pred.query_id, cfg.name, cfg.default_output, None, labels, 0.0, [], [pred.model],
+                          deadline_us, pred.trace, now, reason),
+            stored_answer(cfg.name, context, None, {}, missing=gave_nothing))

@@ -168,6 +168,12 @@ class JoinState:
 NOT_ASKED = "not asked: its recent trips take longer than the time left"
 
 
+def gave_nothing(pending: Pending) -> list[str]:
+    """The models a feedback on the query teaches as wrong: each one asked that gave no answer,
+    save one that refused the caller's input (the caller's mistake, not the model's)."""
+    return [m for m in pending.missing if refused_input(m, pending.failed.get(m, "")) is None]
+
+
 def why_default(pending: Pending) -> str:
     """Why a query with no prediction in hand gets the default."""
     if not pending.expected:

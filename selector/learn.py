@@ -37,8 +37,7 @@ from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
 # feedback whose query has no stored predictions, after the wait for them
 UNKNOWN_QUERY = ("feedback for a query id with no stored predictions: unknown, older than their time to live "
-                 "(CLIPSTREAM_STORED_PREDICTIONS_TTL_S), answered before any model was asked, or answered by a "
-                 "selector that stopped before storing them")
+                 "(CLIPSTREAM_STORED_PREDICTIONS_TTL_S), or answered by a selector that stopped before storing them")
 
 # what ``observe`` is given for a model that was asked and gave no answer by the deadline (a
 # straggler, a failure, or one not asked for lack of time): a label or value no feedback matches
@@ -64,7 +63,8 @@ class Learner:
         self.learn_global = learn_global
         # what became of each record, for Prometheus (``stats`` is the same, per process)
         self.metrics = metrics or FeedbackMetrics()
-        self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0, "held_for_redis": 0, "repeated": 0}
+        self.stats = {"observed": 0, "unknown_query": 0, "bad_feedback": 0, "held_for_redis": 0, "repeated": 0,
+                      "nothing_to_learn": 0}
 
     def handle(self, msg: Any, give_up_at: float | None = None) -> bool:
         """Apply one feedback record: True when done with it (applied or dead-lettered), False
@@ -111,6 +111,10 @@ class Learner:
         preds = {m: Output.from_json(o) for m, o in stored["predictions"].items()}
         # a model asked that gave no answer in time had nothing in the answer: it learns as wrong
         preds.update((m, NO_ANSWER) for m in stored.get("missing") or () if m not in preds)
+        if not preds:  # answered with the default before any model was asked: a fine feedback, no lesson
+            self.stats["nothing_to_learn"] += 1
+            self.metrics.count(app_name, "nothing_to_learn")
+            return True
         versions = stored.get("versions") or None  # each answer teaches the version that gave it
         answer = Output.from_json(stored["answer"]) if stored.get("answer") else None
         feedback = Feedback(qid, label=fb.label, reward=fb.reward, answer=answer, confidence=stored.get("confidence"))
@@ -124,7 +128,7 @@ class Learner:
         applied = self.store.observe_once(app_name, context, qid, preds, observe)
         if context and self.learn_global:
             applied += self.store.observe_once(app_name, None, qid, preds, observe)
-        outcome = "observed" if applied or not preds else "repeated"
+        outcome = "observed" if applied else "repeated"
         self.stats[outcome] += 1
         self.metrics.count(app_name, "applied" if outcome == "observed" else outcome)
         return True

@@ -167,7 +167,7 @@ def _count(family: Family, children: dict[tuple[str, str], Any], app: str, model
 
 
 # what became of a feedback record: the learner's outcomes, a bounded label
-FEEDBACK_OUTCOMES = ("applied", "repeated", "unknown_query", "refused", "failed")
+FEEDBACK_OUTCOMES = ("applied", "repeated", "nothing_to_learn", "unknown_query", "refused", "failed")
 
 
 class FeedbackMetrics:
@@ -179,7 +179,8 @@ class FeedbackMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self._family = Family("clipstream_selector_feedback",
                               "Feedback records the learner is done with, by app and outcome (applied, repeated: "
-                              "had before, unknown_query, refused: dead-lettered, failed: the learner failed).",
+                              "had before, nothing_to_learn: no model was asked, unknown_query, refused: "
+                              "dead-lettered, failed: the learner failed).",
                               ("app", "outcome"), registry=self.registry)
         self._by: dict[tuple[str, str], Any] = {}
 

@@ -29,7 +29,7 @@ from schemas import ModelRequest, Predictions, QueryEvent, decode_as, encode
 from schemas.reasons import EXPIRED_ON_ARRIVAL, OK_STATUSES, refused_input
 from selector.checks import EMPTY_QUERY_ID, deadline_problem, reply_problem
 from selector.handover import Handover, QueryOffsets
-from selector.join import NOT_ASKED, Asked, JoinState, Pending, why_default
+from selector.join import NOT_ASKED, Asked, JoinState, Pending, gave_nothing, why_default
 from selector.kafka import Apps, log
 from selector.metrics import SelectorMetrics
 from selector.outputs import response_record, to_output
@@ -270,8 +270,9 @@ class Selector(PolicyStates, Replies):
             reason = why_default(pending)
             record = response_record(pending.query_id, asked, None, 0.0, [], missing, None, now, default, reason)
             self._reply(asked, record, late_us)
-            if policy is not None and missing and not is_stateless(policy):  # feedback teaches who gave nothing
-                self.save(pending.query_id, stored_answer(asked.app, asked.context, None, {}, None, missing))
+            if policy is not None:  # feedback teaches who gave nothing, or finds nothing to learn
+                self.save(pending.query_id, stored_answer(asked.app, asked.context, None, {}, None,
+                                                          gave_nothing(pending)))
             return
         # each model weighed as the version that answered (a version change may be under way)
         answer, confidence = policy.combine(as_versions(asked.state, pending.versions), asked.query,
@@ -281,7 +282,7 @@ class Selector(PolicyStates, Replies):
         self._reply(asked, record, late_us)  # the caller first; learn waits for the stored predictions if need be
         self.save(pending.query_id, stored_answer(asked.app, asked.context, answer.to_json(),
                                                   {m: o.to_json() for m, o in pending.arrived.items()},
-                                                  confidence, missing, pending.versions))
+                                                  confidence, gave_nothing(pending), pending.versions))
 
     def _answer_safely(self, pending: Pending, late_us: int | None = None) -> None:
         """``answer``, and if it fails before a Response went out, a default naming why: the
@@ -364,6 +365,8 @@ class Selector(PolicyStates, Replies):
         app = self.apps.view().apps.get(ev.app)
         default = app.default_output if app is not None else None
         self._reply(asked, response_record(ev.query_id, asked, None, 0.0, [], [], None, now_us(), default, reason))
+        if app is not None and ev.query_id:  # no model asked: a feedback on it finds nothing to learn
+            self.save(ev.query_id, stored_answer(ev.app, ev.context, None, {}))
 
     def _guarded(self, m: Any, work: Callable[..., None], *args: Any) -> None:
         try:

@@ -275,3 +275,42 @@ def test_two_learners_on_one_context_lose_no_update(settings: Settings, redis_cl
             assert glob["n_observed"] == n
     finally:
         client.close()
+
+
+def test_feedback_on_a_query_no_model_was_asked_for_is_no_dead_letter(settings: Settings, redis_client: Any,
+                                                                      tmp_path: Path) -> None:
+    """A query out of time when the selector reads it gets the default with no model asked.
+    Its feedback is a caller's fine one with nothing to teach: no dead letter, no weight
+    changed. A feedback on an unknown query id, sent after it, still is one."""
+    from schemas.reasons import EXPIRED_ON_ARRIVAL
+    from topics.deadletters import latest
+
+    ensure_core_topics(settings)
+    models = python_models(tmp_path)
+    app = f"app{uuid.uuid4().hex[:8]}"
+    publish_app(settings, models, app)
+    client = Client(settings)
+    try:
+        with process(["selector"], settings):
+            now = now_us()
+            late = QueryEvent(query_id=uuid.uuid4().hex, app=app, context=None,
+                              input=Tensor.of(np.array([0.1, 0.9], dtype=np.float32)), created_us=now - 2_000_000,
+                              deadline_us=now - 1_000_000, reply_topic=client.reply.name, reply_partition=0)
+            client.producer.produce(client.cat.queries.name, encode(late), key=late.query_id.encode())
+            client.producer.flush(5)
+            resp, _ = client.answer(late.query_id, timeout_s=30)
+            assert resp.is_default and resp.default_reason == EXPIRED_ON_ARRIVAL and resp.answered == []
+            stored = wait_until(lambda: state(redis_client, f"cs:pred:{late.query_id}"), 10, "the stored default")
+            assert stored["app"] == app and stored["predictions"] == {} and stored["missing"] == []
+
+            client.feedback(late.query_id, 1, app)
+            unknown = f"no-such-{uuid.uuid4().hex[:8]}"
+            client.feedback(unknown, 1, app)
+            client.producer.flush(5)
+            wait_until(lambda: any(d.query_id == unknown for d in latest(settings, 200, 5.0)), 30,
+                       "the unknown query's dead letter")
+            letters = [d for d in latest(settings, 200, 5.0) if d.query_id == late.query_id]
+            assert letters == [], [d.reason for d in letters]
+            assert state(redis_client, f"cs:state:{app}:__global__") is None  # no weight changed
+    finally:
+        client.close()

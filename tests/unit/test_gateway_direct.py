@@ -89,7 +89,9 @@ def test_a_failed_prediction_is_the_apps_default_with_the_models_error():
     assert r.status_code == 200 and body["default"] is True and body["output"] == 0.0
     assert body["default_reason"] == "every model failed: m2: model error: boom"
     assert body["models"] == {"answered": [], "missing": ["m2"]} and body["confidence"] == 0.0
-    assert saver.saved == []
+    # stored as the selector stores a default: a feedback on it teaches that m2 gave nothing
+    ((qid, stored),) = saver.saved
+    assert qid == body["query_id"] and stored["answer"] is None and stored["missing"] == ["m2"]
     with client:
         assert 'clipstream_gateway_defaults_total{source="model"} 1.0' in client.get("/metrics").text
 
@@ -101,7 +103,8 @@ def test_an_empty_output_is_the_apps_default_that_says_so_not_a_500():
     body = r.json()
     assert r.status_code == 200 and body["default"] is True and body["output"] == "unknown"
     assert body["default_reason"].startswith("every model failed: m1: output not used: an empty output tensor")
-    assert saver.saved == []
+    ((_, stored),) = saver.saved
+    assert stored["predictions"] == {} and stored["missing"] == ["m1"]
 
 
 def test_a_regression_answer_and_no_prediction_in_time():

@@ -109,3 +109,54 @@ def test_the_selector_stores_who_gave_nothing_even_for_a_default_answer() -> Non
     sel.answer(sel.join.get("q"))  # nothing arrived: the default, and both are to learn from it
     ((_, record),) = saved
     assert record["answer"] is None and record["predictions"] == {} and record["missing"] == ["m1", "m2"]
+
+
+def test_a_model_that_refused_the_callers_input_is_not_taught_it_was_wrong() -> None:
+    """Every model refused the input: the caller's mistake, so a feedback on that default finds
+    nothing to learn rather than counting each model as wrong."""
+    from schemas.reasons import BAD_INPUT
+
+    saved: list[tuple[str, dict[str, Any]]] = []
+    sel = _selector(Exp4(), saved)
+    sel.join.add("q", "m1", "error", error=f"{BAD_INPUT}m1: input: NaN")
+    sel.answer(sel.join.add("q", "m2", "error", error="bad input: the word bad"))
+    ((_, record),) = saved
+    assert record["predictions"] == {} and record["missing"] == []
+
+
+def test_a_query_answered_before_any_model_was_asked_stores_that_nothing_was_asked() -> None:
+    """Out of time when the selector read it: the default went out with no model asked. A
+    feedback on it is a fine one with nothing to teach, not an unknown query's dead letter."""
+    import numpy as np
+
+    from clipstream.settings import get_settings
+    from schemas import QueryEvent, Tensor
+    from selector.service import Selector
+    from selector.store import StateStore
+    from tests.unit.test_selector_state_loading import FakeProducer
+    from topics.catalogue import Catalogue
+
+    saved: list[tuple[str, dict[str, Any]]] = []
+    settings = get_settings()
+    cat = Catalogue.from_settings(settings)
+    app = SimpleNamespace(name="app", models=("m1", "m2"), default_output=-1)
+    apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Exp4(), SimpleNamespace(kind="label", labels=None)),
+                           view=lambda: SimpleNamespace(apps={"app": app}, models={}))
+    sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
+                   cat, settings, save=lambda qid, record: saved.append((qid, record)))  # type: ignore[arg-type]
+    ev = QueryEvent(query_id="q-late", app="app", context="c", input=Tensor.of(np.zeros(2, np.float32)),
+                    created_us=1_000, deadline_us=2_000)
+    sel.dispatch(FakeMsg(encode(ev), cat.queries.name), ev)
+    ((qid, stored),) = saved
+    assert qid == "q-late" and stored["app"] == "app" and stored["context"] == "c"
+    assert stored["predictions"] == {} and stored["missing"] == []
+
+    store = Store(stored)
+    dead: list[dict[str, Any]] = []
+    learner = Learner(None, store, apps, SimpleNamespace(send=lambda **kw: dead.append(kw)),  # type: ignore[arg-type]
+                      guard=SimpleNamespace())  # type: ignore[arg-type]
+    record = FeedbackRecord(query_id="q-late", app="app", context=None, label=3, reward=None, created_us=1)
+    assert learner.handle(FakeMsg(encode(record), "clipstream.feedback")) is True
+    assert dead == [] and store.state is None  # no dead letter, and no state written
+    assert learner.metrics.registry.get_sample_value(
+        "clipstream_selector_feedback_total", {"app": "app", "outcome": "nothing_to_learn"}) == 1

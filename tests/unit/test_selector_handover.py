@@ -131,7 +131,7 @@ def test_the_selector_commits_a_query_once_its_response_is_acknowledged() -> Non
     apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     replies = FakeProducer()
     sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
-                   cat, settings, reply_producer=replies)  # type: ignore[arg-type]
+                   cat, settings, reply_producer=replies, save=lambda *a: None)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
 
     class Msg:

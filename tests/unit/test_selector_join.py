@@ -129,7 +129,8 @@ def test_a_one_model_apps_input_its_model_refused_is_said_as_the_callers() -> No
     pred = Prediction(query_id="q", model="textlen", version="1", status="error",
                       error="bad input: the word bad", output=None)
     record, stored = answer_of(pred, cfg, "label", None, None, 2**62)
-    assert record.default_reason == "every model refused the input: the word bad" and stored is None
+    assert record.default_reason == "every model refused the input: the word bad"
+    assert stored["predictions"] == {} and stored["missing"] == []  # the caller's mistake teaches nothing
     failed = answer_of(Prediction(query_id="q", model="textlen", version="1", status="error",
                                   error="model error: RuntimeError: boom", output=None), cfg, "label", None, None, 2**62)
     assert failed[0].default_reason == "every model failed: textlen: model error: RuntimeError: boom"
@@ -165,4 +166,4 @@ def test_a_one_model_apps_request_given_up_as_late_is_said_late() -> None:
                       error="deadline passed while queued in the batcher", output=None)
     record, stored = answer_of(pred, cfg, "label", None, None, 2**62)
     assert record.default_reason == "every model was late: m: deadline passed while queued in the batcher"
-    assert stored is None
+    assert stored["predictions"] == {} and stored["missing"] == ["m"]  # a feedback teaches it was wrong

@@ -68,7 +68,7 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     requests, replies = FakeProducer(), FakeProducer()
     budget = ReplyBudget(3_000, 10_000, quantile=0.5, window=16, every=1)
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
-                   cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=replies, save=lambda *a: None)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
     deadline = 2**60
 
@@ -167,7 +167,7 @@ def test_the_selector_learns_the_crossing_from_each_query_it_reads() -> None:
     apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     budget = ReplyBudget(3_000, 40_000, quantile=1.0, window=16, every=1, max_share=0.2)
     sel = Selector(None, FakeProducer(), StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
-                   cat, settings, reply_budget=budget, reply_producer=FakeProducer())  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=FakeProducer(), save=lambda *a: None)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
     received, slo = now_us(), 10_000_000
 
@@ -212,7 +212,7 @@ def _one_model_selector(budget: ReplyBudget, requests: FakeProducer, replies: Fa
     app = SimpleNamespace(name="app", models=("m1",), default_output=-1)
     apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
-                   cat, settings, reply_budget=budget, reply_producer=replies)  # type: ignore[arg-type]
+                   cat, settings, reply_budget=budget, reply_producer=replies, save=lambda *a: None)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
     return sel, cat
 

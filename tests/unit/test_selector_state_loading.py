@@ -154,7 +154,7 @@ def test_answers_leave_on_their_own_producer() -> None:
     apps = SimpleNamespace(versions=lambda name: {}, get=lambda name: (app, Single(), SimpleNamespace(kind="label", labels=None)))
     requests, replies = FakeProducer(), FakeProducer()
     sel = Selector(None, requests, StateStore(FakeRedis()), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
-                   cat, settings, reply_producer=replies)  # type: ignore[arg-type]
+                   cat, settings, reply_producer=replies, save=lambda *a: None)  # type: ignore[arg-type]
     sel._model_topics |= {"m1", "m2"}
     sel.handle([Msg(_query(0, None).value(), cat.queries.name)], cat.queries.name)
     sel.answer(sel.join.get("q0"))  # the deadline passed with nothing arrived: the default

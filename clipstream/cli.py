@@ -100,8 +100,8 @@ def use_recorded_infra(warn: bool = True) -> None:
     except ValueError:  # the command names the bad value itself
         return
     named = warn and "state_dir" in settings.model_fields_set  # a stage of up gets its settings from up
-    if settings.model_fields_set & {"kafka_bootstrap", "redis_url"}:
-        if named:  # not quietly: the state dir was meant to say where they are
+    if given := settings.model_fields_set & {"kafka_bootstrap", "redis_url"}:
+        if named and len(given) == 1:  # not quietly: the state dir was meant to say where the other is
             click.echo("warning: CLIPSTREAM_STATE_DIR is not read for Kafka and Redis, as CLIPSTREAM_KAFKA_BOOTSTRAP "
                        "or CLIPSTREAM_REDIS_URL is set: set both, or neither", err=True)
         return

@@ -38,20 +38,25 @@ def reply_problem(ev: QueryEvent, catalogue: Catalogue) -> str | None:
     return None
 
 
-def deadline_problem(ev: QueryEvent, app: AppConfig) -> str | None:
-    """Why a query's deadline is refused, or None: not after its creation, or further from it
-    than any SLO the gateway or the producer lets a caller ask for (a slot in every stage is
-    held that long). An app registered with a longer SLO is asked with it when the caller names
-    none, so that one is allowed too (read only past the common bound: a comparison per query)."""
+def deadline_problem(ev: QueryEvent, app: AppConfig, now_us: int) -> str | None:
+    """Why a query's deadline is refused, or None: not after its creation, or further from it,
+    or from ``now_us``, than any SLO the gateway or the producer lets a caller ask for (a slot
+    in every stage is held that long; a sender whose clock runs ahead stamps a creation still
+    to come). An app registered with a longer SLO is asked with it when the caller names none,
+    so that one is allowed too (read only past the common bound: a comparison per query)."""
     span = ev.deadline_us - ev.created_us
     if span <= 0:  # no stage could ever serve it: a mistake of its sender's, not a backlog
         return f"bad query: its deadline_us is not after its created_us ({span / 1000:g} ms from it)"
-    if span <= MAX_SLO_US:
+    ahead = ev.deadline_us - now_us
+    if span <= MAX_SLO_US and ahead <= MAX_SLO_US:
         return None
     longest = max(MAX_SLO_MS, float(app.slo_ms))
-    if span <= longest * 1000:
+    if span <= longest * 1000 and ahead <= longest * 1000:
         return None
-    return f"bad query: its deadline is {span / 1000:.0f} ms after its creation, beyond the longest SLO, {longest:g} ms"
+    if span >= ahead:
+        return f"bad query: its deadline is {span / 1000:.0f} ms after its creation, beyond the longest SLO, {longest:g} ms"
+    return (f"bad query: its deadline is {ahead / 1000:.0f} ms from now, beyond the longest SLO, {longest:g} ms "
+            "(its created_us is ahead of this host's clock: is the sender's clock right?)")
 
 
 def app_problem(query_id: str, claimed: str, stored: str | None) -> str | None:

@@ -135,7 +135,7 @@ class Selector(PolicyStates, Replies):
             return
         try:
             app, policy, outputs = self.apps.get(ev.app)
-            too_long = deadline_problem(ev, app)
+            too_long = deadline_problem(ev, app, now)
             if too_long is not None:
                 raise InputError(too_long)
             if len(ev.input.data) > self.max_input_bytes:  # no request could carry it

@@ -174,3 +174,7 @@ def test_a_state_dir_that_leads_nowhere_is_said(tmp_path: Path) -> None:
     beside = subprocess.run(cli, capture_output=True, text=True, env={**env, "CLIPSTREAM_REDIS_URL": "redis://127.0.0.1:1/0"},
                             timeout=120)
     assert "warning: CLIPSTREAM_STATE_DIR is not read for Kafka and Redis" in beside.stderr, beside.stderr
+    # both named, as the export line up prints names them with its state dir: nothing to warn of
+    both = subprocess.run(cli, capture_output=True, text=True, timeout=120, env={
+        **env, "CLIPSTREAM_REDIS_URL": "redis://127.0.0.1:1/0", "CLIPSTREAM_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    assert "CLIPSTREAM_STATE_DIR" not in both.stderr, both.stderr

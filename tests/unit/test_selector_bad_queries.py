@@ -72,6 +72,21 @@ def test_a_deadline_before_its_creation_is_a_dead_letter_not_an_expired_query() 
     assert default_reason(r.default_reason) == "rejected"
 
 
+def test_a_deadline_far_from_now_is_refused_though_near_its_creation() -> None:
+    """A sender whose clock runs 70 s ahead stamps a creation still to come: the span it claims
+    is short, but every stage would hold the query past the longest SLO."""
+    sel, requests, replies, cat, dead = _recording()
+    sel.apps.get("app")[0].slo_ms = 50.0
+    ahead = now_us() + 70_000_000
+    sel.dispatch(_msg(cat, _event(created_us=ahead, deadline_us=ahead + 200_000)))
+    assert requests.sent == []
+    (r,) = _answers(replies)
+    assert r.is_default and "from now, beyond the longest SLO" in (r.default_reason or "")
+    assert "sender's clock" in (r.default_reason or "")
+    (letter,) = dead
+    assert letter["reason"] == r.default_reason
+
+
 def test_an_app_registered_with_a_longer_slo_may_use_it() -> None:
     """The gateway and the producer ask with the app's own SLO when the caller names none."""
     sel, requests, replies, cat, dead = _recording()

@@ -7,6 +7,7 @@ the gateway lives here, so a worker never parses gateway options.
 from __future__ import annotations
 
 import secrets
+import ssl
 from pathlib import Path
 from typing import Annotated
 
@@ -87,6 +88,8 @@ class GatewaySettings(BaseSettings):
         for name, path in (("TLS_CERT", self.tls_cert), ("TLS_KEY", self.tls_key)):
             if path is not None and not path.is_file():
                 raise ValueError(f"CLIPSTREAM_GATEWAY_{name}: no such file {path}")
+        if self.tls_cert is not None and self.tls_key is not None:
+            _check_pair(self.tls_cert, self.tls_key)
         return self
 
     @property
@@ -97,8 +100,31 @@ class GatewaySettings(BaseSettings):
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
-            return tuple(k.strip() for k in value.split(",") if k.strip())
+            keys = tuple(k.strip() for k in value.split(",") if k.strip())
+            if value and not keys:  # a key list that lost its keys must not leave the gateway open
+                raise ValueError("CLIPSTREAM_GATEWAY_API_KEYS holds no key (only commas or spaces): set the keys, "
+                                 "comma-separated, or unset it to serve without keys")
+            return keys
         return value
+
+    @field_validator("app_keys")
+    @classmethod
+    def _no_blank_key(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        if any(not key.strip() for key in value):
+            raise ValueError("CLIPSTREAM_GATEWAY_APP_KEYS has an empty key: each key must be a secret of its own")
+        return value
+
+
+def _check_pair(cert: Path, key: Path) -> None:
+    """Load the certificate chain and key as the server will, so a swapped, mismatched or
+    encrypted pair is refused before any stage starts, naming both variables."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")  # never a prompt: an encrypted key fails
+    except ssl.SSLError as exc:
+        raise ValueError(f"CLIPSTREAM_GATEWAY_TLS_CERT ({cert}) and CLIPSTREAM_GATEWAY_TLS_KEY ({key}) are not a "
+                         f"PEM certificate chain and its unencrypted private key ({exc.reason or exc}): check "
+                         "that each names the right file, and that the key is the certificate's") from None
 
 
 def get_gateway_settings(**overrides: object) -> GatewaySettings:

@@ -3,6 +3,8 @@ and the gateway's API keys never show in a repr or a printed URL, yet reach the 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -44,17 +46,44 @@ def test_the_redis_password_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert "password" not in client_options(Settings(redis_password=None))
 
 
-def test_gateway_keys_are_not_in_its_repr_and_tls_comes_in_pairs(tmp_path: Path) -> None:
+def _self_signed(folder: Path, name: str = "") -> tuple[Path, Path]:
+    cert, key = folder / f"cert{name}.pem", folder / f"key{name}.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_gateway_keys_are_not_in_its_repr_and_tls_comes_in_pairs_that_load(tmp_path: Path) -> None:
     gw = GatewaySettings(api_keys="k-global", app_keys={"k-app": ["a"]})  # type: ignore[arg-type]
     assert "k-global" not in repr(gw) and "k-app" not in repr(gw) and gw.scheme == "http"
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    cert.write_text("x")
-    key.write_text("y")
+    cert, key = _self_signed(tmp_path)
     assert GatewaySettings(tls_cert=cert, tls_key=key).scheme == "https"
     with pytest.raises(ValueError, match="go together"):
         GatewaySettings(tls_cert=cert)
     with pytest.raises(ValueError, match="no such file"):
         GatewaySettings(tls_cert=cert, tls_key=tmp_path / "missing.pem")
+    # swapped, or a key of another certificate: refused before the server starts, naming both
+    with pytest.raises(ValueError, match="TLS_CERT .* and CLIPSTREAM_GATEWAY_TLS_KEY .* are not a PEM"):
+        GatewaySettings(tls_cert=key, tls_key=cert)
+    _, other = _self_signed(tmp_path, "2")
+    with pytest.raises(ValueError, match="the key is the certificate's"):
+        GatewaySettings(tls_cert=cert, tls_key=other)
+
+
+@pytest.mark.parametrize("keys", [",", " ", " , ,"])
+def test_a_key_list_with_no_key_in_it_is_refused_not_taken_as_no_keys(monkeypatch: pytest.MonkeyPatch, keys: str) -> None:
+    """A secret that went missing on its way into the variable must not leave the gateway open."""
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_API_KEYS", keys)
+    with pytest.raises(ValueError, match="CLIPSTREAM_GATEWAY_API_KEYS holds no key .* unset it to serve without keys"):
+        GatewaySettings()
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_API_KEYS", "")  # empty: as unset, no keys
+    assert GatewaySettings().api_keys == ()
+    monkeypatch.setenv("CLIPSTREAM_GATEWAY_API_KEYS", " a , b ")
+    assert GatewaySettings().api_keys == ("a", "b")
+    monkeypatch.delenv("CLIPSTREAM_GATEWAY_API_KEYS")
+    with pytest.raises(ValueError, match="APP_KEYS has an empty key"):
+        GatewaySettings(app_keys={" ": ["a"]})  # type: ignore[dict-item]
 
 
 def test_a_scram_password_is_given_to_the_storage_tool_in_a_file_only_the_owner_reads(

@@ -245,7 +245,7 @@ def up(
                 _start_kafka(plan, settings.kafka_version, progress)
             for node in plan.revive:
                 _restart_node(plan, node, progress)
-            _wait_both(plan.state, state_dir, timeout_s)
+            _wait_both(plan.state, state_dir, timeout_s, plan.redis_password)
         except BaseException:
             _undo(plan)
             raise
@@ -272,6 +272,7 @@ class _Plan:
     size: int
     ports: dict[str, int]
     die_with_parent: bool
+    redis_password: str | None = None  # CLIPSTREAM_REDIS_PASSWORD: a Redis started here asks for it
     java: str | None = None  # with ``libs``: found only when a Kafka node starts
     libs: Path | None = None
     started: list[Entry] = field(default_factory=list)  # the processes this call started, to undo on failure
@@ -290,7 +291,8 @@ def _plan(settings: Settings, state_dir: Path, free_ports: bool, brokers: int | 
     ports = plan_ports(settings, free_ports, need_kafka, need_redis, size, last=last_ports(state_dir))
     if free_ports:
         remember_ports(state_dir, ports)
-    plan = _Plan(state_dir, state, revive, need_kafka, need_redis, size, ports, die_with_parent)
+    password = settings.redis_password.get_secret_value() if settings.redis_password is not None else None
+    plan = _Plan(state_dir, state, revive, need_kafka, need_redis, size, ports, die_with_parent, password)
     if need_redis:
         require_binary("redis-server", redis_mod.REDIS_HINT)
     if need_kafka or revive:
@@ -302,7 +304,7 @@ def _plan(settings: Settings, state_dir: Path, free_ports: bool, brokers: int | 
 def _start_redis(plan: _Plan, progress: Progress) -> None:
     """Start a fresh Redis and record it at once, before it is waited on, so that ``down`` or a
     failed ``up`` finds it."""
-    proc = redis_mod.start_redis(plan.ports["redis"], plan.state_dir, plan.die_with_parent)
+    proc = redis_mod.start_redis(plan.ports["redis"], plan.state_dir, plan.die_with_parent, plan.redis_password)
     url = redis_mod.redis_url(plan.ports["redis"])
     plan.state["redis"] = _entry(proc.pid, port=plan.ports["redis"], url=url)
     plan.started.append(plan.state["redis"])
@@ -358,12 +360,12 @@ def _undo(plan: _Plan) -> None:
     _save_state(plan.state_dir, plan.state)
 
 
-def _wait_both(state: dict[str, Entry], state_dir: Path, timeout_s: float) -> None:
+def _wait_both(state: dict[str, Entry], state_dir: Path, timeout_s: float, redis_password: str | None = None) -> None:
     """Wait for Redis, then every Kafka node, to answer; fail fast if a process dies."""
     redis, kafka = state["redis"], state["kafka"]
     wait_ready(
         "redis-server",
-        lambda: redis_mod.redis_answers(redis["url"]),
+        lambda: redis_mod.redis_answers(redis["url"], redis_password),
         lambda: is_ours_and_alive(redis),
         timeout_s,
         [state_dir / "redis.log", state_dir / "redis.out"],

@@ -9,6 +9,7 @@ when it stops, so the weights a policy learnt survive a restart (docs/design/010
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -27,11 +28,13 @@ def redis_url(port: int, db: int = 0) -> str:
 
 
 def redis_command(
-    redis_server: str, port: int, state_dir: Path, maxmemory: str = MAXMEMORY
+    redis_server: str, port: int, state_dir: Path, maxmemory: str = MAXMEMORY, conf: Path | None = None
 ) -> list[str]:
-    """The redis-server command line: loopback only, snapshots in the state dir, evict only TTL keys."""
+    """The redis-server command line: loopback only, snapshots in the state dir, evict only TTL
+    keys; ``conf``, a file of settings that must not show in the process list, comes first."""
     return [
         redis_server,
+        *([str(conf)] if conf is not None else []),
         "--bind", "127.0.0.1",
         "--port", str(port),
         "--save", SNAPSHOT_EVERY,
@@ -45,17 +48,35 @@ def redis_command(
 
 
 def start_redis(
-    port: int, state_dir: Path, die_with_parent: bool = False
+    port: int, state_dir: Path, die_with_parent: bool = False, password: str | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start redis-server detached (own session); does not wait for it."""
+    """Start redis-server detached (own session); does not wait for it. With ``password``
+    (``CLIPSTREAM_REDIS_PASSWORD``) it asks every client for it, as the settings promise."""
     binary = require_binary("redis-server", REDIS_HINT)
     (state_dir / "redis").mkdir(parents=True, exist_ok=True)
     return spawn_detached(
-        redis_command(binary, port, state_dir),
+        redis_command(binary, port, state_dir, conf=_password_file(state_dir, password)),
         state_dir / "redis.out",
         cwd=state_dir / "redis",
         die_with_parent=die_with_parent,
     )
+
+
+def _password_file(state_dir: Path, password: str | None) -> Path | None:
+    """The password in a config file only the owner reads, not on the command line, where any
+    user's ``ps`` shows it; None (and no file left behind) without one."""
+    path = state_dir / "redis" / "secret.conf"
+    path.unlink(missing_ok=True)
+    if not password:
+        return None
+    # in double quotes redis-server reads \xHH as that byte: a quote, a backslash or a control
+    # byte goes so; the rest as its UTF-8 bytes, as redis-py sends the password
+    quoted = b"".join(b"\\x%02x" % b if b in b'"\\' or b < 0x20 or b == 0x7F else bytes([b])
+                      for b in password.encode())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(b'requirepass "' + quoted + b'"\n')
+    return path
 
 
 def redis_answers(url: str, password: str | None = None) -> bool:

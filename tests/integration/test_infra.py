@@ -32,11 +32,20 @@ def _text(value: str | bytes) -> str:
 
 
 def test_up_twice_is_one_broker_and_down_stops_it(tmp_path: Path) -> None:
-    settings = Settings(state_dir=tmp_path / "state")
+    """With CLIPSTREAM_REDIS_PASSWORD set, the Redis it starts asks for that password, which is
+    in a file only the owner reads and never on the command line that any user's ps shows."""
+    password = 'p"w\\ d \u00e9'
+    settings = Settings(state_dir=tmp_path / "state", redis_password=password)
     try:
         first = launcher.up(settings, free_ports=True, progress=lambda _: None)
         assert first.running and first.kafka_pid and first.redis_pid
-        assert kafka_answers(first.kafka_bootstrap) and redis_answers(first.redis_url)
+        assert kafka_answers(first.kafka_bootstrap) and redis_answers(first.redis_url, password)
+        assert not redis_answers(first.redis_url)  # NOAUTH: a client without the password is refused
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(first.redis_url, password="wrong").ping()
+        secret = tmp_path / "state" / "redis" / "secret.conf"
+        assert secret.stat().st_mode & 0o077 == 0
+        assert password.encode() not in Path(f"/proc/{first.redis_pid}/cmdline").read_bytes()
 
         second = launcher.up(settings, free_ports=True, progress=lambda _: None)
         assert (second.kafka_pid, second.redis_pid) == (first.kafka_pid, first.redis_pid)

@@ -109,6 +109,16 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is not one of {', '.join(known)}")
         return value
 
+    @field_validator("kafka_ssl_ca_location", "kafka_ssl_certificate_location", "kafka_ssl_key_location")
+    @classmethod
+    def _a_file(cls, value: str | None, info: Any) -> str | None:
+        """A PEM file librdkafka will read, refused here by name rather than as its traceback."""
+        if value is not None and not Path(value).is_file():
+            hint = (" (the CA of a broker that `clipstream infra up --secure` started goes when it stops: use "
+                    "the export line its next start prints)") if info.field_name == "kafka_ssl_ca_location" else ""
+            raise ValueError(f"no such file {value}{hint}")
+        return value
+
     @model_validator(mode="after")
     def _password_out_of_the_url(self) -> "Settings":
         url, password = split_url_password(self.redis_url)

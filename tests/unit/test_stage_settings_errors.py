@@ -41,6 +41,17 @@ def test_a_kafka_setting_librdkafka_would_refuse_is_one_line_naming_the_choices(
            "SASL_SSL" in result.output, result.output
 
 
+def test_a_kafka_certificate_file_that_is_not_there_is_one_line_naming_it() -> None:
+    """librdkafka's own refusal is a traceback naming no setting; a CA that ``infra up
+    --secure`` made is gone once its broker stops, so the line says where the next one is."""
+    result = CliRunner().invoke(main, ["inspect"], env={"CLIPSTREAM_KAFKA_SSL_CA_LOCATION": "/nonexist/ca.pem"})
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "kafka_ssl_ca_location = '/nonexist/ca.pem': Value error, no such file /nonexist/ca.pem (the CA of" \
+        in result.output and "fix CLIPSTREAM_KAFKA_SSL_CA_LOCATION" in result.output, result.output
+    key = CliRunner().invoke(main, ["inspect"], env={"CLIPSTREAM_KAFKA_SSL_KEY_LOCATION": "/nonexist/k.pem"})
+    assert key.exit_code == 2 and "no such file /nonexist/k.pem;" in key.output, key.output
+
+
 def test_a_redis_url_redis_py_would_refuse_is_one_line() -> None:
     result = CliRunner().invoke(main, ["inspect"], env={"CLIPSTREAM_REDIS_URL": "foo"})
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output

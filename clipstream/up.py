@@ -40,7 +40,7 @@ from frontend.settings import GatewaySettings
 from selector.settings import SelectorSettings
 from workers.settings import WorkerSettings
 from clipstream.infra import PARENT_ENV, launcher
-from clipstream.infra.kafka import kafka_answers
+from clipstream.infra.readiness import kafka_refusal
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
 from clipstream.pipeline import Pipeline, gateway_stages, say, stage_argv
 from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
@@ -49,6 +49,7 @@ from clipstream.warmup import warm_up
 from registry.appfile import apply_file, load_app_file
 from registry.repository import Repository
 from registry.topic import RegistryFollower
+from topics.admin import CREDENTIALS_CHECK
 from topics.catalogue import REQUEST_PARTITIONS
 from topics.client import common_config
 from topics.membership import MEMBER_ENV
@@ -297,7 +298,10 @@ def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool]
     """Use Kafka/Redis where the settings point if they answer; else start them locally. A
     Kafka or Redis named on purpose (``CLIPSTREAM_KAFKA_BOOTSTRAP``, ``CLIPSTREAM_REDIS_URL``)
     is never swapped for a local one: serving from a cluster nobody asked for would hide it."""
-    kafka_ok = kafka_answers(settings.kafka_bootstrap, common_config(settings))
+    kafka_ok, refused = kafka_refusal(settings.kafka_bootstrap, common_config(settings))
+    if refused is not None:  # it answered: starting another would not make these credentials right
+        raise InfraError(f"Kafka at {settings.kafka_bootstrap} refused this client's credentials ({refused}): "
+                         f"{CREDENTIALS_CHECK}")
     redis_ok = _redis_answers(settings)
     if kafka_ok and redis_ok:
         return settings, False

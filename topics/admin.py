@@ -89,6 +89,8 @@ UNREACHABLE_S = 5.0
 _REACHED = threading.Event()
 
 _KAFKA_CHECK = "check CLIPSTREAM_KAFKA_BOOTSTRAP with `clipstream infra status`, or start Kafka with `clipstream infra up`"
+CREDENTIALS_CHECK = ("check CLIPSTREAM_KAFKA_SASL_USERNAME, CLIPSTREAM_KAFKA_SASL_PASSWORD and "
+                      "CLIPSTREAM_KAFKA_SASL_MECHANISM against the broker's users")
 
 # what a broker error quoted in that line can do without: the broker's name (the line names the
 # bootstrap list) and how long the attempt took
@@ -104,12 +106,16 @@ class _BrokerWatch:
     def __init__(self) -> None:
         self.all_down = False
         self.last: str | None = None
+        self.refused: str | None = None  # the broker answered, and refused this client's credentials
 
     def __call__(self, err: KafkaError) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN:
             self.all_down = True
-        else:  # "host:port/bootstrap: Connect to ... failed: ... (after 0ms in state CONNECT)"
-            self.last = _BROKER_PREFIX.sub("", _AFTER.sub("", err.str()))
+            return
+        # "host:port/bootstrap: Connect to ... failed: ... (after 0ms in state CONNECT)"
+        self.last = _BROKER_PREFIX.sub("", _AFTER.sub("", err.str()))
+        if err.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            self.refused = self.last
 
 
 def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, watch: _BrokerWatch) -> ClusterMetadata:
@@ -131,6 +137,10 @@ def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, wa
         except KafkaException as exc:
             failure = exc
             admin.poll(0)
+            if watch.refused:  # it answered: waiting longer will not change its mind
+                raise InfraError(
+                    f"Kafka at {settings.kafka_bootstrap} refused this client's credentials ({watch.refused}): "
+                    f"{CREDENTIALS_CHECK}") from exc
             if fast and watch.all_down:
                 why = f" ({watch.last})" if watch.last else ""
                 raise InfraError(

@@ -70,6 +70,7 @@ class MetadataProbe:
         host, _, port = bootstrap.split(",")[0].rpartition(":")
         self._host, self._port = host or "127.0.0.1", int(port)
         self._client: object | None = None
+        self.refused: str | None = None  # a broker answered and refused the client's credentials
 
     def __call__(self) -> bool:
         from confluent_kafka import KafkaException
@@ -89,16 +90,32 @@ class MetadataProbe:
                     "log_level": 0,  # refusals while starting are expected, not news
                     "reconnect.backoff.ms": 50,
                     "reconnect.backoff.max.ms": 200,
+                    "error_cb": self._error,
                 }
             )
         try:
             metadata = self._client.list_topics(timeout=1.0)  # type: ignore[attr-defined]
         except KafkaException:
+            self._client.poll(0)  # type: ignore[attr-defined]  # its error callbacks: a refusal says why
             return False
         return len(metadata.brokers) >= self.brokers
+
+    def _error(self, err: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        if err.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            self.refused = err.str()
 
 
 def kafka_answers(bootstrap: str, client_config: Mapping[str, Any] | None = None) -> bool:
     """One-shot check that a broker at ``bootstrap`` serves metadata (to a client with
     ``client_config``: a secured broker refuses one without its security settings)."""
     return MetadataProbe(bootstrap, client_config=client_config)()
+
+
+def kafka_refusal(bootstrap: str, client_config: Mapping[str, Any] | None = None) -> tuple[bool, str | None]:
+    """``kafka_answers``, and when it does not, the broker's refusal of the client's
+    credentials if that is why (None: nothing answered)."""
+    probe = MetadataProbe(bootstrap, client_config=client_config)
+    ok = probe()
+    return ok, None if ok else probe.refused

@@ -85,6 +85,26 @@ def test_a_client_without_the_credentials_is_refused(broker: SecureBroker) -> No
     assert _refused(untrusted)  # the broker's certificate is not trusted without its CA
 
 
+def test_a_wrong_password_is_said_as_refused_credentials_not_as_a_broker_away(broker: SecureBroker,
+                                                                               tmp_path: Path) -> None:
+    """The broker answered: the line names the credentials to check, at once, rather than
+    sending the user to look for a Kafka that is there."""
+    from clipstream.infra.readiness import kafka_refusal
+
+    wrong = secured_settings(Settings(kafka_bootstrap=broker.bootstrap), broker, "not-the-password")
+    ok, refused = kafka_refusal(broker.bootstrap, admin_config(wrong))
+    assert not ok and refused is not None and "uthentication" in refused
+    env = dict(os.environ, **broker.client_env("not-the-password"), CLIPSTREAM_STATE_DIR=str(tmp_path / "state"))
+    (tmp_path / "none.yaml").write_text("apps: []\n")
+    for args in (["inspect"], ["up", "-f", str(tmp_path / "none.yaml")]):
+        done = subprocess.run([sys.executable, "-m", "clipstream.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+        said = done.stdout + done.stderr
+        assert done.returncode != 0 and "refused this client's credentials" in said, said
+        assert "CLIPSTREAM_KAFKA_SASL_PASSWORD" in said and "does not answer" not in said, said
+        assert "not-the-password" not in said
+
+
 def test_the_files_holding_its_password_and_keys_are_the_owners_alone(
     broker: SecureBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

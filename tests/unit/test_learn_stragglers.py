@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from clipstream.clock import now_us
 from registry.outputs import stored_answer
 from schemas import Feedback as FeedbackRecord
 from schemas import encode
@@ -89,7 +90,7 @@ def _selector(policy: Any, saved: list[tuple[str, dict[str, Any]]]) -> Any:
                    cat, settings, save=lambda qid, record: saved.append((qid, record)))  # type: ignore[arg-type]
     sel._model_topics.update(("m1", "m2"))
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=2**60 - 1_000_000, deadline_us=2**60)
+                    created_us=now_us() - 1_000_000, deadline_us=now_us() + 30_000_000)
     sel.dispatch(FakeMsg(encode(ev), cat.queries.name), ev)
     return sel
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from confluent_kafka import TopicPartition
 
+from clipstream.clock import now_us
 from schemas import QueryEvent, Tensor, encode
 from selector.handover import Handover, QueryOffsets
 from selector.join import Asked, JoinState
@@ -145,7 +146,7 @@ def test_the_selector_commits_a_query_once_its_response_is_acknowledged() -> Non
         def error(self) -> None: return None
 
     ev = QueryEvent(query_id="q", app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=2**60 - 1_000_000, deadline_us=2**60)
+                    created_us=now_us() - 1_000_000, deadline_us=now_us() + 30_000_000)
     sel.handle([Msg(5, encode(ev)), Msg(6, b"garbage")])
     assert sel.offsets.take() == {}  # q is in flight; the garbage after it waits behind it
     sel.answer(sel.join.get("q"))

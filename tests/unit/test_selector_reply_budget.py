@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from clipstream.clock import now_us
 from schemas import ModelRequest, QueryEvent, Tensor, decode_as, encode
 from selector.policies import Single
 from selector.reply_budget import ReplyBudget
@@ -70,7 +71,7 @@ def test_selector_cuts_off_earlier_after_slow_acknowledgements() -> None:
     sel = Selector(None, requests, StateStore(None), apps, SimpleNamespace(send=lambda *a, **k: None),  # type: ignore[arg-type]
                    cat, settings, reply_budget=budget, reply_producer=replies, save=lambda *a: None)  # type: ignore[arg-type]
     sel._model_topics.add("m1")
-    deadline = 2**60
+    deadline = now_us() + 30_000_000  # far enough never to come during the test
 
     def query(qid: str) -> Msg:
         ev = QueryEvent(query_id=qid, app="app", context=None, input=Tensor.of(np.zeros(2, np.float32)),

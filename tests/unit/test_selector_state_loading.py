@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from clipstream.clock import now_us
 from schemas import ModelRequest, QueryEvent, Response, Tensor, decode_as, encode
 from selector.policies import Exp3, Single
 from selector.policies import is_stateless
@@ -83,7 +84,7 @@ def _selector(policy: Any, redis: FakeRedis, settings: Any) -> tuple[Selector, F
 
 def _query(i: int, context: str | None) -> Msg:
     ev = QueryEvent(query_id=f"q{i}", app="app", context=context, input=Tensor.of(np.zeros(2, np.float32)),
-                    created_us=2**62 - 1_000_000, deadline_us=2**62)
+                    created_us=now_us() - 1_000_000, deadline_us=now_us() + 30_000_000)
     return Msg(encode(ev), "queries")
 
 

@@ -194,7 +194,7 @@ def test_a_kafka_or_redis_named_on_purpose_is_never_swapped_for_a_local_one(
     for var, value in named.items():
         monkeypatch.setenv(var, value)
     asked: list[dict[str, Any]] = []
-    monkeypatch.setattr(up_module, "kafka_answers", lambda bootstrap, config: asked.append(config) or kafka_ok)
+    monkeypatch.setattr(up_module, "kafka_refusal", lambda bootstrap, config: (asked.append(config) or kafka_ok, None))
     monkeypatch.setattr(up_module, "_redis_answers", lambda settings: redis_ok)
     monkeypatch.setattr(up_module.launcher, "up", lambda *a, **k: pytest.fail("a local Kafka and Redis were started"))
     monkeypatch.setattr(up_module.launcher, "status", lambda *a, **k: pytest.fail("the local ones were looked for"))
@@ -212,7 +212,7 @@ def test_up_says_when_it_uses_a_kafka_and_redis_it_did_not_start(monkeypatch: py
 
     for var in ("CLIPSTREAM_KAFKA_BOOTSTRAP", "CLIPSTREAM_REDIS_URL"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(up_module, "kafka_answers", lambda bootstrap, config: False)
+    monkeypatch.setattr(up_module, "kafka_refusal", lambda bootstrap, config: (False, None))
     monkeypatch.setattr(up_module, "_redis_answers", lambda settings: False)
     monkeypatch.setattr(up_module.launcher, "up", lambda *a, **k: pytest.fail("a second Kafka and Redis were started"))
     recorded = InfraStatus("127.0.0.1:40001", "redis://127.0.0.1:40002/0", kafka_running=True, redis_running=True,
@@ -230,7 +230,7 @@ def test_a_secured_kafka_is_asked_with_its_security_settings(monkeypatch: pytest
     monkeypatch.setenv("CLIPSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
     monkeypatch.setenv("CLIPSTREAM_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
     asked: list[dict[str, Any]] = []
-    monkeypatch.setattr(up_module, "kafka_answers", lambda bootstrap, config: asked.append(config) or True)
+    monkeypatch.setattr(up_module, "kafka_refusal", lambda bootstrap, config: (asked.append(config) or True, None))
     monkeypatch.setattr(up_module, "_redis_answers", lambda settings: True)
     settings = Settings()
     assert up_module._ensure_infra(settings, free_ports=False) == (settings, False)

@@ -142,9 +142,10 @@ class Codec:
             self.resolver(fp)
             schema = self._by_fingerprint.get(fp)
         if schema is None:
-            raise DecodeError(f"unknown schema fingerprint {fp:016x} (header bytes {bytes(data[:HEADER_LEN]).hex()}): "
-                              "write the fingerprint of a clipstream schema's canonical form, with Tensor's "
-                              "definition inlined (docs/KAFKA_CLIENTS.md lists each record's first 10 bytes)")
+            raise DecodeError(f"unknown schema fingerprint {bytes(data[2:HEADER_LEN]).hex()} (its bytes in the "
+                              "header, as the schemas topic keys each schema): write the fingerprint of a clipstream "
+                              "schema's canonical form, with each named type it uses (a query's Tensor) defined "
+                              "inline (docs/KAFKA_CLIENTS.md lists each record's first 10 bytes)")
         return schema
 
     @staticmethod

@@ -159,11 +159,14 @@ def test_a_record_cut_short_after_its_marker_says_so():
         decode(b"\x00\x01")
 
 
-def test_unknown_fingerprint():
-    with pytest.raises(DecodeError, match="unknown schema fingerprint 0000000000003039 "
-                                          r"\(header bytes c3013930000000000000\): .*Tensor's definition inlined "
-                                          r"\(docs/KAFKA_CLIENTS.md"):
+def test_unknown_fingerprint_is_quoted_as_the_schemas_topic_keys_a_fingerprint():
+    with pytest.raises(DecodeError, match="unknown schema fingerprint 3930000000000000 "
+                                          r"\(its bytes in the header, as the schemas topic keys each schema\): "
+                                          r".*\(a query's Tensor\) defined inline \(docs/KAFKA_CLIENTS.md"):
         decode(MAGIC + struct.pack("<Q", 12345) + b"\x00")
+    # a known schema's key on the topic is written the same way: one can be looked up by the other
+    query = encode_dict("QueryEvent", samples()["QueryEvent"])
+    assert query[2:10].hex() in default_codec().written()
 
 
 def test_truncated_record():

@@ -29,7 +29,7 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dic
 # (and the dashboard's page and scripts, which carry no data: its data route needs the key)
 OPEN_PATHS: frozenset[str] = frozenset({"/healthz", "/v2/health/live"}) | PAGE_PATHS
 # paths besides its apps' routes that a per-app key may reach
-APP_KEY_PATHS: frozenset[str] = frozenset({"/readyz", "/openapi.json", "/docs", "/v2", "/v2/health/ready"})
+APP_KEY_PATHS: frozenset[str] = frozenset({"/readyz", "/openapi.json", "/docs", "/redoc", "/v2", "/v2/health/ready"})
 # a body over the limit is still read (and dropped) up to this many bytes, so the caller, who
 # is busy sending it, reads a 413 instead of a connection reset; beyond it the connection goes
 DRAIN_BYTES = 64 << 20

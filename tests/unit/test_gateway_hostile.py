@@ -83,6 +83,8 @@ def test_per_app_keys_reach_only_their_apps_and_global_keys_still_work() -> None
         assert c.get("/metrics", headers={"X-API-Key": "pk"}).status_code == 403
         assert c.get("/readyz", headers={"X-API-Key": "pk"}).status_code == 200
         assert c.get("/healthz").status_code == 200
+        # the API's two documentation pages alike: every key may read what the routes are
+        assert [c.get(page, headers={"X-API-Key": "pk"}).status_code for page in ("/docs", "/redoc")] == [200, 200]
 
 
 def test_key_helpers() -> None:

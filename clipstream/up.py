@@ -41,8 +41,10 @@ from selector.settings import SelectorSettings
 from workers.settings import WorkerSettings
 from clipstream.infra import PARENT_ENV, launcher
 from clipstream.infra.readiness import kafka_refusal
+from clipstream.lease import UpLease
 from clipstream.metrics_targets import FILE_NAME as TARGETS_FILE, TARGETS_LINE, MetricTargets
 from clipstream.pipeline import Pipeline, gateway_stages, say, stage_argv
+from clipstream.redisclient import sync_client
 from clipstream.settings import Settings, get_settings, redacted_url, settings_or_exit
 from clipstream.supervise import MIN_HEARTBEAT_TIMEOUT_S, Supervisor
 from clipstream.warmup import warm_up
@@ -129,6 +131,7 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
         if exports:
             click.echo("other clipstream commands (inspect, deadletters, infra status) reach these after:")
             click.echo(exports)
+        run.lease = UpLease(sync_client(settings), settings.topic_prefix, url).claim()  # before the registry
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
@@ -180,6 +183,7 @@ class _Run:
     supervisor: Supervisor | None = None
     pipeline: Pipeline | None = None
     follower: RegistryFollower | None = None
+    lease: UpLease | None = None
 
     def on_signal(self, *_: Any) -> None:
         """SIGINT/SIGTERM/SIGHUP: once serving, only ask ``watch`` to stop; while still starting, also
@@ -201,6 +205,8 @@ class _Run:
             if self.pipeline is not None:
                 self.pipeline.hand_back()
             self.supervisor.stop_all(first=("gateway",))  # the callers in flight are answered
+        if self.lease is not None:  # the stages are gone: another up may have the prefix now
+            self.lease.release()
         if self.started_infra:
             launcher.down(self.settings)
             say("stopped Kafka and Redis too, as this up started them: `clipstream infra up` before `up` "

@@ -79,7 +79,7 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
         "apps": [{"name": app, "policy": "exp4", "slo_ms": 3000, "default_output": -1, "models": ["logreg"]}],
         "models": [{"name": "logreg", "version": "1", "path": "models/logreg/1", "replicas": 1}],
     }))
-    port, grpc_port = pick_free_ports(2)
+    port, grpc_port, other_port = pick_free_ports(3)
     env = {**os.environ, "CLIPSTREAM_TOPIC_PREFIX": settings.topic_prefix, "CLIPSTREAM_STATE_DIR": str(tmp_path / "state"),
            "PYTHONUNBUFFERED": "1", "CLIPSTREAM_UP_BATCHERS": batchers, "CLIPSTREAM_GATEWAY_GRPC_PORT": str(grpc_port)}
     up = UpProcess(tmp_path / "app.yaml", port, env, ROOT)
@@ -88,6 +88,14 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
     try:
         up.wait_ready(240)
         assert f"ready: http://127.0.0.1:{port}" in lines
+
+        # a second up on the prefix stops before it touches the registry or fences a stage
+        second = subprocess.run([sys.executable, "-m", "clipstream.cli", "up", "-f", str(tmp_path / "app.yaml"),
+                                 "--gateway-port", str(other_port)], capture_output=True, text=True, timeout=120,
+                                env={k: v for k, v in env.items() if k != "CLIPSTREAM_GATEWAY_GRPC_PORT"})
+        assert second.returncode == 1 and "another clipstream up (pid " in second.stderr, second.stderr
+        assert f"gateway http://127.0.0.1:{port}) serves topic prefix" in second.stderr, second.stderr
+        assert "applying" not in second.stdout and not [line for line in lines if "restarting" in line]
 
         # the first query after the ready line is answered by the model, not the default
         x, _ = digits()

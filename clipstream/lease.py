@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from clipstream.errors import InfraError
+from clipstream.redisclient import REDIS_AWAY
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,13 @@ class UpLease:
 
     def claim(self) -> UpLease:
         """Take the lease, or InfraError naming the ``up`` that holds it and the ways out."""
-        taken = self.redis.set(self.key, self.value, nx=True, px=int(TTL_S * 1000))
-        raw = None if taken else self.redis.get(self.key)
-        if not taken and raw is None:  # it ran out between the two: once more
-            taken = self.redis.set(self.key, self.value, nx=True, px=int(TTL_S * 1000))
-            raw = None if taken else self.redis.get(self.key)
+        try:
+            taken, raw = self._take()
+            if not taken and raw is None:  # it ran out between the two steps: once more
+                taken, raw = self._take()
+        except REDIS_AWAY as exc:
+            raise InfraError(f"Redis did not answer while up took the topic prefix {self.prefix!r} ({exc}): "
+                             "check that it runs and answers, then start up again") from None
         if not taken:
             held = _holder(raw)
             raise InfraError(
@@ -52,6 +55,12 @@ class UpLease:
                 f"{TTL_S:g} s")
         threading.Thread(target=self._refresh, name="up-lease", daemon=True).start()
         return self
+
+    def _take(self) -> tuple[bool, Any]:
+        """Set the key if nobody holds it; else what the holder wrote."""
+        if self.redis.set(self.key, self.value, nx=True, px=int(TTL_S * 1000)):
+            return True, None
+        return False, self.redis.get(self.key)
 
     def _refresh(self) -> None:
         while not self._stop.wait(EVERY_S):

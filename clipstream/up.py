@@ -119,7 +119,7 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: its terminal closed
         signal.signal(sig, run.on_signal)
     try:
-        run.settings, run.started_infra = _ensure_infra(run.settings, free_ports)
+        run.settings, run.started_infra, note = _ensure_infra(run.settings, free_ports)
         settings = run.settings
         env = _stage_env(settings, gateway_port)
         if grpc_port is not None:
@@ -132,6 +132,8 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
             click.echo("other clipstream commands (inspect, deadletters, infra status) reach these after:")
             click.echo(exports)
         run.lease = UpLease(sync_client(settings), settings.topic_prefix, url).claim()  # before the registry
+        if note:
+            click.echo(note)
         click.echo(f"applying {path}")
         apply_file(settings, path)
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
@@ -300,26 +302,28 @@ def _report_started(stages: list[str], targets: MetricTargets | None = None) -> 
         click.echo(line)
 
 
-def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool]:
+def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool, str | None]:
     """Use Kafka/Redis where the settings point if they answer; else start them locally. A
     Kafka or Redis named on purpose (``CLIPSTREAM_KAFKA_BOOTSTRAP``, ``CLIPSTREAM_REDIS_URL``)
-    is never swapped for a local one: serving from a cluster nobody asked for would hide it."""
+    is never swapped for a local one: serving from a cluster nobody asked for would hide it.
+    The settings, whether this call started them, and a note for the operator, said once this
+    up has the topic prefix (another up may be the one using them)."""
     kafka_ok, refused = kafka_refusal(settings.kafka_bootstrap, common_config(settings))
     if refused is not None:  # it answered: starting another would not make these credentials right
         raise InfraError(f"Kafka at {settings.kafka_bootstrap} refused this client's credentials ({refused}): "
                          f"{CREDENTIALS_CHECK}")
     redis_ok = _redis_answers(settings)
     if kafka_ok and redis_ok:
-        return settings, False
+        return settings, False, None
     _refuse_to_replace(settings, kafka_ok, redis_ok)
     status = launcher.status(settings)
     if status.running:  # left by an `infra up`, or by an `up` that was killed: it stops them not
-        click.echo(f"using the Kafka and Redis recorded in {status.state_dir}, which this up did not start "
-                   f"(`clipstream infra down --state-dir {status.state_dir}` stops them)")
-        return settings.model_copy(update=status_settings(status)), False
+        return settings.model_copy(update=status_settings(status)), False, (
+            f"using the Kafka and Redis recorded in {status.state_dir}, which this up did not start "
+            f"(`clipstream infra down --state-dir {status.state_dir}` stops them)")
     click.echo("starting Kafka and Redis ...")
     status = launcher.up(settings, free_ports=free_ports, progress=lambda m: click.echo(m))
-    return settings.model_copy(update=status_settings(status)), True
+    return settings.model_copy(update=status_settings(status)), True, None
 
 
 def _refuse_to_replace(settings: Settings, kafka_ok: bool, redis_ok: bool) -> None:

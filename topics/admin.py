@@ -34,7 +34,7 @@ def ensure_topics(
     connection (``_first_metadata``), not after ``timeout_s``.
     """
     specs = list(specs)
-    watch = _BrokerWatch()
+    watch = BrokerWatch()
     admin = AdminClient({**admin_config(settings), "error_cb": watch})
     metadata = _first_metadata(admin, settings, timeout_s, watch)
     existing = metadata.topics
@@ -98,7 +98,7 @@ _BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
 _AFTER = re.compile(r"\s*\(after [^()]*\)$")
 
 
-class _BrokerWatch:
+class BrokerWatch:
     """An admin client's ``error_cb``: whether librdkafka found every broker down, and the last
     broker error it reported (what the one error line quotes). Called where the client is
     polled."""
@@ -117,8 +117,13 @@ class _BrokerWatch:
         if err.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
             self.refused = self.last
 
+    def refusal(self, settings: Settings) -> InfraError:
+        """The error for a broker that refused this client's credentials, naming what to check."""
+        return InfraError(f"Kafka at {settings.kafka_bootstrap} refused this client's credentials ({self.refused}): "
+                          f"{CREDENTIALS_CHECK}")
 
-def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, watch: _BrokerWatch) -> ClusterMetadata:
+
+def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, watch: BrokerWatch) -> ClusterMetadata:
     """The cluster's metadata; InfraError, naming CLIPSTREAM_KAFKA_BOOTSTRAP, if it does not come.
 
     Until this process has once had metadata (a stage's start, a CLI verb), the first request
@@ -138,9 +143,7 @@ def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, wa
             failure = exc
             admin.poll(0)
             if watch.refused:  # it answered: waiting longer will not change its mind
-                raise InfraError(
-                    f"Kafka at {settings.kafka_bootstrap} refused this client's credentials ({watch.refused}): "
-                    f"{CREDENTIALS_CHECK}") from exc
+                raise watch.refusal(settings) from exc
             if fast and watch.all_down:
                 why = f" ({watch.last})" if watch.last else ""
                 raise InfraError(

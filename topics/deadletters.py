@@ -109,15 +109,25 @@ def latest(settings: Any, count: int = 20, timeout_s: float = 10.0, stage: str |
 
     from confluent_kafka import Consumer, TopicPartition
 
-    from topics.admin import watermarks
+    from confluent_kafka import KafkaException
+
+    from topics.admin import BrokerWatch, watermarks
     from topics.catalogue import Catalogue
     from topics.client import consumer_config
 
     topic = Catalogue.from_settings(settings).deadletter.name
-    consumer = Consumer(consumer_config(settings, f"deadletters-{uuid.uuid4().hex}", **{"enable.auto.commit": False}))
+    watch = BrokerWatch()
+    consumer = Consumer(consumer_config(settings, f"deadletters-{uuid.uuid4().hex}", error_cb=watch,
+                                        **{"enable.auto.commit": False}))
     out: list[DeadLetter] = []
     try:
-        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        except KafkaException as exc:
+            consumer.poll(0)  # its error callbacks: a broker that refused the credentials says so
+            if watch.refused:
+                raise watch.refusal(settings) from exc
+            raise
         if meta is None or meta.error is not None or not meta.partitions:
             return []
         deadline = time.monotonic() + timeout_s

@@ -121,8 +121,9 @@ def status(state_dir: Path | None) -> None:
     unless Redis and every Kafka node run."""
     from clipstream.infra import launcher
 
+    settings = _settings(state_dir)
     with _one_line_errors():
-        result = launcher.status(_settings(state_dir))
+        result = launcher.status(settings)
     for name, address, pid, running in (
         ("kafka", result.kafka_bootstrap, result.kafka_pid, result.kafka_running),
         ("redis", result.redis_url, result.redis_pid, result.redis_running),
@@ -137,9 +138,33 @@ def status(state_dir: Path | None) -> None:
                 how = f"running (pid {node.pid})" if node.running else f"not running (was pid {node.pid})"
                 click.echo(f"kafka node {node.node_id}: {node.address} {how}")
     if not result.running:
-        where = f" --state-dir {state_dir}" if state_dir is not None else ""
-        click.echo(f"start them with `clipstream infra up{where}`", err=True)
+        elsewhere = _answering_elsewhere(settings)
+        if elsewhere:  # the addresses this shell names answer: another state dir recorded them
+            click.echo(f"{elsewhere} answer, but were not started from {result.state_dir}: set "
+                       "CLIPSTREAM_STATE_DIR (or --state-dir) to the state dir of the up or infra up that "
+                       "started them", err=True)
+        else:
+            where = f" --state-dir {state_dir}" if state_dir is not None else ""
+            click.echo(f"start them with `clipstream infra up{where}`", err=True)
         sys.exit(1)
+
+
+def _answering_elsewhere(settings: Settings) -> str:
+    """The Kafka and Redis this shell's CLIPSTREAM_* variables name, where they answer: "" when
+    it names none, or none of them answers."""
+    from clipstream.infra.readiness import kafka_answers
+    from clipstream.infra.redis import redis_answers
+    from clipstream.settings import redacted_url
+    from topics.client import common_config
+
+    named = settings.model_fields_set
+    password = settings.redis_password.get_secret_value() if settings.redis_password is not None else None
+    found = []
+    if "kafka_bootstrap" in named and kafka_answers(settings.kafka_bootstrap, common_config(settings)):
+        found.append(f"Kafka at {settings.kafka_bootstrap} (CLIPSTREAM_KAFKA_BOOTSTRAP)")
+    if "redis_url" in named and redis_answers(settings.redis_url, password):
+        found.append(f"Redis at {redacted_url(settings.redis_url)} (CLIPSTREAM_REDIS_URL)")
+    return " and ".join(found)
 
 
 @infra.command()

@@ -187,3 +187,16 @@ def test_a_state_dir_that_leads_nowhere_is_said(tmp_path: Path) -> None:
     both = subprocess.run(cli, capture_output=True, text=True, timeout=120, env={
         **env, "CLIPSTREAM_REDIS_URL": "redis://127.0.0.1:1/0", "CLIPSTREAM_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
     assert "CLIPSTREAM_STATE_DIR" not in both.stderr, both.stderr
+
+
+def test_status_from_another_state_dir_says_the_named_kafka_and_redis_answer(
+    infra: launcher.InfraStatus, tmp_path: Path
+) -> None:
+    """A shell that ran `up`'s export line but not from its state dir: the Kafka and Redis it
+    names answer, so "start them" would be wrong; the line says which state dir to use."""
+    env = dict(os.environ, CLIPSTREAM_KAFKA_BOOTSTRAP=infra.kafka_bootstrap, CLIPSTREAM_REDIS_URL=infra.redis_url)
+    done = subprocess.run([sys.executable, "-m", "clipstream.cli", "infra", "status", "--state-dir", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1 and "start them with" not in done.stderr, done.stderr
+    assert f"Kafka at {infra.kafka_bootstrap} (CLIPSTREAM_KAFKA_BOOTSTRAP) and Redis at " in done.stderr, done.stderr
+    assert f"answer, but were not started from {tmp_path}: set CLIPSTREAM_STATE_DIR" in done.stderr, done.stderr

@@ -96,7 +96,7 @@ def test_a_wrong_password_is_said_as_refused_credentials_not_as_a_broker_away(br
     assert not ok and refused is not None and "uthentication" in refused
     env = dict(os.environ, **broker.client_env("not-the-password"), CLIPSTREAM_STATE_DIR=str(tmp_path / "state"))
     (tmp_path / "none.yaml").write_text("apps: []\n")
-    for args in (["inspect"], ["up", "-f", str(tmp_path / "none.yaml")]):
+    for args in (["inspect"], ["deadletters"], ["up", "-f", str(tmp_path / "none.yaml")]):
         done = subprocess.run([sys.executable, "-m", "clipstream.cli", *args], env=env, capture_output=True,
                               text=True, timeout=120)
         said = done.stdout + done.stderr

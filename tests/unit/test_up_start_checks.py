@@ -218,10 +218,11 @@ def test_up_says_when_it_uses_a_kafka_and_redis_it_did_not_start(monkeypatch: py
     recorded = InfraStatus("127.0.0.1:40001", "redis://127.0.0.1:40002/0", kafka_running=True, redis_running=True,
                            state_dir=Path("/s"))
     monkeypatch.setattr(up_module.launcher, "status", lambda settings: recorded)
-    settings, started = up_module._ensure_infra(Settings(), free_ports=True)
+    settings, started, note = up_module._ensure_infra(Settings(), free_ports=True)
     assert not started and settings.kafka_bootstrap == "127.0.0.1:40001"
-    assert "using the Kafka and Redis recorded in /s, which this up did not start (`clipstream infra down " \
-           "--state-dir /s` stops them)" in capsys.readouterr().out
+    # said by up once it holds the topic prefix: a second up, refused, must not point at them
+    assert note == "using the Kafka and Redis recorded in /s, which this up did not start (`clipstream infra " \
+                   "down --state-dir /s` stops them)" and capsys.readouterr().out == ""
 
 
 def test_a_secured_kafka_is_asked_with_its_security_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,7 +234,7 @@ def test_a_secured_kafka_is_asked_with_its_security_settings(monkeypatch: pytest
     monkeypatch.setattr(up_module, "kafka_refusal", lambda bootstrap, config: (asked.append(config) or True, None))
     monkeypatch.setattr(up_module, "_redis_answers", lambda settings: True)
     settings = Settings()
-    assert up_module._ensure_infra(settings, free_ports=False) == (settings, False)
+    assert up_module._ensure_infra(settings, free_ports=False) == (settings, False, None)
     assert asked[0]["security.protocol"] == "SASL_SSL" and asked[0]["sasl.mechanism"] == "SCRAM-SHA-512"
 
 

@@ -42,7 +42,9 @@ SPARE_AFTER_S = 5.0
 ALERT = ALERT_PREFIX.encode()
 NOTE = NOTE_PREFIX.encode()
 HINT_EVERY_S = 60.0  # what to do about a stage that keeps dying: said at most this often
-RECENT_RESTART_S = 60.0  # an alert names the stages restarted this recently
+# a capacity alert names the stages back from a restart this recently: its window (10 s) and
+# its relay fit, while a restart long served since explains none of it
+RECENT_RESTART_S = 20.0
 
 
 @dataclass
@@ -191,9 +193,10 @@ class Supervisor:
         lately. Requests given up while a worker restarts look like a lack of capacity to the
         stage that counts them."""
         now = time.monotonic()
-        names = sorted(s.name for s in list(self.stages.values()) if s.restarts and now - s.started_at <= RECENT_RESTART_S)
-        return (f" ({', '.join(names)} restarted in the last {RECENT_RESTART_S:g} s: more likely the cause than "
-                "a lack of capacity)") if names else ""
+        names = sorted(s.name for s in list(self.stages.values()) if s.restarts and (
+            not s.ready.is_set() or now - s.ready_at <= RECENT_RESTART_S))  # still restarting, or just back
+        return (f" ({', '.join(names)} restarted, back less than {RECENT_RESTART_S:g} s ago or not yet: more likely "
+                "the cause than a lack of capacity)") if names else ""
 
     def wait_ready(self, timeout_s: float, names: list[str] | None = None) -> None:
         """Block until the named stages (default all) are ready; a stage that exits is an error,

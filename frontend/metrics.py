@@ -43,11 +43,13 @@ class Labelled:
 
 # who decided on a default (``clipstream_gateway_defaults_total{source}``), and where to look
 DEFAULT_CAUSES = {
-    "gateway_timeout": "no answer reached the gateway by the deadline: look for a stage restarting or hung and "
-                       "for Kafka's alerts in up's output",
+    "gateway_timeout": "no answer reached the gateway by the deadline: with no stage restarting or hung and no "
+                       "Kafka alert in up's output, the models take longer than the SLO: add replicas "
+                       "(set-replicas), or raise the app's slo_ms",
     "selector": "the selector gave the default: each answer's default_reason says why (docs/CONFIGURATION.md)",
     "not_loaded": "no worker has a model loaded: `clipstream inspect` names it, and why",
-    "model": "the model failed or was late: its worker's alert says how",
+    "model": "the model failed or was late: each answer's default_reason says which, and its worker's or "
+             "batcher's alert says how",
 }
 
 

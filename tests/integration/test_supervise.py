@@ -190,8 +190,8 @@ def test_an_alert_after_a_restart_names_the_restarted_stage(tmp_path, running) -
     first, capacity, failing, again = alerts()[:4]
     assert (first, capacity) == ("alert: child: its model fails on every call", "alert: child: 40% given up: add replicas")
     assert failing == first  # no capacity blamed: a restart explains nothing there
-    assert again == ("alert: child: 40% given up: add replicas (child restarted in the last 60 s: more "
-                     "likely the cause than a lack of capacity)"), again
+    assert again == ("alert: child: 40% given up: add replicas (child restarted, back less than 20 s ago or "
+                     "not yet: more likely the cause than a lack of capacity)"), again
 
 
 def test_a_stage_started_while_serving_says_when_it_is_ready(tmp_path, child, running) -> None:

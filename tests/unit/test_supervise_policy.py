@@ -56,3 +56,24 @@ def test_beats_are_written_at_most_once_per_interval(tmp_path: Path) -> None:
     written = read_heartbeat(path)
     hb.beat("loop")
     assert read_heartbeat(path) == written  # a hot loop costs a clock read, not a file write
+
+
+def test_a_capacity_alert_names_only_stages_still_restarting_or_just_back(tmp_path: Path) -> None:
+    """A restart served long since explains no shortage in an alert's 10 s window: an operator
+    told so would not add the replicas the load needs."""
+    from clipstream.supervise import RECENT_RESTART_S, Stage, Supervisor
+
+    sup = Supervisor(tmp_path)
+    now = time.monotonic()
+    for name, restarts, ready_at in (("worker", 1, None), ("batcher", 2, now - 5.0), ("selector-1", 1, now - 45.0),
+                                     ("gateway", 0, now - 1.0)):
+        stage = sup.stages[name] = Stage(name, [], {}, tmp_path / f"{name}.log", restarts=restarts)
+        if ready_at is not None:
+            stage.ready.set()
+            stage.ready_at = ready_at
+    said = sup._restarts_before()
+    assert said.startswith(" (batcher, worker restarted, back less than ") and "selector-1" not in said, said
+    assert RECENT_RESTART_S < 45.0
+    for stage in sup.stages.values():
+        stage.restarts = 0
+    assert sup._restarts_before() == ""

@@ -199,6 +199,7 @@ class Client:
             (query_id,) = args
         else:
             raise TypeError("feedback([app,] query_id, [label], label=..., reward=..., app=...)")
+        query_id = _query_id_text(query_id)
         app = app or self._apps_of.get(query_id) or self.app
         if app is None:
             raise ConfigError("feedback needs an app: pass app=, or make the Client with app=")
@@ -255,3 +256,15 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _query_id_text(query_id: Any) -> str:
+    """A query id as text: tritonclient reads a BYTES output as bytes (``as_numpy("query_id")``)."""
+    if isinstance(query_id, (bytes, bytearray, np.bytes_)):
+        try:
+            return bytes(query_id).decode()
+        except UnicodeDecodeError:
+            raise InputError(f"query_id {bytes(query_id)[:64]!r} is not UTF-8 text: pass the id an answer gave") from None
+    if isinstance(query_id, str):
+        return str(query_id)  # numpy's str_ too
+    raise InputError(f"query_id must be the text an answer gave; got {type(query_id).__name__} {query_id!r:.64}")

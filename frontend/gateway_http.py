@@ -239,7 +239,8 @@ async def _send_json(send: Any, status: int, body: dict[str, Any], headers: Mapp
 
 # what a caller or an operator can do about a body over the limit
 BODY_LIMIT_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES; a large input goes at its own size as raw bytes, "
-                   "Content-Type: application/octet-stream)")
+                   "Content-Type: application/octet-stream, and one over the limit even so needs the operator to "
+                   "raise it)")
 RAW_BODY_LIMIT_HINT = (" (CLIPSTREAM_GATEWAY_MAX_BODY_BYTES: the gateway's operator raises it, and "
                        "CLIPSTREAM_MAX_RECORD_BYTES with it, for raw inputs this large)")
 

@@ -88,9 +88,14 @@ def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) 
             return read_rows(shape, datatype, spec, blob=raw[i])
         if datatype not in CONTENTS:
             raise bad(f"{datatype} has no typed contents field: send it in raw_input_contents")
+        field = CONTENTS[datatype]
+        given = [f.name for f, _ in tensor.contents.ListFields()]
+        if given and field not in given:  # the values are there, in another type's field
+            raise bad(f"a {datatype} input's values go in contents.{field}, and this one has them in "
+                      f"contents.{given[0]}: send them in {field}, or set the datatype they are")
         if datatype == "BYTES":
             return read_rows(shape, datatype, spec, blob=packed(list(tensor.contents.bytes_contents)))
-        return read_rows(shape, datatype, spec, values=list(getattr(tensor.contents, CONTENTS[datatype])))
+        return read_rows(shape, datatype, spec, values=list(getattr(tensor.contents, field)))
 
     rows = read(0, spec) if len(inputs) == 1 else columns([t.name for t in inputs], spec, read)
     params = {k: _value(v) for k, v in request.parameters.items() if k in ("context", "slo_ms")}

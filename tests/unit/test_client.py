@@ -78,6 +78,14 @@ def test_feedback_forms(client, bus):
         client.feedback("never-seen", "cat")  # no app known for it
     with pytest.raises(InputError):
         client.feedback("q", app="pets")  # neither label nor reward
+    # as tritonclient reads a V2 answer's query_id and label: bytes and numpy values
+    client.feedback(np.array([b"q-v2"], dtype=object)[0], label=np.str_("dog"), app="pets")
+    client.feedback(np.bytes_(b"q-v2b"), label="cat", app="pets")
+    assert [r.query_id for r, _ in bus.feedback[-2:]] == ["q-v2", "q-v2b"] and bus.feedback[-2][0].label == "dog"
+    with pytest.raises(InputError, match="not UTF-8 text"):
+        client.feedback(b"\xff\xfe", label="cat", app="pets")
+    with pytest.raises(InputError, match="must be the text an answer gave; got int 7"):
+        client.feedback(7, label="cat", app="pets")
 
 
 def test_default_app_of_the_client(bus):

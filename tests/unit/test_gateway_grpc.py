@@ -157,6 +157,12 @@ def test_typed_contents_are_read_as_the_raw_bytes_are() -> None:
     both.raw_input_contents.append(np.ones(6, "<f4").tobytes())
     with pytest.raises(Exception, match="both contents and raw_input_contents: send its values in one of them"):
         parse_request(both, spec, 1 << 20)
+    # FP32 values written in the INT32 field: said as such, not as a tensor with no values
+    astray = MESSAGES["ModelInferRequest"](model_name="pets")
+    astray.inputs.add(name="input", datatype="FP32", shape=[1, 2, 3]).contents.int_contents.extend([5] * 6)
+    with pytest.raises(Exception, match="a FP32 input's values go in contents.fp32_contents, and this one has "
+                                        "them in contents.int_contents"):
+        parse_request(astray, spec, 1 << 20)
 
 
 def test_calls_in_flight_are_answered_as_the_gateway_stops() -> None:

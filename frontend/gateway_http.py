@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -182,12 +183,13 @@ class FastEndpoint:
     FastAPI's per-request machinery (its telemetry check, dependency solving, the router,
     exception-wrapping middlewares, Request and Response objects) is kept off them
     (docs/design/0008). Here the handler gets the app name and a Starlette ``Request`` and
-    returns the answer's JSON (sent with ``status``), or raises ``HTTPProblem``; FastAPI keeps
-    every other route, and the fast routes stay declared there so the OpenAPI schema still lists
-    them.
+    returns the answer's JSON (sent with ``status``), or its bytes (``RawAnswer``), or raises
+    ``HTTPProblem``; FastAPI keeps every other route, and the fast routes stay declared there so
+    the OpenAPI schema still lists them.
     """
 
-    def __init__(self, handler: Callable[[str, Request], Awaitable[dict[str, Any]]], status: int = 200) -> None:
+    def __init__(self, handler: Callable[[str, Request], Awaitable[dict[str, Any] | RawAnswer]],
+                 status: int = 200) -> None:
         self.handler, self.status = handler, status
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -197,7 +199,21 @@ class FastEndpoint:
             status, body = problem_body(scope.get("path", ""), exc)
             await _send_json(send, status, body, exc.headers)
             return
+        if isinstance(answer, RawAnswer):
+            raw = [(k.encode(), v.encode()) for k, v in answer.headers.items()]
+            await send({"type": "http.response.start", "status": self.status,
+                        "headers": [*raw, (b"content-length", str(len(answer.body)).encode())]})
+            await send({"type": "http.response.body", "body": answer.body})
+            return
         await _send_json(send, self.status, answer, {})
+
+
+@dataclass(frozen=True, slots=True)
+class RawAnswer:
+    """An answer sent as these bytes with these headers, not as JSON (V2's binary outputs)."""
+
+    body: bytes
+    headers: dict[str, str]
 
 
 class GatewayAPI(FastAPI):

@@ -12,22 +12,22 @@ bodies, as the protocol's clients expect.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from clipstream.clock import now_us
 from frontend.ask import Asked, answered, ask
-from frontend.gateway_http import HTTPProblem, read_body
+from frontend.gateway_http import HTTPProblem, RawAnswer, read_body
 from frontend.gateway_models import MAX_SLO_MS
 from frontend.http_protocol import RECEIVED_US
 from frontend.predict_body import OFFLOAD_BYTES
 from frontend.state import GatewayState
+from frontend.v2_binary import with_binary
 from frontend.v2_messages import (BATCH_LIMIT, DATATYPES, ErrorV2, InferRequest, Parsed, app_outputs, bad,
                                   check_outputs, decoded, infer_response, output_datatype, parse_infer)
 from registry.topic import AppConfig
@@ -99,7 +99,7 @@ async def infer(state: GatewayState, cfg: AppConfig, parse: Callable[[], Parsed]
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
     # a batch of images costs milliseconds of parsing: keep the loop answering others
     parsed = await asyncio.get_running_loop().run_in_executor(None, parse) if size > OFFLOAD_BYTES else parse()
-    req, tensors, request_id, wanted = parsed
+    req, tensors, request_id, wanted, _ = parsed
     kind, labels = state.outputs(cfg)
     check_outputs(cfg, kind, labels, wanted)
     t0, arrived, created = when
@@ -184,12 +184,15 @@ def add_routes(app: FastAPI, state: GatewayState) -> None:
               responses={c: {"model": ErrorV2} for c in (400, 401, 403, 404, 408, 413, 503)},
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": InferRequest.model_json_schema()}}}})
-    async def infer_route(app: str, request: Request) -> JSONResponse:
+    async def infer_route(app: str, request: Request) -> Response:
         # declared for the OpenAPI schema: GatewayAPI serves these requests before the router
-        return JSONResponse(await infer_http(state, app, request))
+        answer = await infer_http(state, app, request)
+        if isinstance(answer, RawAnswer):
+            return Response(answer.body, headers=answer.headers)
+        return JSONResponse(answer)
 
 
-async def infer_http(state: GatewayState, app: str, request: Request) -> dict[str, Any]:
+async def infer_http(state: GatewayState, app: str, request: Request) -> dict[str, Any] | RawAnswer:
     """``POST /v2/models/{app}/infer``: the body (JSON, or the binary data extension's JSON
     and raw bytes, compressed or not) read and asked by ``infer``."""
     t0, arrived = time.perf_counter(), now_us()
@@ -205,7 +208,18 @@ async def infer_http(state: GatewayState, app: str, request: Request) -> dict[st
     raw = decoded(raw, request.headers.get("content-encoding"), state.gw.max_body_bytes)
     if header is not None and not header.isdigit():
         raise bad(f"Inference-Header-Content-Length {header[:32]!r} is not a number of bytes")
-    parse = functools.partial(parse_infer, raw, state.input_spec(cfg), state.settings.max_record_bytes,
-                              int(header) if header else None)
-    return await infer(state, cfg, parse, len(raw), (t0, arrived, created), state.metrics.app(cfg.name),
-                       request.is_disconnected)
+    read: list[Parsed] = []
+
+    def parse() -> Parsed:
+        read.append(parse_infer(raw, state.input_spec(cfg), state.settings.max_record_bytes,
+                                int(header) if header else None))
+        return read[0]
+
+    answer = await infer(state, cfg, parse, len(raw), (t0, arrived, created), state.metrics.app(cfg.name),
+                         request.is_disconnected)
+    binary = with_binary(answer, read[0][4])
+    if binary is None:
+        return answer
+    head, blob = binary  # the binary data extension: the JSON, then the outputs' bytes
+    return RawAnswer(head + blob, {"content-type": "application/octet-stream",
+                                   "inference-header-content-length": str(len(head))})

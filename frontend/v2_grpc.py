@@ -101,7 +101,7 @@ def parse_request(request: Any, spec: TensorSpec | None, max_record_bytes: int) 
     params = {k: _value(v) for k, v in request.parameters.items() if k in ("context", "slo_ms")}
     asked = wanted([{"name": o.name, "parameters": {k: _value(v) for k, v in o.parameters.items()}}
                     for o in request.outputs]) if request.outputs else []
-    return predict_request(params), examples(rows, max_record_bytes), request.id or None, asked
+    return predict_request(params), examples(rows, max_record_bytes), request.id or None, asked, frozenset()
 
 
 def _value(param: Any) -> Any:

@@ -17,6 +17,7 @@ from clipstream.errors import DecodeError, InputError
 from frontend.gateway_http import HTTPProblem, parse_json
 from frontend.gateway_models import PredictRequest, validation_reason
 from frontend.inputs import parse_rows, values_of_bytes
+from frontend.v2_binary import binary_asked
 from registry.spec import TensorSpec, not_finite
 from registry.topic import AppConfig
 from schemas import Tensor
@@ -59,8 +60,9 @@ class InferRequest(BaseModel):
                                                  "left out.")
 
 
-# what an infer asks: its context and SLO, one tensor per example, its id, the outputs it wants
-Parsed = tuple[PredictRequest, list[Tensor], str | None, list[str]]
+# what an infer asks: its context and SLO, one tensor per example, its id, the outputs it wants,
+# and those it wants as binary data (``frontend.v2_binary``)
+Parsed = tuple[PredictRequest, list[Tensor], str | None, list[str], frozenset[str]]
 
 
 def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, header_length: int | None = None
@@ -90,7 +92,7 @@ def parse_infer(raw: bytes, spec: TensorSpec | None, max_record_bytes: int, head
     if rid is not None and not isinstance(rid, str):
         raise bad("`id` must be a string")
     return predict_request(_parameters(body.get("parameters"))), examples(rows, max_record_bytes), rid, \
-        wanted(body.get("outputs"))
+        wanted(body.get("outputs")), binary_asked(body)
 
 
 INPUTS = ("`inputs` must hold one tensor, with the batch as its first dimension (an app's models take one input), "

@@ -144,7 +144,7 @@ def test_text_and_bytes_models_answer_json_raw_bodies_and_kafka_clients(settings
         tensor = triton.InferInput("input", [3], "BYTES")
         tensor.set_data_from_numpy(np.array(texts, dtype=object))
         result = v2.infer(reviews, [tensor], parameters={"slo_ms": 3000})
-        assert [str(x) for x in result.as_numpy("output")] == ["pos", "neg", "pos"]
+        assert result.as_numpy("output").tolist() == [b"pos", b"neg", b"pos"]  # BYTES as bytes, as Triton's
         np.testing.assert_allclose(result.as_numpy("scores"), pipe.predict_proba(texts), rtol=1e-5)
         assert not result.as_numpy("default").any()
 

@@ -141,12 +141,12 @@ def test_typed_contents_are_read_as_the_raw_bytes_are() -> None:
     tensor = request.inputs.add(name="input", datatype="FP64", shape=[3, 2, 3])
     tensor.contents.fp64_contents.extend(ROWS.ravel().tolist())
     request.parameters["slo_ms"].int64_param = 70
-    req, examples, rid, wanted = parse_request(request, spec, 1 << 20)
+    req, examples, rid, wanted, binary = parse_request(request, spec, 1 << 20)
     assert [e.array().tolist() for e in examples] == ROWS.tolist() and req.slo_ms == 70 and rid is None
-    assert wanted == []
+    assert wanted == [] and binary == frozenset()  # gRPC answers carry raw contents anyway
     text = MESSAGES["ModelInferRequest"](model_name="t")
     text.inputs.add(name="input", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(["hé".encode(), b"x"])
-    _, examples, _, _ = parse_request(text, TensorSpec("string", ()), 1 << 20)
+    _, examples, _, _, _ = parse_request(text, TensorSpec("string", ()), 1 << 20)
     assert [e.array().item() for e in examples] == ["hé", "x"]
     half = MESSAGES["ModelInferRequest"](model_name="pets")
     half.inputs.add(name="input", datatype="FP16", shape=[1, 2, 3])

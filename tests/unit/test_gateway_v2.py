@@ -55,6 +55,39 @@ def test_a_batch_is_one_query_per_example_answered_in_order() -> None:
         assert sent[qid].deadline_us - sent[qid].created_us == 80_000
 
 
+def test_outputs_asked_as_binary_data_come_after_the_json_as_tritons_clients_read_them() -> None:
+    """tritonclient asks for every output as binary data when it names none, and reads a BYTES
+    output so sent as bytes, as Triton sends it; an output asked for as JSON stays JSON."""
+    import struct
+
+    rows = ROWS[:2].copy()
+    rows[1, 0, 0] = 7.0
+    with TestClient(make_app(FakeBus(by_first_value))) as c:
+        r = c.post("/v2/models/pets/infer", json=infer_body(rows, parameters={"binary_data_output": True}))
+        assert r.status_code == 200, r.text
+        asked = c.post("/v2/models/pets/infer", json=infer_body(rows, outputs=[
+            {"name": "output", "parameters": {"binary_data": True}}, {"name": "confidence"}]))
+    assert r.headers["content-type"] == "application/octet-stream"
+    size = int(r.headers["inference-header-content-length"])
+    head, blob = json.loads(r.content[:size]), r.content[size:]
+    assert head["model_name"] == "pets" and head["id"] == "r-1"
+    out, at = {}, 0
+    for t in head["outputs"]:  # every output, its bytes in order, no data in the JSON
+        assert "data" not in t
+        out[t["name"]], at = blob[at:at + t["parameters"]["binary_data_size"]], at + t["parameters"]["binary_data_size"]
+    assert at == len(blob)
+    assert out["output"] == struct.pack("<I", 3) + b"cat" + struct.pack("<I", 3) + b"dog"
+    assert np.frombuffer(out["scores"], "<f4").tolist() == pytest.approx([0.9, 0.1, 0.2, 0.8])
+    assert np.frombuffer(out["confidence"], "<f8").tolist() == pytest.approx([0.9, 0.8])
+    assert np.frombuffer(out["default"], "?").tolist() == [False, False]
+    assert out["default_reason"] == struct.pack("<I", 0) * 2 and len(out["query_id"]) == 2 * (4 + 32)
+    size = int(asked.headers["inference-header-content-length"])  # one binary, one JSON
+    head = json.loads(asked.content[:size])
+    assert [t["name"] for t in head["outputs"]] == ["output", "confidence"]
+    assert "data" not in head["outputs"][0] and head["outputs"][1]["data"] == pytest.approx([0.9, 0.8])
+    assert asked.content[size:] == struct.pack("<I", 3) + b"cat" + struct.pack("<I", 3) + b"dog"
+
+
 def test_nested_data_asked_outputs_and_a_default_row() -> None:
     bus = FakeBus(None)  # nothing answers: the app's default, in time
     with TestClient(make_app(bus)) as c:
@@ -188,12 +221,12 @@ def test_an_input_sent_as_raw_bytes_after_its_json_header() -> None:
 def test_a_batch_of_strings_as_json_or_as_the_binary_extension_is_one_array_per_string() -> None:
     text = TensorSpec("string", ())
     as_json = {"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES", "data": ["héllo", ""]}]}
-    _, rows, _, _ = parse_infer(json.dumps(as_json).encode(), text, 1 << 20)
+    _, rows, _, _, _ = parse_infer(json.dumps(as_json).encode(), text, 1 << 20)
     assert [(r.array().shape, r.array().item()) for r in rows] == [((), "héllo"), ((), "")]
     blob = Tensor.of(np.array(["héllo", ""], dtype=object)).data  # Triton's BYTES layout is a Tensor's
     head = json.dumps({"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES",
                                    "parameters": {"binary_data_size": len(blob)}}]}).encode()
-    _, rows, _, _ = parse_infer(head + blob, text, 1 << 20, len(head))
+    _, rows, _, _, _ = parse_infer(head + blob, text, 1 << 20, len(head))
     assert [r.array().item() for r in rows] == ["héllo", ""]
     with pytest.raises(HTTPProblem, match="not UTF-8"):
         parse_infer(head + b"\x01\x00\x00\x00\xff" + blob[5:], text, 1 << 20, len(head))
@@ -371,10 +404,10 @@ def test_a_shape_that_differs_by_ones_only_is_the_models() -> None:
     them, and [n, 2, 1, 3] reaches a (2, 3) model as its own shape."""
     text = TensorSpec("string", ())
     body = {"inputs": [{"name": "x", "shape": [2, 1], "datatype": "BYTES", "data": [["good"], ["bad"]]}]}
-    _, rows, _, _ = parse_infer(json.dumps(body).encode(), text, 1 << 20)
+    _, rows, _, _, _ = parse_infer(json.dumps(body).encode(), text, 1 << 20)
     assert [r.array().item() for r in rows] == ["good", "bad"]
     padded = {"inputs": [{"name": "x", "shape": [1, 2, 1, 3], "datatype": "FP32", "data": list(range(6))}]}
-    _, rows, _, _ = parse_infer(json.dumps(padded).encode(), TensorSpec("float32", (2, 3)), 1 << 20)
+    _, rows, _, _, _ = parse_infer(json.dumps(padded).encode(), TensorSpec("float32", (2, 3)), 1 << 20)
     assert rows[0].array().shape == (2, 3)
     with pytest.raises(HTTPProblem, match=r"is not a batch of the model's \[2, 3\]"):
         parse_infer(json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 2], "datatype": "FP32",

@@ -30,7 +30,7 @@ def pandas_body(table: dict[str, list[Any]], shape_of: Any = lambda n: [n]) -> d
 
 def rows_of(body: dict[str, Any], spec: TensorSpec | None = VECTOR, header: bytes = b"") -> np.ndarray:
     raw = json.dumps(body).encode()
-    _, examples, _, _ = parse_infer(raw + header, spec, 1 << 20, len(raw) if header else None)
+    _, examples, _, _, _ = parse_infer(raw + header, spec, 1 << 20, len(raw) if header else None)
     return np.stack([e.array() for e in examples])
 
 
@@ -99,12 +99,12 @@ def test_columns_over_grpc_raw_or_typed() -> None:
     for name, values in TABLE.items():
         raw.inputs.add(name=name, datatype="FP64", shape=[2, 1])
         raw.raw_input_contents.append(np.array(values, "<f8").tobytes())
-    _, examples, _, _ = parse_request(raw, VECTOR, 1 << 20)
+    _, examples, _, _, _ = parse_request(raw, VECTOR, 1 << 20)
     np.testing.assert_array_equal(np.stack([e.array() for e in examples]), WANT)
     typed = MESSAGES["ModelInferRequest"](model_name="t")
     for name, values in TABLE.items():
         typed.inputs.add(name=name, datatype="FP64", shape=[2]).contents.fp64_contents.extend(values)
-    _, examples, _, _ = parse_request(typed, VECTOR, 1 << 20)
+    _, examples, _, _, _ = parse_request(typed, VECTOR, 1 << 20)
     np.testing.assert_array_equal(np.stack([e.array() for e in examples]), WANT)
     del raw.raw_input_contents[-1]
     with pytest.raises(HTTPProblem, match="raw_input_contents holds 2 tensors, and there are 3 inputs"):

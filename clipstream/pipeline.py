@@ -36,6 +36,16 @@ def say(msg: str) -> None:
         pass
 
 
+def _failing(stage: Stage) -> bool:
+    """A worker never ready that exited or restarted since its start: its model does not load.
+    One still loading is not stopped at once, but left as a serving one is: the batcher may
+    hand its partition to it the moment it is ready, before ``up`` reads its ready line, and
+    stopping it then would leave the model no worker until the next version loads."""
+    if stage.ready_line:
+        return False
+    return stage.restarts > 0 or stage.proc is None or stage.proc.poll() is not None
+
+
 def stage_argv(*args: str) -> list[str]:
     """A stage's command line: this interpreter's ``clipstream`` CLI, so every stage runs in the
     environment ``up`` runs in."""
@@ -101,8 +111,8 @@ class Pipeline:
                     continue
                 model = _arg(self.supervisor.stages[stage], "--model")
                 served = view.served().get(model or "")
-                if stage.startswith("worker-") and not self.supervisor.stages[stage].ready_line:
-                    self.supervisor.remove(stage)  # never ready since it started: it has served nothing
+                if stage.startswith("worker-") and _failing(self.supervisor.stages[stage]):
+                    self.supervisor.remove(stage)  # it has served nothing, and would not
                     say(f"stopped {stage} (registry change; it was never ready)")
                 elif stage.startswith("worker-") and served is not None and served.spec is not None:
                     if _arg(self.supervisor.stages[stage], "--version") != served.version:

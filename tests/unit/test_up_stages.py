@@ -54,6 +54,7 @@ class FakeStage:
         self.removed = False
         self.spare = False
         self.ready_line = f"ready: {name}"  # it has served (a test makes one that never got ready)
+        self.restarts = 0
 
 
 class FakeSupervisor:
@@ -146,12 +147,29 @@ def test_a_replaced_worker_that_never_got_ready_is_stopped_at_once_and_a_kept_on
     pipe.sync(view(b="4"))  # deploy-model b 4, whose model does not load
     for name in ("worker-b-v4-0", "worker-b-v4-1"):
         sup.stages[name].ready_line = ""
+        sup.stages[name].restarts = 2  # it exits at every start
     capsys.readouterr()
     pipe.sync(view(b="3"))  # rollback b
     assert sorted(sup.removed) == ["worker-b-v4-0", "worker-b-v4-1"] and not pipe.leaving
     err = capsys.readouterr().err
     assert "stopped worker-b-v4-0 (registry change; it was never ready)" in err
     assert "worker-b-v3-0 serves on (registry change)" in err
+
+
+def test_a_replaced_worker_still_loading_is_left_to_its_handover_not_stopped(capsys: Any) -> None:
+    """Two deploys a second apart: the first one's worker is still loading when the second
+    comes. The batcher may hand the partition to it the moment it is ready, before up reads its
+    ready line; stopped then, the model would have no worker until the second one loaded."""
+    sup = FakeSupervisor()
+    pipe = Pipeline(sup, {}, shared_batcher=True)  # type: ignore[arg-type]
+    pipe.sync(view(b="2"))
+    pipe.sync(view(b="3"))  # deploy-model b 3
+    for name in ("worker-b-v3-0", "worker-b-v3-1"):
+        sup.stages[name].ready_line = ""  # loading, alive, never restarted
+    capsys.readouterr()
+    pipe.sync(view(b="1"))  # deploy-model b 1, a second later
+    assert sup.removed == [] and {"worker-b-v3-0", "worker-b-v3-1"} <= set(pipe.leaving)
+    assert "worker-b-v3-0 serves until version 1 of b is ready" in capsys.readouterr().err
 
 
 def test_an_old_worker_never_handed_over_is_stopped_after_a_grace(monkeypatch: Any) -> None:

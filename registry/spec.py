@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,24 +131,30 @@ SERVING_KEYS = ("replicas", "max_batch_size", "batch_delay_ms", "latency_objecti
                 "max_queue_delay_microseconds", "dynamic_batching", "instance_group", "parallel_workers")
 
 
-def _misspelt(keys: Any, known: tuple[str, ...], where: str) -> None:
+SERVING_HINT = ("`{}` is not read from model.yaml: how a model is served (replicas, max_batch_size, "
+                "batch_delay_ms, latency_objective_ms) goes in its entry of the app file, then `clipstream apply -f "
+                "FILE` (replicas also: `clipstream set-replicas`)")
+
+
+def _misspelt(keys: Any, known: tuple[str, ...], where: str, after: Callable[[str], str] = lambda _: "") -> None:
     """Refuse a key that is a near miss of a known one the mapping lacks (``ouptut``,
-    ``allow_spinnig``): read as given, the known one would silently take its default."""
+    ``allow_spinnig``, ``Input``): read as given, the known one would silently take its
+    default. ``after(meant)``: what to add about the key meant."""
     for key in keys:
-        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.8)
+        lower = str(key).lower()
+        close = [lower] if lower in known else difflib.get_close_matches(lower, known, n=1, cutoff=0.8)
         if key not in known and close and close[0] not in keys:
-            raise ConfigError(f"{where}: unknown key `{key}`: did you mean `{close[0]}`?")
+            raise ConfigError(f"{where}: unknown key `{key}`: did you mean `{close[0]}`?{after(close[0])}")
 
 
 def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec:
     """Validate a ``model.yaml`` mapping read from ``path`` (a file, or a URL in a model
     repository); ``folder`` is where the model's files are, or will be, on this host."""
-    _misspelt(raw, KNOWN_KEYS, str(path))
+    _misspelt(raw, KNOWN_KEYS + SERVING_KEYS, str(path),
+              lambda meant: f" {SERVING_HINT.format(meant)}" if meant in SERVING_KEYS else "")
     serving = [k for k in SERVING_KEYS if k in raw]
     if serving:  # MLServer and Triton keep batching in the model's settings; here the app file does
-        raise ConfigError(f"{path}: `{serving[0]}` is not read from model.yaml: how a model is served (replicas, "
-                          f"max_batch_size, batch_delay_ms, latency_objective_ms) goes in its entry of the app "
-                          f"file, then `clipstream apply -f FILE` (replicas also: `clipstream set-replicas`)")
+        raise ConfigError(f"{path}: {SERVING_HINT.format(serving[0])}")
     for part, keys in (("input", ("dtype", "shape")), ("output", ("kind", "labels"))):
         extra = [k for k in (raw.get(part) or {}) if k not in keys] if isinstance(raw.get(part), dict) else []
         if extra:
@@ -185,6 +192,9 @@ def parse_spec(raw: dict[str, Any], folder: Path, path: str | Path) -> ModelSpec
     example = raw.get("example")
     if example is not None and not (isinstance(example, str) and example and "/" not in example):
         raise ConfigError(f"{path}: example must name a file in the model's folder, got {example!r}")
+    threads = raw.get("threads")
+    if threads is not None and (type(threads) is not int or threads < 1):  # refused at deploy, not at load
+        raise ConfigError(f"{path}: threads must be a positive integer, got {threads!r}")
     device = raw.get("device")
     if device is not None and device not in DEVICES:
         raise ConfigError(f"{path}: device must be one of {', '.join(DEVICES)}, got {device!r}")

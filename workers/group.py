@@ -180,6 +180,10 @@ def warm(model: Served, batches: bool = True) -> None:
                              "what the model takes, or give an `example:` file of one real input") from exc
         if first is None:  # text or bytes with no `example:` in its model.yaml: nothing real to try
             continue
+        try:  # a batch of one first: an answer of the wrong shape is that, whatever the batch
+            rows = output_rows(each.spec.output, first, 1)
+        except ClipstreamError as exc:
+            raise ModelError(f"its answer does not fit its model.yaml ({one_line(exc)})") from None
         if batches:
             ran = predict_rows(each, example_input(each.spec, 2), isolate=False)
             if ran.failure is not None:
@@ -187,11 +191,6 @@ def warm(model: Served, batches: bool = True) -> None:
                                  "the batcher sends several at once. Export it with a dynamic batch axis (ONNX: a "
                                  "symbolic first dimension), or set `max_batch_size: 1` for it in the app file")
             rows = ran.rows
-        else:
-            try:
-                rows = output_rows(each.spec.output, first, 1)
-            except ClipstreamError as exc:
-                raise ModelError(f"its answer does not fit its model.yaml ({one_line(exc)})") from None
         try:
             answer_tensor(np.asarray(rows[0]))
         except ClipstreamError as exc:

@@ -355,6 +355,24 @@ def test_a_model_that_fails_on_a_batch_of_two_fails_its_workers_start_saying_wha
     warm(model, batches=False)  # its batches hold one request: it serves
 
 
+@pytest.mark.parametrize("batches", [True, False])
+def test_an_answer_too_wide_for_its_labels_is_said_as_that_whatever_the_batch(tmp_path: Path, batches: bool) -> None:
+    """Four scores for three labels: the model's answer does not fit its model.yaml, at a batch
+    of one as at two; sending the operator to the batch axis would not help."""
+    from clipstream.errors import ModelError
+
+    class Wide:  # its source is written to the model's folder: no annotations it cannot import
+        def __init__(self, path, config):  # noqa: ANN001
+            pass
+
+        def predict_batch(self, x):  # noqa: ANN001
+            return np.full((len(x), 4), 0.25, np.float32)
+
+    model = python_model(tmp_path, "wide", Wide, shape=[4], labels=[0, 1, 2])
+    with pytest.raises(ModelError, match=r"its answer does not fit its model.yaml \(.*shape \[1, 3\], got \[1, 4\]"):
+        warm(model, batches=batches)
+
+
 def test_a_label_model_answering_strings_fails_its_workers_start_saying_what_to_do(tmp_path: Path) -> None:
     from clipstream.errors import ModelError
 

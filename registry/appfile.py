@@ -129,13 +129,16 @@ def _model_entry(path: Path, i: int, m: Any, repository: Repository,
     if is_url(source):
         location = repository.location_of(source)
         spec = repository.read_spec(location)
-    else:
-        folder = (path.parent / source).resolve()
-        if not folder.is_dir():
-            raise ConfigError(f"{path}: models[{i}] ({m['name']}): no folder {folder} to hold its model.yaml "
-                              "(a model's `path` is relative to the app file, or a URL)")
+    elif (folder := (path.parent / source).resolve()).is_dir():
         spec = load_spec(folder)
         location = repository.location_of(folder)
+    elif repository.root is not None:  # a place in the model repository, as deploy-model takes one
+        location = source
+        spec = repository.read_spec(location)
+    else:
+        raise ConfigError(f"{path}: models[{i}] ({m['name']}): no folder {folder} to hold its model.yaml "
+                          "(a model's `path` is relative to the app file, a place in CLIPSTREAM_MODEL_REPOSITORY "
+                          "when that is set, or a URL)")
     specs[m["name"]] = spec
     if m.get("group") is not None:
         inputs.setdefault(check_name("group", str(m["group"])), []).append((m["name"], spec.input))

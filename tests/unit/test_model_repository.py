@@ -57,6 +57,22 @@ def test_the_applier_records_a_location_inside_its_repository(tmp_path: Path) ->
     assert Repository("s3://b/models").location_of("s3://other/sim/2") == "s3://other/sim/2"
 
 
+def test_an_app_file_names_a_place_in_the_repository_as_deploy_model_does(tmp_path: Path) -> None:
+    """A Triton user's app file elsewhere names `sim/1` as deploy-model would: a folder beside
+    the app file comes first, then the repository."""
+    from registry.appfile import load_app_file
+
+    make_profile_model(tmp_path / "repo" / "digits", "sim", "1")
+    app = tmp_path / "apps" / "app.yaml"
+    app.parent.mkdir()
+    app.write_text("apps: []\nmodels:\n  - {name: sim, path: digits/sim/1}\n")
+    loaded = load_app_file(app, Repository(str(tmp_path / "repo")))
+    assert [m["path"] for m in loaded.models] == ["digits/sim/1"] and loaded.specs["sim"].input.shape
+    with pytest.raises(ConfigError, match=r"no folder .*apps/digits/sim/1 .* a place in CLIPSTREAM_MODEL_REPOSITORY "
+                                          r"when that is set"):
+        load_app_file(app, Repository(None))
+
+
 def test_missing_model_says_which_root_was_tried(tmp_path: Path) -> None:
     repo = Repository(str(tmp_path / "b"), tmp_path / "cache")
     with pytest.raises(ConfigError, match=r"CLIPSTREAM_MODEL_REPOSITORY=.*/b: point it at"):

@@ -16,7 +16,7 @@ from clipstream.cachekey import KEY_PREFIX, forget_model
 from clipstream.errors import ClipstreamError, ConfigError
 from clipstream.redisclient import REDIS_AWAY, forget_app, forget_model_weights, sync_client
 from clipstream.settings import Settings, get_settings, settings_or_exit
-from frontend.serving import served, wait_loaded
+from frontend.serving import failed_to_load, served, wait_loaded
 from registry.appfile import apply_file, check_default_output, check_policy
 from registry.groups import name_clash
 from registry.labels import join_problem
@@ -146,13 +146,17 @@ def deploy_model(name: str, path: str, version: str | None, replicas: int | None
 
 
 def _served_instead(settings: Settings, current: ModelConfig | None) -> str | None:
-    """The version(s) a model's batches go to when its registry version never took over (its
-    workers never got ready), else None; None too when nothing was sent yet or Kafka cannot
-    say, and for a group's member (its batches carry the group's version)."""
+    """The version(s) a model's batches go to when its registry version never took over, as a
+    replica of it said it failed to load it, else None; None too while its workers still load
+    it (the batcher may hand it the batches a moment later: it serves, and is a version to roll
+    back to), when nothing was sent yet or Kafka cannot say, and for a group's member (its
+    batches carry the group's version)."""
     if current is None or current.group:
         return None
     now = served(settings, current.name, current.replicas)
     if not now or current.version in now.values():
+        return None
+    if failed_to_load(settings, current.name, current.version, current.replicas) is None:
         return None
     return ", ".join(sorted({v or "-" for v in now.values()}))
 

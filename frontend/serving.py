@@ -145,6 +145,20 @@ def _shares(value: bytes | str, versions: dict[str, str], linked: Sequence[str])
     return {m: round(w, 4) for m, w in shares.items()}, observed
 
 
+def failed_to_load(settings: Settings, model: str, version: str, replicas: int) -> str | None:
+    """Why a replica of ``model`` said it failed to load ``version``; None when none said so,
+    as while its workers still load it, or when Redis cannot say."""
+    client = sync_client(settings)
+    try:
+        _, failed = rollout(client.hgetall(loaded_key(settings.topic_prefix, model)), version, replicas,
+                            time.time(), 0.0)
+    except REDIS_AWAY:
+        return None
+    finally:
+        client.close()
+    return failed
+
+
 def wait_loaded(settings: Settings, model: str, version: str, timeout_s: float) -> None:
     """``--wait``: until every replica that serves ``model`` (its group's, for a member) says it
     has ``version`` loaded, saying how far it got every few seconds; a ClipstreamError when a

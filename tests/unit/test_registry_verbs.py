@@ -146,11 +146,16 @@ def test_set_replicas_of_a_group_sets_every_members_and_the_groups_topics(monkey
 def test_a_version_that_never_served_is_retired_when_another_is_deployed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Version 3 crash-looped: its batches still go to version 1. Deploying 4 retires 3, so a
-    rollback from 4 goes to 1, not to a version that never loaded."""
+    """Version 3 crash-looped: its batches still go to version 1, and its worker said it could
+    not load it. Deploying 4 retires 3, so a rollback from 4 goes to 1, not to a version that
+    never loaded. One still loading when 4 comes is kept: the batcher may hand it the batches
+    a moment later, and it serves until 4 is ready."""
+    import frontend.cli
     from schemas import Batch, encode
     from topics.catalogue import Catalogue
 
+    said: dict[str, str | None] = {"3": "replica 0 did not load it: weights.bin is missing"}
+    monkeypatch.setattr(frontend.cli, "failed_to_load", lambda settings, model, version, replicas: said[version])
     folder = str(_model_dir(tmp_path))
     current = _model("3", "/models/m/3", previous_versions=("1",), previous_paths=("/models/m/1",))
     fake = NoKafka(RegistryView(models={"m": current})).install(monkeypatch)
@@ -164,6 +169,13 @@ def test_a_version_that_never_served_is_retired_when_another_is_deployed(
     assert (knobs["previous_versions"], knobs["retired_versions"]) == (["1"], ["3"])
     fake.tails[topic] = {0: encode(Batch(batch_id="b-2", model="m", version="3", replica=0, created_us=1,
                                          items=[]))}  # had 3 served, it would stay a version to roll back to
+    fake.knobs.clear()
+    result = CliRunner().invoke(main, ["deploy-model", "m", folder, "--version", "4"])
+    assert result.exit_code == 0 and "never served" not in result.output, result.output
+    assert (fake.knobs[0]["previous_versions"], fake.knobs[0]["retired_versions"]) == (["1", "3"], [])
+    fake.tails[topic] = {0: encode(Batch(batch_id="handover-b-1", model="m", version="1", replica=0,
+                                         created_us=1, items=[]))}
+    said["3"] = None  # still loading: no word of a failure yet
     fake.knobs.clear()
     result = CliRunner().invoke(main, ["deploy-model", "m", folder, "--version", "4"])
     assert result.exit_code == 0 and "never served" not in result.output, result.output

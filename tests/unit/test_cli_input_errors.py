@@ -399,7 +399,9 @@ def test_a_failed_format_says_to_remove_the_data_dir(monkeypatch: pytest.MonkeyP
 
 
 def test_infra_status_says_how_to_start_what_is_not_running(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["infra", "status", "--state-dir", str(tmp_path)])
+    # a shell that names no Kafka or Redis (a test session's do, and those answer)
+    unnamed = {"CLIPSTREAM_KAFKA_BOOTSTRAP": None, "CLIPSTREAM_REDIS_URL": None}
+    result = CliRunner().invoke(main, ["infra", "status", "--state-dir", str(tmp_path)], env=unnamed)
     assert result.exit_code == 1
     assert f"start them with `clipstream infra up --state-dir {tmp_path}`" in result.stderr
     assert "start them" not in result.stdout  # stdout keeps the addresses scripts read

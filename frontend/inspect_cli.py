@@ -60,6 +60,10 @@ def inspect_registry(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
+    if not (data["apps"] or data["models"]):  # silence would read as a failure to reach the registry
+        click.echo(f"the registry (topic prefix {settings.topic_prefix!r}) holds no app or model: `clipstream apply "
+                   "-f FILE`, or `clipstream deploy-model` and `clipstream register-app`, add some")
+        return
     for n, a in data["apps"].items():
         shares = " weights: " + " ".join(f"{m}={w:.2f}" for m, w in a["weights"].items()) \
             + f" (from {a['feedbacks_learnt']} feedbacks)" if a["weights"] else ""

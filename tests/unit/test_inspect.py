@@ -31,6 +31,15 @@ def test_inspect_shows_each_models_input(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert '"dtype": "%s"' % spec.input.dtype in as_json.output
 
 
+def test_inspect_of_an_empty_registry_says_so_and_how_to_fill_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing printed at all reads as a command that reached nothing, or a wrong prefix."""
+    NoKafka(RegistryView()).install(monkeypatch)
+    shown = CliRunner().invoke(main, ["inspect"])
+    assert shown.exit_code == 0, shown.output
+    assert "holds no app or model: `clipstream apply -f FILE`" in shown.output and "topic prefix" in shown.output
+    assert json.loads(CliRunner().invoke(main, ["inspect", "--json"]).output)["apps"] == {}
+
+
 def test_inspect_shows_the_version_that_serves(monkeypatch: pytest.MonkeyPatch) -> None:
     """The registry names version 2 at once; batches go to it once its workers are ready. Until
     then the last batch on each partition still carries version 1, and inspect says so."""

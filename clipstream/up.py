@@ -51,7 +51,7 @@ from clipstream.warmup import warm_up
 from registry.appfile import apply_file, load_app_file
 from registry.repository import Repository
 from registry.topic import RegistryFollower
-from topics.admin import CREDENTIALS_CHECK
+from topics.admin import credentials_refused
 from topics.catalogue import REQUEST_PARTITIONS
 from topics.client import common_config
 from topics.membership import MEMBER_ENV
@@ -310,8 +310,7 @@ def _ensure_infra(settings: Settings, free_ports: bool) -> tuple[Settings, bool,
     up has the topic prefix (another up may be the one using them)."""
     kafka_ok, refused = kafka_refusal(settings.kafka_bootstrap, common_config(settings))
     if refused is not None:  # it answered: starting another would not make these credentials right
-        raise InfraError(f"Kafka at {settings.kafka_bootstrap} refused this client's credentials ({refused}): "
-                         f"{CREDENTIALS_CHECK}")
+        raise credentials_refused(settings.kafka_bootstrap, refused)
     redis_ok = _redis_answers(settings)
     if kafka_ok and redis_ok:
         return settings, False, None

@@ -118,9 +118,13 @@ class BrokerWatch:
             self.refused = self.last
 
     def refusal(self, settings: Settings) -> InfraError:
-        """The error for a broker that refused this client's credentials, naming what to check."""
-        return InfraError(f"Kafka at {settings.kafka_bootstrap} refused this client's credentials ({self.refused}): "
-                          f"{CREDENTIALS_CHECK}")
+        return credentials_refused(settings.kafka_bootstrap, self.refused or "")
+
+
+def credentials_refused(bootstrap: str, why: str) -> InfraError:
+    """The error for a broker that answered and refused this client's credentials, naming what
+    to check: waiting longer will not change its mind."""
+    return InfraError(f"Kafka at {bootstrap} refused this client's credentials ({why}): {CREDENTIALS_CHECK}")
 
 
 def _first_metadata(admin: AdminClient, settings: Settings, timeout_s: float, watch: BrokerWatch) -> ClusterMetadata:

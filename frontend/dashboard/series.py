@@ -1,7 +1,8 @@
 """The dashboard's numbers: scrapes of every stage's /metrics turned into time series.
 
 Pure logic, no I/O: ``merge`` sums the samples of several scrapes (two selector members'
-counters add up; a gauge that must not add up, a policy weight, is averaged), and ``Series``
+counters add up; a gauge that must not add up, a policy weight or the AIMD limit each batcher
+member keeps for a replica, is averaged), and ``Series``
 turns successive merged scrapes into one row per scrape of rates, quantiles and gauges, kept
 for the last ``keep`` scrapes. Rates and quantiles are taken over a window of a few scrapes,
 as Prometheus' ``rate()`` and ``histogram_quantile()`` would be.
@@ -20,7 +21,7 @@ Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted labels)
 Samples = dict[Key, float]
 Row = dict[str, dict[str, float | None]]  # panel id -> series name -> value
 
-AVERAGED = frozenset({"clipstream_policy_weight"})
+AVERAGED = frozenset({"clipstream_policy_weight", "clipstream_batcher_aimd_limit"})
 
 # (panel id, title, unit): the order the page shows them in
 PANELS: tuple[tuple[str, str, str], ...] = (
@@ -30,6 +31,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("batch_size", "Batch size per model replica (mean) and AIMD limit", "requests"),
     ("queue", "Queue depth per model", "requests"),
     ("cache", "Cache hit rate per model", "share"),
+    ("device", "Device busy per model replica (share of time in predict_batch)", "share"),
     ("weights", "Policy weights per app (Exp3/Exp4)", "share"),
     ("breakdown", "Latency by stage (mean of recent queries)", "ms"),
     ("stragglers", "Stragglers, failed models, the selector's defaults by reason", "per s"),
@@ -253,8 +255,8 @@ GATEWAY_DEFAULTS = {
 
 
 def _models(w: _Window, row: Row) -> None:
-    """The batchers' and policies' panels: batch sizes and limits, queues, cache hits,
-    weights, and each stage's share of the latency."""
+    """The batchers', workers' and policies' panels: batch sizes and limits, queues, cache
+    hits, device time, weights, and each stage's share of the latency."""
     batches = w.delta("clipstream_batcher_batches_total", "model", "replica")
     items = w.delta("clipstream_batcher_batched_requests_total", "model", "replica")
     for (model, replica), n in sorted(batches.items()):
@@ -266,6 +268,9 @@ def _models(w: _Window, row: Row) -> None:
     misses = w.delta("clipstream_batcher_cache_misses_total", "model")
     looked_up = {m: hits.get(m, 0.0) + misses.get(m, 0.0) for m in {*hits, *misses}}
     row["cache"] = {m: (hits.get((m,), 0.0) / n if n else None) for (m,), n in sorted(looked_up.items())}
+    # a worker per replica: its seconds in predict_batch a second is the share of time its device was busy
+    busy = w.rate("clipstream_worker_device_seconds_sum", "model", "replica")
+    row["device"] = {f"{model}.{replica}": v for (model, replica), v in sorted(busy.items())}
     weights = w.gauge("clipstream_policy_weight", "app", "model")
     row["weights"] = {f"{app}: {model}": v for (app, model), v in sorted(weights.items())}
     sums = w.delta("clipstream_stage_latency_seconds_sum", "segment")

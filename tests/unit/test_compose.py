@@ -116,7 +116,7 @@ def test_prometheus_and_grafana_are_provisioned_with_every_panel_on_real_familie
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "clipstream.json").read_text())
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
     for panel in ("throughput", "p99", "outcome", "batch size", "queue depth", "cache hit", "weights",
-                  "stage", "stragglers", "dead letters"):
+                  "stage", "stragglers", "dead letters", "device busy"):
         assert panel in titles, panel
     known = _families()
     for panel in dashboard["panels"]:

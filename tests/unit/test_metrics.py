@@ -48,6 +48,12 @@ def test_merge_sums_two_members_counters_and_averages_their_weights():
     assert merged[("clipstream_policy_weight", (("app", "d"), ("model", "m")))] == pytest.approx(0.3)
 
 
+def test_two_batcher_members_limits_for_one_replica_are_averaged_not_added():
+    a = parse('clipstream_batcher_aimd_limit{model="m",replica="0"} 8\n')
+    b = parse('clipstream_batcher_aimd_limit{model="m",replica="0"} 4\n')
+    assert merge([a, b])[("clipstream_batcher_aimd_limit", (("model", "m"), ("replica", "0")))] == 6
+
+
 def scrape(answers: float, batches: float, items: float, limit: float, hits: float, requests: float,
            weight: float) -> dict:
     text = "\n".join([
@@ -63,6 +69,7 @@ def scrape(answers: float, batches: float, items: float, limit: float, hits: flo
         f'clipstream_policy_weight{{app="d",model="m"}} {weight}',
         f'clipstream_stage_latency_seconds_sum{{segment="device"}} {answers * 0.002}',
         f'clipstream_stage_latency_seconds_count{{segment="device"}} {answers}',
+        f'clipstream_worker_device_seconds_sum{{model="m",replica="0",version="v1"}} {batches * 0.1}',
     ]) + "\n"
     return merge([parse(text)])
 
@@ -79,6 +86,7 @@ def test_series_rates_batch_size_cache_share_and_weights_over_the_window():
     assert row["weights"] == {"d: m": 0.3}
     assert row["latency"]["d SLO"] == 50.0 and 0 < row["latency"]["d p99"] <= 10.0
     assert row["breakdown"]["device"] == pytest.approx(2.0)
+    assert row["device"] == {"m.0": pytest.approx(0.2)}  # 4 batches of 0.1 s in 2 s: busy a fifth of the time
     out = series.to_json()
     assert out["t"] == [100.0, 101.0, 102.0]
     panel = next(p for p in out["panels"] if p["id"] == "weights")

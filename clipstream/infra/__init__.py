@@ -158,6 +158,12 @@ def process_start_ticks(pid: int) -> int | None:
     return None if stat is None else stat[1]
 
 
+def process_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped by a signal (SIGSTOP, a debugger): alive, serving nothing."""
+    fields = proc_stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
 def proc_stat_fields(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name, from the state letter on (field 3
     of proc(5) is index 0); None where the process is gone or /proc is unavailable."""

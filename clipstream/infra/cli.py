@@ -118,25 +118,32 @@ def down(state_dir: Path | None) -> None:
 @STATE_DIR_OPTION
 def status(state_dir: Path | None) -> None:
     """Show the addresses and pids recorded by `up` (each node of a cluster); exit code 1
-    unless Redis and every Kafka node run."""
+    unless Redis and every Kafka node run and serve (a stopped process, or a Redis that does
+    not answer PING, is named with what to do)."""
     from clipstream.infra import launcher
 
     settings = _settings(state_dir)
     with _one_line_errors():
         result = launcher.status(settings)
+    stuck = False
     for name, address, pid, running in (
         ("kafka", result.kafka_bootstrap, result.kafka_pid, result.kafka_running),
         ("redis", result.redis_url, result.redis_pid, result.redis_running),
     ):
-        state = f"running (pid {pid})" if running else "not running"
+        state, serves = _serving(name, address, pid) if running and pid is not None else ("not running", False)
         if name == "kafka" and len(result.kafka_nodes) > 1:
             alive = sum(node.running for node in result.kafka_nodes)
             state = f"{alive} of {len(result.kafka_nodes)} nodes running"
+        stuck = stuck or running and not serves
         click.echo(f"{name}: {address} {state}")
         if name == "kafka" and len(result.kafka_nodes) > 1:
             for node in result.kafka_nodes:
-                how = f"running (pid {node.pid})" if node.running else f"not running (was pid {node.pid})"
+                how, serves = (_serving(name, node.address, node.pid) if node.running
+                               else (f"not running (was pid {node.pid})", False))
+                stuck = stuck or node.running and not serves
                 click.echo(f"kafka node {node.node_id}: {node.address} {how}")
+    if result.running and stuck:
+        sys.exit(1)
     if not result.running:
         elsewhere = _answering_elsewhere(settings)
         if elsewhere:  # the addresses this shell names answer: another state dir recorded them
@@ -147,6 +154,20 @@ def status(state_dir: Path | None) -> None:
             where = f" --state-dir {state_dir}" if state_dir is not None else ""
             click.echo(f"start them with `clipstream infra up{where}`", err=True)
         sys.exit(1)
+
+
+def _serving(name: str, address: str, pid: int) -> tuple[str, bool]:
+    """How a live process serves: (``running (pid N)``, True), or why it serves nothing and what
+    to do, and False."""
+    from clipstream.infra import process_stopped
+    from clipstream.infra.redis import redis_silent
+
+    if process_stopped(pid):
+        return f"stopped (pid {pid}; SIGSTOP or a debugger): it serves nothing; resume it with `kill -CONT {pid}`", False
+    if name == "redis" and redis_silent(address):
+        return (f"running (pid {pid}) but not answering: PING got no reply in 1 s (hung or overloaded); "
+                "see its log in the state dir, or restart it with `clipstream infra down` and `infra up`"), False
+    return f"running (pid {pid})", True
 
 
 def _answering_elsewhere(settings: Settings) -> str:

@@ -79,6 +79,23 @@ def _password_file(state_dir: Path, password: str | None) -> Path | None:
     return path
 
 
+def redis_silent(url: str, timeout_s: float = 1.0) -> bool:
+    """True when the Redis at ``url`` takes the connection and sends nothing back within
+    ``timeout_s`` (hung, or too busy to serve); a refusal of the password is an answer."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.ping()
+    except redis.TimeoutError:
+        return True
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+    return False
+
+
 def redis_answers(url: str, password: str | None = None) -> bool:
     """True when the Redis at ``url`` answers PING (with ``password`` when it wants one)."""
     import redis

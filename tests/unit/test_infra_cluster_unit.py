@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import signal
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from click.testing import CliRunner
 
 from clipstream.cli import main
 from clipstream.errors import InfraError
-from clipstream.infra import cluster, kafka, launcher, process_start_ticks
+from clipstream.infra import cluster, kafka, launcher, proc_stat_fields, process_start_ticks
 from clipstream.infra.readiness import listed_brokers
 from clipstream.settings import Settings
 from topics.admin import replication_factor
@@ -177,6 +179,43 @@ def test_status_shows_every_node_and_a_dead_one(tmp_path: Path) -> None:
     assert lines[0] == "kafka: 127.0.0.1:101,127.0.0.1:102,127.0.0.1:103 2 of 3 nodes running"
     assert lines[1] == f"kafka node 1: 127.0.0.1:101 running (pid {os.getpid()})"
     assert lines[2].startswith("kafka node 2: 127.0.0.1:102 not running (was pid ")
+
+
+def _record_with_redis(state_dir: Path, redis_pid: int, redis_port: int) -> None:
+    _record(state_dir, [os.getpid()])
+    state = json.loads((state_dir / launcher.STATE_FILE).read_text())
+    state["redis"] = launcher._entry(redis_pid, port=redis_port, url=f"redis://127.0.0.1:{redis_port}/0")
+    (state_dir / launcher.STATE_FILE).write_text(json.dumps(state))
+
+
+def test_status_names_a_stopped_redis_and_how_to_resume_it(tmp_path: Path) -> None:
+    frozen = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while proc_stat_fields(frozen.pid)[0] not in ("T", "t"):
+            assert time.monotonic() < deadline, "the process never showed as stopped"
+            time.sleep(0.01)
+        _record_with_redis(tmp_path, frozen.pid, 1)
+        out = CliRunner().invoke(main, ["infra", "status", "--state-dir", str(tmp_path)])
+        assert out.exit_code == 1
+        said = out.stdout.splitlines()[1]
+        assert said.startswith(f"redis: redis://127.0.0.1:1/0 stopped (pid {frozen.pid}")
+        assert f"kill -CONT {frozen.pid}" in said
+    finally:
+        frozen.kill()
+        frozen.wait()
+
+
+def test_status_names_a_redis_that_takes_connections_and_never_answers(tmp_path: Path) -> None:
+    with socket.socket() as hung:  # takes the connection, as a hung server's kernel does, and says nothing
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        _record_with_redis(tmp_path, os.getpid(), hung.getsockname()[1])
+        out = CliRunner().invoke(main, ["infra", "status", "--state-dir", str(tmp_path)])
+    assert out.exit_code == 1
+    said = out.stdout.splitlines()[1]
+    assert f"running (pid {os.getpid()}) but not answering: PING got no reply" in said and "infra down" in said
 
 
 def test_up_refuses_another_size_while_a_cluster_runs(tmp_path: Path) -> None:

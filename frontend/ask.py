@@ -18,6 +18,7 @@ from frontend.gateway_models import PredictRequest, default_json, response_json
 from frontend.state import GatewayState, Reply
 from registry.topic import AppConfig
 from schemas import Prediction, QueryEvent, Response, Tensor
+from schemas.reasons import MODELS_FAILED, MODELS_LATE
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ def answered(state: GatewayState, asked: Asked, query_id: str, reply: Reply | No
     if not isinstance(reply, NotLoaded):  # a model not loaded is no sign of load: admission learns nothing
         state.observe(cfg.name, answer, reply is None, admitted, inflight, asked.slo_ms, waited_ms)
     _count(state, cfg.name, answer, record, reply, latency_ms, counts)
+    if answer["default"] and (model := direct_model(cfg, state.gw.direct)) is not None:
+        _count_model(state, cfg.name, model, record, reply)
     return answer
 
 
@@ -138,6 +141,19 @@ def _count(state: GatewayState, app: str, answer: dict[str, Any], record: Respon
     state.metrics.latency.observe(latency_ms / 1000.0, "default" if answer["default"] else "ok")
     counts[2 if answer["default"] else 1].inc()
     counts[4].observe(latency_ms / 1000.0)
+
+
+def _count_model(state: GatewayState, app: str, model: str, record: Response | None,
+                 reply: Reply | NotLoaded | None) -> None:
+    """A default of a query sent straight to ``model``, counted against the model as the
+    selector counts a straggler or a failure; one the caller's input caused is not the model's."""
+    if isinstance(reply, NotLoaded):
+        return
+    reason = (record.default_reason or "") if record is not None else ""
+    if record is None or reason.startswith(MODELS_LATE):
+        state.metrics.stragglers.inc(app, model)
+    elif reason.startswith(MODELS_FAILED):
+        state.metrics.failed.inc(app, model)
 
 
 def _answer_straight(state: GatewayState, cfg: AppConfig, pred: Prediction, asked: Asked) -> Response:

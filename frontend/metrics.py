@@ -106,8 +106,19 @@ class GatewayMetrics:
         g = Gauge("clipstream_gateway_reading_bodies",
                   "Predict requests whose body is still being received (they hold no admission slot).", registry=r)
         g.set_function(lambda: float(reading()))
-        # the stages of queries answered straight from their model, which no selector sees
+        # queries answered straight from their model, which no selector sees: their stages, and
+        # the model late or failed, as the selector counts them for the queries it answers
         self.stages = StageLatency(r)
+        self.stragglers = Labelled(Family(
+            "clipstream_gateway_stragglers",
+            "Queries of one-model apps sent straight to the model whose prediction was late: not back by "
+            "the deadline, or given up by its batcher as unable to make it, by app and model.",
+            ("app", "model"), registry=r))
+        self.failed = Labelled(Family(
+            "clipstream_gateway_failed",
+            "Queries of one-model apps sent straight to the model whose prediction came back without an "
+            "answer because the model failed (it raised, or its output could not be used), by app and model.",
+            ("app", "model"), registry=r))
         self._per_app: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
 
     def late_replies(self, late_by_us: list[int | None]) -> None:

@@ -281,10 +281,11 @@ def _models(w: _Window, row: Row) -> None:
 def _cutoffs(w: _Window, row: Row) -> None:
     """Where queries were cut short: stragglers and defaults at the selector, and the gateway's
     admission (its gauges summed over the gateway members)."""
-    for (app, model), v in sorted(w.rate("clipstream_selector_stragglers_total", "app", "model").items()):
-        row["stragglers"][f"stragglers {app}: {model}"] = v
-    for (app, model), v in sorted(w.rate("clipstream_selector_failed_total", "app", "model").items()):
-        row["stragglers"][f"failed {app}: {model}"] = v
+    # a one-model app's queries sent straight to its model are the gateway's to count
+    for kind in ("stragglers", "failed"):
+        both = [w.rate(f"clipstream_{stage}_{kind}_total", "app", "model") for stage in ("selector", "gateway")]
+        for app, model in sorted({*both[0], *both[1]}):
+            row["stragglers"][f"{kind} {app}: {model}"] = sum(b.get((app, model), 0.0) for b in both)
     for (reason,), v in sorted(w.rate("clipstream_selector_defaults_total", "reason").items()):
         row["stragglers"][f"selector defaults: {reason}"] = v
     for (model,), v in sorted(w.rate("clipstream_worker_errors_total", "model").items()):

@@ -93,7 +93,26 @@ def test_a_failed_prediction_is_the_apps_default_with_the_models_error():
     ((qid, stored),) = saver.saved
     assert qid == body["query_id"] and stored["answer"] is None and stored["missing"] == ["m2"]
     with client:
-        assert 'clipstream_gateway_defaults_total{source="model"} 1.0' in client.get("/metrics").text
+        text = client.get("/metrics").text
+    assert 'clipstream_gateway_defaults_total{source="model"} 1.0' in text
+    # no selector saw it: the gateway counts the failure against the model, as the selector would
+    assert 'clipstream_gateway_failed_total{app="big",model="m2"} 1.0' in text
+    assert 'clipstream_gateway_stragglers_total{app="big"' not in text
+
+
+def test_a_late_model_is_counted_as_a_straggler_and_a_refused_input_against_no_model():
+    def counted(status: str, error: str | None) -> str:
+        client, _ = serve(FakeBus(answer, predict=regression_of(0.0, status=status, error=error)))
+        with client:
+            assert client.post("/v1/apps/big/predict", json={"input": [[0.5] * 100] * 200}).json()["default"]
+            return client.get("/metrics").text
+
+    text = counted("expired", "deadline passed while queued in the batcher")
+    assert 'clipstream_gateway_stragglers_total{app="big",model="m2"} 1.0' in text
+    assert 'clipstream_gateway_failed_total{app="big"' not in text
+    text = counted("error", "bad input: the model takes 3 features")  # the caller's mistake
+    assert 'clipstream_gateway_stragglers_total{app="big"' not in text
+    assert 'clipstream_gateway_failed_total{app="big"' not in text
 
 
 def test_an_empty_output_is_the_apps_default_that_says_so_not_a_500():
@@ -117,6 +136,8 @@ def test_a_regression_answer_and_no_prediction_in_time():
     with client:
         body = client.post("/v1/apps/big/predict", json={"input": [[0.5] * 100] * 200, "slo_ms": 20}).json()
     assert body["default"] is True and body["default_reason"] == "no answer reached the gateway by the deadline" and saver.saved == []
+    with client:
+        assert 'clipstream_gateway_stragglers_total{app="big",model="m2"} 1.0' in client.get("/metrics").text
 
 
 def test_ensembles_and_the_setting_off_go_through_the_selector():

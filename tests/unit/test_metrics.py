@@ -182,6 +182,19 @@ def test_the_feedback_panel_shows_what_the_learner_did_with_each_apps_feedback()
     assert row["feedback"] == {"d applied": pytest.approx(4.0), "d unknown_query": pytest.approx(1.0)}
 
 
+def test_stragglers_and_failures_of_queries_sent_straight_to_a_model_join_the_selectors():
+    def at(n: float) -> dict:
+        return merge([parse(f'clipstream_selector_stragglers_total{{app="d",model="m"}} {n}\n'
+                            f'clipstream_gateway_stragglers_total{{app="d",model="m"}} {n}\n'
+                            f'clipstream_gateway_failed_total{{app="one",model="k"}} {n / 2}\n')])
+
+    series = Series(keep=10, window=2)
+    series.add(100.0, at(0))
+    row = series.add(102.0, at(8))
+    assert row["stragglers"]["stragglers d: m"] == pytest.approx(8.0)  # 4/s at the selector, 4/s straight
+    assert row["stragglers"]["failed one: k"] == pytest.approx(2.0)
+
+
 def test_the_admission_panel_shows_the_gateways_limit_in_flight_waiting_and_cuts_a_second_by_cause():
     from frontend.metrics import GatewayMetrics
 

@@ -259,8 +259,11 @@ def _say_if_saturated(saturation: Saturation, name: str, svc: BatcherService) ->
     """An alert (``up`` prints it) when many of a model's requests are given up or expire."""
     share = saturation.check(name, time.monotonic(), svc.counts["requests"], svc.counts["expired"])
     if share is not None:
+        # how long one call takes, to weigh the advice below against the SLO
+        took = [r.service_us for r in svc.core.dispatcher.replicas if r.service_us > 0]
+        pace = f" (its batches took {max(took) / 1000:.1f} ms lately, the median on its slowest replica)" if took else ""
         alert("batcher", f"model {name}: {share:.0%} of its requests were given up or expired before their deadline "
-                         f"over the last {saturation.window_s:g} s: its replicas cannot serve them in time; "
+                         f"over the last {saturation.window_s:g} s: its replicas cannot serve them in time{pace}; "
                          f"{CAPACITY_ADVICE} (clipstream set-replicas {name} N), or let its batches grow "
                          "(latency_objective_ms, max_batch_size); if one call of the model takes longer than "
                          "an app's SLO, neither helps: raise it (clipstream register-app APP --slo-ms N); "

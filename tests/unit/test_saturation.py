@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from batchers.latency import LatencyModel
 from topics.saturation import Saturation
 
 
@@ -72,13 +73,21 @@ def test_a_batcher_says_when_it_gives_up_many_requests(capsys) -> None:
     from batchers.app import _say_if_saturated
 
     s = Saturation(window_s=0.0, share=0.1, least=20)
-    svc = SimpleNamespace(counts={"requests": 0, "expired": 0})
+    fast, slow = LatencyModel(), LatencyModel()
+    for took_us in (20_000, 150_000, 160_000):
+        fast.observe(1, took_us // 10)
+        slow.observe(1, took_us)
+    replicas = [SimpleNamespace(service_us=m.median_us) for m in (fast, slow, LatencyModel())]
+    svc = SimpleNamespace(counts={"requests": 0, "expired": 0}, core=SimpleNamespace(dispatcher=SimpleNamespace(
+        replicas=replicas)))
     _say_if_saturated(s, "strag", svc)  # type: ignore[arg-type]
     svc.counts.update(requests=1000, expired=581)
     _say_if_saturated(s, "strag", svc)  # type: ignore[arg-type]
     said = capsys.readouterr().err
     assert said.startswith("alert: batcher: model strag: 58% of its requests were given up or expired"), said
     assert "clipstream set-replicas strag N" in said
+    # the advice turns on how long one call takes: the alert says it
+    assert "its batches took 150.0 ms lately, the median on its slowest replica" in said, said
 
 
 def test_the_gateway_says_when_an_apps_callers_get_its_default_in_numbers(monkeypatch, capsys) -> None:

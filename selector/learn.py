@@ -36,8 +36,9 @@ from topics.stage import IDLE_POLL_S, fail_if_fatal, heartbeat
 
 
 # feedback whose query has no stored predictions, after the wait for them
-UNKNOWN_QUERY = ("feedback for a query id with no stored predictions: unknown, older than their time to live "
-                 "(CLIPSTREAM_STORED_PREDICTIONS_TTL_S), or answered by a selector that stopped before storing them")
+UNKNOWN_QUERY = ("unknown query id: no stored predictions for the feedback's query: never answered, older than "
+                 "their time to live (CLIPSTREAM_STORED_PREDICTIONS_TTL_S), or answered by a selector that stopped "
+                 "before storing them")
 
 # what ``observe`` is given for a model that was asked and gave no answer by the deadline (a
 # straggler, a failure, or one not asked for lack of time): a label or value no feedback matches

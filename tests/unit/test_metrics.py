@@ -17,6 +17,7 @@ from batchers.metrics import batcher_registry
 from clipstream.metrics_targets import PORT_ENV, TARGETS_ENV, MetricTargets, stage_kind
 from frontend.dashboard import PAGE_PATHS, read_targets
 from frontend.dashboard.series import Series, merge, parse, quantile
+from selector.learn import UNKNOWN_QUERY
 from schemas import Response
 from schemas.reasons import NOTHING_ARRIVED
 from selector.metrics import SelectorMetrics, default_reason, policy_weights
@@ -315,6 +316,7 @@ def test_consumer_lag_from_librdkafka_statistics():
 
 def test_dead_letters_are_counted_by_stage_and_reason_prefix():
     assert reason_label("bad input: shape (3,) is not (64,)") == "bad input"
+    assert reason_label(UNKNOWN_QUERY) == "unknown query id"  # says what went wrong in its first words
     before = samples(render().decode()).get(
         ("clipstream_dead_letters_total", (("reason", "undecodable query"), ("stage", "unit"))), 0.0)
     dead_letter_record(stage="unit", reason="undecodable query: truncated")

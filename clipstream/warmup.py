@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ class WarmStats:
     defaults: int = 0
     refused: int = 0
     latencies_ms: list[float] = field(default_factory=list)  # one per answer
+    reasons: Counter[str] = field(default_factory=Counter)  # the defaults' reasons
 
     @property
     def answered(self) -> int:
@@ -56,8 +58,19 @@ class WarmStats:
         if status != 200:
             self.refused += 1
             return
-        self.defaults += bool(body.get("default"))
+        if body.get("default"):
+            self.defaults += 1
+            self.reasons[str(body.get("default_reason") or "no reason given")] += 1
         self.latencies_ms.append(float(body.get("latency_ms", 0.0)))
+
+    def worry(self, share: float = 0.1) -> str | None:
+        """A warning when more than ``share`` of the answers were the default: the callers
+        after ``ready`` would get it as often, so ``up`` says why before it says ready."""
+        if not self.answered or self.defaults <= share * self.answered:
+            return None
+        reason, _ = self.reasons.most_common(1)[0]
+        return (f"warning: {self.defaults} of {self.answered} warm-up answers were the app's default (most often: "
+                f"{reason[:240]}): callers will get it as often until that is mended")
 
     def p50_ms(self, since: int = 0) -> float:
         """The median latency of the answers from the ``since``-th on (the pipeline warms up
@@ -182,5 +195,7 @@ def warm_up(url: str, view: RegistryView, env: dict[str, str], report: Report = 
             last = len(stats.latencies_ms) * 3 // 4  # p50 of the last quarter: how warm now
             report(f"warmed up {', '.join(t.app for t in answering)} in {seconds:.0f} s: "
                    f"{stats.line(last, f'{seconds / 4:g} s')}")
+            if (worry := stats.worry()) is not None:
+                report(worry)
         elif answering:
             report(f"warmed up {', '.join(t.app for t in answering)}")

@@ -71,6 +71,20 @@ def test_stats_count_refusals_apart_from_answers() -> None:
     assert "2 answered, p50 35.0 ms, 1 defaults, 1 refused" == stats.line()
 
 
+def test_a_warm_up_answered_by_defaults_says_so_and_why() -> None:
+    stats = WarmStats()
+    for i in range(20):
+        stats.add(200, {"default": False, "latency_ms": 10.0})
+    stats.add(200, {"default": True, "latency_ms": 50.0, "default_reason": "every model was late: slow: queued"})
+    assert stats.worry() is None  # one default in 21: the pipeline answers
+    for i in range(4):
+        stats.add(200, {"default": True, "latency_ms": 50.0, "default_reason": "every model was late: slow: queued"})
+    stats.add(200, {"default": True, "latency_ms": 50.0, "default_reason": "every model failed: flaky: boom"})
+    said = stats.worry()
+    assert said is not None and said.startswith("warning: 6 of 26 warm-up answers were the app's default"), said
+    assert "(most often: every model was late: slow: queued)" in said
+
+
 def test_each_warm_up_sends_inputs_no_other_run_sends() -> None:
     """A seeded warm-up would fill the cache with what a seeded client sends next."""
     def run() -> set[tuple[float, ...]]:

@@ -50,6 +50,12 @@ log = logging.getLogger("clipstream.batcher")
 __all__ = ["BatcherProcess", "create_tasks", "deliver_by_topic", "group_name", "run"]
 
 
+# a group new with its models reads the requests sent this long before its process started:
+# the selector sends a model requests from the moment the registry names it, and ``up`` starts
+# the batcher that serves it (or the shared one that now does) at about the same time
+NEW_GROUP_LOOKBACK_S = 10.0
+
+
 def group_name(settings: Settings, models: list[ModelSetup]) -> str:
     """The consumer group of a batcher process: one model keeps ``batcher.<model>``, so its
     offsets carry over between runs; several models share one group named after them all."""
@@ -103,6 +109,7 @@ class BatcherProcess:
         self.member = _member(member or member_name())
         self.label = ",".join(m.name for m in models)
         self.offsets = RequestOffsets()  # what this member may commit (docs/design/0024)
+        self.started = time.time()
         self._services: dict[str, BatcherService] = {}
         self._emitter: Emitter | None = None
         self._intakes: list[Intake] = []
@@ -150,7 +157,8 @@ class BatcherProcess:
                 self.services()[m.name].share(sum(1 for t, _ in owned if t in topics),
                                               sum(cat.requests(n).partitions for n in (m.members or [m.name])))
 
-        handover = RequestHandover(self.offsets, lambda owned: loop.call_soon_threadsafe(shares, owned))
+        handover = RequestHandover(self.offsets, lambda owned: loop.call_soon_threadsafe(shares, owned),
+                                   since_ms=int((self.started - NEW_GROUP_LOOKBACK_S) * 1000))
         return [
             Intake(self.settings, list(requests), f"{self.group}.requests",
                    self._route(BatcherService.accept_group, requests),

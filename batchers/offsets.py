@@ -113,10 +113,13 @@ class RequestHandover:
     them straight back: a revoke commits what is done; a partition that comes back resumes
     where this member was reading (its requests are still queued here), one new to it starts
     at the group's committed offset. ``on_owned`` hears the new assignment (for the credit
-    share), where the consumer is polled."""
+    share), where the consumer is polled. A partition the group never committed (a group new
+    with its set of models) starts at its first request since ``since_ms``: the selector may
+    have sent this model requests before this process started, and their callers wait."""
 
-    def __init__(self, offsets: RequestOffsets, on_owned: Callable[[set[Part]], None] = lambda _: None) -> None:
-        self.offsets, self.on_owned = offsets, on_owned
+    def __init__(self, offsets: RequestOffsets, on_owned: Callable[[set[Part]], None] = lambda _: None,
+                 since_ms: int | None = None) -> None:
+        self.offsets, self.on_owned, self.since_ms = offsets, on_owned, since_ms
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         mine = {(tp.topic, tp.partition) for tp in partitions}
@@ -128,7 +131,7 @@ class RequestHandover:
             else:
                 resume.append(TopicPartition(tp.topic, tp.partition, at))
         self.offsets.own(mine)
-        pin_and_assign(consumer, fresh, also=resume)
+        pin_and_assign(consumer, fresh, also=resume, since_ms=self.since_ms)
         self.on_owned(mine)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -1,6 +1,7 @@
 """Where a consumer starts, and what it commits: one place for every stage.
 
-A partition the group has no committed offset for starts at its end *now*, given as a number:
+A partition the group has no committed offset for starts at its end *now* (or at its first
+record since a time the caller gives: a new batcher group), given as a number:
 a symbolic "latest" is resolved only at the first fetch, so a record produced between a
 stage's ``ready:`` line and that fetch would be skipped. The pin is committed at once, so a
 member that takes the partition over in a later rebalance resumes there too, instead of at a
@@ -37,20 +38,26 @@ def finished_prefix(part: OrderedDict[int, bool]) -> int | None:
 
 
 def pin_and_assign(consumer: Consumer, partitions: list[TopicPartition], commit: bool = True,
-                   also: list[TopicPartition] | None = None) -> list[TopicPartition]:
+                   also: list[TopicPartition] | None = None, since_ms: int | None = None) -> list[TopicPartition]:
     """An ``on_assign`` body: start each partition where the group left off, else at its end
-    now (committed at once when ``commit``); returns what was assigned. If the broker cannot
-    say, librdkafka's own reset policy decides rather than the consumer getting no partitions.
-    ``also``: partitions whose start the caller fixed itself, assigned with them (``assign``
-    replaces the whole assignment)."""
+    now, or with ``since_ms`` at its first record from then on (committed at once when
+    ``commit``); returns what was assigned. If the broker cannot say, librdkafka's own reset
+    policy decides rather than the consumer getting no partitions. ``also``: partitions whose
+    start the caller fixed itself, assigned with them (``assign`` replaces the whole assignment)."""
     also = list(also or ())
     try:
         committed = consumer.committed(partitions, timeout=10) if partitions else []
+        new = [tp for tp in committed if tp.offset < 0]
+        since = {} if since_ms is None or not new else {
+            (tp.topic, tp.partition): tp.offset
+            for tp in consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, since_ms) for tp in new],
+                                                 timeout=10)}
         pinned = []
-        for tp in committed:
-            if tp.offset < 0:
+        for tp in new:
+            tp.offset = since.get((tp.topic, tp.partition), -1)
+            if tp.offset < 0:  # no record since then (or not asked): the end now
                 tp.offset = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)[1]
-                pinned.append(TopicPartition(tp.topic, tp.partition, tp.offset))
+            pinned.append(TopicPartition(tp.topic, tp.partition, tp.offset))
         consumer.assign([*committed, *also])
     except KafkaException as exc:
         log.warning("could not fix the start offsets of %s (%s); using the reset policy",

@@ -56,6 +56,18 @@ def test_hit_skips_the_worker_miss_is_batched_bad_input_is_dead_lettered(
     assert "C3 01" in dead[0][0].reason
 
 
+def test_requests_sent_just_before_a_new_batcher_started_are_served(run_batcher: Any, wire: Any) -> None:
+    """A model added to a running app: the selector sends it requests as soon as the registry
+    names it, a few seconds before the batcher that serves it has joined its (new) group."""
+    model = uniq("m0")
+    w = wire(model)
+    w.request("waiting-for-its-batcher", np.array([5.0, 6.0], np.float32), part=1)
+    w.producer.flush(10)
+    run_batcher(model, "--version", "1", "--replicas", "1", "--batch-delay-ms", "0")
+    batches = w.take(w.cat.batches(model).name, Batch, lambda g: len(g) >= 1)
+    assert [it.query_id for it in batches[0][0].items] == ["waiting-for-its-batcher"]
+
+
 def test_expired_requests_are_reported_not_lost(run_batcher: Any, wire: Any) -> None:
     model = uniq("m2")
     w = wire(model)

@@ -26,9 +26,10 @@ class FakeConsumer:
     """committed/watermarks/assign/commit as librdkafka answers them, and a scripted poll."""
 
     def __init__(self, committed: dict[tuple[str, int], int] | None = None, high: int = 42,
-                 fail: Exception | None = None) -> None:
-        self._committed = committed or {}
+                 fail: Exception | None = None, since: dict[tuple[str, int], int] | None = None) -> None:
+        self._committed, self._since = committed or {}, since or {}
         self.high, self.fail = high, fail
+        self.asked_since: list[int] = []
         self.assigned: list[TopicPartition] = []
         self.commits: list[tuple[list[tuple[str, int, int]], bool]] = []
         self.fetches: list[list[Msg]] = []
@@ -42,6 +43,12 @@ class FakeConsumer:
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float = 0) -> tuple[int, int]:
         return 0, self.high
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        """The first offset at or after each partition's time; -1 where no record is that recent."""
+        self.asked_since += [tp.offset for tp in partitions]
+        return [TopicPartition(tp.topic, tp.partition, self._since.get((tp.topic, tp.partition), -1))
+                for tp in partitions]
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned = list(partitions)
@@ -83,6 +90,16 @@ def test_a_partition_without_a_committed_offset_starts_at_its_end_as_a_number_an
     pin_and_assign(c, [TopicPartition("a", 0), TopicPartition("a", 1)])  # type: ignore[arg-type]
     assert offsets(c.assigned) == [("a", 0, 7), ("a", 1, 42)]
     assert c.commits == [([("a", 1, 42)], False)]
+
+
+def test_a_new_groups_partition_starts_at_its_first_record_since_the_time_given() -> None:
+    c = FakeConsumer(committed={("a", 0): 7}, high=42, since={("a", 1): 30})
+    pin_and_assign(c, [TopicPartition(t, p) for t, p in (("a", 0), ("a", 1), ("a", 2))],  # type: ignore[arg-type]
+                   since_ms=1_000)
+    # committed: where the group left off; new: the first record since then, else the end now
+    assert offsets(c.assigned) == [("a", 0, 7), ("a", 1, 30), ("a", 2, 42)]
+    assert c.asked_since == [1_000, 1_000]  # only the partitions the group never committed
+    assert c.commits == [([("a", 1, 30), ("a", 2, 42)], False)]
 
 
 def test_pins_are_not_committed_when_asked_not_to_and_nothing_is_committed_with_no_pin() -> None:

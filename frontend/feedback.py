@@ -44,8 +44,8 @@ async def feedback(state: GatewayState, app_name: str, request: Request) -> dict
     problem = label_problem(req.label, *state.outputs(cfg))
     if problem is not None:
         raise HTTPProblem(422, problem)
-    if state.bus is None:
-        raise state.overloaded("gateway is not connected to Kafka")
+    if (lost := state.kafka_problem()) is not None:
+        raise state.overloaded(lost)
     # the context is the one the query was answered in (the learner reads it from the stored
     # predictions); a caller's ``context`` here is ignored (docs/design/0031)
     record = Feedback(

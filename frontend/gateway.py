@@ -49,6 +49,7 @@ from frontend.gateway_http import (
     read_body,
 )
 from frontend.http_protocol import RECEIVED_US
+from frontend.reach import CHECK_TIMEOUT_S
 from frontend.direct import direct_model
 from frontend.gateway_kafka import KafkaBus
 from frontend.gateway_models import (
@@ -125,13 +126,22 @@ def _lifespan(state: GatewayState) -> Callable[[FastAPI], contextlib.AbstractAsy
             except Exception as exc:  # kept for ``clipstream gateway``, which prints it as one line
                 app.state.startup_error = startup_failure(exc)
                 raise
-            for watch in (state.watch_loop_lag(), state.watch_saturation()):
+            for watch in (state.watch_loop_lag(), state.watch_saturation(), _watch_kafka(state)):
                 stack.callback(asyncio.create_task(watch).cancel)
             yield
             for drain in state.draining:
                 await drain()
 
     return lifespan
+
+
+async def _watch_kafka(state: GatewayState) -> None:
+    """Feed ``state.reach`` a metadata round trip a second, off the event loop."""
+    bus = state.bus
+    if bus is None:
+        return
+    loop = asyncio.get_running_loop()
+    await state.reach.watch(lambda: loop.run_in_executor(None, bus.kafka_ok, CHECK_TIMEOUT_S))
 
 
 def startup_failure(exc: Exception) -> str:
@@ -250,8 +260,8 @@ async def _predict(state: GatewayState, app_name: str, request: Request) -> dict
 
 async def _predict_known(state: GatewayState, cfg: AppConfig, request: Request, t0: float, arrived: int,
                          created: int, counts: tuple[Any, ...]) -> dict[str, Any]:
-    if state.bus is None:
-        raise state.overloaded("gateway is not connected to Kafka")
+    if (lost := state.kafka_problem()) is not None:
+        raise state.overloaded(lost)
     # the body first, within its deadline: a caller trickling it holds no admission slot
     state.reading += 1
     try:

@@ -22,6 +22,7 @@ from clipstream.settings import Settings
 from frontend.admission import AdmissionLimit, RecentTimes, verdict
 from frontend.gateway_http import HTTPProblem
 from frontend.metrics import DEFAULT_CAUSES, GatewayMetrics
+from frontend.reach import KafkaReach
 from frontend.settings import GatewaySettings
 from registry.outputs import app_input, app_outputs
 from registry.spec import TensorSpec
@@ -102,6 +103,11 @@ class GatewayState:
         self._busy = asyncio.Event()  # set while predictions are in flight: the watcher ticks
         self.metrics = GatewayMetrics(lambda: self.inflight, lambda: self.limit, lambda: self.waiting,
                                       lambda: self.reading)
+        self.reach = KafkaReach(settings.kafka_bootstrap)  # fed by its watch once the bus is there
+
+    def kafka_problem(self) -> str | None:
+        """Why a query cannot be published now (the caller's 503), or None."""
+        return "the gateway is not connected to Kafka" if self.bus is None else self.reach.lost
 
     def remember_answer(self, query_id: str, app: str) -> None:
         """Note a query answered with predictions for ``app``; the oldest are forgotten past the bound."""
@@ -135,11 +141,17 @@ class GatewayState:
                     by = {s: n - sources[0][1].get(s, 0.0) for s, n in sources[-1][1].items()}
                     cause = max(by, key=lambda s: by[s])
                     why = f"; most of this gateway's defaults: {DEFAULT_CAUSES[cause]}" if by[cause] > 0 else ""
+                    if self.reach.doubt and cause == "gateway_timeout":  # not the models': Kafka's
+                        why = f"; this gateway's last check found no Kafka broker at {self.reach.bootstrap}"
                     alert("gateway", f"app {app}: {share:.0%} of its queries were answered with its default output "
                                      f"over the last {defaults.window_s:g} s, not a prediction{why}")
             for app, (total, refused) in self.metrics.answered_as("refused").items():
                 share = saturation.check(app, monotonic(), total, refused)
                 if share is None:
+                    continue
+                if self.reach.lost is not None:  # refused for want of Kafka, not of capacity
+                    alert("gateway", f"app {app}: {share:.0%} of its queries were refused (503) over the last "
+                                     f"{saturation.window_s:g} s: {self.reach.lost}")
                     continue
                 view = self.registry.view() if self.registry is not None else None
                 models = list(view.apps[app].models) if view is not None and app in view.apps else []

@@ -46,15 +46,15 @@ async def _stays() -> bool:
 
 
 def server_ready(state: GatewayState) -> bool:
-    return state.registry is not None and state.bus is not None
+    return state.registry is not None and state.kafka_problem() is None
 
 
 async def app_ready(state: GatewayState, cfg: AppConfig) -> tuple[bool, str | None]:
     """Whether the app can answer, and if not why: it has models, the gateway reaches Kafka, and
     a replica of each model has said it has the model loaded (``clipstream.loaded``; without
     Redis that cannot be read, and the app counts as ready: Redis is a cache)."""
-    if state.bus is None:
-        return False, "the gateway is not connected to Kafka"
+    if (lost := state.kafka_problem()) is not None:
+        return False, lost
     if not cfg.models:
         return False, f"app {cfg.name} has no models linked"
     why = await state.not_loaded(cfg.models)
@@ -93,8 +93,8 @@ async def infer(state: GatewayState, cfg: AppConfig, parse: Callable[[], Parsed]
     it goes. Its examples wait for slots as long as its caller does (``BATCH_WAIT_S``), behind
     other batches too. A refusal (503), or a caller ``gone``, sends none of those still waiting.
     ``parse`` reads the request (of ``size`` bytes) as HTTP or gRPC carries it."""
-    if state.bus is None:
-        raise state.overloaded("gateway is not connected to Kafka")
+    if (lost := state.kafka_problem()) is not None:
+        raise state.overloaded(lost)
     if state.late_for(cfg.slo_ms):
         raise state.overloaded(f"gateway overloaded (event loop {state.loop_lag_ms:.0f} ms late)")
     # a batch of images costs milliseconds of parsing: keep the loop answering others

@@ -67,6 +67,30 @@ def test_the_gateway_says_when_an_apps_queries_are_refused_in_numbers(monkeypatc
     assert "add replicas of m1 (clipstream set-replicas m1 N)" in said, said
 
 
+def test_refusals_and_defaults_while_kafka_is_away_blame_kafka_not_capacity(monkeypatch, capsys) -> None:
+    def refused(state: Any) -> None:
+        state.reach.observe(False, 0.0)
+        state.reach.observe(False, 1.0)  # two checks found no broker: queries are refused
+        queries, _, _, refused, _ = state.metrics.app("pets")
+        queries.inc(100)
+        refused.inc(40)
+
+    said = _gateway_says(monkeypatch, capsys, refused)
+    assert said.startswith("alert: gateway: app pets: 40% of its queries were refused (503)"), said
+    assert "cannot reach Kafka" in said and "set-replicas" not in said, said
+
+    def timed_out(state: Any) -> None:
+        state.reach.observe(False, 0.0)  # the last check found no broker
+        queries, predictions, defaults, _, _ = state.metrics.app("pets")
+        queries.inc(100)
+        predictions.inc(70)
+        defaults.inc(30)
+        state.metrics.defaults.inc("gateway_timeout", by=30)
+
+    said = _gateway_says(monkeypatch, capsys, timed_out)
+    assert "this gateway's last check found no Kafka broker" in said and "add replicas" not in said, said
+
+
 def test_a_batcher_says_when_it_gives_up_many_requests(capsys) -> None:
     from types import SimpleNamespace
 

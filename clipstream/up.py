@@ -139,7 +139,7 @@ def up(path: str, gateway_port: int | None, grpc_port: int | None, free_ports: b
         log_dir = Path(settings.state_dir) / "up" / f"gateway-{port}"
         run.supervisor = supervisor = Supervisor(log_dir, report=say, healthy_s=up_settings.healthy_s,
                                                  heartbeat_timeout_s=up_settings.heartbeat_timeout_s)
-        targets = MetricTargets(log_dir / TARGETS_FILE)
+        run.targets = targets = MetricTargets(log_dir / TARGETS_FILE)
         run.pipeline = pipeline = Pipeline(supervisor, env, shared_batcher=up_settings.batchers == "shared",
                                            targets=targets, batcher_members=up_settings.batcher_members,
                                            spares=up_settings.spares)
@@ -186,6 +186,7 @@ class _Run:
     pipeline: Pipeline | None = None
     follower: RegistryFollower | None = None
     lease: UpLease | None = None
+    targets: MetricTargets | None = None
 
     def on_signal(self, *_: Any) -> None:
         """SIGINT/SIGTERM/SIGHUP: once serving, only ask ``watch`` to stop; while still starting, also
@@ -207,6 +208,8 @@ class _Run:
             if self.pipeline is not None:
                 self.pipeline.hand_back()
             self.supervisor.stop_all(first=("gateway",))  # the callers in flight are answered
+        if self.targets is not None:  # a Prometheus following the file drops the stopped stages
+            self.targets.keep([])
         if self.lease is not None:  # the stages are gone: another up may have the prefix now
             self.lease.release()
         if self.started_infra:

@@ -3,6 +3,7 @@ live, the REST contract holds on the real pipeline, and SIGTERM stops every stag
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -270,6 +271,9 @@ def test_up_serves_follows_the_registry_and_stops_cleanly(settings, tmp_path, ba
     assert code == 0, "\n".join(lines[-30:])
     assert "stopped" in lines
     wait_until(lambda: not _ours(settings.topic_prefix, spares=True), 30, "every stage and spare to exit")
+    # a Prometheus following the targets file drops the stopped stages rather than scrape dead ports
+    targets = tmp_path / "state" / "up" / f"gateway-{port}" / "prometheus-targets.json"
+    assert json.loads(targets.read_text()) == []
 
 
 BROKEN = '''

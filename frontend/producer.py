@@ -58,6 +58,7 @@ class Producer:
         self.queries_topic, self.feedback_topic = cat.queries.name, cat.feedback.name
         self._producer = KafkaProducer(producer_config(settings))
         self._registry: Any = None
+        self._not_waited_for: set[str] = set()  # apps seen in the registry, or waited for once
         self.failed: list[tuple[str, str]] = []
 
     def send_query(
@@ -169,12 +170,15 @@ class Producer:
             self._registry = RegistryFollower(self.settings).start()
             self._registry.wait_ready(30.0)
             self._warm()
-        # a registry record written just before may reach the view a moment after wait_ready
-        deadline = time.monotonic() + 2.0
+        # a registry record written just before may reach the view a moment after wait_ready:
+        # waited for once per app name; one removed, or already waited for, is refused at once
+        deadline = time.monotonic() + (0.0 if app in self._not_waited_for else 2.0)
         while (cfg := self._registry.view().apps.get(app)) is None:
             if time.monotonic() > deadline:
+                self._not_waited_for.add(app)
                 raise ConfigError(f"unknown app {app!r} (not in the registry)")
             time.sleep(0.02)
+        self._not_waited_for.add(app)
         return cfg
 
     def _warm(self) -> None:

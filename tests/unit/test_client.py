@@ -305,6 +305,32 @@ def test_producer_refuses_feedback_for_an_app_not_in_the_registry(producer):
     assert producer._producer.produced == []
 
 
+def test_an_app_removed_or_already_waited_for_is_refused_at_once(producer):
+    import dataclasses
+    import time
+
+    class Removing(_Registry):
+        removed = False
+
+        def view(self) -> Any:
+            view = super().view()
+            return dataclasses.replace(view, apps={}) if self.removed else view
+
+    producer._registry = Removing()
+    producer.send_query("pets", [0.1, 0.2, 0.3])  # seen in the registry
+    producer._registry.removed = True
+
+    def refused(app: str) -> float:
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match=f"unknown app '{app}'"):
+            producer.send_query(app, [0.1, 0.2, 0.3])
+        return time.monotonic() - t0
+
+    assert refused("pets") < 0.5  # removed: no wait for a record that may yet come
+    assert refused("cats") >= 2.0  # never seen: its record may be on its way, once
+    assert refused("cats") < 0.5
+
+
 @pytest.mark.parametrize("reward", [True, float("nan"), float("inf"), 1.5, -0.1])
 def test_producer_refuses_a_reward_the_learner_would_refuse(producer, reward):
     with pytest.raises(InputError, match=r"feedback reward refused: .* is not a number in \[0, 1\]"):

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from registry.outputs import app_input
+from schemas.reasons import MODELS_FAILED
 from registry.topic import RegistryView
 from schemas.tensor import VARIABLE
 
@@ -120,14 +121,32 @@ def first_answers(http: Any, target: Target, rounds: int, timeout_s: float) -> s
     4xx but 429: the app's inputs are over its body limit, say) is not tried again: waiting
     would not change it, and the model is not to blame."""
     rng = np.random.default_rng()
-    good = 0
+    good = failed = 0
+    last = ""
     deadline = time.monotonic() + timeout_s
     while good < rounds and time.monotonic() < deadline:
         status, answer = _post(http, target, _body(rng, target, 2000.0))
         if 400 <= status < 500 and status != 429:
             return f"the gateway refused its query ({status}: {answer.get('detail', 'no reason given')})"
-        good = good + 1 if status == 200 and answer.get("models", {}).get("missing") == [] else 0
-    return None if good >= rounds else f"it did not answer in {timeout_s:.0f}s"
+        if status == 200 and answer.get("models", {}).get("missing") == []:
+            good += 1
+            continue
+        good = 0
+        missing = ", ".join(answer.get("models", {}).get("missing") or ()) if status == 200 else ""
+        last = str(answer.get("default_reason") or (missing and f"models missing from the answer: {missing}")
+                   or answer.get("detail") or f"HTTP {status}")
+        # every model answered with an error: it is loaded and fails, and waiting will not mend it
+        failed = failed + 1 if last.startswith(MODELS_FAILED) else 0
+        if failed >= rounds:
+            return f"its answers are the default: {last[:300]}"
+        time.sleep(RETRY_PAUSE_S)  # a model still loading: ask again soon, not in a tight loop
+    if good >= rounds:
+        return None
+    return f"it did not answer in {timeout_s:.0f}s" + (f" (the last answer: {last[:300]})" if last else "")
+
+
+# between first queries that got no prediction: a model still loading is not asked in a tight loop
+RETRY_PAUSE_S = 0.05
 
 
 def steady_load(http: Any, targets: list[Target], seconds: float, callers: int = 4,

@@ -85,6 +85,35 @@ def test_a_warm_up_answered_by_defaults_says_so_and_why() -> None:
     assert "(most often: every model was late: slow: queued)" in said
 
 
+def test_first_answers_give_up_at_once_on_a_model_that_fails_and_say_why() -> None:
+    from clipstream.warmup import first_answers
+
+    asked: list[int] = []
+
+    def failing(request: httpx.Request) -> httpx.Response:
+        asked.append(1)
+        return httpx.Response(200, json={"default": True, "models": {"answered": [], "missing": ["m"]},
+                                         "default_reason": "every model failed: m: model error: boom"})
+
+    with httpx.Client(transport=httpx.MockTransport(failing), base_url="http://gw") as http:
+        t0 = time.monotonic()
+        why = first_answers(http, Target("digits", (3,), "float32", 50.0), rounds=5, timeout_s=60.0)
+    assert time.monotonic() - t0 < 5.0 and len(asked) == 5
+    assert why == "its answers are the default: every model failed: m: model error: boom"
+
+    def loading(request: httpx.Request) -> httpx.Response:
+        asked.append(1)
+        return httpx.Response(200, json={"default": True, "models": {"answered": [], "missing": ["m"]},
+                                         "default_reason": "no answer reached the gateway by the deadline: model m: "
+                                                           "no worker has said it has the model loaded"})
+
+    asked.clear()
+    with httpx.Client(transport=httpx.MockTransport(loading), base_url="http://gw") as http:
+        why = first_answers(http, Target("digits", (3,), "float32", 50.0), rounds=5, timeout_s=0.5)
+    assert why is not None and why.startswith("it did not answer in 0s (the last answer: no answer reached")
+    assert len(asked) < 20  # paced while the model loads, not a tight loop
+
+
 def test_each_warm_up_sends_inputs_no_other_run_sends() -> None:
     """A seeded warm-up would fill the cache with what a seeded client sends next."""
     def run() -> set[tuple[float, ...]]:

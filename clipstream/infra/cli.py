@@ -130,13 +130,14 @@ def status(state_dir: Path | None) -> None:
         ("kafka", result.kafka_bootstrap, result.kafka_pid, result.kafka_running),
         ("redis", result.redis_url, result.redis_pid, result.redis_running),
     ):
-        state, serves = _serving(name, address, pid) if running and pid is not None else ("not running", False)
-        if name == "kafka" and len(result.kafka_nodes) > 1:
-            alive = sum(node.running for node in result.kafka_nodes)
-            state = f"{alive} of {len(result.kafka_nodes)} nodes running"
-        stuck = stuck or running and not serves
+        cluster = name == "kafka" and len(result.kafka_nodes) > 1
+        if cluster:  # each node is judged on its line below
+            state = f"{sum(node.running for node in result.kafka_nodes)} of {len(result.kafka_nodes)} nodes running"
+        else:
+            state, serves = _serving(name, address, pid) if running and pid is not None else ("not running", False)
+            stuck = stuck or running and not serves
         click.echo(f"{name}: {address} {state}")
-        if name == "kafka" and len(result.kafka_nodes) > 1:
+        if cluster:
             for node in result.kafka_nodes:
                 how, serves = (_serving(name, node.address, node.pid) if node.running
                                else (f"not running (was pid {node.pid})", False))

@@ -79,31 +79,28 @@ def _password_file(state_dir: Path, password: str | None) -> Path | None:
     return path
 
 
+def _ping(url: str, password: str | None, timeout_s: float) -> str:
+    """One PING: "ok", "silent" (the connection taken, no reply in time), or "failed"."""
+    import redis
+
+    client = redis.Redis.from_url(url, password=password, socket_connect_timeout=min(0.5, timeout_s),
+                                  socket_timeout=timeout_s)
+    try:
+        return "ok" if client.ping() else "failed"
+    except redis.TimeoutError:
+        return "silent"
+    except redis.RedisError:
+        return "failed"
+    finally:
+        client.close()
+
+
 def redis_silent(url: str, timeout_s: float = 1.0) -> bool:
     """True when the Redis at ``url`` takes the connection and sends nothing back within
     ``timeout_s`` (hung, or too busy to serve); a refusal of the password is an answer."""
-    import redis
-
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
-    try:
-        client.ping()
-    except redis.TimeoutError:
-        return True
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-    return False
+    return _ping(url, None, timeout_s) == "silent"
 
 
 def redis_answers(url: str, password: str | None = None) -> bool:
     """True when the Redis at ``url`` answers PING (with ``password`` when it wants one)."""
-    import redis
-
-    client = redis.Redis.from_url(url, password=password, socket_connect_timeout=0.5, socket_timeout=1.0)
-    try:
-        return bool(client.ping())
-    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-        return False
-    finally:
-        client.close()
+    return _ping(url, password, 1.0) == "ok"
